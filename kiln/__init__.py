@@ -1,0 +1,55 @@
+"""kiln: a just-in-time compiler for PyTorch programs.
+
+The public API, nothing else: ``kiln.compile`` and friends mirror ``torch.compile``'s
+semantics; the machinery lives in ``kiln.capture``, ``kiln.autograd`` and
+``kiln.kernels``.
+"""
+from __future__ import annotations
+
+from kiln import config
+from kiln.backends import list_backends, lookup_backend, register_backend
+from kiln.capture.api import (
+    Unsupported,
+    allow_in_graph,
+    compile,
+    disable,
+    disallow_in_graph,
+    explain,
+    export,
+    graph_break,
+    is_compiling,
+    optimize,
+    reset,
+    run,
+)
+from kiln.debug.logs import set_logs as _set_logs
+
+_set_logs(config.logs)
+
+
+def compile_times() -> str:
+    """Time spent in each stage of compilation so far, as a readable table."""
+    from kiln.debug.timing import report
+
+    return report()
+
+
+__all__ = [
+    "Unsupported",
+    "allow_in_graph",
+    "compile",
+    "compile_times",
+    "config",
+    "disable",
+    "disallow_in_graph",
+    "explain",
+    "export",
+    "graph_break",
+    "is_compiling",
+    "list_backends",
+    "lookup_backend",
+    "optimize",
+    "register_backend",
+    "reset",
+    "run",
+]

@@ -1,0 +1,1 @@
+"""Ahead-of-time autograd: aten forward/backward graphs (written next)."""

@@ -1,0 +1,1 @@
+"""Capture: CPython bytecode → torch-level FX graphs, guards, and resume functions."""

@@ -1,0 +1,81 @@
+"""Every kiln setting, each read once from its ``KILN_*`` environment variable.
+
+Settings are plain module attributes so that ``kiln.config.recompile_limit = 2`` works
+from user code and tests; ``patch`` sets some for the length of a ``with`` block.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    v = os.environ.get(name)
+    if v is None:
+        return default
+    return v.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_int(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    return default if v is None or not v.strip() else int(v)
+
+
+def _env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+# --- capture -------------------------------------------------------------------
+#: How many compiled entries one code object may hold before kiln stops compiling it
+#: and runs it eagerly (KILN_RECOMPILE_LIMIT).
+recompile_limit: int = _env_int("KILN_RECOMPILE_LIMIT", 8)
+#: On an internal error while compiling, run the frame eagerly instead of raising
+#: (KILN_SUPPRESS_ERRORS).
+suppress_errors: bool = _env_bool("KILN_SUPPRESS_ERRORS", False)
+#: Print full internal tracebacks when compilation fails (KILN_VERBOSE).
+verbose: bool = _env_bool("KILN_VERBOSE", False)
+#: How deep user-function inlining may nest before the call becomes a graph break
+#: (KILN_INLINE_DEPTH).
+inline_depth: int = _env_int("KILN_INLINE_DEPTH", 64)
+#: Upper bound on bytecode instructions interpreted for one frame, loops unrolled
+#: (KILN_MAX_INSTRUCTIONS) — a runaway loop becomes a clean error, not a hang.
+max_instructions: int = _env_int("KILN_MAX_INSTRUCTIONS", 2_000_000)
+#: The backend ``kiln.compile`` uses when none is named (KILN_BACKEND).
+default_backend: str = _env_str("KILN_BACKEND", "kiln")
+
+# --- autograd ------------------------------------------------------------------
+#: Recompute cheap pointwise ops in the backward rather than saving them
+#: (KILN_PARTITION_RECOMPUTE).
+partition_recompute: bool = _env_bool("KILN_PARTITION_RECOMPUTE", True)
+
+# --- kernels -------------------------------------------------------------------
+#: Where compiled kernels are cached between processes (KILN_CACHE_DIR).
+cache_dir: str = _env_str(
+    "KILN_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "kiln")
+)
+#: Run random ops through PyTorch so results match eager bit for bit
+#: (KILN_FALLBACK_RANDOM).
+fallback_random: bool = _env_bool("KILN_FALLBACK_RANDOM", False)
+#: Worker processes used to compile kernels in parallel (KILN_COMPILE_THREADS).
+compile_threads: int = _env_int("KILN_COMPILE_THREADS", max(1, (os.cpu_count() or 1)))
+
+# --- logging -------------------------------------------------------------------
+#: Comma-separated log artefacts to show, e.g. "graph_breaks,recompiles,guards"
+#: (KILN_LOGS). See kiln/debug/logs.py for the list.
+logs: str = _env_str("KILN_LOGS", "")
+
+
+@contextlib.contextmanager
+def patch(**settings):
+    """Temporarily set config values: ``with kiln.config.patch(recompile_limit=2): ...``."""
+    g = globals()
+    old = {}
+    for k, v in settings.items():
+        if k not in g or k.startswith("_"):
+            raise AttributeError(f"kiln.config has no setting {k!r}")
+        old[k] = g[k]
+        g[k] = v
+    try:
+        yield
+    finally:
+        g.update(old)

@@ -1,0 +1,1 @@
+"""Logs, explain, reports: how kiln tells the user what happened."""

@@ -1,0 +1,1 @@
+"""The kernel compiler: loop IR, fusion, Triton and C++ codegen (written next)."""
