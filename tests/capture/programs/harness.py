@@ -25,6 +25,7 @@ if TORCH_MODE:
     import torch._dynamo as _dynamo
 
     graph_break = _dynamo.graph_break
+    disable = _dynamo.disable
     Unsupported = _dynamo.exc.Unsupported
 
     def _reset():
@@ -40,6 +41,7 @@ else:
     import kiln
 
     graph_break = kiln.graph_break
+    disable = kiln.disable
     Unsupported = kiln.Unsupported
 
     def _reset():
