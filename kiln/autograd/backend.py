@@ -1,0 +1,13 @@
+"""The ``aot_eager`` backend: kiln's ahead-of-time autograd, aten graphs run by PyTorch.
+
+It tests capture + autograd without the kernel compiler: the forward and backward aten
+graphs ``aot_compile`` derives are executed as they are (each a ``GraphModule``).
+"""
+from __future__ import annotations
+
+from kiln.autograd.runtime import aot_compile
+
+
+def aot_eager(gm, example_inputs):
+    """``backend(gm, example_inputs) -> callable``, torch.compile's contract."""
+    return aot_compile(gm, example_inputs)

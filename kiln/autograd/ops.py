@@ -1,0 +1,194 @@
+"""The aten op set kiln's aten graphs use, and the per-op rules the tracer needs.
+
+Three tables live here, because every other module of ``kiln.autograd`` asks them:
+
+* ``DECOMPOSITIONS``: what the tracer expands while recording (PyTorch's core-aten
+  decomposition table, plus a few ops the core table leaves whole but we want as
+  primitives, minus ``KEEP_WHOLE``: the ops that libraries (cuBLAS, cuDNN, flash
+  attention) do better than generated code, so the kernel compiler calls them).
+* ``CORE_OPS``: the final op set a verified aten graph may contain.
+* how an op relates to aliasing: a *view* (returns alias an input, nothing written),
+  a *mutation* (writes an argument; ``functional_variant`` names its out-of-place twin)
+  or plain functional.
+"""
+from __future__ import annotations
+
+import functools
+import operator
+
+import torch
+from torch._decomp import core_aten_decompositions, decomposition_table
+
+aten = torch.ops.aten
+
+
+def _ops(*names):
+    """OpOverloads by "packet.overload" name, skipping ones this torch lacks."""
+    out = []
+    for n in names:
+        packet, _, overload = n.partition(".")
+        p = getattr(aten, packet, None)
+        if p is not None and overload in p.overloads():
+            out.append(getattr(p, overload))
+    return out
+
+
+#: Ops kept whole although the decomposition tables could expand them: matmuls,
+#: convolutions and attention go to vendor libraries.
+KEEP_WHOLE = frozenset(_ops(
+    "mm.default", "bmm.default", "addmm.default", "baddbmm.default",
+    "convolution.default", "convolution_backward.default",
+    "_scaled_dot_product_flash_attention.default",
+    "_scaled_dot_product_flash_attention_backward.default",
+    "_scaled_dot_product_efficient_attention.default",
+    "_scaled_dot_product_efficient_attention_backward.default",
+    "_scaled_dot_product_cudnn_attention.default",
+    "_scaled_dot_product_cudnn_attention_backward.default",
+    "_scaled_dot_product_flash_attention_for_cpu.default",
+    "_scaled_dot_product_flash_attention_for_cpu_backward.default",
+))
+
+#: Ops the core table leaves alone that we expand anyway: batch norm hides a write to
+#: its running statistics (its schema does not say so); the decomposition makes the
+#: write an explicit ``copy_`` that functionalization then removes.
+_EXTRA_DECOMPOSE = _ops(
+    "native_batch_norm.default", "_native_batch_norm_legit.default",
+    "_native_batch_norm_legit.no_stats", "_native_batch_norm_legit_functional.default",
+    "_native_batch_norm_legit_no_training.default",
+)
+
+
+def _build_decompositions():
+    table = dict(core_aten_decompositions())
+    for op in _EXTRA_DECOMPOSE:
+        if op in decomposition_table:
+            table[op] = decomposition_table[op]
+    for op in KEEP_WHOLE:
+        table.pop(op, None)
+    return table
+
+
+#: op -> Python decomposition, applied by the tracer as it records.
+DECOMPOSITIONS = _build_decompositions()
+
+#: Ops allowed in aten graphs beyond those tagged ``core``: random ops (kept whole so
+#: each random draw happens once, where eager draws it), allocation, and the few
+#: non-core ops the autograd engine's own formulas and functionalization emit.
+_EXTRA_ALLOWED = frozenset(_ops(
+    "bernoulli.p", "bernoulli.default", "bernoulli.Tensor", "rand.default",
+    "randn.default", "rand_like.default", "randn_like.default", "randint.low",
+    "native_dropout.default", "uniform.default", "normal.Tensor_float",
+    "empty.memory_format", "empty_strided.default", "new_empty_strided.default",
+    "as_strided_scatter.default", "copy.default", "alias.default",
+    "_to_copy.default", "clone.default", "lift_fresh_copy.default",
+    "scalar_tensor.default", "_unsafe_index.Tensor", "_unsafe_index_put.default",
+))
+
+
+def _build_core_ops():
+    ops = set(KEEP_WHOLE) | set(_EXTRA_ALLOWED)
+    for name in dir(aten):
+        packet = getattr(aten, name, None)
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        for ov in packet.overloads():
+            op = getattr(packet, ov)
+            if torch.Tag.core in op.tags and op not in DECOMPOSITIONS:
+                ops.add(op)
+    return frozenset(op for op in ops if not is_mutation(op))
+
+
+# --- aliasing classification ------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def is_mutation(op) -> bool:
+    """True when the schema says the op writes one of its arguments (``Tensor(a!)``)."""
+    return any(a.alias_info is not None and a.alias_info.is_write
+               for a in op._schema.arguments)
+
+
+@functools.lru_cache(maxsize=None)
+def is_view(op) -> bool:
+    """True when a result aliases an input without writing it (view, select, split…)."""
+    if is_mutation(op):
+        return False
+    return any(r.alias_info is not None for r in op._schema.returns)
+
+
+@functools.lru_cache(maxsize=None)
+def is_random(op) -> bool:
+    return torch.Tag.nondeterministic_seeded in op.tags
+
+
+#: Mutating ops whose out-of-place twin does not follow the naming rule.
+_FUNCTIONAL_SPECIAL = {
+    op: fn for op, fn in [
+        *zip(_ops("bernoulli_.float"), _ops("bernoulli.p")),
+        *zip(_ops("bernoulli_.Tensor"), _ops("bernoulli.Tensor")),
+        *zip(_ops("copy_.default"), _ops("copy.default")),
+        *zip(_ops("uniform_.default"), _ops("uniform.default")),
+        *zip(_ops("normal_.default"), _ops("normal_functional.default")),
+    ]
+}
+
+
+def _arg_names(op, drop_out=True):
+    return [a.name for a in op._schema.arguments
+            if not (drop_out and a.alias_info is not None and a.alias_info.is_write
+                    and a.kwarg_only)]
+
+
+@functools.lru_cache(maxsize=None)
+def functional_variant(op):
+    """The out-of-place twin of a mutating op (``add_.Tensor`` -> ``add.Tensor``), or
+    None. Found by a table of exceptions, then the trailing-underscore naming rule with
+    the same overload, then any overload of the twin taking the same argument names."""
+    if op in _FUNCTIONAL_SPECIAL:
+        return _FUNCTIONAL_SPECIAL[op]
+    name = op._schema.name.split("::")[-1]
+    if not name.endswith("_"):
+        return None
+    packet = getattr(aten, name[:-1], None)
+    if packet is None:
+        return None
+    overload = op._overloadname
+    if overload in packet.overloads():
+        cand = getattr(packet, overload)
+        if not is_mutation(cand):
+            return cand
+    want = _arg_names(op)
+    for ov in packet.overloads():
+        cand = getattr(packet, ov)
+        if not is_mutation(cand) and _arg_names(cand) == want:
+            return cand
+    return None
+
+
+# --- recomputation (used by the partitioner) -------------------------------------
+
+_CHEAP = frozenset(_ops(
+    "view.default", "_unsafe_view.default", "permute.default", "expand.default",
+    "squeeze.dims", "squeeze.dim", "squeeze.default", "unsqueeze.default",
+    "slice.Tensor", "select.int", "alias.default", "as_strided.default",
+    "_to_copy.default", "clone.default", "full.default", "scalar_tensor.default",
+    "zeros.default", "ones.default", "empty.memory_format", "new_empty_strided.default",
+    "empty_strided.default", "full_like.default", "cat.default",
+))
+
+
+def is_recomputable(target) -> bool:
+    """May the partitioner recompute this op in the backward instead of saving it?
+    Cheap, deterministic ops only: pointwise maths, views, copies, constants."""
+    if target is operator.getitem:
+        return True
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    if is_random(target):
+        return False
+    return target in _CHEAP or torch.Tag.pointwise in target.tags or is_view(target)
+
+
+#: The final op set of kiln's aten graphs: core-tagged aten ops the decomposition
+#: table leaves whole, plus ``KEEP_WHOLE`` and a few extras; never a mutating op.
+CORE_OPS = _build_core_ops()

@@ -1,0 +1,157 @@
+"""Split a joint graph into forward and backward by a minimum cut over saved bytes.
+
+Every value the backward needs from the forward is either *saved* (kept alive between
+the two, costing its bytes) or *recomputed* in the backward from other values. The
+choice is a min-cut: each node ``n`` becomes an edge ``n_in -> n_out`` whose capacity
+is the bytes of its result; data edges ``n_out -> user_in`` are infinite. The source
+feeds the inputs (primals) and every forward op that must not be recomputed (random
+ops, matmuls, reductions… — or all of them when ``config.partition_recompute`` is off);
+every backward op drains to the sink. The cheapest cut is the set of values to save;
+forward ops on the sink side are recomputed in the backward.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+import torch
+import torch.fx as fx
+
+from kiln import config
+from kiln.autograd.ops import is_recomputable
+
+INF = math.inf
+
+
+def nbytes(node: fx.Node) -> float:
+    """Bytes of the node's result if it is one tensor; infinite otherwise (tuples are
+    never saved whole: their getitems are)."""
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor):
+        return v.numel() * v.element_size()
+    if v is None or isinstance(v, (int, float, bool)):
+        return 0
+    return INF
+
+
+@dataclass
+class Partition:
+    forward: fx.Graph          # primals -> (*forward outputs, *saved)
+    backward: fx.Graph         # (*saved, *tangents) -> grads
+    saved: list[fx.Node]       # joint-graph nodes saved for backward
+    saved_bytes: int
+
+
+def _is_backward(n: fx.Node) -> bool:
+    return n.meta.get("phase") == "backward"
+
+
+def choose_saved(joint: fx.Graph, recompute: bool | None = None) -> list[fx.Node]:
+    """The joint-graph nodes to save for the backward: a minimum cut (see module doc)."""
+    if recompute is None:
+        recompute = config.partition_recompute
+    out = next(n for n in reversed(joint.nodes) if n.op == "output")
+    g = nx.DiGraph()
+    for n in joint.nodes:
+        if n.op == "output":
+            continue
+        if _is_backward(n):
+            g.add_edge(f"{n.name}_in", "sink", capacity=INF)
+            g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=INF)
+        else:
+            if n.op in ("placeholder", "get_attr") or not recompute or \
+                    not is_recomputable(n.target):
+                g.add_edge("source", f"{n.name}_in", capacity=INF)
+            cap = nbytes(n)
+            g.add_edge(f"{n.name}_in", f"{n.name}_out",
+                       **({} if cap == INF else {"capacity": cap}))
+        for u in n.users:
+            if u is not out:
+                g.add_edge(f"{n.name}_out", f"{u.name}_in", capacity=INF)
+    if "sink" not in g or "source" not in g:
+        return []
+    _, (reach, _) = nx.minimum_cut(g, "source", "sink")
+    saved = []
+    for n in joint.nodes:
+        if n.op != "output" and not _is_backward(n) and f"{n.name}_in" in reach \
+                and f"{n.name}_out" not in reach:
+            saved.append(n)
+    return saved
+
+
+def _copy_into(new: fx.Graph, nodes, env: dict) -> None:
+    for n in nodes:
+        if n not in env:
+            env[n] = new.node_copy(n, lambda a: env[a])
+
+
+def _ancestors(roots, stop) -> list:
+    """Nodes needed to compute ``roots``, not looking past ``stop``; topological order
+    follows the joint graph's."""
+    seen, todo = set(), [r for r in roots if r is not None]
+    while todo:
+        n = todo.pop()
+        if n in seen or n in stop:
+            continue
+        seen.add(n)
+        todo.extend(n.all_input_nodes)
+    return seen
+
+
+def partition(joint: fx.Graph, num_fw_outputs: int, mutated_inputs=(),
+              recompute: bool | None = None) -> Partition:
+    """Forward and backward graphs from a joint graph whose output is
+    ``(*forward outputs, *grads)``. ``mutated_inputs``: indices of primals the runtime
+    overwrites after the forward; those are saved as copies."""
+    out = next(n for n in reversed(joint.nodes) if n.op == "output")
+    outs = list(out.args[0])
+    fw_outs, bw_outs = outs[:num_fw_outputs], outs[num_fw_outputs:]
+    order = {n: i for i, n in enumerate(joint.nodes)}
+    saved = choose_saved(joint, recompute)
+
+    # Backward: everything the grads need, stopping at saved values and tangents;
+    # a forward value reached that is not recomputable is saved after all.
+    saved_set = set(saved)
+    while True:
+        need = _ancestors(bw_outs, saved_set)
+        extra = [n for n in need if not _is_backward(n) and
+                 (n.op in ("placeholder",) or not is_recomputable(n.target))
+                 and n.op != "get_attr"]
+        if not extra:
+            break
+        saved_set.update(extra)
+    saved = sorted(saved_set, key=order.get)
+    need = sorted(need, key=order.get)
+
+    primals = [n for n in joint.nodes if n.op == "placeholder" and not _is_backward(n)]
+    mutated = {primals[i] for i in mutated_inputs}
+
+    fw = fx.Graph()
+    env: dict = {}
+    for p in primals:
+        env[p] = fw.node_copy(p)
+    fw_need = sorted(_ancestors(list(fw_outs) + saved, set(primals)), key=order.get)
+    _copy_into(fw, [n for n in fw_need if n.op != "placeholder"], env)
+    saved_vals = []
+    for s in saved:
+        v = env[s]
+        if s in mutated:   # the runtime overwrites this input: save its old value
+            v = fw.call_function(torch.ops.aten.clone.default, (v,))
+            v.meta.update(s.meta)
+        saved_vals.append(v)
+    fw.output((*[env[o] if o is not None else None for o in fw_outs], *saved_vals))
+
+    bw = fx.Graph()
+    benv: dict = {}
+    for s in saved:
+        benv[s] = bw.placeholder(s.name)
+        benv[s].meta.update(s.meta)
+    for n in joint.nodes:
+        if n.op == "placeholder" and _is_backward(n):
+            benv[n] = bw.node_copy(n)
+    _copy_into(bw, [n for n in need if n.op != "placeholder"], benv)
+    bw.output(tuple(benv[o] if o is not None else None for o in bw_outs))
+    bw.eliminate_dead_code()
+    total = int(sum(nbytes(s) for s in saved))
+    return Partition(fw, bw, saved, total)

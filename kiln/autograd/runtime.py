@@ -1,0 +1,186 @@
+"""Running compiled aten graphs: the ``torch.autograd.Function`` and the epilogue.
+
+``aot_compile`` returns an ``AotFunction``. Each call picks a path:
+
+* **training** (grad mode on and an input requires grad): the forward graph runs inside
+  ``_CompiledFunction.forward``, saving what the partitioner chose with
+  ``ctx.save_for_backward``; ``.backward()`` from user code runs the whole backward
+  graph as one autograd node. Saved tensors follow autograd's rules, so
+  ``retain_graph`` works and a second backward without it fails as in eager; double
+  backward is refused clearly (``once_differentiable``).
+* **inference**: a forward-only graph, nothing saved.
+
+After either, new values of mutated inputs are copied into the real inputs (once),
+and outputs that alias inputs or each other are rebuilt as views by replaying their
+view chains on real tensors, so aliasing is exactly eager's.
+Paths are compiled on first use and cached by the inputs' requires_grad pattern.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch.autograd.function import once_differentiable
+
+from kiln.autograd.partition import partition
+from kiln.autograd.trace import TraceResult, _meta_copy, _replay, trace_joint
+from kiln.debug.logs import enabled, log_for
+from kiln.debug.timing import timed
+
+_log = log_for("aot_graphs")
+
+
+def _default_compiler(gm: fx.GraphModule, example_inputs):
+    return gm
+
+
+def _module(graph: fx.Graph, constants: dict, name: str) -> fx.GraphModule:
+    root = torch.nn.Module()
+    for k, v in constants.items():
+        setattr(root, k, v)
+    graph.lint()
+    return fx.GraphModule(root, graph, class_name=name)
+
+
+def _log_graph(title: str, gm: fx.GraphModule) -> None:
+    if enabled("aot_graphs"):
+        _log.info("%s:\n%s", title, gm.print_readable(print_output=False))
+
+
+def _example_values(graph: fx.Graph):
+    """Meta stand-ins for a graph's placeholders (what compilers get as examples)."""
+    return [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
+
+
+class _Training:
+    """A compiled forward/backward pair for one requires_grad pattern."""
+
+    def __init__(self, tr: TraceResult, fw_compiler, bw_compiler):
+        with timed("aot_partition"):
+            part = partition(tr.graph, tr.num_fw_outputs, [i for i, _ in tr.mutations])
+        self.trace = tr
+        self.num_saved = len(part.saved)
+        self.saved_bytes = part.saved_bytes
+        self.fw_module = _module(part.forward, tr.constants, "KilnForward")
+        self.bw_module = _module(part.backward, tr.constants, "KilnBackward")
+        _log_graph("forward graph", self.fw_module)
+        _log_graph("backward graph", self.bw_module)
+        with timed("aot_compile_fw"):
+            self.fw = fw_compiler(self.fw_module, _example_values(part.forward))
+        with timed("aot_compile_bw"):
+            self.bw = bw_compiler(self.bw_module, _example_values(part.backward))
+        fn = self
+
+        class _CompiledFunction(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *args):
+                outs = fn.fw(*args)
+                n = tr.num_fw_outputs
+                ctx.save_for_backward(*outs[n:])
+                fw_outs = tuple(outs[:n])
+                diff = set(tr.differentiable)
+                ctx.mark_non_differentiable(*[o for k, o in enumerate(fw_outs)
+                                              if k not in diff and
+                                              isinstance(o, torch.Tensor)])
+                return fw_outs
+
+            @staticmethod
+            @once_differentiable
+            def backward(ctx, *grads):
+                tangents = [grads[k].contiguous() for k in tr.differentiable]
+                gin = fn.bw(*ctx.saved_tensors, *tangents)
+                result = [None] * tr.num_inputs
+                for i, g in zip(tr.grad_inputs, gin):
+                    result[i] = g
+                return tuple(result)
+
+        self.function = _CompiledFunction
+
+    def __call__(self, args):
+        return self.function.apply(*args)
+
+
+class _Inference:
+    def __init__(self, tr: TraceResult, compiler):
+        graph = tr.graph
+        self.module = _module(graph, tr.constants, "KilnInference")
+        _log_graph("inference graph", self.module)
+        with timed("aot_compile_inference"):
+            self.fn = compiler(self.module, _example_values(graph))
+
+    def __call__(self, args):
+        return tuple(self.fn(*args))
+
+
+class AotFunction:
+    """What ``aot_compile`` returns: call it like the torch-level graph."""
+
+    def __init__(self, gm, example_inputs, fw_compiler, bw_compiler, inference_compiler):
+        self.gm = gm
+        # Meta stand-ins and devices only: the real examples are not kept alive.
+        self.examples = [_meta_copy(a) if isinstance(a, torch.Tensor) else a
+                         for a in example_inputs]
+        self.devices = [a.device if isinstance(a, torch.Tensor) else None
+                        for a in example_inputs]
+        self.fw_compiler = fw_compiler or _default_compiler
+        self.bw_compiler = bw_compiler or _default_compiler
+        self.inference_compiler = inference_compiler or self.fw_compiler
+        self._training: dict[tuple, _Training] = {}
+        self._inference: _Inference | None = None
+        self._traces: dict[tuple, TraceResult] = {}
+        # Compile the path the example inputs ask for now, so errors surface early.
+        self._entry(example_inputs)
+
+    def _entry(self, args):
+        pattern = tuple(bool(isinstance(a, torch.Tensor) and a.requires_grad)
+                        for a in args)
+        if torch.is_grad_enabled() and any(pattern):
+            entry = self._training.get(pattern)
+            if entry is None:
+                with timed("aot_trace"):
+                    tr = trace_joint(self.gm, self.examples, train=True,
+                                     requires_grad=pattern, devices=self.devices)
+                if not tr.grad_inputs:
+                    return self._inference_entry(), tr
+                entry = _Training(tr, self.fw_compiler, self.bw_compiler)
+                self._training[pattern] = entry
+            return entry, entry.trace
+        return self._inference_entry(), self._inference_trace
+
+    def _inference_entry(self):
+        if self._inference is None:
+            with timed("aot_trace"):
+                self._inference_trace = trace_joint(
+                    self.gm, self.examples, train=False, devices=self.devices)
+            self._inference = _Inference(self._inference_trace, self.inference_compiler)
+        return self._inference
+
+    def __call__(self, *args):
+        entry, tr = self._entry(args)
+        outs = entry(args)
+        with torch.no_grad():
+            for i, k in tr.mutations:
+                if not outs[k].requires_grad:
+                    args[i].copy_(outs[k])
+        for i, k in tr.mutations:
+            if outs[k].requires_grad:
+                args[i].copy_(outs[k])
+        result = []
+        for spec in tr.output_specs:
+            kind = spec[0]
+            if kind == "fn":
+                result.append(outs[spec[1]])
+            elif kind == "input_view":
+                result.append(_replay(spec[2], args[spec[1]]))
+            elif kind == "base_view":
+                result.append(_replay(spec[2], outs[spec[1]]))
+            else:
+                result.append(spec[1])
+        return tuple(result)
+
+
+def aot_compile(gm: fx.GraphModule, example_inputs, fw_compiler=None, bw_compiler=None,
+                inference_compiler=None):
+    """Ahead-of-time autograd for a torch-level graph: see the module docstring.
+    Each compiler is ``compiler(aten_gm, example_inputs) -> callable`` (default: run
+    the aten graph as it is)."""
+    return AotFunction(gm, example_inputs, fw_compiler, bw_compiler, inference_compiler)

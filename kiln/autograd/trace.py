@@ -1,0 +1,501 @@
+"""Dispatch-level tracing with functionalization: torch-level graph -> joint aten graph.
+
+The torch-level ``gm`` runs on meta copies of the inputs, through PyTorch's autograd
+engine, under ``_TraceMode`` (a ``TorchDispatchMode``, so it sees aten ops *below*
+autograd). Every op is recorded into one FX graph; then, when an output needs a
+gradient, ``torch.autograd.grad`` runs under the same mode and the engine's backward
+ops are recorded too (``node.meta["phase"]`` says which). The result is the joint graph.
+
+While recording, the mode makes the graph functional:
+
+* every meta tensor knows its storage and the chain of view ops that produced it from
+  the storage's *base* (the tensor that created the storage);
+* a mutation ``op_(t, ...)`` is recorded as its out-of-place twin; the new value is
+  scattered back into the base through the inverse of the view chain (``SCATTER``),
+  and the storage's version moves on, so any other view of it is re-derived from the
+  new base the next time it is read;
+* an input whose storage was written ends with a new value that the runtime copies
+  into the real input once, after the graph (``TraceResult.mutations``);
+* outputs aliasing an input or each other are described as view chains
+  (``TraceResult.output_specs``) that the runtime replays on real tensors.
+
+Decompositions (``ops.DECOMPOSITIONS``) are applied inside the mode, so the graph holds
+the core op set only. Devices: ops run on ``meta``; each node records the real device
+in ``node.meta["device"]`` and factory ops get it back in their ``device=`` argument,
+so a CUDA program traces on a machine without a GPU.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from kiln.autograd import ops as opinfo
+
+aten = torch.ops.aten
+_META = torch.device("meta")
+
+
+class AotUnsupported(RuntimeError):
+    """The graph does something the ahead-of-time tracer cannot express."""
+
+
+@dataclass
+class _Storage:
+    base: torch.Tensor          # the meta tensor that created the storage
+    version: int = 0
+    input_index: int | None = None
+
+
+@dataclass
+class _Info:
+    node: fx.Node
+    storage: _Storage
+    version: int
+    chain: tuple                # ((op, rest_args, kwargs, index|None), ...) from base
+    device: torch.device
+
+
+@dataclass
+class TraceResult:
+    """The joint graph and what the runtime needs to call it like the user's graph."""
+    graph: fx.Graph
+    constants: dict[str, torch.Tensor]
+    num_inputs: int
+    #: positions of the forward outputs of ``graph`` (the compiled function's outputs):
+    #: user outputs, then new values of mutated inputs, then bases of aliased outputs
+    num_fw_outputs: int
+    #: how to build each user output: ("fn", k) | ("input_view", i, chain) |
+    #: ("base_view", k, chain) | ("const", value)
+    output_specs: list
+    #: (input index, forward-output position of its new value)
+    mutations: list
+    #: forward-output positions that carry a gradient (have a tangent placeholder)
+    differentiable: list
+    #: input indices whose gradient the backward returns, in order
+    grad_inputs: list = field(default_factory=list)
+
+
+def _replay(chain, t):
+    """Apply a view chain to a tensor (meta under the mode, or real at runtime)."""
+    for op, rest, kwargs, index in chain:
+        t = op(t, *rest, **kwargs)
+        if index is not None:
+            t = t[index]
+    return t
+
+
+# --- scattering a written view back into its base: one rule per view op ----------
+
+def _scatter_view(base, new, rest, kw):
+    return aten.view.default(new, list(base.shape))
+
+
+def _scatter_slice(base, new, rest, kw):
+    return aten.slice_scatter.default(base, new, *rest, **kw)
+
+
+def _scatter_select(base, new, rest, kw):
+    return aten.select_scatter.default(base, new, *rest, **kw)
+
+
+def _scatter_diagonal(base, new, rest, kw):
+    return aten.diagonal_scatter.default(base, new, *rest, **kw)
+
+
+def _scatter_permute(base, new, rest, kw):
+    dims = [d % base.dim() for d in rest[0]]
+    inverse = [dims.index(i) for i in range(len(dims))]
+    return aten.permute.default(new, inverse)
+
+
+def _scatter_alias(base, new, rest, kw):
+    return new
+
+
+def _scatter_as_strided(base, new, rest, kw):
+    return aten.as_strided_scatter.default(base, new, *rest, **kw)
+
+
+def _scatter_transpose(base, new, rest, kw):
+    return aten.transpose.int(new, *rest)
+
+
+SCATTER = {
+    **{op: _scatter_view for op in opinfo._ops(
+        "view.default", "_unsafe_view.default", "squeeze.dims", "squeeze.dim",
+        "squeeze.default", "unsqueeze.default", "reshape.default")},
+    **{op: _scatter_slice for op in opinfo._ops("slice.Tensor")},
+    **{op: _scatter_select for op in opinfo._ops("select.int")},
+    **{op: _scatter_diagonal for op in opinfo._ops("diagonal.default")},
+    **{op: _scatter_permute for op in opinfo._ops("permute.default")},
+    **{op: _scatter_transpose for op in opinfo._ops("transpose.int")},
+    **{op: _scatter_alias for op in opinfo._ops("alias.default", "detach.default")},
+    **{op: _scatter_as_strided for op in opinfo._ops("as_strided.default")},
+}
+
+
+def _has_device_arg(op) -> bool:
+    return any(a.name == "device" for a in op._schema.arguments)
+
+
+class _TraceMode(TorchDispatchMode):
+    """Records aten ops on meta tensors into ``self.graph``, functionalizing as it goes."""
+
+    def __init__(self, default_device: torch.device):
+        super().__init__()
+        self.graph = fx.Graph()
+        self.infos: dict[int, _Info] = {}
+        self.keep: list[torch.Tensor] = []      # keeps ids stable
+        self.constants: dict[str, torch.Tensor] = {}
+        self.default_device = default_device
+        self.phase = "forward"
+        self.source: fx.Node | None = None       # the torch-level node being run
+
+    # --- bookkeeping ------------------------------------------------------------
+    def register(self, t, node, storage=None, chain=(), device=None):
+        if storage is None:
+            storage = _Storage(t)
+        info = _Info(node, storage, storage.version, chain, device or self.default_device)
+        self.infos[id(t)] = info
+        self.keep.append(t)
+        node.meta["val"] = t
+        node.meta["device"] = info.device
+        return info
+
+    def _node(self, op, target, args, kwargs=None, name=None):
+        n = self.graph.create_node(op, target, args, kwargs or {}, name=name)
+        n.meta["phase"] = self.phase
+        if self.source is not None:
+            n.meta["source"] = self.source.name
+            if self.source.meta.get("stack_trace"):
+                n.meta["stack_trace"] = self.source.meta["stack_trace"]
+        return n
+
+    def _constant(self, t: torch.Tensor) -> torch.Tensor:
+        """A real tensor met during tracing becomes a get_attr constant."""
+        name = f"_tensor_constant{len(self.constants)}"
+        self.constants[name] = t
+        m = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=_META)
+        self.register(m, self._node("get_attr", name, ()), device=t.device)
+        return m
+
+    def value(self, t):
+        """The node holding ``t``'s current value, re-derived from its base if the
+        storage was written since."""
+        info = self.infos.get(id(t))
+        if info is None:
+            raise AotUnsupported(f"untracked tensor {tuple(t.shape)} {t.device}")
+        st = self.infos[id(t)].storage
+        if info.version != st.version:
+            with self:
+                fresh = _replay(info.chain, st.base)
+            info.node, info.version = self.infos[id(fresh)].node, st.version
+        return info.node
+
+    def _meta_args(self, args, kwargs):
+        def to_meta(a):
+            if isinstance(a, torch.Tensor) and a.device != _META:
+                return self._constant(a)
+            return a
+        return tree_map(to_meta, (args, kwargs))
+
+    def _device_of(self, op, args, kwargs) -> torch.device:
+        for a in tree_flatten((args, kwargs))[0]:
+            if isinstance(a, torch.Tensor) and id(a) in self.infos:
+                return self.infos[id(a)].device
+        return torch.get_default_device()
+
+    # --- the dispatch rules -----------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        args, kwargs = self._meta_args(args, kwargs)
+        if func in (aten.lift_fresh.default, aten.lift_fresh_copy.default):
+            return args[0] if func is aten.lift_fresh.default else self._record(
+                aten.clone.default, args, kwargs)
+        if opinfo.is_mutation(func):
+            return self._mutate(func, args, kwargs)
+        if func in opinfo.DECOMPOSITIONS:
+            with self:
+                r = opinfo.DECOMPOSITIONS[func](*args, **kwargs)
+            if r is not NotImplemented:
+                return r
+        if func not in opinfo.KEEP_WHOLE and torch._C._dispatch_has_kernel_for_dispatch_key(
+                func.name(), torch._C.DispatchKey.CompositeImplicitAutograd):
+            with self:
+                r = func.decompose(*args, **kwargs)
+            if r is not NotImplemented:
+                return r
+        if opinfo.is_view(func):
+            return self._view(func, args, kwargs)
+        return self._record(func, args, kwargs)
+
+    def _record(self, func, args, kwargs):
+        device = None
+        if _has_device_arg(func):
+            given = kwargs.get("device")
+            if given is not None and torch.device(given) != _META:
+                device = torch.device(given)
+            elif given is not None or not any(isinstance(a, torch.Tensor)
+                                              for a in tree_flatten(args)[0]):
+                device = self.default_device if given is not None else \
+                    torch.get_default_device()
+            if device is not None:
+                kwargs = {**kwargs, "device": _META}
+        out = func(*args, **kwargs)
+        if device is None:
+            device = self._device_of(func, args, kwargs)
+        rec_kwargs = dict(kwargs)
+        if "device" in rec_kwargs:
+            rec_kwargs["device"] = device
+        node = self._node("call_function", func, *self._to_nodes(args, rec_kwargs))
+        self._register_outputs(out, node, device)
+        return out
+
+    def _to_nodes(self, args, kwargs):
+        return tree_map(lambda a: self.value(a) if isinstance(a, torch.Tensor) else a,
+                        (args, kwargs))
+
+    def _register_outputs(self, out, node, device, view_of=None, step=None):
+        """Give each tensor result a node (getitem for tuple results). ``view_of``:
+        the info of the tensor the results alias, if the op is a view."""
+        def reg(t, n, index):
+            if view_of is None:
+                self.register(t, n, device=device)
+            else:
+                op, rest, kw = step
+                self.register(t, n, view_of.storage,
+                              view_of.chain + ((op, rest, kw, index),), view_of.device)
+        if isinstance(out, torch.Tensor):
+            reg(out, node, None)
+        elif isinstance(out, (tuple, list)):
+            node.meta["val"] = tuple(out)
+            node.meta["device"] = device
+            for i, t in enumerate(out):
+                if isinstance(t, torch.Tensor):
+                    g = self._node("call_function", operator.getitem, (node, i))
+                    reg(t, g, i)
+        else:
+            node.meta["val"] = out
+
+    def _view(self, func, args, kwargs):
+        src = args[0]
+        info = self.infos[id(src)]
+        out = func(*args, **kwargs)
+        node = self._node("call_function", func, *self._to_nodes(args, kwargs))
+        self._register_outputs(out, node, info.device, view_of=info,
+                               step=(func, tuple(args[1:]), dict(kwargs)))
+        return out
+
+    def _mutate(self, func, args, kwargs):
+        functional = opinfo.functional_variant(func)
+        if functional is None:
+            raise AotUnsupported(f"no out-of-place twin for mutating op {func}")
+        schema = func._schema
+        written = []
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is not None and a.alias_info.is_write:
+                v = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
+                if a.kwarg_only or i >= len(args):
+                    kwargs = {k: x for k, x in kwargs.items() if k != a.name}
+                if v is not None:
+                    written.append((a, v))
+        with self:
+            outs = functional(*args, **kwargs)
+        outs_t = outs if isinstance(outs, (tuple, list)) else (outs,)
+        returns = schema.returns
+        aliased = [r for r in returns if r.alias_info is not None and r.alias_info.is_write]
+        if len(aliased) == len(returns):
+            new_values = list(outs_t)[: len(written)]
+            result_vals = [w for _, w in written]
+        else:
+            n = len(returns) - len(aliased)
+            new_values = list(outs_t)[n:]
+            result_vals = list(outs_t)[:n]
+        for (_, target), new in zip(written, new_values):
+            self._write(target, new)
+        if len(returns) == 1:
+            return result_vals[0]
+        return tuple(result_vals)
+
+    def _write(self, t, new):
+        """``t`` now holds ``new``: scatter it into the base and bump the version."""
+        info = self.infos[id(t)]
+        st = info.storage
+        with self:
+            if new.dtype != t.dtype:
+                new = aten._to_copy.default(new, dtype=t.dtype)
+            if tuple(new.shape) != tuple(t.shape):
+                new = aten.expand.default(new, list(t.shape))
+            written = new
+            if info.chain:
+                vals = [st.base]
+                for step in info.chain[:-1]:
+                    vals.append(_replay((step,), vals[-1]))
+                for (op, rest, kw, index), base in zip(reversed(info.chain), reversed(vals)):
+                    rule = SCATTER.get(op)
+                    if rule is None or index is not None:
+                        raise AotUnsupported(f"cannot write through a view made by {op}")
+                    new = rule(base, new, rest, kw)
+            new = self._restride(new, st.base)
+        st.version += 1
+        base_info = self.infos[id(st.base)]
+        base_info.node, base_info.version = self.infos[id(new)].node, st.version
+        info.node, info.version = self.infos[id(written)].node, st.version
+
+    def _restride(self, new, base):
+        """The base's new value must keep the base's strides, so that views re-derived
+        from it (as_strided in particular) address the same elements."""
+        if new.stride() == base.stride() or base.numel() <= 1:
+            return new
+        if base.is_contiguous():
+            return aten.clone.default(new, memory_format=torch.contiguous_format)
+        empty = aten.empty_strided.default(base.size(), base.stride(), dtype=base.dtype,
+                                           device=_META)
+        return aten.as_strided_scatter.default(empty, new, base.size(), base.stride(),
+                                               base.storage_offset())
+
+
+class _Runner(fx.Interpreter):
+    """Runs the torch-level graph, telling the mode which user node each op comes from."""
+
+    def __init__(self, gm, mode):
+        super().__init__(gm)
+        self.mode = mode
+
+    def run_node(self, n):
+        self.mode.source = n
+        return super().run_node(n)
+
+
+def _meta_copy(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=_META)
+
+
+def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=None,
+                devices=None) -> TraceResult:
+    """Trace ``gm`` on meta copies of ``example_inputs``; with ``train``, also the
+    backward for every output that requires grad. See the module docstring.
+    ``requires_grad`` and ``devices`` (per input) override the examples' own, so that
+    meta stand-ins can be traced as the real tensors they represent."""
+    if devices is None:
+        devices = [a.device if isinstance(a, torch.Tensor) else None
+                   for a in example_inputs]
+    if requires_grad is None:
+        requires_grad = [isinstance(a, torch.Tensor) and a.requires_grad
+                         for a in example_inputs]
+    tensor_devices = [d for d in devices if d is not None]
+    default_device = tensor_devices[0] if tensor_devices else torch.get_default_device()
+    mode = _TraceMode(default_device)
+    graph = mode.graph
+
+    leaves, metas, grad_inputs = [], [], []
+    for i, a in enumerate(example_inputs):
+        ph = graph.placeholder(f"primals_{i + 1}")
+        ph.meta["phase"] = "forward"
+        if not isinstance(a, torch.Tensor):
+            ph.meta["val"] = a
+            metas.append(a)
+            continue
+        m = _meta_copy(a)
+        if train and requires_grad[i]:
+            leaf = m.requires_grad_(True)
+            leaves.append(leaf)
+            grad_inputs.append(i)
+            with torch.enable_grad():
+                m = leaf.clone()       # a non-leaf, so in-place ops behave as on eager's
+        metas.append(m)
+        info = mode.register(m, ph, device=devices[i])
+        info.storage.input_index = i
+
+    with torch.set_grad_enabled(train), mode:
+        outs = _Runner(gm, mode).run(*metas)
+    mode.source = None
+    flat_outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+
+    # Which storages the outputs share, to spot aliasing.
+    fw_values: list[torch.Tensor] = []          # forward outputs of the compiled function
+    specs: list = []
+    storage_users: dict[int, int] = {}
+    for o in flat_outs:
+        if isinstance(o, torch.Tensor):
+            st = mode.infos[id(o)].storage
+            storage_users[id(st)] = storage_users.get(id(st), 0) + 1
+    bases: dict[int, int] = {}
+    for o in flat_outs:
+        if not isinstance(o, torch.Tensor):
+            specs.append(("const", o))
+            continue
+        info = mode.infos[id(o)]
+        st = info.storage
+        if st.input_index is not None:
+            specs.append(("input_view", st.input_index, info.chain))
+        elif storage_users[id(st)] > 1:
+            if id(st) not in bases:
+                bases[id(st)] = -1   # filled below, after mutations
+            specs.append(("base_view", st, info.chain))
+        else:
+            specs.append(("fn", len(fw_values)))
+            fw_values.append(o)
+
+    mutations = []
+    for i, m in enumerate(metas):
+        if isinstance(m, torch.Tensor):
+            st = mode.infos[id(m)].storage
+            if st.version != 0 and st.input_index == i:
+                mutations.append((i, len(fw_values)))
+                fw_values.append(st.base)
+    for k, spec in enumerate(specs):
+        if spec[0] == "base_view":
+            st = spec[1]
+            if bases[id(st)] == -1:
+                bases[id(st)] = len(fw_values)
+                fw_values.append(st.base)
+            specs[k] = ("base_view", bases[id(st)], spec[2])
+
+    fw_nodes = [mode.value(v) for v in fw_values]
+    differentiable = [k for k, v in enumerate(fw_values)
+                      if train and v.requires_grad and v.dtype.is_floating_point
+                      or (train and v.requires_grad and v.dtype.is_complex)]
+
+    bw_nodes = []
+    if train and differentiable and leaves:
+        mode.phase = "backward"
+        tangents = []
+        for j, k in enumerate(differentiable):
+            v = fw_values[k]
+            t = torch.empty(v.shape, dtype=v.dtype, device=_META)
+            ph = mode._node("placeholder", f"tangents_{j + 1}", ())
+            mode.register(t, ph, device=mode.infos[id(v)].device)
+            tangents.append(t)
+        with mode:
+            grads = torch.autograd.grad([fw_values[k] for k in differentiable], leaves,
+                                        tangents, allow_unused=True)
+        bw_nodes = [mode.value(g) if g is not None else None for g in grads]
+    else:
+        grad_inputs = []
+
+    _order_placeholders(graph)
+    graph.output((*fw_nodes, *bw_nodes))
+    graph.eliminate_dead_code()
+    return TraceResult(graph, mode.constants, len(example_inputs), len(fw_nodes), specs,
+                       mutations, differentiable, grad_inputs)
+
+
+def _order_placeholders(graph: fx.Graph) -> None:
+    """Move every placeholder (primals, then tangents) to the top of the graph."""
+    phs = [n for n in graph.nodes if n.op == "placeholder"]
+    anchor = None
+    for p in phs:
+        if anchor is None:
+            first = next(iter(graph.nodes))
+            if first is not p:
+                first.prepend(p)
+        else:
+            anchor.append(p)
+        anchor = p
