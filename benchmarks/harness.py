@@ -37,7 +37,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @dataclass
 class Options:
     device: str = "cpu"
-    backends: list[str] = field(default_factory=lambda: ["eager", "torch.compile"])
+    #: names for make_backend, or backend objects (tests pass their own)
+    backends: list = field(default_factory=lambda: ["eager", "torch.compile"])
     quick: bool = False
     min_runs: int = 30
     max_runs: int = 300
@@ -231,7 +232,7 @@ def run(workloads: list[Workload], opts: Options) -> dict:
     """Run every cell; returns the JSON-ready result (meta, ceilings, cells, skipped)."""
     t_start = time.monotonic()
     log = opts.log
-    backends = [make_backend(b) for b in opts.backends]
+    backends = [make_backend(b) if isinstance(b, str) else b for b in opts.backends]
     cache_root = tempfile.mkdtemp(prefix="kiln-bench-cache-")
     result = {"meta": _meta(opts), "ceilings": {}, "cells": [], "skipped": []}
     try:
@@ -299,6 +300,12 @@ def _warm_phase(result: dict, backends, opts: Options, t_start: float) -> None:
         cells = [c for c in result["cells"] if c["backend"] == b.name and "cold_compile_s" in c]
         if not cells:
             continue
+        try:
+            make_backend(b.name)
+        except ValueError:  # a backend object passed in (tests): a subprocess can't rebuild it
+            for c in cells:
+                c["warm_error"] = "backend has no name a subprocess can rebuild"
+            continue
         timeout = None
         if opts.budget_s:
             timeout = opts.budget_s - (time.monotonic() - t_start)
@@ -350,7 +357,7 @@ def _meta(opts: Options) -> dict:
     import platform
 
     meta = {"device": opts.device, "torch": torch.__version__, "python": platform.python_version(),
-            "backends": opts.backends, "quick": opts.quick, "min_runs": opts.min_runs,
+            "backends": [b if isinstance(b, str) else b.name for b in opts.backends], "quick": opts.quick, "min_runs": opts.min_runs,
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host_cpus": os.cpu_count(),
             "error_metric": "max|got-ref| / max|ref| per tensor, worst tensor; "
                             "training: loss and every parameter gradient after the first step"}

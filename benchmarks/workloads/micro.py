@@ -70,7 +70,7 @@ def _randn_sets(shapes, dtype, device, seed=0):
     return sets
 
 
-def _fn_workload(name, fn, shapes, out_numel, dtype, tol, device_sizes_note=""):
+def _fn_workload(name, fn, shapes, out_numel, dtype, tol):
     el = torch.tensor([], dtype=dtype).element_size()
     n_in = sum(_numel(s) for s in shapes)
 
