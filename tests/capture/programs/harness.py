@@ -117,18 +117,48 @@ def _as_args(inputs) -> Args:
 # a module); we snapshot it, run eager, record the result, restore the live object in
 # place (so identities and guards stay valid), then run compiled and compare.
 
+def _nonleaf_tensors(obj, seen, depth=0):
+    """Tensors inside ``obj`` that deepcopy refuses (non-leaf, graph-connected ones)."""
+    if id(obj) in seen or depth > 8:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        if not obj.is_leaf:
+            yield obj
+        return
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        items = list(obj)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        items = list(vars(obj).values())
+    else:
+        return
+    for it in items:
+        yield from _nonleaf_tensors(it, seen, depth + 1)
+
+
+def snapshot(obj):
+    """deepcopy, except that graph-connected tensors become detached copies (keeping
+    their requires_grad flag), since deepcopy cannot copy them."""
+    memo = {}
+    for t in _nonleaf_tensors(obj, set()):
+        memo[id(t)] = t.detach().clone().requires_grad_(t.requires_grad)
+    return copy.deepcopy(obj, memo)
+
+
 def _restore_list(live, snap):
-    live[:] = copy.deepcopy(snap)
+    live[:] = snapshot(snap)
 
 
 def _restore_dict(live, snap):
     live.clear()
-    live.update(copy.deepcopy(snap))
+    live.update(snapshot(snap))
 
 
 def _restore_set(live, snap):
     live.clear()
-    live.update(copy.deepcopy(snap))
+    live.update(snapshot(snap))
 
 
 def _restore_tensor(live, snap):
@@ -136,15 +166,21 @@ def _restore_tensor(live, snap):
         live.copy_(snap)
 
 
+def _plain_attrs(m: torch.nn.Module) -> dict:
+    """A module's own Python attributes (``training``, counters, cached values...),
+    without nn.Module's bookkeeping dicts (parameters, buffers, submodules, hooks)."""
+    return {k: v for k, v in vars(m).items() if not k.startswith("_")}
+
+
 def _restore_module(live, snap):
     with torch.no_grad():
         live.load_state_dict(snap.state_dict())
     for m_live, m_snap in zip(live.modules(), snap.modules()):
-        m_live.training = m_snap.training
+        vars(m_live).update(snapshot(_plain_attrs(m_snap)))
 
 
 def _restore_object(live, snap):
-    d = copy.deepcopy(vars(snap))
+    d = snapshot(vars(snap))
     vars(live).clear()
     vars(live).update(d)
 
@@ -192,9 +228,9 @@ def _cmp_dict(a, b, path):
 
 
 def _cmp_module(a, b, path):
-    assert a.training == b.training, f"{path}: training {a.training} vs {b.training}"
     compare(dict(a.state_dict(keep_vars=True)), dict(b.state_dict(keep_vars=True)), f"{path}.state_dict()")
-    compare([m.training for m in a.modules()], [m.training for m in b.modules()], f"{path}.modules().training")
+    for (name, ma), mb in zip(a.named_modules(), b.modules()):
+        compare(_plain_attrs(ma), _plain_attrs(mb), f"{path}.{name or 'self'}")
 
 
 def _cmp_ndarray(a, b, path):
@@ -251,7 +287,7 @@ def _run(fn, args: Args):
 
 
 def _explain_counts(fn, inputs, states):
-    snaps = [copy.deepcopy(s) for s in states]
+    snaps = [snapshot(s) for s in states]
     args = copy.deepcopy(inputs)
     _reset()
     try:
@@ -291,11 +327,11 @@ def check(fn, make_inputs, *, graphs=None, breaks=None, calls=3, state=None,
     try:
         for i in range(calls):
             inputs = first if i == 0 else _as_args(make_inputs(i))
-            snaps = [copy.deepcopy(s) for s in states]
+            snaps = [snapshot(s) for s in states]
 
             e_args = copy.deepcopy(inputs)
             e_out, e_exc = _run(fn, e_args)
-            e_states = [copy.deepcopy(s) for s in states]
+            e_states = [snapshot(s) for s in states]
             for s, snap in zip(states, snaps):
                 _restore(s, snap)
 
