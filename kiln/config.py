@@ -59,6 +59,11 @@ fallback_random: bool = _env_bool("KILN_FALLBACK_RANDOM", False)
 #: Worker processes used to compile kernels in parallel (KILN_COMPILE_THREADS).
 compile_threads: int = _env_int("KILN_COMPILE_THREADS", max(1, (os.cpu_count() or 1)))
 
+#: Which code generator compiles kernels: "auto" (Triton for CUDA tensors, C++ for CPU
+#: ones), "cpp" or "triton" — the latter on CPU tensors needs TRITON_INTERPRET=1
+#: (KILN_KERNEL_TARGET).
+kernel_target: str = _env_str("KILN_KERNEL_TARGET", "auto")
+
 # --- logging -------------------------------------------------------------------
 #: Comma-separated log artefacts to show, e.g. "graph_breaks,recompiles,guards"
 #: (KILN_LOGS). See kiln/debug/logs.py for the list.

@@ -1,0 +1,80 @@
+"""The on-disk cache of compiled kernels, under ``kiln.config.cache_dir``.
+
+Keyed by a hash of (source, compiler command, compiler version): a second process with
+the same graph finds the shared library and compiles nothing. Writes go to a temporary
+name and are renamed into place, so concurrent processes never see half a file.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import subprocess
+import tempfile
+
+from .. import config
+from ..debug.timing import timed
+
+CXX = os.environ.get("CXX", "g++")
+CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+            "-fno-math-errno", "-fno-trapping-math",
+            "-mprefer-vector-width=256"]
+
+stats = {"hits": 0, "misses": 0}
+
+
+@functools.lru_cache(None)
+def toolchain_version() -> str:
+    try:
+        return subprocess.run([CXX, "--version"], capture_output=True, text=True,
+                              check=True).stdout.splitlines()[0]
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def key_of(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def cache_path(kind: str, key: str, suffix: str) -> str:
+    d = os.path.join(config.cache_dir, kind, key[:2])
+    os.makedirs(d, exist_ok=True)
+    return os.path.join(d, key + suffix)
+
+
+def compile_cpp(source: str) -> str:
+    """Path of a shared library built from ``source``, compiling only on a cache miss."""
+    key = key_of(source, " ".join([CXX] + CXXFLAGS), toolchain_version())
+    so = cache_path("cpp", key, ".so")
+    if os.path.exists(so):
+        stats["hits"] += 1
+        return so
+    stats["misses"] += 1
+    d = os.path.dirname(so)
+    with timed("kernels.cxx"):
+        fd, src = tempfile.mkstemp(suffix=".cpp", dir=d)
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        tmp_so = src[:-4] + ".so"
+        r = subprocess.run([CXX, *CXXFLAGS, src, "-o", tmp_so], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"kiln: C++ compilation failed ({src}):\n{r.stderr[-4000:]}")
+        os.replace(tmp_so, so)
+        os.replace(src, so[:-3] + ".cpp")
+    return so
+
+
+def write_source(kind: str, source: str, suffix: str) -> str:
+    """Store a generated source (e.g. a Triton module) by content; return its path."""
+    key = key_of(source)
+    path = cache_path(kind, key, suffix)
+    if not os.path.exists(path):
+        fd, tmp = tempfile.mkstemp(suffix=suffix, dir=os.path.dirname(path))
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    return path

@@ -1,0 +1,125 @@
+"""``compile_aten_graph``: an aten FX graph and real example inputs → a fast callable.
+
+lower (``lowering.py``) → verify → schedule (``scheduler.py``) → C++ (``cpp.py``) or
+Triton (``triton_gen.py``) source → cached build (``cache.py``) → ``Runtime``.
+The callable is specialised to the sizes, strides and dtypes of the example inputs; a
+call with others compiles again for those (kept side by side).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.fx as fx
+
+from .. import config
+from ..debug.logs import log_for
+from ..debug.timing import timed
+from . import cache, cpp, ir
+from .lowering import GraphLowering, View
+from .runtime import ExternStep, Runtime
+from .scheduler import format_schedule, schedule
+
+_code_log = log_for("output_code")
+
+
+def _signature(args):
+    return tuple((tuple(a.shape), tuple(a.stride()), a.dtype, a.device)
+                 if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
+
+
+def pick_target(example_inputs, target=None) -> str:
+    target = target or config.kernel_target
+    if target != "auto":
+        return target
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+            return "triton"
+    return "cpp"
+
+
+def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
+    """One specialisation: returns (Runtime, artefacts dict for tests and logs)."""
+    with timed("kernels.lowering"):
+        lo = GraphLowering(gm, example_inputs, target).run()
+        ir.verify(lo.buffers)
+    out_names = {v.buf for v in _leaf_views(lo.outputs)}
+    with timed("kernels.scheduling"):
+        sched = schedule(lo.buffers, out_names)
+    arte = {"ir": ir.format_program(lo.buffers), "schedule": format_schedule(sched),
+            "fallbacks": list(lo.fallbacks), "target": target}
+    by_name = {b.name: b for b in lo.buffers}
+    device = lo.device
+    with timed("kernels.codegen"):
+        if target == "cpp":
+            source, entries = cpp.generate(sched, lo.buffers)
+        else:
+            from . import triton_gen
+            source, entries = triton_gen.generate(sched, lo.buffers)
+    arte["source"] = source
+    _code_log.info("kernels: %s source for graph\n%s\n%s", target, arte["ir"], source)
+    steps = []
+    if target == "cpp":
+        lib = ctypes.CDLL(cache.compile_cpp(source)) if entries else None
+        entry_iter = iter(entries)
+    else:
+        launchers = triton_gen.load(source, entries)
+        entry_iter = iter(launchers)
+    seg_open = False
+    for g in sched.groups:
+        if g.extern is not None:
+            steps.append(ExternStep(g.extern, by_name))
+            seg_open = False
+            continue
+        if seg_open:
+            continue
+        seg_open = True
+        if target == "cpp":
+            name, params = next(entry_iter)
+            fn = getattr(lib, name)
+            fn.argtypes = [ctypes.c_void_p] * len(params)
+            fn.restype = None
+            steps.append(_cpp_step(fn, params))
+        else:
+            steps.append(next(entry_iter))
+    return Runtime(lo, sched, steps, device), arte
+
+
+def _cpp_step(fn, params):
+    def step(rt, tensors):
+        fn(*[tensors[p].data_ptr() for p in params])
+    step.params = params
+    return step
+
+
+def _leaf_views(tree):
+    from torch.utils import _pytree as pytree
+    return [v for v in pytree.tree_leaves(tree, is_leaf=lambda x: isinstance(x, View))
+            if isinstance(v, View)]
+
+
+class CompiledGraph:
+    """Callable over the graph's inputs, one specialisation per input signature."""
+
+    def __init__(self, gm, example_inputs, target=None):
+        self.gm = gm
+        self.target = pick_target(example_inputs, target)
+        sig = _signature(example_inputs)
+        rt, self.artefacts = build(gm, example_inputs, self.target)
+        self.variants = {sig: rt}
+        self._last = (sig, rt)
+
+    def __call__(self, *args):
+        sig = _signature(args)
+        rt = self.variants.get(sig)
+        if rt is None:
+            rt, self.artefacts = build(self.gm, list(args), self.target)
+            self.variants[sig] = rt
+        return rt(*args)
+
+
+def compile_aten_graph(aten_gm: fx.GraphModule, example_inputs, target: str | None = None):
+    """Compile a functional aten graph; the result takes its inputs positionally and
+    returns what the graph returns. ``target``: "cpp", "triton" or None (by device)."""
+    with timed("kernels"):
+        return CompiledGraph(aten_gm, list(example_inputs), target)

@@ -1,0 +1,372 @@
+"""C++/OpenMP code generation: one source file per graph, one function per kernel group.
+
+Each group becomes a loop nest: the outer dims ``#pragma omp parallel for collapse(k)``,
+then, per outer index, its loops one after another, each innermost loop ``#pragma omp
+simd`` (with ``reduction(...)`` clauses for the accumulators) when it has no guarded
+loads. ``float`` ``exp`` is a vectorisable polynomial (``kiln_exp``) since glibc's is
+scalar without -ffast-math. Consecutive groups between library calls share one exported
+entry point ``kiln_segN`` so one ctypes call runs them all.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import ir
+from .ir import Affine, Const, Index, Load, Op
+from .ops import OPS
+from .scheduler import Group, Schedule
+
+CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
+          torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
+          torch.uint8: "uint8_t", torch.bool: "bool"}
+PARALLEL_WORK = 32768
+
+PRELUDE = r"""
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <algorithm>
+#include <type_traits>
+
+static inline float kiln_exp(float x) {
+  // Cephes-style expf: exact range reduction, degree-6 polynomial, 2^n in two halves
+  // so that denormal results stay right. NaN passes through the arithmetic.
+  float xc = std::min(std::max(x, -104.0f), 89.0f);
+  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  float z = r * r;
+  float p = 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  p = p * z + r + 1.0f;
+  int32_t ni = (int32_t)n;
+  int32_t n1 = ni >> 1, n2 = ni - n1;
+  int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+  float s1, s2;
+  std::memcpy(&s1, &b1, 4);
+  std::memcpy(&s2, &b2, 4);
+  float res = p * s1 * s2;
+  return x != x ? x : res;
+}
+static inline double kiln_exp(double x) { return std::exp(x); }
+template <class T> static inline T kiln_sigmoid(T x) { return T(1) / (T(1) + kiln_exp(-x)); }
+template <class T> static inline T kiln_abs(T a) {
+  if constexpr (std::is_floating_point<T>::value) return std::fabs(a);
+  else if constexpr (std::is_unsigned<T>::value) return a;
+  else return a < 0 ? T(-a) : a;
+}
+template <class T> static inline T kiln_maximum(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) return a != a ? a : (b != b ? b : (a > b ? a : b));
+  else return a > b ? a : b;
+}
+template <class T> static inline T kiln_minimum(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) return a != a ? a : (b != b ? b : (a < b ? a : b));
+  else return a < b ? a : b;
+}
+template <class T> static inline T kiln_fmod(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) return std::fmod(a, b);
+  else return b == 0 ? T(0) : T(a % b);
+}
+template <class T> static inline T kiln_remainder(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) {
+    T r = std::fmod(a, b);
+    return (r != 0 && ((b < 0) != (r < 0))) ? r + b : r;
+  } else {
+    if (b == 0) return T(0);
+    T r = a % b;
+    return (r != 0 && ((b < 0) != (r < 0))) ? T(r + b) : r;
+  }
+}
+template <class T> static inline T kiln_truncdiv(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) return std::trunc(a / b);
+  else return b == 0 ? T(0) : T(a / b);
+}
+template <class T> static inline T kiln_floordiv(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) {
+    if (b == 0) return a / b;
+    T mod = std::fmod(a, b);
+    T div = (a - mod) / b;
+    if (mod != 0 && ((b < 0) != (mod < 0))) div -= T(1);
+    if (div == 0) return std::copysign(T(0), a / b);
+    T fl = std::floor(div);
+    if (div - fl > T(0.5)) fl += T(1);
+    return fl;
+  } else {
+    if (b == 0) return T(0);
+    T q = a / b;
+    if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
+    return q;
+  }
+}
+template <class T> static inline T kiln_pow(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) return std::pow(a, b);
+  else {
+    if (b < 0) return a == 1 ? T(1) : (a == -1 ? T((b % 2) ? -1 : 1) : T(0));
+    T r = 1;
+    while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
+    return r;
+  }
+}
+template <class T> static inline T kiln_sign(T a) {
+  if constexpr (std::is_floating_point<T>::value) return a != a ? a : T((T(0) < a) - (a < T(0)));
+  else return T((T(0) < a) - (a < T(0)));
+}
+template <class T> static inline bool kiln_isinf(T a) {
+  return a == std::numeric_limits<T>::infinity() || a == -std::numeric_limits<T>::infinity();
+}
+template <class T> static inline T kiln_bitnot(T a) { return T(~a); }
+"""
+
+
+def ctype(dtype: torch.dtype) -> str:
+    return CTYPES[dtype]
+
+
+def cconst(value, dtype) -> str:
+    t = ctype(dtype)
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        v = float(value)
+        if math.isnan(v):
+            return f"std::numeric_limits<{t}>::quiet_NaN()"
+        if math.isinf(v):
+            return f"{'-' if v < 0 else ''}std::numeric_limits<{t}>::infinity()"
+        return f"{t}({v!r})"
+    return f"{t}({int(value)}LL)" if dtype == torch.int64 else f"{t}({int(value)})"
+
+
+def cindex(a: Affine) -> str:
+    parts = [(v if k == 1 else f"{k}*{v}") for v, k in a.terms]
+    if a.const or not parts:
+        parts.append(f"{a.const}")
+    return " + ".join(parts)
+
+
+class Body:
+    """One scope's lines with common-subexpression reuse."""
+
+    def __init__(self, values: dict, indent: str, counter: list):
+        self.lines: list[str] = []
+        self.memo: dict = {}
+        self.values = values        # buffer name -> C variable holding this element
+        self.indent = indent
+        self.counter = counter      # shared by a kernel's scopes: unique, deterministic names
+
+    def tmp(self, t, rhs) -> str:
+        name = f"t{self.counter[0]}"
+        self.counter[0] += 1
+        self.lines.append(f"{self.indent}{t} {name} = {rhs};")
+        return name
+
+    def render(self, e: ir.Expr) -> str:
+        if e in self.memo:
+            return self.memo[e]
+        if isinstance(e, Const):
+            s = cconst(e.value, e.dtype)
+        elif isinstance(e, Index):
+            s = f"((int64_t)({cindex(e.index)}))"
+        elif isinstance(e, Load):
+            if e.buf in self.values and e.mask is None:
+                s = self.values[e.buf]
+            else:
+                ld = f"{e.buf}[{cindex(e.index)}]"
+                if e.mask is not None:
+                    ld = f"({self.render(e.mask)} ? {ld} : {ctype(e.dtype)}(0))"
+                s = self.tmp(ctype(e.dtype), ld)
+        else:
+            args = [self.render(a) for a in e.args]
+            s = self.tmp(ctype(e.dtype), OPS[e.name][0].format(*args, t=ctype(e.dtype)))
+        self.memo[e] = s
+        return s
+
+
+_RED_INIT = {
+    "sum": lambda t, dt: cconst(0, dt), "prod": lambda t, dt: cconst(1, dt),
+    "any": lambda t, dt: "false",
+    "max": lambda t, dt: (f"-std::numeric_limits<{t}>::infinity()" if dt.is_floating_point
+                          else f"std::numeric_limits<{t}>::lowest()"),
+    "min": lambda t, dt: (f"std::numeric_limits<{t}>::infinity()" if dt.is_floating_point
+                          else f"std::numeric_limits<{t}>::max()"),
+}
+_RED_CLAUSE = {"sum": "+", "prod": "*", "any": "||", "max": "max", "min": "min"}
+
+
+def _has_masks(nodes) -> bool:
+    return any(isinstance(e, Load) and e.mask is not None for n in nodes for e in ir.walk(n.body))
+
+
+class CppKernel:
+    """Source of one group's function."""
+
+    def __init__(self, gi: int, g: Group, sched: Schedule):
+        self.gi, self.g, self.s = gi, g, sched
+        self.counter = [0]
+
+    def params(self) -> list:
+        names = self.g.names
+        reads, writes = set(), set()
+        for n in self.g.nodes:
+            reads |= {r for r in n.reads() if r not in names}
+            if n.name not in self.s.locals:
+                writes.add(n.name)
+        return sorted(reads) + sorted(writes)
+
+    def source(self, dtypes: dict) -> tuple[str, list]:
+        g = self.g
+        if g.red is None:           # pure pointwise: vectorise the last dim
+            shape = tuple(g.outer)
+            g = Group(shape[:-1], shape[-1:], g.nodes, loops=[("inner", list(g.nodes))])
+        params = self.params()
+        writes = {n.name for n in g.nodes if n.name not in self.s.locals}
+        sig = ", ".join(
+            f"{ctype(dtypes[p])}* __restrict__ {p}" if p in writes
+            else f"const {ctype(dtypes[p])}* __restrict__ {p}" for p in params)
+        origin = ", ".join(n.origin for n in g.nodes if getattr(n, "origin", ""))
+        out = [f"// kernel {self.gi}: outer {list(g.outer)}, inner {list(g.red)}; from {origin}",
+               f"static void kernel{self.gi}({sig}) {{"]
+        k = len(g.outer)
+        work = 1
+        for s in tuple(g.outer) + tuple(g.red):
+            work *= int(s)
+        ind = "  "
+        outer_par = k > 0 and work >= PARALLEL_WORK
+        if outer_par:
+            out.append(f"{ind}#pragma omp parallel for collapse({k})")
+        for i, s in enumerate(g.outer):
+            out.append(f"{ind}for (int64_t x{i} = 0; x{i} < {int(s)}; ++x{i}) {{")
+            ind += "  "
+        scope_values: dict[str, str] = {}
+        for kind, nodes in g.loops:
+            if kind == "outer":
+                body = Body(dict(scope_values), ind, self.counter)
+                for n in nodes:
+                    v = body.render(n.body)
+                    out.extend(body.lines)
+                    body.lines = []
+                    scope_values[n.name] = v
+                    if n.name in writes:
+                        out.append(f"{ind}{n.name}[{cindex(n.store_index(g.outer_vars()))}] = {v};")
+                continue
+            out.extend(self._inner_loop(g, nodes, scope_values, writes, ind,
+                                        parallel=(k == 0 and work >= PARALLEL_WORK)))
+        for _ in g.outer:
+            ind = ind[:-2]
+            out.append(f"{ind}}}")
+        out.append("}")
+        return "\n".join(out), params
+
+    def _inner_loop(self, g, nodes, scope_values, writes, ind, parallel):
+        out = []
+        k = len(g.outer)
+        red = tuple(g.red)
+        all_vars = g.all_vars()
+        reds = [n for n in nodes if isinstance(n, ir.Reduction)]
+        args_red = any(n.red_type in ("argmax", "argmin") for n in reds)
+        clauses = []
+        for n in reds:
+            t = ctype(n.dtype)
+            a = f"acc_{n.name}"
+            if n.red_type in ("argmax", "argmin"):
+                vt = ctype(n.body.dtype)
+                init = _RED_INIT["max" if n.red_type == "argmax" else "min"](vt, n.body.dtype)
+                out.append(f"{ind}{vt} {a}_v = {init}; int64_t {a} = 0;")
+                continue
+            out.append(f"{ind}{t} {a} = {_RED_INIT[n.red_type](t, n.dtype)};")
+            clauses.append(f"reduction({_RED_CLAUSE[n.red_type]}:{a})")
+            if n.red_type in ("max", "min") and n.dtype.is_floating_point:
+                out.append(f"{ind}int nan_{n.name} = 0;")
+                clauses.append(f"reduction(|:nan_{n.name})")
+        simd = not args_red and not _has_masks(nodes)
+        li = ind
+        m = len(red)
+        if m == 0:
+            out.append(f"{li}{{")
+        for j, s in enumerate(red):
+            innermost = j == m - 1
+            if parallel and j == 0 and not args_red:
+                coll = f" collapse({m})" if m > 1 else ""
+                out.append(f"{li}#pragma omp parallel for{' simd' if simd else ''}{coll} "
+                           + " ".join(clauses))
+            elif innermost and simd and not (parallel and m == 1):
+                out.append(f"{li}#pragma omp simd " + " ".join(clauses))
+            out.append(f"{li}for (int64_t x{k + j} = 0; x{k + j} < {int(s)}; ++x{k + j}) {{")
+            li += "  "
+        if m == 0:
+            li += "  "
+        body = Body(dict(scope_values), li, self.counter)
+        for n in nodes:
+            v = body.render(n.body)
+            if isinstance(n, ir.Reduction):
+                a = f"acc_{n.name}"
+                rt = n.red_type
+                if rt == "sum":
+                    body.lines.append(f"{li}{a} += {v};")
+                elif rt == "prod":
+                    body.lines.append(f"{li}{a} *= {v};")
+                elif rt == "any":
+                    body.lines.append(f"{li}{a} = {a} || {v};")
+                elif rt in ("max", "min"):
+                    fn = "std::max" if rt == "max" else "std::min"
+                    body.lines.append(f"{li}{a} = {fn}({a}, {v});")
+                    if n.dtype.is_floating_point:
+                        body.lines.append(f"{li}nan_{n.name} |= ({v} != {v});")
+                else:
+                    cmp = ">" if rt == "argmax" else "<"
+                    ridx = cindex(ir.linear_index(all_vars[k:], ir.contiguous_strides(red)))
+                    nan = (f" || ({v} != {v} && {a}_v == {a}_v)" if n.body.dtype.is_floating_point
+                           else "")
+                    body.lines.append(f"{li}if ({v} {cmp} {a}_v{nan}) {{ {a}_v = {v}; {a} = {ridx}; }}")
+            else:
+                body.values[n.name] = v
+                if n.name in writes:
+                    body.lines.append(f"{li}{n.name}[{cindex(n.store_index(all_vars))}] = {v};")
+        out.extend(body.lines)
+        for _ in range(max(m, 1)):
+            li = li[:-2]
+            out.append(f"{li}}}")
+        for n in reds:
+            a = f"acc_{n.name}"
+            if n.red_type in ("max", "min") and n.dtype.is_floating_point:
+                out.append(f"{ind}if (nan_{n.name}) {a} = std::numeric_limits<{ctype(n.dtype)}>::quiet_NaN();")
+            scope_values[n.name] = a
+            if n.name in writes:
+                out.append(f"{ind}{n.name}[{cindex(n.store_index(g.outer_vars()))}] = {a};")
+        return out
+
+
+def generate(sched: Schedule, buffers: list) -> tuple[str, list]:
+    """The whole translation unit, and per segment (name, [param buffer names])."""
+    dtypes = {b.name: b.dtype for b in buffers}
+    parts = [PRELUDE]
+    segments, cur = [], None
+    for gi, g in enumerate(sched.groups):
+        if g.extern is not None:
+            cur = None
+            continue
+        src, params = CppKernel(gi, g, sched).source(dtypes)
+        parts.append(src)
+        if cur is None:
+            cur = (f"kiln_seg{len(segments)}", [], [])
+            segments.append(cur)
+        cur[1].append((gi, params))
+    entries = []
+    for name, kernels, _ in segments:
+        params = []
+        for _, ps in kernels:
+            for p in ps:
+                if p not in params:
+                    params.append(p)
+        sig = ", ".join(f"void* {p}" for p in params)
+        calls = "\n".join(
+            f"  kernel{gi}(" + ", ".join(f"({ctype(dtypes[p])}*){p}" for p in ps) + ");"
+            for gi, ps in kernels)
+        parts.append(f'extern "C" void {name}({sig}) {{\n{calls}\n}}')
+        entries.append((name, params))
+    return "\n\n".join(parts) + "\n", entries

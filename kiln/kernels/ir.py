@@ -1,0 +1,307 @@
+"""The loop-level IR: affine indices, scalar expressions, and buffers that compute them.
+
+One aten graph becomes a list of *buffers*, each either
+
+* ``Pointwise``  — ``out[x0..xn] = expr(x0..xn)`` over the buffer's sizes,
+* ``Reduction``  — ``out[x0..xk] = reduce_{xk+1..} expr(x0..)`` (kept dims first, then
+  reduced dims; keepdim is a view on top),
+* ``Extern``     — a library call (mm, convolution, any aten op we do not lower), or
+* ``Input``      — a graph input.
+
+Every index is *affine* in the loop variables (views become strides, never div/mod),
+which keeps codegen simple and lets the C++ compiler vectorise. Conditional reads (cat,
+pad) carry a ``mask`` on the ``Load`` so that Triton can mask them and C++ can guard
+them. ``format_program`` prints the IR; ``verify`` checks it (run by every test).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+
+# --- affine index expressions -----------------------------------------------------
+@dataclass(frozen=True)
+class Affine:
+    """``const + sum(coef * var)``; vars are loop-variable names like ``x0``."""
+    terms: tuple = ()          # ((var, coef), ...) sorted by var, no zero coefs
+    const: int = 0
+
+    @staticmethod
+    def var(name: str) -> "Affine":
+        return Affine(((name, 1),), 0)
+
+    @staticmethod
+    def c(v: int) -> "Affine":
+        return Affine((), int(v))
+
+    def __add__(self, other) -> "Affine":
+        if isinstance(other, int):
+            return Affine(self.terms, self.const + other)
+        d = dict(self.terms)
+        for v, k in other.terms:
+            d[v] = d.get(v, 0) + k
+        return Affine(tuple(sorted((v, k) for v, k in d.items() if k != 0)),
+                      self.const + other.const)
+
+    def __mul__(self, k: int) -> "Affine":
+        k = int(k)
+        if k == 0:
+            return Affine()
+        return Affine(tuple((v, c * k) for v, c in self.terms), self.const * k)
+
+    def vars(self) -> set:
+        return {v for v, _ in self.terms}
+
+    def coef(self, var: str) -> int:
+        return dict(self.terms).get(var, 0)
+
+    def __str__(self) -> str:
+        parts = [(v if k == 1 else f"{k}*{v}") for v, k in self.terms]
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return " + ".join(parts)
+
+
+def linear_index(idx: list, strides) -> Affine:
+    out = Affine()
+    for i, s in zip(idx, strides):
+        out = out + i * s
+    return out
+
+
+def contiguous_strides(sizes) -> tuple:
+    strides, acc = [], 1
+    for s in reversed(list(sizes)):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+def loop_vars(sizes, start: int = 0) -> list:
+    """Index variables for a loop nest; size-1 dims get the constant 0 (simpler indices)."""
+    return [Affine.c(0) if int(s) == 1 else Affine.var(f"x{start + i}")
+            for i, s in enumerate(sizes)]
+
+
+# --- scalar expressions -------------------------------------------------------------
+class Expr:
+    dtype: torch.dtype
+
+    def children(self) -> tuple:
+        return ()
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    buf: str
+    index: Affine
+    dtype: torch.dtype
+    mask: Any = None          # an Expr of dtype bool, or None: read only where it holds
+
+    def children(self):
+        return (self.mask,) if self.mask is not None else ()
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    value: Any
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Index(Expr):
+    """The integer value of an affine index (arange, argmax positions, cat bounds)."""
+    index: Affine
+    dtype: torch.dtype = torch.int64
+
+
+@dataclass(frozen=True)
+class Op(Expr):
+    name: str
+    args: tuple
+    dtype: torch.dtype
+
+    def children(self):
+        return self.args
+
+
+def walk(e: Expr):
+    """Every sub-expression, each once, children before parents."""
+    seen, order = set(), []
+
+    def go(x):
+        if x in seen:
+            return
+        seen.add(x)
+        for c in x.children():
+            go(c)
+        order.append(x)
+    go(e)
+    return order
+
+
+def format_expr(e: Expr) -> str:
+    if isinstance(e, Load):
+        m = f" if {format_expr(e.mask)}" if e.mask is not None else ""
+        return f"{e.buf}[{e.index}{m}]"
+    if isinstance(e, Const):
+        return repr(e.value)
+    if isinstance(e, Index):
+        return f"index({e.index})"
+    return f"{e.name}({', '.join(format_expr(a) for a in e.args)})"
+
+
+def op_count(e: Expr) -> int:
+    return sum(1 for x in walk(e) if isinstance(x, Op))
+
+
+# --- buffers --------------------------------------------------------------------------
+@dataclass
+class Buffer:
+    name: str
+    sizes: tuple
+    strides: tuple
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.sizes:
+            n *= int(s)
+        return n
+
+    def reads(self) -> set:
+        return set()
+
+    def store_index(self, idx: list) -> Affine:
+        return linear_index(idx, self.strides)
+
+
+@dataclass
+class Input(Buffer):
+    position: int = 0
+
+
+@dataclass
+class Pointwise(Buffer):
+    body: Expr = None          # over x0..x{ndim-1}
+    origin: str = ""           # the fx node(s) it came from, for comments
+
+    def reads(self):
+        return {x.buf for x in walk(self.body) if isinstance(x, Load)}
+
+
+REDUCTIONS = ("sum", "prod", "max", "min", "argmax", "argmin", "any")
+
+
+@dataclass
+class Reduction(Buffer):
+    red_sizes: tuple = ()
+    red_type: str = "sum"
+    body: Expr = None          # over x0..x{k-1} (kept) and x{k}..x{k+m-1} (reduced)
+    origin: str = ""
+
+    def reads(self):
+        return {x.buf for x in walk(self.body) if isinstance(x, Load)}
+
+
+@dataclass
+class Extern(Buffer):
+    """A library call: ``op(*args, **kwargs)`` where tensor arguments are ``ExternArg``."""
+    op: Any = None
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    outputs: list = field(default_factory=list)   # names of MultiOutput buffers, if a tuple
+    origin: str = ""
+
+    def reads(self):
+        out = set()
+
+        def visit(a):
+            if isinstance(a, ExternArg):
+                out.add(a.buf)
+            elif isinstance(a, (list, tuple)):
+                for x in a:
+                    visit(x)
+        visit(self.args)
+        visit(tuple(self.kwargs.values()))
+        return out
+
+
+@dataclass
+class MultiOutput(Buffer):
+    """Element ``path`` of an extern's tuple result."""
+    source: str = ""
+    path: tuple = ()
+
+    def reads(self):
+        return {self.source}
+
+
+@dataclass(frozen=True)
+class ExternArg:
+    """A tensor argument of an extern: a strided view of a buffer."""
+    buf: str
+    sizes: tuple
+    strides: tuple
+    offset: int
+
+
+# --- printing and verification ------------------------------------------------------
+def format_buffer(b: Buffer) -> str:
+    head = f"{b.name}: {str(b.dtype).replace('torch.', '')}{list(b.sizes)} strides={list(b.strides)}"
+    if isinstance(b, Input):
+        return f"{head} = input {b.position}"
+    if isinstance(b, Pointwise):
+        return f"{head} = pointwise {format_expr(b.body)}    # {b.origin}"
+    if isinstance(b, Reduction):
+        return (f"{head} = {b.red_type} over {list(b.red_sizes)} of "
+                f"{format_expr(b.body)}    # {b.origin}")
+    if isinstance(b, Extern):
+        return f"{head} = extern {b.op}    # {b.origin}"
+    if isinstance(b, MultiOutput):
+        return f"{head} = {b.source}{list(b.path)}"
+    return head
+
+
+def format_program(buffers: list) -> str:
+    return "\n".join(format_buffer(b) for b in buffers)
+
+
+class IRError(Exception):
+    pass
+
+
+def verify(buffers: list) -> None:
+    """Definition before use, index variables in range, dtypes consistent."""
+    defined: dict[str, Buffer] = {}
+    for b in buffers:
+        if b.name in defined:
+            raise IRError(f"{b.name} defined twice")
+        if len(b.sizes) != len(b.strides):
+            raise IRError(f"{b.name}: sizes and strides differ in rank")
+        for r in b.reads():
+            if r not in defined:
+                raise IRError(f"{b.name} reads {r} before it is defined")
+        if isinstance(b, (Pointwise, Reduction)):
+            nvars = len(b.sizes) + (len(b.red_sizes) if isinstance(b, Reduction) else 0)
+            allowed = {f"x{i}" for i in range(nvars)}
+            for e in walk(b.body):
+                idx = e.index if isinstance(e, (Load, Index)) else None
+                if idx is not None and not idx.vars() <= allowed:
+                    raise IRError(f"{b.name}: index {idx} uses unknown variables")
+                if isinstance(e, Load):
+                    src = defined[e.buf]
+                    if e.dtype != src.dtype:
+                        raise IRError(f"{b.name}: load of {e.buf} as {e.dtype}, stored {src.dtype}")
+                    if e.mask is not None and e.mask.dtype != torch.bool:
+                        raise IRError(f"{b.name}: mask of non-bool dtype")
+            if isinstance(b, Reduction):
+                if b.red_type not in REDUCTIONS:
+                    raise IRError(f"{b.name}: unknown reduction {b.red_type}")
+            elif b.body.dtype != b.dtype:
+                raise IRError(f"{b.name}: body dtype {b.body.dtype} != buffer dtype {b.dtype}")
+        defined[b.name] = b

@@ -1,0 +1,920 @@
+"""Aten FX graph → loop IR: one lowering per aten op, registered in ``LOWERINGS``.
+
+Values during lowering are *boxes*:
+
+* ``View``  — a strided window on a buffer (inputs, computed buffers, extern results);
+  every view op on it is new strides, never a copy;
+* ``Lazy``  — a not-yet-stored pointwise value, a function from an index to an
+  expression. Pointwise ops compose lazies, which *is* vertical fusion of pointwise
+  chains; reductions inline them into their bodies (pointwise-into-reduction fusion).
+
+A lazy is stored (``realize``) when several nodes use it, when it is an output, when it
+grows large, or before a reshape that strides cannot express. Any op without a
+lowering (or with one that declines, by raising ``Unsupported``) becomes an ``Extern``:
+the aten op itself, called at run time — logged under ``fallbacks`` — so every graph
+runs.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from ..debug.logs import log_for
+from . import ir
+from .ir import Affine, Const, Index, Load, linear_index, loop_vars
+from .ops import cast, const, op
+
+aten = torch.ops.aten
+_fallback_log = log_for("fallbacks")
+
+SUPPORTED_DTYPES = {
+    "cpp": {torch.float32, torch.float64, torch.int64, torch.int32, torch.int16,
+            torch.int8, torch.uint8, torch.bool},
+    "triton": {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+               torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool},
+}
+MAX_INLINE_OPS = 96
+
+
+class Unsupported(Exception):
+    """Raised by a lowering that cannot handle these arguments: the node falls back."""
+
+
+# --- boxes --------------------------------------------------------------------------
+@dataclass
+class View:
+    buf: str
+    sizes: tuple
+    strides: tuple
+    offset: int
+    dtype: torch.dtype
+
+    def load(self, idx: list) -> ir.Expr:
+        return Load(self.buf, linear_index(idx, self.strides) + self.offset, self.dtype)
+
+
+@dataclass
+class Lazy:
+    sizes: tuple
+    dtype: torch.dtype
+    fn: Callable
+
+    def load(self, idx: list) -> ir.Expr:
+        return self.fn(idx)
+
+
+Box = (View, Lazy)
+
+
+def is_box(x) -> bool:
+    return isinstance(x, Box)
+
+
+def add_mask(e: ir.Expr, mask: ir.Expr) -> ir.Expr:
+    """The same expression with every load guarded by ``mask`` (for cat and pad)."""
+    memo = {}
+
+    def go(x):
+        if x in memo:
+            return memo[x]
+        if isinstance(x, Load):
+            m = mask if x.mask is None else op("and", x.mask, mask)
+            r = Load(x.buf, x.index, x.dtype, m)
+        elif isinstance(x, ir.Op):
+            r = ir.Op(x.name, tuple(go(a) for a in x.args), x.dtype)
+        else:
+            r = x
+        memo[x] = r
+        return r
+    return go(e)
+
+
+# --- the lowering table ---------------------------------------------------------------
+LOWERINGS: dict = {}
+
+
+def register(*targets):
+    def deco(fn):
+        for t in targets:
+            LOWERINGS[t] = fn
+        return fn
+    return deco
+
+
+class GraphLowering:
+    """Walks an aten graph, lowering each node, and collects the buffers."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs, target: str = "cpp"):
+        self.gm = gm
+        self.target = target
+        self.buffers: list[ir.Buffer] = []
+        self.by_name: dict[str, ir.Buffer] = {}
+        self.env: dict[fx.Node, object] = {}
+        self.meta: dict[fx.Node, object] = {}
+        self.outputs = None            # pytree of boxes / python values
+        self.fallbacks: list[str] = []
+        tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+        self.device = tensors[0].device if tensors else torch.device("cpu")
+        self._n = 0
+        self._record_meta(example_inputs)
+
+    # example values for every node: sizes, strides and dtypes as eager produces them
+    def _record_meta(self, example_inputs):
+        meta = self.meta
+
+        class Recorder(fx.Interpreter):
+            def run_node(self, n):
+                r = super().run_node(n)
+                meta[n] = pytree.tree_map(
+                    lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                  device="meta")
+                    if isinstance(t, torch.Tensor) else t, r)
+                meta[n, "device"] = pytree.tree_map(
+                    lambda t: t.device if isinstance(t, torch.Tensor) else None, r)
+                return r
+
+        with torch.no_grad():
+            Recorder(self.gm).run(*example_inputs)
+
+    def new_name(self, prefix="buf") -> str:
+        self._n += 1
+        return f"{prefix}{self._n - 1}"
+
+    def add(self, b: ir.Buffer) -> ir.Buffer:
+        self.buffers.append(b)
+        self.by_name[b.name] = b
+        return b
+
+    # --- storing lazies ---
+    def realize(self, box, strides=None, origin="") -> View:
+        if isinstance(box, View):
+            return box
+        sizes = tuple(box.sizes)
+        strides = tuple(strides) if strides is not None else ir.contiguous_strides(sizes)
+        body = box.load(loop_vars(sizes))
+        if body.dtype != box.dtype:
+            body = cast(body, box.dtype)
+        b = self.add(ir.Pointwise(self.new_name(), sizes, strides, box.dtype, body=body,
+                                  origin=origin))
+        return View(b.name, sizes, strides, 0, box.dtype)
+
+    # --- the walk ---
+    def run(self):
+        n_in = 0
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.env[node] = self._placeholder(node, n_in)
+                n_in += 1
+            elif node.op == "call_function":
+                self.env[node] = self._call(node)
+            elif node.op == "output":
+                self.outputs = self._outputs(node)
+            elif node.op == "get_attr":
+                raise Unsupported("get_attr nodes are not expected in aten graphs")
+            else:
+                raise Unsupported(f"unexpected node {node.op}")
+        return self
+
+    def _placeholder(self, node, pos):
+        m = self.meta[node]
+        if not isinstance(m, torch.Tensor):
+            return m
+        name = f"in{pos}"
+        self.add(ir.Input(name, tuple(m.shape), tuple(m.stride()), m.dtype, position=pos))
+        return View(name, tuple(m.shape), tuple(m.stride()), 0, m.dtype)
+
+    def _args(self, node):
+        return pytree.tree_map(lambda a: self.env[a] if isinstance(a, fx.Node) else a,
+                               (node.args, node.kwargs))
+
+    def _dtypes_ok(self, node) -> bool:
+        ok = SUPPORTED_DTYPES[self.target]
+        vals = [self.meta[node]] + [self.meta[a] for a in node.all_input_nodes]
+        for t in pytree.tree_leaves(vals):
+            if isinstance(t, torch.Tensor) and t.dtype not in ok:
+                return False
+        devs = [d for d in pytree.tree_leaves(
+            [self.meta[node, "device"]] + [self.meta[a, "device"] for a in node.all_input_nodes])
+            if d is not None]
+        return all(d == self.device for d in devs)
+
+    def _call(self, node):
+        args, kwargs = self._args(node)
+        fn = LOWERINGS.get(node.target)
+        if node.target is operator.getitem:
+            return args[0][args[1]]
+        if fn is not None and self._dtypes_ok(node):
+            try:
+                out = fn(self, node, *args, **kwargs)
+                return self._maybe_realize(node, out)
+            except Unsupported as e:
+                reason = f"lowering declined: {e}"
+        else:
+            reason = "no lowering" if fn is None else "dtype/device not supported"
+        return self.fallback(node, args, kwargs, reason)
+
+    def _maybe_realize(self, node, out):
+        if isinstance(out, Lazy):
+            probe = out.load(loop_vars(out.sizes))
+            n_ops = ir.op_count(probe)
+            if n_ops > MAX_INLINE_OPS or (len(node.users) > 1 and n_ops > 0):
+                return self.realize(out, origin=node.name)
+        return out
+
+    def fallback(self, node, args, kwargs, reason):
+        self.fallbacks.append(f"{node.target}")
+        _fallback_log.info("kernels: %s falls back to aten (%s)", node.target, reason)
+
+        def to_arg(a):
+            if is_box(a):
+                v = self.realize(a, origin=node.name)
+                return ir.ExternArg(v.buf, v.sizes, v.strides, v.offset)
+            return a
+        args, kwargs = pytree.tree_map(to_arg, (args, kwargs), is_leaf=is_box)
+        m = self.meta[node]
+        name = self.new_name()
+        if isinstance(m, torch.Tensor):
+            self.add(ir.Extern(name, tuple(m.shape), tuple(m.stride()), m.dtype, op=node.target,
+                               args=args, kwargs=kwargs, origin=node.name))
+            return View(name, tuple(m.shape), tuple(m.stride()), 0, m.dtype)
+        ext = self.add(ir.Extern(name, (), (), torch.uint8, op=node.target, args=args,
+                                 kwargs=kwargs, origin=node.name))
+        leaves, spec = pytree.tree_flatten(m)
+        outs = []
+        for i, t in enumerate(leaves):
+            if isinstance(t, torch.Tensor):
+                o = self.add(ir.MultiOutput(self.new_name(), tuple(t.shape), tuple(t.stride()),
+                                            t.dtype, source=name, path=(i,)))
+                ext.outputs.append(o.name)
+                outs.append(View(o.name, tuple(t.shape), tuple(t.stride()), 0, t.dtype))
+            else:
+                outs.append(t)
+        return pytree.tree_unflatten(outs, spec)
+
+    def _outputs(self, node):
+        def fix(a):
+            if isinstance(a, Lazy):
+                m = self.meta_of_output(node, a)
+                strides = None
+                if m is not None and _dense(m):
+                    strides = tuple(m.stride())
+                return self.realize(a, strides=strides, origin="output")
+            return a
+        out = pytree.tree_map(lambda a: self.env[a] if isinstance(a, fx.Node) else a,
+                              node.args[0])
+        self._out_nodes = pytree.tree_leaves(node.args[0])
+        return pytree.tree_map(fix, out, is_leaf=is_box)
+
+    def meta_of_output(self, out_node, box):
+        for a in pytree.tree_leaves(out_node.args[0]):
+            if isinstance(a, fx.Node) and self.env.get(a) is box:
+                m = self.meta[a]
+                return m if isinstance(m, torch.Tensor) else None
+        return None
+
+    # --- helpers for lowerings ---
+    def out_meta(self, node) -> torch.Tensor:
+        return self.meta[node]
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: its strides are a permutation of contiguous ones."""
+    if t.numel() == 0:
+        return False
+    dims = sorted([(st, s) for s, st in zip(t.shape, t.stride()) if s != 1])
+    expect = 1
+    for st, s in dims:
+        if st != expect:
+            return False
+        expect *= s
+    return True
+
+
+# --- generic helpers -------------------------------------------------------------------
+def _as_expr(x, idx, out_sizes, dtype):
+    """Load a broadcast operand (box or python scalar) at the output index, cast to dtype."""
+    if is_box(x):
+        nd = len(x.sizes)
+        off = len(out_sizes) - nd
+        sub = [Affine.c(0) if int(x.sizes[i]) == 1 else idx[off + i] for i in range(nd)]
+        e = x.load(sub)
+    else:
+        if isinstance(x, torch.Tensor):
+            raise Unsupported("tensor constant")
+        return const(x, dtype)
+    return cast(e, dtype) if dtype is not None else e
+
+
+def _meta_of(x):
+    if is_box(x):
+        return torch.empty(x.sizes, dtype=x.dtype, device="meta")
+    return x
+
+
+def promote(a, b) -> torch.dtype:
+    """The dtype two operands are compared in (torch's type promotion, scalars included)."""
+    return torch.result_type(_meta_of(a), _meta_of(b))
+
+
+def pointwise(lo: GraphLowering, node, inputs, fn, compute_dtype=None) -> Lazy:
+    """A lazy pointwise value over the broadcast of ``inputs``; ``fn(*exprs)`` builds the
+    scalar expression from the operands cast to ``compute_dtype`` (default: output dtype)."""
+    m = lo.out_meta(node)
+    sizes, dtype = tuple(m.shape), m.dtype
+    cdt = compute_dtype or dtype
+
+    def body(idx):
+        e = fn(*[_as_expr(x, idx, sizes, cdt) for x in inputs])
+        return cast(e, dtype)
+    return Lazy(sizes, dtype, body)
+
+
+def affine_view(box, sizes, remap) -> object:
+    """A view given by an affine map from the new index to the old one."""
+    sizes = tuple(int(s) for s in sizes)
+    if isinstance(box, Lazy):
+        return Lazy(sizes, box.dtype, lambda idx: box.load(remap(list(idx))))
+    probe = [Affine.var(f"y{j}") for j in range(len(sizes))]
+    lin = linear_index(remap(probe), box.strides) + box.offset
+    strides = tuple(lin.coef(f"y{j}") for j in range(len(sizes)))
+    return View(box.buf, sizes, strides, lin.const, box.dtype)
+
+
+def _dim(d, n):
+    return d + n if d < 0 else d
+
+
+# --- pointwise lowerings -----------------------------------------------------------------
+_UNARY = {
+    aten.abs.default: "abs", aten.neg.default: "neg", aten.exp.default: "exp",
+    aten.exp2.default: "exp2", aten.expm1.default: "expm1", aten.log.default: "log",
+    aten.log2.default: "log2", aten.log10.default: "log10", aten.log1p.default: "log1p",
+    aten.sqrt.default: "sqrt", aten.rsqrt.default: "rsqrt", aten.sin.default: "sin",
+    aten.cos.default: "cos", aten.tan.default: "tan", aten.tanh.default: "tanh",
+    aten.sinh.default: "sinh", aten.cosh.default: "cosh", aten.asin.default: "asin",
+    aten.acos.default: "acos", aten.atan.default: "atan", aten.asinh.default: "asinh",
+    aten.acosh.default: "acosh", aten.atanh.default: "atanh", aten.erf.default: "erf",
+    aten.sigmoid.default: "sigmoid", aten.floor.default: "floor", aten.ceil.default: "ceil",
+    aten.round.default: "round", aten.trunc.default: "trunc", aten.sign.default: "sign",
+    aten.reciprocal.default: "reciprocal",
+}
+_FLOAT_ONLY = {"floor", "ceil", "round", "trunc"}
+
+
+def _unary(name):
+    def lower(lo, node, x):
+        if name in _FLOAT_ONLY and not x.dtype.is_floating_point:
+            return pointwise(lo, node, [x], lambda a: a)
+        if name == "abs" and x.dtype == torch.bool:
+            return pointwise(lo, node, [x], lambda a: a)
+        return pointwise(lo, node, [x], lambda a: op(name, a))
+    return lower
+
+
+for _t, _n in _UNARY.items():
+    register(_t)(_unary(_n))
+
+
+@register(aten.bitwise_not.default)
+def _bitwise_not(lo, node, x):
+    if x.dtype == torch.bool:
+        return pointwise(lo, node, [x], lambda a: op("not", a))
+    return pointwise(lo, node, [x], lambda a: op("bitnot", a))
+
+
+@register(aten.logical_not.default)
+def _logical_not(lo, node, x):
+    return pointwise(lo, node, [x], lambda a: op("not", cast(a, torch.bool)), x.dtype)
+
+
+@register(aten.isnan.default)
+def _isnan(lo, node, x):
+    if not x.dtype.is_floating_point:
+        return pointwise(lo, node, [x], lambda a: const(False, torch.bool), x.dtype)
+    return pointwise(lo, node, [x], lambda a: op("isnan", a), x.dtype)
+
+
+@register(aten.isinf.default)
+def _isinf(lo, node, x):
+    if not x.dtype.is_floating_point:
+        return pointwise(lo, node, [x], lambda a: const(False, torch.bool), x.dtype)
+    return pointwise(lo, node, [x], lambda a: op("isinf", a), x.dtype)
+
+
+@register(aten.relu.default)
+def _relu(lo, node, x):
+    return pointwise(lo, node, [x], lambda a: op("maximum", a, const(0, a.dtype)))
+
+
+def _alpha(a, b, alpha):
+    return b if alpha == 1 else op("mul", b, const(alpha, b.dtype))
+
+
+@register(aten.add.Tensor, aten.add.Scalar)
+def _add(lo, node, a, b, alpha=1):
+    return pointwise(lo, node, [a, b], lambda x, y: op("add", x, _alpha(x, y, alpha)))
+
+
+@register(aten.sub.Tensor, aten.sub.Scalar)
+def _sub(lo, node, a, b, alpha=1):
+    return pointwise(lo, node, [a, b], lambda x, y: op("sub", x, _alpha(x, y, alpha)))
+
+
+@register(aten.rsub.Tensor, aten.rsub.Scalar)
+def _rsub(lo, node, a, b, alpha=1):
+    return pointwise(lo, node, [a, b], lambda x, y: op("sub", _alpha(y, x, alpha), y))
+
+
+def _binary(name):
+    def lower(lo, node, a, b):
+        return pointwise(lo, node, [a, b], lambda x, y: op(name, x, y))
+    return lower
+
+
+for _t, _n in {aten.mul.Tensor: "mul", aten.mul.Scalar: "mul", aten.div.Tensor: "truediv",
+               aten.div.Scalar: "truediv", aten.maximum.default: "maximum",
+               aten.minimum.default: "minimum", aten.pow.Tensor_Tensor: "pow",
+               aten.pow.Tensor_Scalar: "pow", aten.pow.Scalar: "pow",
+               aten.atan2.default: "atan2", aten.remainder.Tensor: "remainder",
+               aten.remainder.Scalar: "remainder", aten.fmod.Tensor: "fmod",
+               aten.fmod.Scalar: "fmod", aten.bitwise_and.Tensor: "bitand",
+               aten.bitwise_or.Tensor: "bitor", aten.bitwise_xor.Tensor: "bitxor",
+               aten.bitwise_and.Scalar: "bitand", aten.bitwise_or.Scalar: "bitor",
+               aten.bitwise_xor.Scalar: "bitxor", aten.floor_divide.default: "floordiv"}.items():
+    register(_t)(_binary(_n))
+
+
+@register(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div_mode(lo, node, a, b, rounding_mode=None):
+    name = {None: "truediv", "floor": "floordiv", "trunc": "truncdiv"}[rounding_mode]
+    return pointwise(lo, node, [a, b], lambda x, y: op(name, x, y))
+
+
+def _compare(name):
+    def lower(lo, node, a, b):
+        return pointwise(lo, node, [a, b], lambda x, y: op(name, x, y), promote(a, b))
+    return lower
+
+
+for _t, _n in {aten.eq.Tensor: "eq", aten.eq.Scalar: "eq", aten.ne.Tensor: "ne",
+               aten.ne.Scalar: "ne", aten.lt.Tensor: "lt", aten.lt.Scalar: "lt",
+               aten.le.Tensor: "le", aten.le.Scalar: "le", aten.gt.Tensor: "gt",
+               aten.gt.Scalar: "gt", aten.ge.Tensor: "ge", aten.ge.Scalar: "ge"}.items():
+    register(_t)(_compare(_n))
+
+
+def _logical(name):
+    def lower(lo, node, a, b):
+        return pointwise(lo, node, [a, b], lambda x, y: op(name, x, y), torch.bool)
+    return lower
+
+
+for _t, _n in {aten.logical_and.default: "and", aten.logical_or.default: "or",
+               aten.logical_xor.default: "xor"}.items():
+    register(_t)(_logical(_n))
+
+
+@register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where(lo, node, c, a, b):
+    m = lo.out_meta(node)
+    sizes, dtype = tuple(m.shape), m.dtype
+
+    def body(idx):
+        return op("where", _as_expr(c, idx, sizes, torch.bool), _as_expr(a, idx, sizes, dtype),
+                  _as_expr(b, idx, sizes, dtype))
+    return Lazy(sizes, dtype, body)
+
+
+@register(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default,
+          aten.clamp_max.default, aten.clamp_min.Tensor, aten.clamp_max.Tensor)
+def _clamp(lo, node, x, lo_=None, hi=None):
+    if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
+        lo_, hi = None, lo_
+    inputs = [x] + [v for v in (lo_, hi) if v is not None]
+
+    def f(a, *bounds):
+        bounds = list(bounds)
+        if lo_ is not None:
+            a = op("maximum", a, bounds.pop(0))
+        if hi is not None:
+            a = op("minimum", a, bounds.pop(0))
+        return a
+    return pointwise(lo, node, inputs, f)
+
+
+@register(aten.hardtanh.default)
+def _hardtanh(lo, node, x, min_val=-1.0, max_val=1.0):
+    return pointwise(lo, node, [x], lambda a: op("minimum", op("maximum", a, const(min_val, a.dtype)),
+                                                 const(max_val, a.dtype)))
+
+
+@register(aten.leaky_relu.default)
+def _leaky_relu(lo, node, x, slope=0.01):
+    return pointwise(lo, node, [x], lambda a: op(
+        "where", op("gt", a, const(0, a.dtype)), a, op("mul", a, const(slope, a.dtype))))
+
+
+@register(aten.gelu.default)
+def _gelu(lo, node, x, approximate="none"):
+    def f(a):
+        c = lambda v: const(v, a.dtype)
+        if approximate == "tanh":
+            inner = op("mul", c(math.sqrt(2 / math.pi)),
+                       op("add", a, op("mul", c(0.044715), op("mul", a, op("mul", a, a)))))
+            return op("mul", op("mul", c(0.5), a), op("add", c(1), op("tanh", inner)))
+        return op("mul", op("mul", c(0.5), a),
+                  op("add", c(1), op("erf", op("mul", a, c(1 / math.sqrt(2))))))
+    return pointwise(lo, node, [x], f)
+
+
+@register(aten._to_copy.default)
+def _to_copy(lo, node, x, dtype=None, layout=None, device=None, pin_memory=None,
+             non_blocking=False, memory_format=None):
+    return pointwise(lo, node, [x], lambda a: a, x.dtype)
+
+
+@register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default)
+def _clone(lo, node, x, memory_format=None):
+    if node.target is aten.alias.default:
+        return x
+    return pointwise(lo, node, [x], lambda a: a)
+
+
+@register(aten.full.default)
+def _full(lo, node, size, value, **kw):
+    m = lo.out_meta(node)
+    return Lazy(tuple(m.shape), m.dtype, lambda idx: const(value, m.dtype))
+
+
+@register(aten.full_like.default)
+def _full_like(lo, node, x, value, **kw):
+    return _full(lo, node, None, value)
+
+
+@register(aten.scalar_tensor.default)
+def _scalar_tensor(lo, node, value, **kw):
+    return _full(lo, node, None, value)
+
+
+@register(aten.zeros.default, aten.zeros_like.default, aten.empty.memory_format,
+          aten.empty_like.default, aten.empty_strided.default)
+def _zeros(lo, node, *a, **kw):
+    return _full(lo, node, None, 0)
+
+
+@register(aten.ones.default, aten.ones_like.default)
+def _ones(lo, node, *a, **kw):
+    return _full(lo, node, None, 1)
+
+
+@register(aten.arange.start_step, aten.arange.default, aten.arange.start)
+def _arange(lo, node, *args, **kw):
+    nums = [a for a in args if isinstance(a, (int, float))]
+    if node.target is aten.arange.default:
+        start, step = 0, 1
+    elif node.target is aten.arange.start:
+        start, step = nums[0], 1
+    else:
+        start, step = nums[0], (nums[2] if len(nums) > 2 else kw.get("step", 1))
+    m = lo.out_meta(node)
+    dt = m.dtype
+
+    def body(idx):
+        i = Index(idx[0])
+        if dt.is_floating_point or isinstance(start, float) or isinstance(step, float):
+            return op("add", const(start, dt), op("mul", cast(i, dt), const(step, dt)))
+        return cast(op("add", const(start, torch.int64), op("mul", i, const(step, torch.int64))), dt)
+    return Lazy(tuple(m.shape), dt, body)
+
+
+# --- views --------------------------------------------------------------------------------
+@register(aten.permute.default)
+def _permute(lo, node, x, dims):
+    n = len(x.sizes)
+    dims = [_dim(d, n) for d in dims]
+
+    def remap(idx):
+        out = [None] * n
+        for j, d in enumerate(dims):
+            out[d] = idx[j]
+        return out
+    return affine_view(x, [x.sizes[d] for d in dims], remap)
+
+
+@register(aten.transpose.int)
+def _transpose(lo, node, x, d0, d1):
+    n = len(x.sizes)
+    perm = list(range(n))
+    if n:
+        d0, d1 = _dim(d0, n), _dim(d1, n)
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    return _permute(lo, node, x, perm)
+
+
+@register(aten.t.default)
+def _t(lo, node, x):
+    return _transpose(lo, node, x, 0, 1) if len(x.sizes) == 2 else x
+
+
+@register(aten.expand.default)
+def _expand(lo, node, x, size, implicit=False):
+    out = tuple(lo.out_meta(node).shape)
+    nd = len(x.sizes)
+    off = len(out) - nd
+
+    def remap(idx):
+        return [Affine.c(0) if int(x.sizes[i]) == 1 and out[off + i] != 1 else idx[off + i]
+                for i in range(nd)]
+    return affine_view(x, out, remap)
+
+
+@register(aten.unsqueeze.default)
+def _unsqueeze(lo, node, x, dim):
+    dim = _dim(dim, len(x.sizes) + 1)
+    sizes = list(x.sizes)
+    sizes.insert(dim, 1)
+    return affine_view(x, sizes, lambda idx: idx[:dim] + idx[dim + 1:])
+
+
+@register(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+def _squeeze(lo, node, x, dims=None):
+    n = len(x.sizes)
+    if dims is None:
+        dims = list(range(n))
+    elif isinstance(dims, int):
+        dims = [dims]
+    dims = {_dim(d, n) for d in dims if n and x.sizes[_dim(d, n)] == 1}
+    keep = [i for i in range(n) if i not in dims]
+
+    def remap(idx):
+        out, j = [], 0
+        for i in range(n):
+            if i in dims:
+                out.append(Affine.c(0))
+            else:
+                out.append(idx[j])
+                j += 1
+        return out
+    return affine_view(x, [x.sizes[i] for i in keep], remap)
+
+
+@register(aten.slice.Tensor)
+def _slice(lo, node, x, dim=0, start=None, end=None, step=1):
+    n = len(x.sizes)
+    dim = _dim(dim, n)
+    size = x.sizes[dim]
+    start = slice(start, end, step).indices(size)[0]
+    length = int(lo.out_meta(node).shape[dim])
+
+    def remap(idx):
+        out = list(idx)
+        out[dim] = idx[dim] * step + start
+        return out
+    sizes = list(x.sizes)
+    sizes[dim] = length
+    return affine_view(x, sizes, remap)
+
+
+@register(aten.select.int)
+def _select(lo, node, x, dim, index):
+    n = len(x.sizes)
+    dim = _dim(dim, n)
+    index = index + x.sizes[dim] if index < 0 else index
+    sizes = list(x.sizes)
+    del sizes[dim]
+    return affine_view(x, sizes, lambda idx: idx[:dim] + [Affine.c(index)] + idx[dim:])
+
+
+@register(aten.split.Tensor, aten.split_with_sizes.default)
+def _split(lo, node, x, split, dim=0):
+    dim = _dim(dim, len(x.sizes))
+    metas = lo.out_meta(node)
+    out, start = [], 0
+    for m in metas:
+        length = int(m.shape[dim])
+
+        def remap(idx, s=start):
+            o = list(idx)
+            o[dim] = idx[dim] + s
+            return o
+        out.append(affine_view(x, tuple(m.shape), remap))
+        start += length
+    return out
+
+
+@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def _view(lo, node, x, size):
+    sizes = tuple(lo.out_meta(node).shape)
+    if tuple(x.sizes) == sizes:
+        return x
+    # only size-1 dims added or removed: an affine map
+    src = [(i, s) for i, s in enumerate(x.sizes) if s != 1]
+    dst = [(j, s) for j, s in enumerate(sizes) if s != 1]
+    if [s for _, s in src] == [s for _, s in dst]:
+        def remap(idx):
+            out = [Affine.c(0)] * len(x.sizes)
+            for (i, _), (j, _) in zip(src, dst):
+                out[i] = idx[j]
+            return out
+        return affine_view(x, sizes, remap)
+    v = lo.realize(x, origin=node.name)
+    base = torch.empty_strided(v.sizes, v.strides, dtype=v.dtype, device="meta")
+    try:
+        r = base.view(sizes)
+    except RuntimeError:
+        v = lo.realize(Lazy(v.sizes, v.dtype, v.load), origin=node.name)   # contiguous copy
+        base = torch.empty_strided(v.sizes, v.strides, dtype=v.dtype, device="meta")
+        r = base.view(sizes)
+    return View(v.buf, sizes, tuple(r.stride()), v.offset, v.dtype)
+
+
+@register(aten.cat.default)
+def _cat(lo, node, tensors, dim=0):
+    m = lo.out_meta(node)
+    sizes, dtype = tuple(m.shape), m.dtype
+    parts = [t for t in tensors if is_box(t) and not (len(t.sizes) == 1 and t.sizes[0] == 0)]
+    if not parts:
+        raise Unsupported("empty cat")
+    dim = _dim(dim, len(sizes))
+
+    def body(idx):
+        pos = Index(idx[dim])
+        offsets, start = [], 0
+        for t in parts:
+            offsets.append(start)
+            start += t.sizes[dim]
+        result = None
+        for t, s in reversed(list(zip(parts, offsets))):
+            sub = list(idx)
+            sub[dim] = idx[dim] + (-s)
+            e = cast(t.load(sub), dtype)
+            if result is None:
+                result = add_mask(e, op("ge", pos, const(s, torch.int64))) if s else e
+                continue
+            cond = op("lt", pos, const(s + t.sizes[dim], torch.int64))
+            mask = cond if s == 0 else op("and", op("ge", pos, const(s, torch.int64)), cond)
+            result = op("where", cond, add_mask(e, mask), result)
+        return result
+    return Lazy(sizes, dtype, body)
+
+
+@register(aten.constant_pad_nd.default)
+def _pad(lo, node, x, pad, value=0):
+    m = lo.out_meta(node)
+    sizes, dtype = tuple(m.shape), m.dtype
+    n = len(sizes)
+    if any(p < 0 for p in pad):
+        raise Unsupported("negative padding")
+
+    def body(idx):
+        sub, conds = list(idx), []
+        for k in range(len(pad) // 2):
+            d = n - 1 - k
+            before = pad[2 * k]
+            sub[d] = idx[d] + (-before)
+            pos = Index(idx[d])
+            conds.append(op("ge", pos, const(before, torch.int64)))
+            conds.append(op("lt", pos, const(before + x.sizes[d], torch.int64)))
+        cond = conds[0]
+        for c in conds[1:]:
+            cond = op("and", cond, c)
+        return op("where", cond, add_mask(x.load(sub), cond), const(value, dtype))
+    return Lazy(sizes, dtype, body)
+
+
+# --- reductions ---------------------------------------------------------------------------
+def reduce(lo, node, x, dims, keepdim, red_type, dtype, pre=None) -> View:
+    """Store a reduction of ``x`` over ``dims``; kept dims come first in the loop nest."""
+    n = len(x.sizes)
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        dims = list(range(n))
+    if isinstance(dims, int):
+        dims = [dims]
+    dims = sorted({_dim(d, max(n, 1)) for d in dims}) if n else []
+    kept = [i for i in range(n) if i not in dims]
+    ksizes = tuple(x.sizes[i] for i in kept)
+    rsizes = tuple(x.sizes[i] for i in dims)
+    if any(s == 0 for s in rsizes) and red_type in ("max", "min", "argmax", "argmin"):
+        raise Unsupported("empty max/min reduction")
+    vars_ = loop_vars(ksizes + rsizes)
+    idx = [None] * n
+    for j, i in enumerate(kept):
+        idx[i] = vars_[j]
+    for j, i in enumerate(dims):
+        idx[i] = vars_[len(kept) + j]
+    e = x.load(idx)
+    if pre is not None:
+        e = pre(e)
+    if red_type not in ("argmax", "argmin"):
+        e = cast(e, dtype)
+    b = lo.add(ir.Reduction(lo.new_name(), ksizes, ir.contiguous_strides(ksizes), dtype,
+                            red_sizes=rsizes, red_type=red_type, body=e, origin=node.name))
+    v = View(b.name, ksizes, b.strides, 0, dtype)
+    if keepdim:
+        full = [1 if i in dims else x.sizes[i] for i in range(n)]
+        v = affine_view(v, full, lambda ix: [ix[i] for i in kept])
+    return v
+
+
+def _red(red_type):
+    def lower(lo, node, x, dim=None, keepdim=False, dtype=None):
+        m = lo.out_meta(node)
+        return reduce(lo, node, x, dim, keepdim, red_type, m.dtype)
+    return lower
+
+
+register(aten.sum.dim_IntList)(_red("sum"))
+register(aten.amax.default)(_red("max"))
+register(aten.amin.default)(_red("min"))
+register(aten.argmax.default)(_red("argmax"))
+register(aten.argmin.default)(_red("argmin"))
+register(aten.prod.dim_int)(_red("prod"))
+
+
+@register(aten.sum.default, aten.prod.default, aten.max.default, aten.min.default,
+          aten.any.default)
+def _full_reduce(lo, node, x, dtype=None):
+    kind = {aten.sum.default: "sum", aten.prod.default: "prod", aten.max.default: "max",
+            aten.min.default: "min", aten.any.default: "any"}[node.target]
+    return reduce(lo, node, x, None, False, kind, lo.out_meta(node).dtype,
+                  pre=(lambda e: cast(e, torch.bool)) if kind == "any" else None)
+
+
+@register(aten.any.dim, aten.any.dims)
+def _any(lo, node, x, dim=None, keepdim=False):
+    return reduce(lo, node, x, dim, keepdim, "any", torch.bool, pre=lambda e: cast(e, torch.bool))
+
+
+@register(aten.max.dim, aten.min.dim)
+def _max_dim(lo, node, x, dim, keepdim=False):
+    kind = "max" if node.target is aten.max.dim else "min"
+    vals = reduce(lo, node, x, dim, keepdim, kind, x.dtype)
+    idx = reduce(lo, node, x, dim, keepdim, "arg" + kind, torch.int64)
+    return (vals, idx)
+
+
+@register(aten.mean.dim, aten.mean.default)
+def _mean(lo, node, x, dim=None, keepdim=False, dtype=None):
+    m = lo.out_meta(node)
+    s = reduce(lo, node, x, dim, keepdim, "sum", m.dtype)
+    red_n = _numel(x.sizes) // max(1, _numel(m.shape)) if _numel(m.shape) else 0
+    return Lazy(s.sizes, m.dtype, lambda idx: op("truediv", s.load(idx), const(red_n, m.dtype)))
+
+
+def _numel(sizes):
+    n = 1
+    for s in sizes:
+        n *= int(s)
+    return n
+
+
+def _var_parts(lo, node, x, dim, correction, keepdim, dtype):
+    n = len(x.sizes)
+    dims = list(range(n)) if dim is None or (isinstance(dim, (list, tuple)) and not dim) else \
+        ([dim] if isinstance(dim, int) else list(dim))
+    red_n = _numel([x.sizes[_dim(d, n)] for d in dims]) if n else 1
+    s = reduce(lo, node, x, dims, True, "sum", dtype)
+    mean_k = Lazy(s.sizes, dtype, lambda idx: op("truediv", s.load(idx), const(red_n, dtype)))
+    sizes = tuple(x.sizes)
+
+    def centred(idx):
+        d = op("sub", cast(x.load(idx), dtype), _as_expr(mean_k, idx, sizes, dtype))
+        return op("mul", d, d)
+    sq = reduce(lo, node, Lazy(sizes, dtype, centred), dims, keepdim, "sum", dtype)
+    denom = max(red_n - (1 if correction is None else correction), 0)
+    var = Lazy(sq.sizes, dtype, lambda idx: op("truediv", sq.load(idx), const(denom, dtype)))
+    mean = mean_k if keepdim else _squeeze(lo, node, mean_k, [_dim(d, n) for d in dims])
+    return var, mean
+
+
+@register(aten.var.correction)
+def _var(lo, node, x, dim=None, *, correction=None, keepdim=False):
+    return _var_parts(lo, node, x, dim, correction, keepdim, lo.out_meta(node).dtype)[0]
+
+
+@register(aten.var_mean.correction)
+def _var_mean(lo, node, x, dim=None, *, correction=None, keepdim=False):
+    v, m = _var_parts(lo, node, x, dim, correction, keepdim, lo.out_meta(node)[0].dtype)
+    return (lo.realize(v, origin=node.name), lo.realize(m, origin=node.name))
+
+
+@register(aten._softmax.default, aten._log_softmax.default)
+def _softmax(lo, node, x, dim, half_to_float=False):
+    dtype = lo.out_meta(node).dtype
+    sizes = tuple(x.sizes)
+    mx = reduce(lo, node, x, [dim], True, "max", dtype)
+
+    def shifted(idx):
+        return op("sub", cast(x.load(idx), dtype), _as_expr(mx, idx, sizes, dtype))
+    ex = Lazy(sizes, dtype, lambda idx: op("exp", shifted(idx)))
+    s = reduce(lo, node, ex, [dim], True, "sum", dtype)
+    if node.target is aten._softmax.default:
+        return Lazy(sizes, dtype, lambda idx: op("truediv", ex.load(idx), _as_expr(s, idx, sizes, dtype)))
+    return Lazy(sizes, dtype, lambda idx: op("sub", shifted(idx),
+                                             op("log", _as_expr(s, idx, sizes, dtype))))

@@ -1,0 +1,221 @@
+"""Fusion and buffer planning: buffers → kernels (groups) → loops, locals, memory slots.
+
+A *group* is one kernel: an outer iteration space ``outer`` (run in parallel) and an
+inner one ``red``. Pointwise buffers over ``outer + red`` and reductions from ``outer``
+over ``red`` can share a group — pointwise chains, pointwise-into-reduction, reduction
+epilogues and unrelated same-shape buffers (horizontal fusion) alike — provided every
+read of a buffer made in the group hits the element the same outer iteration made.
+Groups are greedy over the topological order, so running them in order is always
+correct.
+
+Inside a group, buffers are split into *loops* run one after another per outer index: a
+loop ends where a later buffer needs a reduction it finished. Buffers nobody outside the
+group reads become locals (scalars in registers). The rest get memory *slots*; a slot
+whose buffer is dead is reused by a later buffer of the same size and dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import ir
+from .ir import Affine, Load, loop_vars
+
+
+@dataclass
+class Group:
+    outer: tuple                  # parallel dims
+    red: tuple | None             # inner dims; None while only pointwise (flexible)
+    nodes: list = field(default_factory=list)
+    extern: ir.Buffer | None = None
+    loops: list = field(default_factory=list)   # list of ("outer", [nodes]) / ("inner", [nodes])
+
+    @property
+    def names(self):
+        return {n.name for n in self.nodes}
+
+    def level(self, b) -> str:
+        """'outer' for buffers computed once per outer index, else 'inner'."""
+        if isinstance(b, ir.Reduction):
+            return "reduction"
+        red = self.red or ()
+        if red and tuple(b.sizes) == tuple(self.outer):
+            return "outer"
+        return "inner"
+
+    def all_vars(self):
+        return loop_vars(tuple(self.outer) + tuple(self.red or ()))
+
+    def outer_vars(self):
+        return loop_vars(tuple(self.outer))
+
+
+def _shape_fits(g: Group, b) -> tuple | None:
+    """The (outer, red) the group would have with ``b`` in it, or None."""
+    if isinstance(b, ir.Reduction):
+        o2, r2 = tuple(b.sizes), tuple(b.red_sizes)
+        if g.red is None:
+            if tuple(g.outer) in (o2 + r2, o2):
+                return o2, r2
+            return None
+        return (o2, r2) if (o2, r2) == (tuple(g.outer), tuple(g.red)) else None
+    s = tuple(b.sizes)
+    if g.red is None:
+        return (g.outer, None) if s == tuple(g.outer) else None
+    if s == tuple(g.outer) + tuple(g.red) or s == tuple(g.outer):
+        return g.outer, g.red
+    return None
+
+
+def expected_read(g: Group, producer) -> Affine:
+    """The index at which a group member may read ``producer``: its own element."""
+    if g.level(producer) == "inner":
+        return producer.store_index(g.all_vars())
+    return producer.store_index(g.outer_vars())
+
+
+def _reads_ok(g: Group, b) -> bool:
+    names = g.names
+    for e in ir.walk(b.body):
+        if isinstance(e, Load) and e.buf in names:
+            p = next(n for n in g.nodes if n.name == e.buf)
+            if e.mask is not None or e.index != expected_read(g, p):
+                return False
+            if g.level(b) == "outer" and g.level(p) == "inner":
+                return False
+    return True
+
+
+def _try_add(g: Group, b) -> bool:
+    fit = _shape_fits(g, b)
+    if fit is None:
+        return False
+    trial = Group(fit[0], fit[1], list(g.nodes))
+    # re-check earlier members under the new split, then the newcomer
+    for i, n in enumerate(trial.nodes):
+        if not _reads_ok(Group(trial.outer, trial.red, trial.nodes[:i]), n):
+            return False
+    if not _reads_ok(trial, b):
+        return False
+    g.outer, g.red = trial.outer, trial.red
+    g.nodes.append(b)
+    return True
+
+
+@dataclass
+class Schedule:
+    groups: list
+    locals: set
+    slots: dict            # buffer name -> slot index
+    slot_specs: list       # (span, dtype, sizes, strides) per slot
+    outputs: set
+
+
+def _span(b) -> int:
+    if any(int(s) == 0 for s in b.sizes):
+        return 0
+    return 1 + sum((int(s) - 1) * int(st) for s, st in zip(b.sizes, b.strides))
+
+
+def schedule(buffers: list, output_names: set) -> Schedule:
+    groups: list[Group] = []
+    cur = None
+    for b in buffers:
+        if isinstance(b, ir.Input):
+            continue
+        if isinstance(b, (ir.Extern, ir.MultiOutput)):
+            if isinstance(b, ir.Extern):
+                groups.append(Group((), (), [b], extern=b))
+            cur = None
+            continue
+        if cur is not None and _try_add(cur, b):
+            continue
+        if isinstance(b, ir.Reduction):
+            cur = Group(tuple(b.sizes), tuple(b.red_sizes), [b])
+        else:
+            cur = Group(tuple(b.sizes), None, [b])
+        groups.append(cur)
+
+    # who reads what: by group, and by reading node
+    readers, node_readers = {}, {}
+    for gi, g in enumerate(groups):
+        for n in g.nodes:
+            for r in n.reads():
+                readers.setdefault(r, set()).add(gi)
+                node_readers.setdefault(r, set()).add(n.name)
+
+    locals_ = set()
+    for g_i, g in enumerate(groups):
+        if g.extern is not None:
+            continue
+        _split_loops(g)
+        loop_of = {n.name: li for li, (_, ns) in enumerate(g.loops) for n in ns}
+        for n in g.nodes:
+            if n.name in output_names or not readers.get(n.name, set()) <= {g_i}:
+                continue
+            if g.level(n) == "inner":
+                # a per-element temporary lives only inside its own loop
+                if any(loop_of[r] != loop_of[n.name] for r in node_readers.get(n.name, ())):
+                    continue
+            locals_.add(n.name)
+
+    # memory slots for stored kernel buffers, reusing dead ones
+    last_use = {}
+    for name, rs in readers.items():
+        last_use[name] = max(rs)
+    slots, specs, free = {}, [], []   # free: list of (available_from_group, slot)
+    for gi, g in enumerate(groups):
+        if g.extern is not None:
+            continue
+        for n in g.nodes:
+            if n.name in locals_:
+                continue
+            key = (_span(n), n.dtype)
+            reuse = None
+            if n.name not in output_names:
+                for k, (avail, s) in enumerate(free):
+                    if avail <= gi and specs[s][:2] == key:
+                        reuse = k
+                        break
+            if reuse is not None:
+                slot = free.pop(reuse)[1]
+            else:
+                slot = len(specs)
+                specs.append((key[0], key[1], tuple(n.sizes), tuple(n.strides)))
+            slots[n.name] = slot
+            if n.name not in output_names:
+                free.append((last_use.get(n.name, gi) + 1, slot))
+    return Schedule(groups, locals_, slots, specs, set(output_names))
+
+
+def _split_loops(g: Group) -> None:
+    """Consecutive members share one inner loop until one needs a finished reduction."""
+    loops = []
+    cur_inner, cur_reds = None, set()
+    for n in g.nodes:
+        lvl = g.level(n)
+        if lvl == "outer":
+            loops.append(("outer", [n]))
+            cur_inner, cur_reds = None, set()
+            continue
+        needs = n.reads() & cur_reds
+        if cur_inner is None or needs:
+            cur_inner, cur_reds = [], set()
+            loops.append(("inner", cur_inner))
+        cur_inner.append(n)
+        if lvl == "reduction":
+            cur_reds.add(n.name)
+    g.loops = loops
+
+
+def format_schedule(s: Schedule) -> str:
+    lines = []
+    for i, g in enumerate(s.groups):
+        if g.extern is not None:
+            lines.append(f"kernel {i}: extern {g.extern.op} -> {g.extern.name}")
+            continue
+        lines.append(f"kernel {i}: outer={list(g.outer)} inner={list(g.red or ())}")
+        for kind, nodes in g.loops:
+            lines.append(f"  {kind} loop: " + ", ".join(
+                n.name + (" (local)" if n.name in s.locals else f" (slot {s.slots.get(n.name)})")
+                for n in nodes))
+    return "\n".join(lines)
