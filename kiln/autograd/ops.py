@@ -58,19 +58,6 @@ _EXTRA_DECOMPOSE = _ops(
 )
 
 
-def _build_decompositions():
-    table = dict(core_aten_decompositions())
-    for op in _EXTRA_DECOMPOSE:
-        if op in decomposition_table:
-            table[op] = decomposition_table[op]
-    for op in KEEP_WHOLE:
-        table.pop(op, None)
-    return table
-
-
-#: op -> Python decomposition, applied by the tracer as it records.
-DECOMPOSITIONS = _build_decompositions()
-
 #: Ops allowed in aten graphs beyond those tagged ``core``: random ops (kept whole so
 #: each random draw happens once, where eager draws it), allocation, and the few
 #: non-core ops the autograd engine's own formulas and functionalization emit.
@@ -79,11 +66,36 @@ _EXTRA_ALLOWED = frozenset(_ops(
     "randn.default", "rand_like.default", "randn_like.default", "randint.low",
     "native_dropout.default", "uniform.default", "normal.Tensor_float",
     "empty.memory_format", "empty_strided.default", "new_empty_strided.default",
+    "empty_permuted.default",
     "as_strided_scatter.default", "copy.default", "alias.default",
     "_to_copy.default", "clone.default", "lift_fresh_copy.default",
     "scalar_tensor.default", "_unsafe_index.Tensor", "_unsafe_index_put.default",
 ))
 
+
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):
+    return (aten.var.correction(x, dim, correction=correction, keepdim=keepdim),
+            aten.mean.dim(x, dim, keepdim) if dim is not None else
+            aten.mean.default(x).reshape([1] * x.dim() if keepdim else []))
+
+
+#: Decompositions of our own, where PyTorch's table only has a prims-level one.
+_OWN_DECOMPOSITIONS = {aten.var_mean.correction: _var_mean}
+
+
+def _build_decompositions():
+    table = dict(core_aten_decompositions())
+    for op in _EXTRA_DECOMPOSE:
+        if op in decomposition_table:
+            table[op] = decomposition_table[op]
+    table.update(_OWN_DECOMPOSITIONS)
+    for op in KEEP_WHOLE:
+        table.pop(op, None)
+    return table
+
+
+#: op -> Python decomposition, applied by the tracer as it records.
+DECOMPOSITIONS = _build_decompositions()
 
 def _build_core_ops():
     ops = set(KEEP_WHOLE) | set(_EXTRA_ALLOWED)

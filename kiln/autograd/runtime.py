@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
-from torch.autograd.function import once_differentiable
 
 from kiln.autograd.partition import partition
 from kiln.autograd.trace import TraceResult, _meta_copy, _replay, trace_joint
@@ -51,6 +50,22 @@ def _example_values(graph: fx.Graph):
     return [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
 
 
+class _RefuseDoubleBackward(torch.autograd.Function):
+    """Marks first-order gradients of a compiled graph: differentiating them again is
+    an error, never a silently missing term."""
+
+    @staticmethod
+    def forward(ctx, g, *anchors):
+        return g.clone()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "kiln: double backward through a kiln-compiled graph is not supported "
+            "(the backward graph is compiled once-differentiable); run this part "
+            "eagerly, e.g. with kiln.disable")
+
+
 class _Training:
     """A compiled forward/backward pair for one requires_grad pattern."""
 
@@ -72,7 +87,9 @@ class _Training:
 
         class _CompiledFunction(torch.autograd.Function):
             @staticmethod
-            def forward(ctx, *args):
+            def forward(ctx, *args_and_anchors):
+                args = args_and_anchors[: tr.num_inputs]
+                ctx.anchors = args_and_anchors[tr.num_inputs:]
                 outs = fn.fw(*args)
                 n = tr.num_fw_outputs
                 ctx.save_for_backward(*outs[n:])
@@ -84,19 +101,27 @@ class _Training:
                 return fw_outs
 
             @staticmethod
-            @once_differentiable
             def backward(ctx, *grads):
-                tangents = [grads[k].contiguous() for k in tr.differentiable]
-                gin = fn.bw(*ctx.saved_tensors, *tangents)
-                result = [None] * tr.num_inputs
+                create_graph = torch.is_grad_enabled()
+                with torch.no_grad():
+                    tangents = [grads[k].contiguous() for k in tr.differentiable]
+                    gin = fn.bw(*ctx.saved_tensors, *tangents)
+                result = [None] * (tr.num_inputs + len(ctx.anchors))
                 for i, g in zip(tr.grad_inputs, gin):
+                    if create_graph and g is not None:
+                        g = _RefuseDoubleBackward.apply(g, *ctx.anchors)
                     result[i] = g
                 return tuple(result)
 
         self.function = _CompiledFunction
 
     def __call__(self, args):
-        return self.function.apply(*args)
+        # Empty tensors whose grad_fn leads to each differentiable input (holding no
+        # data): with create_graph=True the gradients hang from them, so a double
+        # backward reaches _RefuseDoubleBackward instead of silently missing a term.
+        anchors = [args[i].as_strided((0,), (1,)).clone() for i in self.trace.grad_inputs
+                   if args[i].requires_grad]
+        return self.function.apply(*args, *anchors)
 
 
 class _Inference:

@@ -297,6 +297,13 @@ class _TraceMode(TorchDispatchMode):
         if functional is None:
             raise AotUnsupported(f"no out-of-place twin for mutating op {func}")
         schema = func._schema
+        args = list(args)
+        for a in schema.arguments[len(args):]:     # spell out defaults for the twin
+            if a.kwarg_only or a.name in kwargs:
+                break
+            if not a.has_default_value():
+                break
+            args.append(a.default_value)
         written = []
         for i, a in enumerate(schema.arguments):
             if a.alias_info is not None and a.alias_info.is_write:
