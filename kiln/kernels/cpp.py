@@ -288,13 +288,15 @@ class CppKernel:
         m = len(red)
         if m == 0:
             out.append(f"{li}{{")
+        par_done = False
         for j, s in enumerate(red):
             innermost = j == m - 1
             if parallel and j == 0 and not args_red:
                 coll = f" collapse({m})" if m > 1 else ""
                 out.append(f"{li}#pragma omp parallel for{' simd' if simd else ''}{coll} "
                            + " ".join(clauses))
-            elif innermost and simd and not (parallel and m == 1):
+                par_done = True
+            elif innermost and simd and not par_done:
                 out.append(f"{li}#pragma omp simd " + " ".join(clauses))
             out.append(f"{li}for (int64_t x{k + j} = 0; x{k + j} < {int(s)}; ++x{k + j}) {{")
             li += "  "

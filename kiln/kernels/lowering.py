@@ -42,6 +42,19 @@ SUPPORTED_DTYPES = {
 MAX_INLINE_OPS = 96
 
 
+class ConstantTensor:
+    """The "library call" that yields a module constant (a get_attr tensor)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self):
+        return self.value
+
+    def __repr__(self):
+        return f"constant{tuple(self.value.shape)}"
+
+
 class Unsupported(Exception):
     """Raised by a lowering that cannot handle these arguments: the node falls back."""
 
@@ -176,7 +189,7 @@ class GraphLowering:
             elif node.op == "output":
                 self.outputs = self._outputs(node)
             elif node.op == "get_attr":
-                raise Unsupported("get_attr nodes are not expected in aten graphs")
+                self.env[node] = self._get_attr(node)
             else:
                 raise Unsupported(f"unexpected node {node.op}")
         return self
@@ -188,6 +201,18 @@ class GraphLowering:
         name = f"in{pos}"
         self.add(ir.Input(name, tuple(m.shape), tuple(m.stride()), m.dtype, position=pos))
         return View(name, tuple(m.shape), tuple(m.stride()), 0, m.dtype)
+
+    def _get_attr(self, node):
+        """A constant of the module: tensors become a buffer the runtime fetches."""
+        val = self.gm
+        for a in node.target.split("."):
+            val = getattr(val, a)
+        if not isinstance(val, torch.Tensor):
+            return val
+        name = self.new_name()
+        self.add(ir.Extern(name, tuple(val.shape), tuple(val.stride()), val.dtype,
+                           op=ConstantTensor(val), origin=node.name))
+        return View(name, tuple(val.shape), tuple(val.stride()), 0, val.dtype)
 
     def _args(self, node):
         return pytree.tree_map(lambda a: self.env[a] if isinstance(a, fx.Node) else a,

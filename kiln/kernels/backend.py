@@ -1,0 +1,21 @@
+"""The ``kiln`` backend: autograd stage first, then the kernel compiler on its graphs.
+
+``kiln_backend(gm, example_inputs)`` follows torch.compile's backend contract. The
+autograd stage (``kiln.autograd.aot_compile``) derives functional, core-aten forward
+and backward graphs and hands each to ``compile_aten_graph``.
+"""
+from __future__ import annotations
+
+from .compile import compile_aten_graph
+
+
+def kiln_backend(gm, example_inputs):
+    try:
+        from kiln.autograd import aot_compile
+    except ImportError as e:
+        raise ImportError(
+            "the 'kiln' backend needs kiln.autograd.aot_compile (the autograd stage), "
+            f"which could not be imported ({e}); use backend='eager', or call "
+            "kiln.kernels.compile_aten_graph on an aten graph directly") from e
+    return aot_compile(gm, example_inputs, fw_compiler=compile_aten_graph,
+                       bw_compiler=compile_aten_graph, inference_compiler=compile_aten_graph)

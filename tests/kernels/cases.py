@@ -1,0 +1,220 @@
+"""Graphs and inputs shared by the C++ tests and the Triton (interpreter) tests.
+
+Each case is (name, fn calling torch.ops.aten.* directly, input factory, tolerances).
+Inputs are awkward on purpose: odd sizes, size-1 dims, broadcasting, non-contiguous
+(transposed, sliced) tensors and 0-d tensors. Many ops share one graph (one compile).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+
+def nc(*shape, dtype=torch.float32):
+    """A non-contiguous tensor: the transpose of a contiguous one."""
+    t = torch.randn(*reversed(shape)).to(dtype)
+    return t.permute(*reversed(range(len(shape))))
+
+
+def sliced(*shape):
+    t = torch.randn(*shape[:-1], shape[-1] * 2 + 1)
+    return t[..., 1::2]
+
+
+UNARY = ["abs", "neg", "exp", "expm1", "log1p", "sin", "cos", "tanh", "sigmoid", "erf",
+         "floor", "ceil", "round", "trunc", "sign", "atan", "exp2", "relu"]
+POSITIVE = ["log", "log2", "log10", "sqrt", "rsqrt", "reciprocal"]
+
+
+def unary_graph(x, p):
+    outs = [getattr(aten, n).default(x) for n in UNARY]
+    outs += [getattr(aten, n).default(p) for n in POSITIVE]
+    outs.append(aten.gelu.default(x))
+    outs.append(aten.gelu.default(x, approximate="tanh"))
+    outs.append(aten.hardtanh.default(x, -0.5, 0.5))
+    outs.append(aten.leaky_relu.default(x, 0.1))
+    outs.append(aten.clamp.default(x, -0.3, 0.7))
+    outs.append(aten.pow.Tensor_Scalar(x, 2))
+    outs.append(aten.pow.Tensor_Scalar(p, 0.5))
+    outs.append(aten.pow.Tensor_Scalar(p, 1.7))
+    return tuple(outs)
+
+
+def binary_graph(a, b, s):
+    return (aten.add.Tensor(a, b), aten.add.Tensor(a, b, alpha=2), aten.sub.Tensor(a, b),
+            aten.mul.Tensor(a, b), aten.div.Tensor(a, b), aten.maximum.default(a, b),
+            aten.minimum.default(a, b), aten.atan2.default(a, b),
+            aten.div.Tensor_mode(a, b, rounding_mode="floor"),
+            aten.div.Tensor_mode(a, b, rounding_mode="trunc"),
+            aten.remainder.Tensor(a, b), aten.fmod.Tensor(a, b),
+            aten.eq.Tensor(a, b), aten.ne.Tensor(a, b), aten.lt.Tensor(a, b),
+            aten.le.Tensor(a, b), aten.gt.Scalar(a, 0.1), aten.ge.Tensor(a, s),
+            aten.where.self(aten.gt.Tensor(a, b), a, b), aten.mul.Tensor(a, s),
+            aten.add.Tensor(s, 1.0), aten.pow.Tensor_Tensor(aten.abs.default(a), b),
+            aten.logical_and.default(aten.gt.Scalar(a, 0), aten.lt.Scalar(b, 0)),
+            aten.logical_not.default(aten.gt.Scalar(a, 0)),
+            aten.isnan.default(aten.log.default(a)))
+
+
+def int_graph(i, j):
+    return (aten.add.Tensor(i, j), aten.mul.Tensor(i, 3),
+            aten.div.Tensor_mode(i, j, rounding_mode="floor"),
+            aten.remainder.Tensor(i, j), aten.div.Tensor(i, j),
+            aten._to_copy.default(i, dtype=torch.float32),
+            aten.bitwise_and.Tensor(i, j), aten.bitwise_xor.Tensor(i, j),
+            aten.abs.default(i), aten.maximum.default(i, j), aten.sum.dim_IntList(i, [1]),
+            aten.eq.Scalar(i, 2), aten.where.self(aten.gt.Tensor(i, j), i, j),
+            aten.neg.default(i), aten.sign.default(i), aten.pow.Tensor_Scalar(i, 3))
+
+
+def cast_graph(x, m):
+    return (aten._to_copy.default(x, dtype=torch.float64),
+            aten._to_copy.default(aten.mul.Tensor(x, 10), dtype=torch.int32),
+            aten._to_copy.default(m, dtype=torch.float32),
+            aten._to_copy.default(x, dtype=torch.bool),
+            aten.add.Tensor(x, m), aten.mul.Tensor(m, 2.5),
+            aten.where.ScalarOther(m, x, 0.0), aten.clone.default(x))
+
+
+def reduction_graph(x):
+    return (aten.sum.dim_IntList(x, [1]), aten.sum.dim_IntList(x, [0, 2], True),
+            aten.sum.default(x), aten.mean.dim(x, [-1]), aten.mean.dim(x, [0, 1], True),
+            aten.amax.default(x, [1]), aten.amin.default(x, [0, 2]),
+            aten.argmax.default(x, 2), aten.argmin.default(x, 0, True),
+            aten.argmax.default(x), aten.var.correction(x, [1]),
+            aten.var.correction(x, [0, 2], correction=0, keepdim=True),
+            aten.any.dim(aten.gt.Scalar(x, 1.5), 1), aten.max.default(x),
+            aten.prod.dim_int(aten.add.Tensor(aten.abs.default(x), 0.5), 2),
+            aten.var_mean.correction(x, [2], correction=1)[0],
+            aten.var_mean.correction(x, [2], correction=1)[1],
+            aten.max.dim(x, 1)[0], aten.max.dim(x, 1)[1], aten.amax.default(x, []))
+
+
+def softmax_graph(x):
+    return (aten._softmax.default(x, -1, False), aten._softmax.default(x, 0, False),
+            aten._log_softmax.default(x, 1, False))
+
+
+def view_graph(x, y):
+    """x: (3, 5, 4), y: (5, 6)."""
+    a = aten.permute.default(x, [2, 0, 1])
+    b = aten.add.Tensor(a, 1.0)
+    c = aten.reshape.default(b, [4, -1])
+    d = aten.slice.Tensor(x, 1, 1, None, 2)
+    e = aten.unsqueeze.default(aten.sum.dim_IntList(x, [2]), 1)
+    f = aten.expand.default(e, [3, 4, 5])
+    g = aten.squeeze.dim(aten.unsqueeze.default(y, 0), 0)
+    h = aten.transpose.int(y, 0, 1)
+    i = aten.select.int(x, 1, -1)
+    j = aten.mul.Tensor(aten.t.default(y), 2.0)
+    k = aten.cat.default([x, aten.mul.Tensor(x, 2)], 1)
+    m = aten.cat.default([y, aten.neg.default(y), aten.exp.default(y)], 0)
+    n = aten.constant_pad_nd.default(y, [1, 2, 0, 3], 0.5)
+    o = aten.reshape.default(aten.permute.default(x, [1, 0, 2]), [5, -1])
+    p = aten.add.Tensor(aten.reshape.default(h, [-1]), 1.0)
+    sp = aten.split.Tensor(x, 2, 1)
+    return (a, b, c, d, e, f, g, h, i, j, k, m, n, o, p, sp[0], aten.mul.Tensor(sp[-1], 3.0))
+
+
+def fusion_graph(x, w):
+    """Pointwise chain → reduction → epilogue; layer-norm-like; library call in between."""
+    h = aten.mm.default(x, w)
+    mean = aten.mean.dim(h, [1], True)
+    cen = aten.sub.Tensor(h, mean)
+    var = aten.mean.dim(aten.mul.Tensor(cen, cen), [1], True)
+    y = aten.mul.Tensor(cen, aten.rsqrt.default(aten.add.Tensor(var, 1e-5)))
+    z = aten.relu.default(aten.mul.Tensor(y, 2.0))
+    return (z, aten.sum.dim_IntList(z, [0]), mean)
+
+
+def full_graph():
+    """Factories must be call_function nodes (symbolic_trace would run them): built by hand."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    r = g.call_function(aten.arange.start_step, (0, 5, 1), {"dtype": torch.int64})
+    f = g.call_function(aten.full.default, ([5, 1], 2.5), {"dtype": torch.float32})
+    st = g.call_function(aten.scalar_tensor.default, (3.0,), {"dtype": torch.float32})
+    a = g.call_function(aten.add.Tensor, (x, f))
+    b = g.call_function(aten.mul.Tensor, (r, 2))
+    c = g.call_function(aten.add.Tensor, (x, g.call_function(aten.unsqueeze.default, (r, 1))))
+    k = g.call_function(aten.mul.Tensor, (x, st))
+    g.output((a, b, c, st, k))
+    return fx.GraphModule({}, g)
+
+
+def const_graph(x):
+    return (aten.add.Tensor(x, torch.arange(3.0)),)     # a get_attr tensor constant
+
+
+def fallback_graph(x, idx):
+    g = aten.index_select.default(x, 0, idx)          # not lowered: calls aten
+    return (aten.add.Tensor(g, 1.0), aten.cumsum.default(x, 1))
+
+
+def _pos(*s):
+    return torch.rand(*s) + 0.1
+
+
+def _nonzero(*s):
+    t = torch.randn(*s)
+    return torch.where(t.abs() < 0.1, torch.full_like(t, 0.5), t)
+
+
+CASES = [
+    # name, fn, inputs factory, (rtol, atol)
+    ("unary_contig", unary_graph, lambda: [torch.randn(7, 33), _pos(7, 33)], (1e-5, 1e-6)),
+    ("unary_noncontig", unary_graph, lambda: [nc(5, 3, 9), _pos(5, 3, 9)], (1e-5, 1e-6)),
+    ("unary_0d", unary_graph, lambda: [torch.randn(()), _pos(())], (1e-5, 1e-6)),
+    ("unary_f64", unary_graph, lambda: [torch.randn(17, dtype=torch.float64),
+                                        _pos(17).double()], (1e-12, 1e-12)),
+    ("binary_broadcast", binary_graph, lambda: [torch.randn(4, 1, 7), _nonzero(5, 1),
+                                                torch.tensor(0.3)], (1e-5, 1e-6)),
+    ("binary_noncontig", binary_graph, lambda: [sliced(6, 11), nc(6, 11) + 3,
+                                                torch.randn(1, 11)], (1e-5, 1e-6)),
+    ("int_ops", int_graph, lambda: [torch.randint(-20, 20, (9, 5)),
+                                    torch.randint(1, 7, (9, 5))], (0, 0)),
+    ("int32_ops", int_graph, lambda: [torch.randint(-20, 20, (3, 4), dtype=torch.int32),
+                                      torch.randint(1, 7, (4,), dtype=torch.int32)], (0, 1e-6)),
+    ("casts", cast_graph, lambda: [torch.randn(6, 5), torch.rand(6, 5) > 0.5], (1e-6, 1e-6)),
+    ("reductions", reduction_graph, lambda: [torch.randn(5, 7, 9)], (1e-5, 1e-5)),
+    ("reductions_noncontig", reduction_graph, lambda: [nc(4, 1, 13)], (1e-5, 1e-5)),
+    ("reductions_large", reduction_graph, lambda: [torch.randn(33, 65, 129)], (1e-4, 1e-4)),
+    ("softmax", softmax_graph, lambda: [torch.randn(37, 129)], (1e-5, 1e-6)),
+    ("softmax_noncontig", softmax_graph, lambda: [nc(10, 31)], (1e-5, 1e-6)),
+    ("views", view_graph, lambda: [torch.randn(3, 5, 4), torch.randn(5, 6)], (1e-6, 1e-6)),
+    ("views_noncontig", view_graph, lambda: [nc(3, 5, 4), sliced(5, 6)], (1e-6, 1e-6)),
+    ("fusion", fusion_graph, lambda: [torch.randn(13, 8), torch.randn(8, 21)], (1e-4, 1e-5)),
+    ("full_arange", full_graph(), lambda: [torch.randn(5, 3)], (1e-6, 1e-6)),
+    ("tensor_constant", const_graph, lambda: [torch.randn(4, 3)], (1e-6, 1e-6)),
+    ("fallback", fallback_graph, lambda: [torch.randn(6, 4), torch.tensor([4, 0, 0, 2])],
+     (1e-6, 1e-6)),
+]
+
+
+def run_case(name, fn, make, tol, target, compile_aten_graph):
+    """Compile, then compare with eager on the compile-time inputs and on fresh ones."""
+    torch.manual_seed(sum(map(ord, name)))
+    inputs = make()
+    gm = fn if isinstance(fn, fx.GraphModule) else fx.symbolic_trace(fn)
+    snapshot = [t.clone() for t in inputs]
+    compiled = compile_aten_graph(gm, inputs, target=target)
+    for s, t in zip(snapshot, inputs):          # compiling must not touch the inputs
+        assert torch.equal(s, t) or (s.is_floating_point() and torch.allclose(s, t, equal_nan=True))
+    for trial in range(2):
+        if trial:
+            torch.manual_seed(1 + sum(map(ord, name)))
+            inputs = make()
+        expect = gm(*inputs)
+        got = compiled(*inputs)
+        assert len(got) == len(expect)
+        for k, (g, e) in enumerate(zip(got, expect)):
+            assert g.shape == e.shape, (name, k, g.shape, e.shape)
+            assert g.dtype == e.dtype, (name, k, g.dtype, e.dtype)
+            if e.dtype.is_floating_point:
+                torch.testing.assert_close(g, e, rtol=tol[0], atol=tol[1], equal_nan=True,
+                                           msg=lambda m: f"{name} output {k}: {m}")
+            else:
+                assert torch.equal(g, e), (name, k, g, e)
+    return compiled

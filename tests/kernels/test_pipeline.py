@@ -1,0 +1,149 @@
+"""IR verifier, fusion decisions, buffer reuse, fallbacks, logs, the disk cache."""
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.fx as fx
+
+from kiln.debug.logs import log_for
+from kiln.kernels import compile_aten_graph, ir
+from kiln.kernels.compile import build
+
+aten = torch.ops.aten
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+def _chain(x, y):
+    a = aten.mul.Tensor(x, y)
+    for _ in range(3):
+        a = aten.sigmoid.default(aten.add.Tensor(a, 1.0))
+    return (aten.div.Tensor(a, 3.0),)
+
+
+def _softmax(x):
+    return (aten._softmax.default(x, -1, False),)
+
+
+def test_verifier_rejects_bad_ir():
+    a = ir.Input("in0", (4,), (1,), torch.float32)
+    body = ir.Load("in0", ir.Affine.var("x3"), torch.float32)     # x3 is not a loop var
+    bad = ir.Pointwise("buf0", (4,), (1,), torch.float32, body=body)
+    with pytest.raises(ir.IRError):
+        ir.verify([a, bad])
+    early = ir.Pointwise("buf0", (4,), (1,), torch.float32,
+                         body=ir.Load("buf1", ir.Affine.var("x0"), torch.float32))
+    with pytest.raises(ir.IRError):
+        ir.verify([a, early])
+    good = ir.Pointwise("buf0", (4,), (1,), torch.float32,
+                        body=ir.Load("in0", ir.Affine.var("x0"), torch.float32))
+    ir.verify([a, good])
+    assert "pointwise in0[x0]" in ir.format_program([a, good])
+
+
+def test_pointwise_chain_is_one_kernel_with_no_temporaries():
+    x, y = torch.randn(33, 17), torch.randn(17)
+    rt, art = build(fx.symbolic_trace(_chain), [x, y], "cpp")
+    assert len(rt.sched.groups) == 1
+    assert art["ir"].count("pointwise") == 1       # the chain inlined into one body
+    assert len(rt.sched.slot_specs) == 1           # only the output is stored
+
+
+def test_softmax_is_one_kernel_with_local_reductions():
+    x = torch.randn(9, 40)
+    rt, art = build(fx.symbolic_trace(_softmax), [x], "cpp")
+    g, = rt.sched.groups
+    assert [k for k, _ in g.loops] == ["inner", "inner", "inner"]
+    assert len(rt.sched.locals) == 2               # max and sum never touch memory
+    assert "#pragma omp simd reduction(max:" in art["source"]
+    torch.testing.assert_close(rt(x)[0], torch.softmax(x, -1))
+
+
+def test_horizontal_fusion_and_buffer_reuse():
+    def f(x):
+        a = aten.exp.default(x)
+        b = aten.sum.dim_IntList(a, [1])         # a has two users: stored
+        c = aten.mul.Tensor(aten.add.Tensor(a, 1.0), aten.unsqueeze.default(b, 1))
+        d = aten.mm.default(c, aten.t.default(c))  # library call splits kernels
+        e = aten.relu.default(d)
+        h = aten.exp.default(aten.mm.default(e, e))
+        return (h,)
+    x = torch.randn(6, 6)
+    rt, art = build(fx.symbolic_trace(f), [x], "cpp")
+    kinds = ["extern" if g.extern is not None else "kernel" for g in rt.sched.groups]
+    assert kinds == ["kernel", "extern", "kernel", "extern", "kernel"]
+    # a, b and c fuse into the first kernel; the dead buffer for relu is reused or freed
+    assert len(rt.sched.groups[0].nodes) == 3
+    torch.testing.assert_close(rt(x)[0], fx.symbolic_trace(f)(x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_buffer_slots_are_reused():
+    def f(x, w):
+        a = aten.exp.default(x)
+        b = aten.mm.default(a, w)
+        c = aten.exp.default(b)
+        d = aten.mm.default(c, w)
+        e = aten.exp.default(d)
+        return (aten.mm.default(e, w),)
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    rt, _ = build(fx.symbolic_trace(f), [x, w], "cpp")
+    assert len(rt.sched.slots) == 3 and len(rt.sched.slot_specs) == 1   # one slot, reused twice
+    torch.testing.assert_close(rt(x, w)[0], fx.symbolic_trace(f)(x, w)[0], rtol=1e-4, atol=1e-3)
+
+
+def test_fallback_is_logged(caplog):
+    def f(x):
+        return (aten.cumsum.default(aten.exp.default(x), 0),)
+    x = torch.randn(5, 3)
+    with caplog.at_level(logging.INFO, logger="kiln.fallbacks"):
+        c = compile_aten_graph(fx.symbolic_trace(f), [x])
+    assert "aten.cumsum.default" in caplog.text
+    torch.testing.assert_close(c(x)[0], torch.cumsum(torch.exp(x), 0))
+
+
+def test_output_code_is_logged(caplog):
+    x = torch.randn(3, 5)
+    with caplog.at_level(logging.INFO, logger="kiln.output_code"):
+        compile_aten_graph(fx.symbolic_trace(_softmax), [x])
+    assert 'extern "C" void kiln_seg0' in caplog.text
+
+
+def test_new_layout_compiles_a_new_variant():
+    c = compile_aten_graph(fx.symbolic_trace(_chain), [torch.randn(4, 5), torch.randn(5)])
+    x = torch.randn(5, 4).t()
+    y = torch.randn(5)
+    torch.testing.assert_close(c(x, y)[0], fx.symbolic_trace(_chain)(x, y)[0])
+    assert len(c.variants) == 2
+
+
+def test_views_of_inputs_are_returned_as_views():
+    def f(x):
+        return (aten.permute.default(x, [1, 0]), x)
+    x = torch.randn(3, 4)
+    a, b = compile_aten_graph(fx.symbolic_trace(f), [x])(x)
+    assert b is x and a.data_ptr() == x.data_ptr() and a.stride() == (1, 4)
+
+
+def test_second_process_compiles_nothing(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {ROOT!r})
+        import torch, torch.fx as fx
+        import kiln.config; kiln.config.cache_dir = {str(tmp_path)!r}
+        from kiln.kernels import compile_aten_graph, cache
+        aten = torch.ops.aten
+        def f(x):
+            return (aten._softmax.default(aten.mul.Tensor(x, 2.0), -1, False),)
+        x = torch.randn(7, 9)
+        out = compile_aten_graph(fx.symbolic_trace(f), [x])(x)[0]
+        assert torch.allclose(out, torch.softmax(2 * x, -1), atol=1e-6)
+        print(cache.stats["misses"], cache.stats["hits"])
+    """)
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    assert runs[0].stdout.split() == ["1", "0"]
+    assert runs[1].stdout.split() == ["0", "1"]
