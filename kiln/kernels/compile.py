@@ -103,18 +103,30 @@ class CompiledGraph:
 
     def __init__(self, gm, example_inputs, target=None):
         self.gm = gm
-        self.target = pick_target(example_inputs, target)
-        sig = _signature(example_inputs)
-        rt, self.artefacts = build(gm, example_inputs, self.target)
-        self.variants = {sig: rt}
-        self._last = (sig, rt)
+        self.requested_target = target
+        self.variants = {}
+        self.artefacts = None
+        # Meta stand-ins (what the autograd stage passes) say nothing of the device nor
+        # of real values: compile on the first call instead.
+        if not any(isinstance(t, torch.Tensor) and t.device.type == "meta"
+                   for t in example_inputs):
+            self._build(example_inputs)
+
+    def _build(self, args):
+        target = pick_target(args, self.requested_target)
+        rt, self.artefacts = build(self.gm, list(args), target)
+        self.variants[_signature(args)] = rt
+        return rt
+
+    @property
+    def target(self):
+        return self.artefacts["target"] if self.artefacts else None
 
     def __call__(self, *args):
-        sig = _signature(args)
-        rt = self.variants.get(sig)
+        rt = self.variants.get(_signature(args))
         if rt is None:
-            rt, self.artefacts = build(self.gm, list(args), self.target)
-            self.variants[sig] = rt
+            with timed("kernels"):
+                rt = self._build(args)
         return rt(*args)
 
 

@@ -40,6 +40,16 @@ SUPPORTED_DTYPES = {
                torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool},
 }
 MAX_INLINE_OPS = 96
+#: Ops that are meant to be library calls (BLAS, oneDNN, cuDNN, flash attention): they
+#: run as externs without being reported as fallbacks.
+LIBRARY_CALLS = {
+    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+    aten.convolution.default, aten.convolution_backward.default,
+    aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten.scaled_dot_product_attention.default,
+}
 
 
 class ConstantTensor:
@@ -245,6 +255,9 @@ class GraphLowering:
         return self.fallback(node, args, kwargs, reason)
 
     def _maybe_realize(self, node, out):
+        if isinstance(out, (tuple, list)):
+            return type(out)(self.realize(o, origin=node.name) if isinstance(o, Lazy) else o
+                             for o in out)
         if isinstance(out, Lazy):
             probe = out.load(loop_vars(out.sizes))
             n_ops = ir.op_count(probe)
@@ -253,8 +266,9 @@ class GraphLowering:
         return out
 
     def fallback(self, node, args, kwargs, reason):
-        self.fallbacks.append(f"{node.target}")
-        _fallback_log.info("kernels: %s falls back to aten (%s)", node.target, reason)
+        if node.target not in LIBRARY_CALLS:
+            self.fallbacks.append(f"{node.target}")
+            _fallback_log.info("kernels: %s falls back to aten (%s)", node.target, reason)
 
         def to_arg(a):
             if is_box(a):
@@ -943,3 +957,26 @@ def _softmax(lo, node, x, dim, half_to_float=False):
         return Lazy(sizes, dtype, lambda idx: op("truediv", ex.load(idx), _as_expr(s, idx, sizes, dtype)))
     return Lazy(sizes, dtype, lambda idx: op("sub", shifted(idx),
                                              op("log", _as_expr(s, idx, sizes, dtype))))
+
+
+@register(aten.native_layer_norm.default)
+def _layer_norm(lo, node, x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """out = (x - mean) * rstd * weight + bias; mean and rstd keep the reduced dims."""
+    n = len(x.sizes)
+    dims = list(range(n - len(normalized_shape), n))
+    dtype = lo.out_meta(node)[0].dtype
+    var, mean = _var_parts(lo, node, x, dims, 0, True, dtype)
+    mean = lo.realize(mean, origin=node.name)
+    rstd = lo.realize(Lazy(var.sizes, dtype, lambda idx: op(
+        "rsqrt", op("add", var.load(idx), const(eps, dtype)))), origin=node.name)
+    sizes = tuple(x.sizes)
+
+    def body(idx):
+        e = op("mul", op("sub", cast(x.load(idx), dtype), _as_expr(mean, idx, sizes, dtype)),
+               _as_expr(rstd, idx, sizes, dtype))
+        if weight is not None:
+            e = op("mul", e, _as_expr(weight, idx, sizes, dtype))
+        if bias is not None:
+            e = op("add", e, _as_expr(bias, idx, sizes, dtype))
+        return e
+    return (Lazy(sizes, dtype, body), mean, rstd)

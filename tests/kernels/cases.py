@@ -129,6 +129,12 @@ def fusion_graph(x, w):
     return (z, aten.sum.dim_IntList(z, [0]), mean)
 
 
+def layer_norm_graph(x, w, b):
+    out, mean, rstd = (aten.native_layer_norm.default(x, [5], w, b, 1e-5)[i]
+                       for i in range(3))
+    return (out, mean, rstd, aten.native_layer_norm.default(x, [5], None, None, 1e-6)[0])
+
+
 def full_graph():
     """Factories must be call_function nodes (symbolic_trace would run them): built by hand."""
     g = fx.Graph()
@@ -186,6 +192,8 @@ CASES = [
     ("views", view_graph, lambda: [torch.randn(3, 5, 4), torch.randn(5, 6)], (1e-6, 1e-6)),
     ("views_noncontig", view_graph, lambda: [nc(3, 5, 4), sliced(5, 6)], (1e-6, 1e-6)),
     ("fusion", fusion_graph, lambda: [torch.randn(13, 8), torch.randn(8, 21)], (1e-4, 1e-5)),
+    ("layer_norm", layer_norm_graph, lambda: [nc(3, 4, 5), torch.randn(5), torch.randn(5)],
+     (1e-5, 1e-5)),
     ("full_arange", full_graph(), lambda: [torch.randn(5, 3)], (1e-6, 1e-6)),
     ("tensor_constant", const_graph, lambda: [torch.randn(4, 3)], (1e-6, 1e-6)),
     ("fallback", fallback_graph, lambda: [torch.randn(6, 4), torch.tensor([4, 0, 0, 2])],

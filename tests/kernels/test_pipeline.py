@@ -82,11 +82,11 @@ def test_horizontal_fusion_and_buffer_reuse():
 
 def test_buffer_slots_are_reused():
     def f(x, w):
-        a = aten.exp.default(x)
+        a = aten.tanh.default(x)
         b = aten.mm.default(a, w)
-        c = aten.exp.default(b)
+        c = aten.tanh.default(b)
         d = aten.mm.default(c, w)
-        e = aten.exp.default(d)
+        e = aten.tanh.default(d)
         return (aten.mm.default(e, w),)
     x, w = torch.randn(8, 8), torch.randn(8, 8)
     rt, _ = build(fx.symbolic_trace(f), [x, w], "cpp")
