@@ -63,7 +63,9 @@ def choose_saved(joint: fx.Graph, recompute: bool | None = None) -> list[fx.Node
             if n.op in ("placeholder", "get_attr") or not recompute or \
                     not is_recomputable(n.target):
                 g.add_edge("source", f"{n.name}_in", capacity=INF)
-            cap = nbytes(n)
+            # One byte more for computed values: on a tie, save the input itself
+            # (alive anyway) rather than a view or copy of it.
+            cap = nbytes(n) + (0 if n.op == "placeholder" else 1)
             g.add_edge(f"{n.name}_in", f"{n.name}_out",
                        **({} if cap == INF else {"capacity": cap}))
         for u in n.users:
