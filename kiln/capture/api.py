@@ -1,18 +1,224 @@
-"""Public capture API (filled in by the capture front end)."""
+"""The public capture API: ``kiln.compile``, ``optimize``, ``explain``, ``export`` and
+the small switches around them, with torch.compile's semantics."""
 from __future__ import annotations
 
+import functools
+import types
 
-class Unsupported(RuntimeError):
-    """Raised when a function cannot be captured as one graph and the user asked for that."""
+import torch
+
+from kiln import config
+from kiln.backends import lookup_backend
+from kiln.capture.errors import Unsupported
+from kiln.capture import eval_frame
+from kiln.capture.eval_frame import CompiledFunction, Recorder
+
+__all__ = ["Unsupported", "compile", "optimize", "explain", "export", "disable",
+           "allow_in_graph", "disallow_in_graph", "graph_break", "reset", "run", "is_compiling"]
 
 
-def _todo(*a, **k):
-    raise NotImplementedError("kiln capture is being written")
+class CompiledModule(torch.nn.Module):
+    """A module whose forward runs through kiln; shares parameters and state with the
+    original (``_orig_mod``), as torch.compile's OptimizedModule does."""
+
+    def __init__(self, mod, compiled_forward):
+        super().__init__()
+        self._orig_mod = mod
+        self._kiln_forward = compiled_forward
+
+    def forward(self, *args, **kwargs):
+        return self._kiln_forward(self._orig_mod, *args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        mod = self._orig_mod
+        if mod._forward_hooks or mod._forward_pre_hooks or "forward" in mod.__dict__:
+            return self._kiln_call(*args, **kwargs)
+        return self._kiln_forward(mod, *args, **kwargs)
+
+    def __getattr__(self, name):
+        if name in ("_orig_mod", "_kiln_forward", "_kiln_call"):
+            return super().__getattr__(name)
+        return getattr(self._orig_mod, name)
 
 
-compile = optimize = explain = export = disable = allow_in_graph = _todo
-disallow_in_graph = graph_break = reset = run = _todo
+def _compile_callable(fn, backend, fullgraph, recorder=None, frozen=False):
+    be = lookup_backend(backend)
+    if isinstance(fn, torch.nn.Module):
+        fwd = CompiledFunction(type(fn).forward, be, fullgraph, recorder, frozen)
+        cm = CompiledModule(fn, fwd)
+        object.__setattr__(cm, "_kiln_call", CompiledFunction(_call_module_fn, be, fullgraph, recorder, frozen).__get__(fn))
+        return cm
+    if isinstance(fn, types.MethodType):
+        return types.MethodType(CompiledFunction(fn.__func__, be, fullgraph, recorder, frozen), fn.__self__)
+    if isinstance(fn, types.FunctionType):
+        return CompiledFunction(fn, be, fullgraph, recorder, frozen)
+    if isinstance(fn, CompiledFunction):
+        return fn
+    if callable(fn) and isinstance(getattr(type(fn), "__call__", None), types.FunctionType):
+        return types.MethodType(CompiledFunction(type(fn).__call__, be, fullgraph, recorder, frozen), fn)
+    raise TypeError(f"kiln.compile expects a function, method or nn.Module, got {type(fn).__qualname__}")
+
+
+def _call_module_fn(mod, *args, **kwargs):
+    return mod(*args, **kwargs)
+
+
+def compile(fn=None, *, backend=None, fullgraph=False, dynamic=None, mode=None,
+            options=None, disable=False):
+    """Compile ``fn`` (a function, method or nn.Module); usable as a decorator with or
+    without arguments. ``dynamic``/``mode``/``options`` are accepted for torch.compile
+    compatibility."""
+    backend = backend if backend is not None else config.default_backend
+    if fn is None:
+        return lambda f: compile(f, backend=backend, fullgraph=fullgraph, dynamic=dynamic,
+                                 mode=mode, options=options, disable=disable)
+    if disable:
+        return fn
+    return _compile_callable(fn, backend, fullgraph)
+
+
+def optimize(backend="kiln", nopython=False):
+    """The decorator factory of the seed tutorial: ``kiln.optimize("eager")(fn)``."""
+    def deco(fn):
+        return _compile_callable(fn, backend, nopython)
+
+    return deco
+
+
+class ExplainOutput:
+    def __init__(self, rec: Recorder):
+        self.graphs = rec.graphs
+        self.graph_count = len(rec.graphs)
+        self.graph_break_count = len(rec.breaks)
+        self.break_reasons = rec.breaks
+        self.ops_per_graph = [[n for n in g.graph.nodes if n.op in ("call_function", "call_method", "call_module")
+                               and n.target is not torch._C._set_grad_enabled] for g in rec.graphs]
+        self.op_count = sum(len(o) for o in self.ops_per_graph)
+        self.out_guards = rec.guards
+        self.skipped_frames = rec.skips
+        self.compile_time = rec.compile_time
+
+    def __str__(self):
+        lines = [f"Graph Count: {self.graph_count}",
+                 f"Graph Break Count: {self.graph_break_count}",
+                 f"Op Count: {self.op_count}",
+                 "Break Reasons:"]
+        for i, b in enumerate(self.break_reasons, 1):
+            lines.append(f"  Break Reason {i}:")
+            lines.append(f"    Reason: {b.reason}")
+            lines.append("    User Stack:")
+            for s in b.user_stack:
+                lines.append(f"      {s}")
+        if self.skipped_frames:
+            lines.append("Frames run eagerly:")
+            lines += [f"  {s}" for s in self.skipped_frames]
+        lines.append("Ops per Graph:")
+        for i, ops in enumerate(self.ops_per_graph, 1):
+            lines.append(f"  Graph {i}:")
+            for n in ops:
+                t = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+                lines.append(f"    {t}")
+        lines.append("Out Guards:")
+        for g in self.out_guards:
+            lines.append(f"  {g.description}")
+        return "\n".join(lines)
+
+
+def explain(fn, *extra_args, **extra_kwargs):
+    """``kiln.explain(fn)(*args)`` runs ``fn`` once under kiln (eager backend) and reports
+    graphs, breaks with the user's lines, ops and guards."""
+    def inner(*args, **kwargs):
+        rec = Recorder()
+
+        def counting_backend(gm, example_inputs):
+            return gm.forward
+
+        compiled = _compile_callable(fn, counting_backend, False, recorder=rec)
+        compiled(*args, **kwargs)
+        return ExplainOutput(rec)
+
+    if extra_args or extra_kwargs:
+        return inner(*extra_args, **extra_kwargs)
+    return inner
+
+
+def export(fn, *args, **kwargs):
+    """One graph for ``fn`` on these inputs, and its guards; raises ``kiln.Unsupported``
+    (naming the user's line) when ``fn`` cannot be a single graph."""
+    rec = Recorder()
+    captured = []
+
+    def capture_backend(gm, example_inputs):
+        captured.append(gm)
+        return gm.forward
+
+    compiled = _compile_callable(fn, capture_backend, True, recorder=rec)
+    compiled(*args, **kwargs)
+    if len(captured) != 1:
+        raise Unsupported(f"export expected one graph, got {len(captured)}")
+    return captured[0], rec.guards
+
+
+_disabled_fns = set()
+
+
+def disable(fn=None, recursive=True):
+    """Run ``fn`` eagerly even when called from compiled code (a graph break at the call)."""
+    if fn is None:
+        return lambda f: disable(f, recursive)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        eval_frame._state.disabled = getattr(eval_frame._state, "disabled", 0) + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            eval_frame._state.disabled -= 1
+
+    wrapper._kiln_disabled = True
+    _disabled_fns.add(wrapper)
+    return wrapper
+
+
+_allowed_in_graph = set()
+_disallowed_in_graph = set()
+
+
+def allow_in_graph(fn):
+    """Put calls to ``fn`` into the graph as one node, without tracing into it."""
+    _allowed_in_graph.add(fn)
+    return fn
+
+
+def disallow_in_graph(fn):
+    """Never put ``fn`` into a graph: calls to it become graph breaks."""
+    _disallowed_in_graph.add(fn)
+    return fn
+
+
+def graph_break():
+    """Force a graph break here (a no-op when run eagerly)."""
+
+
+def reset():
+    """Forget everything compiled."""
+    eval_frame.reset_all()
+
+
+def run(fn):
+    """Use existing compiled entries for ``fn`` but never compile new ones."""
+    if isinstance(fn, CompiledFunction):
+        fn.frozen = True
+        return fn
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, CompiledFunction):
+        fn.__func__.frozen = True
+        return fn
+    if isinstance(fn, CompiledModule):
+        fn._kiln_forward.frozen = True
+        return fn
+    return fn
 
 
 def is_compiling() -> bool:
-    return False
+    """True while kiln traces (library code may ask, to pick compile-friendly paths)."""
+    return eval_frame.is_compiling()

@@ -1,0 +1,283 @@
+"""From real Python objects to Values, adding the guards each assumption needs.
+
+``wrap`` is called whenever the interpreter reads something from outside the frame
+(an argument, a global, an attribute of a real object). What it guards depends on what
+the trace will assume: a tensor's metadata, an int's value, a list's length, a
+function's identity, an object's type.
+"""
+from __future__ import annotations
+
+import builtins
+import functools
+import inspect
+import types
+
+import torch
+
+from kiln.capture import values as V
+from kiln.capture.errors import Unsupported, UserException
+from kiln.capture.sources import AttrSource, ItemSource
+
+_CONST_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
+                type(NotImplemented))
+_TORCH_CONST_TYPES = (torch.dtype, torch.device, torch.layout, torch.memory_format,
+                      torch.Size, slice, range)
+# Members of these modules are taken as stable: read without guards.
+_STABLE_MODULE_PREFIXES = ("torch", "math", "operator", "functools", "itertools",
+                           "collections", "typing", "numpy", "builtins", "warnings",
+                           "logging", "inspect", "dataclasses", "enum", "types", "abc",
+                           "copy", "re", "os", "sys", "contextlib", "kiln")
+
+
+def _stable_module(mod) -> bool:
+    name = getattr(mod, "__name__", "") or ""
+    return name.split(".")[0] in _STABLE_MODULE_PREFIXES
+
+
+def wrap(tx, obj, source, module_member=False):
+    """The Value for ``obj`` read from ``source`` (None: no guard, not re-readable)."""
+    from kiln.capture.torch_rules import is_torch_callable
+
+    g = tx.output.guards if source is not None else None
+    t = type(obj)
+    special = _special(obj)
+    if special is not None:
+        return special
+    if isinstance(obj, torch.Tensor):
+        if source is None:
+            raise Unsupported("a tensor that kiln cannot re-read at run time (no source)")
+        return tx.output.input_tensor(obj, source)
+    if t in _CONST_TYPES or obj is Ellipsis:
+        if g:
+            g.constant(source, obj)
+        return V.ConstantValue(obj, source)
+    if t in _TORCH_CONST_TYPES:
+        if g:
+            g.constant(source, obj)
+        return V.ConstantValue(obj, source)
+    if t in (tuple, list):
+        if g:
+            g.type_is(source, t)
+            g.length(source, len(obj))
+        items = [wrap(tx, x, ItemSource(source, i) if source is not None else None)
+                 for i, x in enumerate(obj)]
+        return V.TupleValue(items, source) if t is tuple else tx.output.track(V.ListValue(items, source))
+    if isinstance(obj, tuple) and hasattr(t, "_fields"):
+        if g:
+            g.type_is(source, t)
+        items = [wrap(tx, x, ItemSource(source, i) if source is not None else None)
+                 for i, x in enumerate(obj)]
+        return V.NamedTupleValue(t, items, source)
+    if t is dict or (isinstance(obj, dict) and t.__module__ == "collections"):
+        keys = tuple(obj.keys())
+        if not all(type(k) in (str, int, bool, type(None), float) for k in keys):
+            return _wrap_object(tx, obj, source)
+        if g:
+            g.type_is(source, t)
+            g.dict_keys(source, keys)
+        items = {k: wrap(tx, v, ItemSource(source, k) if source is not None else None)
+                 for k, v in obj.items()}
+        return tx.output.track(V.DictValue(items, source, cls=t))
+    if t in (set, frozenset):
+        if not all(type(k) in _CONST_TYPES for k in obj):
+            raise Unsupported("a set of non-constant items")
+        if t is frozenset:
+            if g:
+                g.constant(source, obj)
+            return V.ConstantValue(obj, source)
+        if g:
+            g.type_is(source, t)
+            g.expression(f"{source.expr()} == {g.const(set(obj), 'v')}",
+                         f"{source.pretty()} == {set(obj)!r}", source.expr())
+        return tx.output.track(V.SetValue(list(obj), source))
+    if isinstance(obj, torch.nn.Module):
+        if g:
+            g.type_is(source, t)
+        return tx.output.module_value(obj, source)
+    if t is types.ModuleType:
+        if g:
+            g.identity(source, obj)
+        return V.PythonModuleValue(obj, source)
+    if isinstance(obj, type):
+        if g and not module_member:
+            g.identity(source, obj)
+        return V.ClassValue(obj, source)
+    if is_torch_callable(obj):
+        if g and not module_member:
+            g.identity(source, obj)
+        return V.TorchFunctionValue(obj, source)
+    if t is types.FunctionType:
+        if g:
+            g.identity(source, obj)
+        return V.UserFunctionValue(obj, source)
+    if t is types.MethodType:
+        func = wrap(tx, obj.__func__, AttrSource(source, "__func__") if source else None)
+        self_v = wrap(tx, obj.__self__, AttrSource(source, "__self__") if source else None)
+        return V.MethodValue(func, self_v, source)
+    if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType,
+                        types.MethodWrapperType, types.WrapperDescriptorType,
+                        types.MethodDescriptorType, types.ClassMethodDescriptorType)):
+        if g and not module_member:
+            g.identity(source, obj)
+        return V.BuiltinValue(obj, source)
+    if t is functools.partial:
+        from kiln.capture.objects import PartialValue
+
+        if g:
+            g.type_is(source, t)
+        func = wrap(tx, obj.func, AttrSource(source, "func") if source else None)
+        args = [wrap(tx, a, ItemSource(AttrSource(source, "args"), i) if source else None)
+                for i, a in enumerate(obj.args)]
+        kw = {k: wrap(tx, a, ItemSource(AttrSource(source, "keywords"), k) if source else None)
+              for k, a in obj.keywords.items()}
+        return PartialValue(func, args, kw, source)
+    if isinstance(obj, (torch.no_grad, torch.enable_grad)):
+        return V.GradModeValue(isinstance(obj, torch.enable_grad))
+    return _wrap_object(tx, obj, source)
+
+
+class _BreakingFunction(V.Value):
+    """kiln.graph_break(), kiln.disable'd and disallow_in_graph'd functions: a call is a
+    graph break, so the callee runs as plain Python."""
+
+    def __init__(self, fn, why):
+        self.fn = fn
+        self.why = why
+
+    def call(self, tx, args, kwargs):
+        raise Unsupported(self.why)
+
+
+class _AllowedFunction(V.Value):
+    def __init__(self, fn):
+        self.fn = fn
+
+    def call(self, tx, args, kwargs):
+        return tx.output.op("call_function", self.fn, args, kwargs)
+
+
+def _special(obj):
+    from kiln.capture import api
+
+    try:
+        if obj is api.graph_break:
+            return _BreakingFunction(obj, "kiln.graph_break() called")
+        if obj is api.is_compiling:
+            return V.BuiltinValue(_true)
+        if getattr(obj, "_kiln_disabled", False):
+            return _BreakingFunction(obj, f"{getattr(obj, '__qualname__', obj)} is marked kiln.disable")
+        if obj in api._disallowed_in_graph:
+            return _BreakingFunction(obj, f"{getattr(obj, '__qualname__', obj)} is disallowed in graph")
+        if obj in api._allowed_in_graph:
+            return _AllowedFunction(obj)
+    except TypeError:  # unhashable
+        return None
+    return None
+
+
+def _true():
+    return True
+
+
+def _wrap_object(tx, obj, source):
+    if source is None:
+        raise Unsupported(f"an object of type {type(obj).__qualname__} with no source")
+    tx.output.guards.type_is(source, type(obj))
+    return tx.output.object_value(obj, source)
+
+
+def wrap_static(obj):
+    """A Value for a constant result computed at trace time (no source, no guard)."""
+    t = type(obj)
+    if t in _CONST_TYPES or t in _TORCH_CONST_TYPES or obj is Ellipsis:
+        return V.ConstantValue(obj)
+    if t is tuple:
+        return V.TupleValue([wrap_static(x) for x in obj])
+    if isinstance(obj, tuple) and hasattr(t, "_fields"):
+        return V.NamedTupleValue(t, [wrap_static(x) for x in obj])
+    if t is list:
+        return V.ListValue([wrap_static(x) for x in obj])
+    if t is frozenset:
+        return V.ConstantValue(obj)
+    if t is set:
+        return V.SetValue(list(obj))
+    if t is dict and all(type(k) in _CONST_TYPES for k in obj):
+        return V.DictValue({k: wrap_static(v) for k, v in obj.items()})
+    if isinstance(obj, type):
+        return V.ClassValue(obj)
+    if t is types.ModuleType:
+        return V.PythonModuleValue(obj)
+    from kiln.capture.torch_rules import is_torch_callable
+
+    if is_torch_callable(obj):
+        return V.TorchFunctionValue(obj)
+    if t is types.FunctionType:
+        return V.UserFunctionValue(obj)
+    if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+        return V.BuiltinValue(obj)
+    raise Unsupported(f"a {t.__qualname__} computed at trace time")
+
+
+def lookup_class_attr(cls, name):
+    """(owner class, raw attribute) from the MRO without invoking descriptors."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass, klass.__dict__[name]
+    return None, None
+
+
+def wrap_class_attr(tx, self_value, cls, name, source=None):
+    """Read ``name`` as found on ``cls`` (through ``self_value`` if not None), applying
+    the descriptor protocol for functions, static/class methods and properties."""
+    owner, attr = lookup_class_attr(cls, name)
+    if owner is None:
+        raise UserException(V.ExceptionValue(AttributeError, [V.ConstantValue(
+            f"type object {cls.__qualname__!r} has no attribute {name!r}")]))
+    if isinstance(attr, staticmethod):
+        return wrap(tx, attr.__func__, None) if not _is_py(attr.__func__) else V.UserFunctionValue(attr.__func__)
+    if isinstance(attr, classmethod):
+        klass = self_value.python_type() if self_value is not None else cls
+        return V.MethodValue(_fn_value(attr.__func__), V.ClassValue(klass))
+    if isinstance(attr, property):
+        if self_value is None:
+            return V.ObjectValue(attr) if False else _unsupported(f"property {name} on a class")
+        return _fn_value(attr.fget).call(tx, [self_value], {})
+    if isinstance(attr, types.FunctionType):
+        if self_value is None:
+            return V.UserFunctionValue(attr, AttrSource(source, name) if source else None)
+        return V.MethodValue(V.UserFunctionValue(attr), self_value)
+    if isinstance(attr, (functools.cached_property,)):
+        raise Unsupported(f"cached_property {name}")
+    if self_value is not None and isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return V.MethodValue(V.BuiltinValue(attr), self_value)
+    src = None
+    if self_value is not None and self_value.source is not None:
+        src = AttrSource(self_value.source, name)
+    elif source is not None:
+        src = AttrSource(source, name)
+    from kiln.capture.torch_rules import is_torch_callable
+    if self_value is not None and is_torch_callable(attr):
+        return V.MethodValue(V.TorchFunctionValue(attr), self_value)
+    return wrap(tx, attr, src) if src is not None else wrap_static(attr)
+
+
+def _is_py(fn):
+    return isinstance(fn, types.FunctionType)
+
+
+def _fn_value(fn):
+    if isinstance(fn, types.FunctionType):
+        return V.UserFunctionValue(fn)
+    return V.BuiltinValue(fn)
+
+
+def _unsupported(msg):
+    raise Unsupported(msg)
+
+
+def builtins_dict(f_globals):
+    b = f_globals.get("__builtins__", builtins)
+    return b.__dict__ if isinstance(b, types.ModuleType) else b
+
+
+del inspect

@@ -1,0 +1,508 @@
+"""Python builtins (and math, operator, functools, itertools) during a trace: one
+handler per callable, in ``BUILTINS``. Pure functions of constants are folded; anything
+with effects kiln cannot replay (``print``, I/O) is a graph break."""
+from __future__ import annotations
+
+import builtins
+import functools
+import itertools
+import math
+import operator
+
+from kiln.capture import values as V
+from kiln.capture.errors import Unsupported, UserException
+from kiln.capture.operators import binary_op, compare_op, contains_op, fold, is_same, subscr, unary_op
+
+BUILTINS: dict = {}
+
+
+def rule(*fns):
+    def deco(h):
+        for f in fns:
+            BUILTINS[f] = h
+        return h
+
+    return deco
+
+
+def C(v):
+    return V.ConstantValue(v)
+
+
+def _type_of(v):
+    return v.python_type()
+
+
+def call_builtin(tx, fn, args, kwargs):
+    h = BUILTINS.get(fn)
+    if h is not None:
+        return h(tx, *args, **kwargs)
+    if fn in _PURE or getattr(fn, "__self__", None) is math:
+        try:
+            cargs = [a.const() for a in args]
+            ckw = {k: v.const() for k, v in kwargs.items()}
+        except Unsupported:
+            raise Unsupported(f"{getattr(fn, '__name__', fn)} on non-constant arguments")
+        from kiln.capture.builder import wrap_static
+
+        return wrap_static(fold(fn, *cargs, **ckw))
+    self_ = getattr(fn, "__self__", None)
+    name = getattr(fn, "__name__", "")
+    if self_ is not None and not isinstance(self_, type(builtins)):
+        # a bound method of a constant (str.join, int.bit_length…)
+        if isinstance(self_, (str, int, float, bytes, tuple, frozenset)):
+            try:
+                cargs = [a.const() for a in args]
+                ckw = {k: v.const() for k, v in kwargs.items()}
+            except Unsupported:
+                if name == "join" and isinstance(self_, str):
+                    raise
+                raise Unsupported(f"{type(self_).__name__}.{name} on non-constant arguments")
+            from kiln.capture.builder import wrap_static
+
+            return wrap_static(fold(fn, *cargs, **ckw))
+    objclass = getattr(fn, "__objclass__", None)
+    if objclass is not None and args:
+        # unbound C methods called with the instance first: dict.get(d, k), list.append(l, x)
+        return args[0].call_method(tx, name, list(args[1:]), kwargs)
+    raise Unsupported(f"call to builtin {getattr(fn, '__qualname__', fn)!r} (kiln cannot trace it)")
+
+
+_PURE = {abs, round, pow, divmod, chr, ord, hex, oct, bin, repr, ascii, format, hash,
+         operator.index, math.sqrt, math.exp, math.log, math.floor, math.ceil}
+
+
+def _kiln_true(tx):
+    return C(True)
+
+
+from kiln.capture import builder as _builder  # noqa: E402
+
+BUILTINS[_builder._true] = _kiln_true
+
+
+@rule(print)
+def _print(tx, *a, **k):
+    raise Unsupported("print() has a side effect outside the graph")
+
+
+@rule(len)
+def _len(tx, x):
+    if isinstance(x, V.TensorValue):
+        if x.fake.dim() == 0:
+            raise UserException(V.ExceptionValue(TypeError, [C("len() of a 0-d tensor")]))
+        return C(x.fake.shape[0])
+    if isinstance(x, (V.ListValue, V.TupleValue)):
+        return C(len(x.items))
+    if isinstance(x, (V.DictValue, V.SetValue)):
+        return C(len(x.items))
+    if isinstance(x, V.ConstantValue):
+        return C(fold(len, x.value))
+    if isinstance(x, V.ModuleValue):
+        from kiln.capture.modules import module_items
+
+        return C(len(module_items(tx, x)))
+    if isinstance(x, V.ObjectValue):
+        from kiln.capture.objects import call_dunder
+
+        return call_dunder(tx, x, "__len__", [], {})
+    raise Unsupported(f"len of {x}")
+
+
+def _isinstance_check(tx, v, cls) -> bool:
+    import torch
+
+    if isinstance(cls, tuple):
+        return any(_isinstance_check(tx, v, c) for c in cls)
+    if isinstance(v, V.TensorValue):
+        t = getattr(v, "cls", torch.Tensor)
+        return issubclass(t, cls)
+    t = v.python_type()
+    if isinstance(v, V.DictValue) and getattr(v, "cls", dict) is not dict:
+        t = v.cls
+    try:
+        return issubclass(t, cls)
+    except TypeError:
+        return isinstance(v.const(), cls)
+
+
+@rule(isinstance)
+def _isinstance(tx, v, cls):
+    return C(_isinstance_check(tx, v, cls.const()))
+
+
+@rule(issubclass)
+def _issubclass(tx, a, b):
+    return C(fold(issubclass, a.const(), b.const()))
+
+
+@rule(type)
+def _type(tx, *args):
+    if len(args) != 1:
+        raise Unsupported("type() with 3 arguments")
+    v = args[0]
+    if isinstance(v, V.TensorValue):
+        import torch
+
+        return V.ClassValue(getattr(v, "cls", torch.Tensor))
+    if isinstance(v, V.DictValue):
+        return V.ClassValue(v.cls)
+    return V.ClassValue(v.python_type())
+
+
+@rule(callable)
+def _callable(tx, v):
+    if isinstance(v, (V.FunctionValue, V.MethodValue, V.BuiltinValue, V.TorchFunctionValue, V.ClassValue, V.ModuleValue)):
+        return C(True)
+    if isinstance(v, (V.ConstantValue, V.TensorValue, V._Sequence, V.DictValue)):
+        return C(False)
+    return C(callable(v.python_type()) and hasattr(v.python_type(), "__call__"))
+
+
+@rule(getattr)
+def _getattr(tx, obj, name, *default):
+    try:
+        return obj.getattr(tx, name.const())
+    except UserException as e:
+        if default and issubclass(e.value.python_type(), AttributeError):
+            return default[0]
+        raise
+
+
+@rule(hasattr)
+def _hasattr(tx, obj, name):
+    try:
+        obj.getattr(tx, name.const())
+        return C(True)
+    except UserException as e:
+        if issubclass(e.value.python_type(), AttributeError):
+            return C(False)
+        raise
+
+
+@rule(setattr)
+def _setattr(tx, obj, name, value):
+    obj.setattr(tx, name.const(), value)
+    return C(None)
+
+
+@rule(id)
+def _id(tx, v):
+    raise Unsupported("id() of a traced value")
+
+
+@rule(iter)
+def _iter(tx, v):
+    return v if isinstance(v, V.IteratorValue) else V.IteratorValue(v.unpack(tx))
+
+
+@rule(next)
+def _next(tx, it, *default):
+    if not isinstance(it, V.IteratorValue):
+        raise Unsupported(f"next() on {it}")
+    r = it.next(tx)
+    if r is None:
+        if default:
+            return default[0]
+        raise UserException(V.ExceptionValue(StopIteration, []))
+    return r
+
+
+@rule(range)
+def _range(tx, *args):
+    return C(range(*[a.const() for a in args]))
+
+
+@rule(enumerate)
+def _enumerate(tx, it, start=None):
+    s = start.const() if start is not None else 0
+    return V.IteratorValue([V.TupleValue([C(i + s), x]) for i, x in enumerate(it.unpack(tx))])
+
+
+@rule(zip)
+def _zip(tx, *its, strict=None):
+    lists = [i.unpack(tx) for i in its]
+    if strict is not None and strict.const() and len({len(x) for x in lists}) > 1:
+        raise UserException(V.ExceptionValue(ValueError, [C("zip() arguments have different lengths")]))
+    return V.IteratorValue([V.TupleValue(list(t)) for t in zip(*lists)])
+
+
+@rule(map)
+def _map(tx, fn, *its):
+    lists = [i.unpack(tx) for i in its]
+    return V.IteratorValue([fn.call(tx, list(t), {}) for t in zip(*lists)])
+
+
+@rule(filter)
+def _filter(tx, fn, it):
+    out = []
+    for x in it.unpack(tx):
+        keep = x.truth(tx) if (isinstance(fn, V.ConstantValue) and fn.value is None) else fn.call(tx, [x], {}).truth(tx)
+        if keep:
+            out.append(x)
+    return V.IteratorValue(out)
+
+
+@rule(reversed)
+def _reversed(tx, seq):
+    return V.IteratorValue(list(reversed(seq.unpack(tx))))
+
+
+def sorted_values(tx, items, key, reverse):
+    def k(v):
+        kv = key.call(tx, [v], {}) if key is not None and not (isinstance(key, V.ConstantValue) and key.value is None) else v
+        return kv.const()
+
+    keyed = [(k(v), i, v) for i, v in enumerate(items)]
+    keyed.sort(key=lambda t: t[0], reverse=reverse)
+    return [v for _, _, v in keyed]
+
+
+@rule(sorted)
+def _sorted(tx, it, key=None, reverse=None):
+    return V.ListValue(sorted_values(tx, it.unpack(tx), key, reverse.const() if reverse else False))
+
+
+def _minmax(tx, which, args, key, default):
+    items = args[0].unpack(tx) if len(args) == 1 else list(args)
+    if not items:
+        if default is not None:
+            return default
+        raise UserException(V.ExceptionValue(ValueError, [C(f"{which.__name__}() arg is an empty sequence")]))
+    if any(isinstance(i, V.TensorValue) for i in items):
+        raise Unsupported(f"{which.__name__}() over tensors compares their values")
+    best = items[0]
+    for x in items[1:]:
+        a = key.call(tx, [x], {}).const() if key else x.const()
+        b = key.call(tx, [best], {}).const() if key else best.const()
+        if (a > b) if which is max else (a < b):
+            best = x
+    return best
+
+
+@rule(max)
+def _max(tx, *args, key=None, default=None):
+    return _minmax(tx, max, args, key, default)
+
+
+@rule(min)
+def _min(tx, *args, key=None, default=None):
+    return _minmax(tx, min, args, key, default)
+
+
+@rule(sum)
+def _sum(tx, it, start=None):
+    acc = start if start is not None else C(0)
+    for x in it.unpack(tx):
+        acc = binary_op(tx, "NB_ADD", acc, x)
+    return acc
+
+
+@rule(any)
+def _any(tx, it):
+    for x in it.unpack(tx):
+        if x.truth(tx):
+            return C(True)
+    return C(False)
+
+
+@rule(all)
+def _all(tx, it):
+    for x in it.unpack(tx):
+        if not x.truth(tx):
+            return C(False)
+    return C(True)
+
+
+@rule(abs)
+def _abs(tx, x):
+    if isinstance(x, V.TensorValue):
+        return tx.output.op("call_function", operator.abs, [x], {})
+    return C(fold(abs, x.const()))
+
+
+@rule(bool)
+def _bool(tx, x=None):
+    return C(False) if x is None else C(x.truth(tx))
+
+
+def _numeric(cls):
+    def h(tx, x=None, *rest):
+        if x is None:
+            return C(cls())
+        if isinstance(x, V.TensorValue):
+            raise Unsupported(f"{cls.__name__}() of a tensor needs its data")
+        return C(fold(cls, x.const(), *[r.const() for r in rest]))
+
+    return h
+
+
+BUILTINS[int] = _numeric(int)
+BUILTINS[float] = _numeric(float)
+BUILTINS[complex] = _numeric(complex)
+
+
+@rule(str)
+def _str(tx, x=None):
+    if x is None:
+        return C("")
+    if isinstance(x, V.TensorValue):
+        raise Unsupported("str() of a tensor needs its data")
+    if isinstance(x, V.ClassValue):
+        return C(str(x.cls))
+    return C(str(x.const()))
+
+
+@rule(tuple)
+def _tuple(tx, it=None):
+    return V.TupleValue([] if it is None else it.unpack(tx))
+
+
+@rule(list)
+def _list(tx, it=None):
+    return V.ListValue([] if it is None else it.unpack(tx))
+
+
+@rule(dict)
+def _dict(tx, it=None, **kwargs):
+    from kiln.capture.containers import dict_items_of
+
+    d = dict(dict_items_of(tx, it)) if it is not None else {}
+    d.update(kwargs)
+    return V.DictValue(d)
+
+
+@rule(set)
+def _set(tx, it=None):
+    return V.SetValue([] if it is None else [x.const() for x in it.unpack(tx)])
+
+
+@rule(frozenset)
+def _frozenset(tx, it=None):
+    return C(frozenset() if it is None else frozenset(x.const() for x in it.unpack(tx)))
+
+
+@rule(slice)
+def _slice(tx, *args):
+    return C(slice(*[a.const() for a in args]))
+
+
+@rule(object)
+def _object(tx):
+    raise Unsupported("object() sentinel created inside a compiled region")
+
+
+@rule(super)
+def _super(tx, *args):
+    if len(args) == 2:
+        return V.SuperValue(args[0].const(), args[1])
+    # zero-argument super(): __class__ cell and the first argument of the frame
+    cls = tx.load_cell("__class__")
+    first = tx.code.co_varnames[0]
+    return V.SuperValue(cls.const(), tx.locals[first])
+
+
+# --- operator module -------------------------------------------------------------
+for _name, _nb in (("add", "NB_ADD"), ("sub", "NB_SUBTRACT"), ("mul", "NB_MULTIPLY"),
+                   ("truediv", "NB_TRUE_DIVIDE"), ("floordiv", "NB_FLOOR_DIVIDE"),
+                   ("mod", "NB_REMAINDER"), ("pow", "NB_POWER"), ("matmul", "NB_MATRIX_MULTIPLY"),
+                   ("and_", "NB_AND"), ("or_", "NB_OR"), ("xor", "NB_XOR"),
+                   ("lshift", "NB_LSHIFT"), ("rshift", "NB_RSHIFT"),
+                   ("iadd", "NB_INPLACE_ADD"), ("isub", "NB_INPLACE_SUBTRACT"),
+                   ("imul", "NB_INPLACE_MULTIPLY"), ("itruediv", "NB_INPLACE_TRUE_DIVIDE")):
+    BUILTINS[getattr(operator, _name)] = (lambda nb: lambda tx, a, b: binary_op(tx, nb, a, b))(_nb)
+for _name, _sym in (("lt", "<"), ("le", "<="), ("eq", "=="), ("ne", "!="), ("gt", ">"), ("ge", ">=")):
+    BUILTINS[getattr(operator, _name)] = (lambda s: lambda tx, a, b: compare_op(tx, s, a, b))(_sym)
+BUILTINS[operator.neg] = lambda tx, a: unary_op(tx, "UNARY_NEGATIVE", a)
+BUILTINS[operator.pos] = lambda tx, a: unary_op(tx, "UNARY_POSITIVE", a)
+BUILTINS[operator.invert] = lambda tx, a: unary_op(tx, "UNARY_INVERT", a)
+BUILTINS[operator.not_] = lambda tx, a: unary_op(tx, "UNARY_NOT", a)
+BUILTINS[operator.truth] = lambda tx, a: C(a.truth(tx))
+BUILTINS[operator.getitem] = lambda tx, a, b: subscr(tx, a, b)
+BUILTINS[operator.contains] = lambda tx, a, b: C(contains_op(tx, b, a))
+BUILTINS[operator.is_] = lambda tx, a, b: C(is_same(a, b))
+BUILTINS[operator.is_not] = lambda tx, a, b: C(not is_same(a, b))
+
+
+@rule(operator.itemgetter)
+def _itemgetter(tx, *keys):
+    raise Unsupported("operator.itemgetter objects")
+
+
+# --- functools / itertools ----------------------------------------------------------
+@rule(functools.reduce)
+def _reduce(tx, fn, it, *init):
+    items = it.unpack(tx)
+    if init:
+        acc = init[0]
+    else:
+        if not items:
+            raise UserException(V.ExceptionValue(TypeError, [C("reduce() of empty iterable with no initial value")]))
+        acc, items = items[0], items[1:]
+    for x in items:
+        acc = fn.call(tx, [acc, x], {})
+    return acc
+
+
+@rule(functools.partial)
+def _partial(tx, fn, *args, **kwargs):
+    from kiln.capture.objects import PartialValue
+
+    return PartialValue(fn, args, kwargs)
+
+
+@rule(itertools.chain)
+def _chain(tx, *its):
+    out = []
+    for i in its:
+        out.extend(i.unpack(tx))
+    return V.IteratorValue(out)
+
+
+@rule(itertools.product)
+def _product(tx, *its, repeat=None):
+    lists = [i.unpack(tx) for i in its] * (repeat.const() if repeat else 1)
+    return V.IteratorValue([V.TupleValue(list(t)) for t in itertools.product(*lists)])
+
+
+@rule(itertools.accumulate)
+def _accumulate(tx, it, func=None, initial=None):
+    items = it.unpack(tx)
+    out = []
+    acc = initial
+    if acc is not None:
+        out.append(acc)
+    for x in items:
+        if acc is None:
+            acc = x
+        elif func is None or (isinstance(func, V.ConstantValue) and func.value is None):
+            acc = binary_op(tx, "NB_ADD", acc, x)
+        else:
+            acc = func.call(tx, [acc, x], {})
+        out.append(acc)
+    return V.IteratorValue(out)
+
+
+@rule(itertools.islice)
+def _islice(tx, it, *args):
+    return V.IteratorValue(list(itertools.islice(it.unpack(tx), *[a.const() for a in args])))
+
+
+@rule(itertools.repeat)
+def _repeat(tx, x, times=None):
+    if times is None:
+        raise Unsupported("itertools.repeat without times")
+    return V.IteratorValue([x] * times.const())
+
+
+@rule(itertools.zip_longest)
+def _zip_longest(tx, *its, fillvalue=None):
+    lists = [i.unpack(tx) for i in its]
+    fill = fillvalue if fillvalue is not None else C(None)
+    n = max((len(l) for l in lists), default=0)
+    return V.IteratorValue([V.TupleValue([l[i] if i < len(l) else fill for l in lists]) for i in range(n)])
+
+
+@rule(math.isclose)
+def _isclose(tx, a, b, **kw):
+    return C(math.isclose(a.const(), b.const(), **{k: v.const() for k, v in kw.items()}))

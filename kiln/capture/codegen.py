@@ -1,0 +1,259 @@
+"""The generated entry function: guards, the graph call, side effects, and either the
+return value or the graph break (the unsupported step run as plain Python, then the
+resume function).
+
+It is ordinary Python source, printable with ``KILN_LOGS=bytecode``, compiled with
+``exec`` into a function that has the same parameters as the user's frame. Values are
+rebuilt from graph outputs (``__o[i]``), from their sources, or from constants kept in
+the namespace.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from kiln.capture import values as V
+from kiln.capture.errors import Unsupported
+
+MISS = object()  # returned by an entry whose guards fail
+
+_LITERAL_TYPES = (int, float, bool, str, bytes, type(None))
+
+
+class EntryCodegen:
+    def __init__(self, output, namespace: dict):
+        self.output = output
+        self.ns = namespace
+        self.lines: list[str] = []
+        self.graph_outputs: list = []  # TensorValues the graph must return
+        self._out_index: dict = {}
+        self._input_nodes = {node: src for src, node, _ in output.inputs}
+        self._temps: dict = {}
+        self._n = 0
+
+    # --- namespace helpers -------------------------------------------------------------
+    def ref(self, obj, hint="r") -> str:
+        for k, v in self.ns.items():
+            if v is obj and k.startswith("__"):
+                return k
+        name = f"__{hint}{self._n}"
+        self._n += 1
+        self.ns[name] = obj
+        return name
+
+    def temp(self) -> str:
+        name = f"__t{self._n}"
+        self._n += 1
+        return name
+
+    # --- graph outputs -----------------------------------------------------------------
+    def need(self, v, seen=None):
+        """Walk a value and register the graph-computed tensors it contains."""
+        seen = seen if seen is not None else set()
+        if id(v) in seen:
+            return
+        seen.add(id(v))
+        if isinstance(v, V.TensorValue):
+            if v.node not in self._input_nodes and id(v) not in self._out_index:
+                self._out_index[id(v)] = len(self.graph_outputs)
+                self.graph_outputs.append(v)
+        elif isinstance(v, (V._Sequence,)):
+            for i in v.items:
+                self.need(i, seen)
+        elif isinstance(v, V.DictValue):
+            for i in v.items.values():
+                self.need(i, seen)
+        elif isinstance(v, V.ObjectValue):
+            for i in v.attrs.values():
+                self.need(i, seen)
+        elif isinstance(v, V.MethodValue):
+            self.need(v.self_value, seen)
+            self.need(v.func, seen)
+        elif isinstance(v, V.ExceptionValue):
+            for i in v.args:
+                self.need(i, seen)
+        elif isinstance(v, V.IteratorValue):
+            for i in v.items[v.index:]:
+                self.need(i, seen)
+        elif hasattr(v, "func") and hasattr(v, "args"):  # partial
+            self.need(v.func, seen)
+            for i in v.args:
+                self.need(i, seen)
+            for i in v.kwargs.values():
+                self.need(i, seen)
+        elif hasattr(v, "written"):  # RealCell
+            if v.written is not None:
+                self.need(v.written, seen)
+
+    # --- rebuilding values -----------------------------------------------------------
+    def expr(self, v) -> str:
+        t = self._temps.get(id(v))
+        if t is not None:
+            return t
+        if isinstance(v, V.TensorValue):
+            src = self._input_nodes.get(v.node)
+            if src is not None:
+                return src.expr()
+            return f"__o[{self._out_index[id(v)]}]"
+        if isinstance(v, V.ConstantValue):
+            val = v.value
+            if type(val) in _LITERAL_TYPES and (type(val) is not float or val == val and abs(val) != float("inf")):
+                return repr(val)
+            return self.ref(val, "c")
+        if isinstance(v, V.NamedTupleValue):
+            items = ", ".join(self.expr(i) for i in v.items)
+            cls = self.ref(v.cls, "cls")
+            if hasattr(v.cls, "_fields"):
+                return f"{cls}({items})"
+            return f"{cls}(({items},))"
+        if isinstance(v, V.TupleValue):
+            if v.source is not None and not getattr(v, "_changed", False):
+                return v.source.expr()
+            items = ", ".join(self.expr(i) for i in v.items)
+            return f"({items},)" if v.items else "()"
+        if isinstance(v, (V.ListValue, V.DictValue, V.SetValue)):
+            if v.source is not None:
+                return v.source.expr()
+            return self._new_mutable(v)
+        if isinstance(v, V.NewObjectValue):
+            return self._new_object(v)
+        if isinstance(v, (V.ObjectValue,)):
+            if v.source is None:
+                raise Unsupported(f"rebuilding {v}")
+            return v.source.expr()
+        if isinstance(v, (V.UserFunctionValue, V.BuiltinValue, V.TorchFunctionValue)):
+            return v.source.expr() if v.source is not None else self.ref(v.fn, "f")
+        if isinstance(v, V.ClassValue):
+            return v.source.expr() if v.source is not None else self.ref(v.cls, "cls")
+        if isinstance(v, V.PythonModuleValue):
+            return v.source.expr() if v.source is not None else self.ref(v.mod, "m")
+        if isinstance(v, V.MethodValue):
+            if v.source is not None:
+                return v.source.expr()
+            fn = v.func
+            if isinstance(fn, (V.BuiltinValue, V.TorchFunctionValue)):
+                name = getattr(fn.fn, "__name__", None)
+                return f"{self.expr(v.self_value)}.{name}"
+            return f"{self.ref(types.MethodType, 'types')}({self.expr(fn)}, {self.expr(v.self_value)})"
+        if isinstance(v, V.NestedFunctionValue):
+            if v.closure:
+                raise Unsupported("rebuilding a closure created inside the compiled region")
+            defaults = "None" if not v.defaults else "(" + ", ".join(self.expr(d) for d in v.defaults) + ",)"
+            fn = f"{self.ref(types.FunctionType, 'types')}({self.ref(v.code, 'code')}, {self.ref(v.f_globals, 'g')}, {v.qualname!r}, {defaults})"
+            if v.kwdefaults:
+                raise Unsupported("rebuilding a nested function with keyword defaults")
+            return fn
+        if isinstance(v, V.ExceptionValue):
+            return f"{self.ref(v.cls, 'cls')}({', '.join(self.expr(a) for a in v.args)})"
+        if isinstance(v, V.IteratorValue):
+            items = v.items[v.index:]
+            return f"iter(({''.join(self.expr(i) + ', ' for i in items)}))"
+        if isinstance(v, V.SuperValue):
+            raise Unsupported("rebuilding super()")
+        if hasattr(v, "func") and hasattr(v, "kwargs"):  # partial
+            import functools
+
+            args = "".join(self.expr(a) + ", " for a in v.args)
+            kw = "".join(f"{k}={self.expr(a)}, " for k, a in v.kwargs.items())
+            return f"{self.ref(functools.partial, 'partial')}({self.expr(v.func)}, {args}{kw})"
+        raise Unsupported(f"rebuilding {v} after the graph")
+
+    def _new_mutable(self, v):
+        name = self.temp()
+        self._temps[id(v)] = name
+        if isinstance(v, V.ListValue):
+            body = "[" + ", ".join(self.expr(i) for i in v.items) + "]"
+        elif isinstance(v, V.SetValue):
+            body = "{" + ", ".join(repr(i) if type(i) in _LITERAL_TYPES else self.ref(i, 'c') for i in v.items) + "}" if v.items else "set()"
+        else:
+            inner = "{" + ", ".join(f"{self.key(k)}: {self.expr(i)}" for k, i in v.items.items()) + "}"
+            body = inner if v.cls is dict else f"{self.ref(v.cls, 'cls')}({inner})"
+        self.lines.append(f"{name} = {body}")
+        return name
+
+    def key(self, k):
+        return repr(k) if type(k) in _LITERAL_TYPES else self.ref(k, "k")
+
+    def _new_object(self, v):
+        name = self.temp()
+        self._temps[id(v)] = name
+        cls = self.ref(v.cls, "cls")
+        self.lines.append(f"{name} = {cls}.__new__({cls})")
+        for k, a in v.attrs.items():
+            self.lines.append(f"{name}.__dict__[{k!r}] = {self.expr(a)}")
+        return name
+
+    # --- side effects ------------------------------------------------------------------
+    def side_effects(self):
+        for m in self.output.mutated:
+            if isinstance(m, tuple) and m[0] == "global":
+                self.lines.append(f"__G[{m[1]!r}] = {self.expr(self.output.global_writes[m[1]])}")
+            elif hasattr(m, "written"):  # RealCell
+                self.lines.append(f"{m.source.expr()} = {self.expr(m.written)}")
+            elif isinstance(m, V.ListValue):
+                items = ", ".join(self.expr(i) for i in m.items)
+                self.lines.append(f"{m.source.expr()}[:] = [{items}]")
+            elif isinstance(m, V.DictValue):
+                t = self.temp()
+                inner = ", ".join(f"{self.key(k)}: {self.expr(i)}" for k, i in m.items.items())
+                self.lines.append(f"{t} = {m.source.expr()}; {t}.clear(); {t}.update({{{inner}}})")
+            elif isinstance(m, V.SetValue):
+                t = self.temp()
+                inner = ", ".join(self.key(i) for i in m.items)
+                self.lines.append(f"{t} = {m.source.expr()}; {t}.clear(); {t}.update([{inner}])")
+            elif isinstance(m, V.ObjectValue):
+                for k, a in m.attrs.items():
+                    self.lines.append(f"{m.source.expr()}.{k} = {self.expr(a)}" if k.isidentifier()
+                                      else f"setattr({m.source.expr()}, {k!r}, {self.expr(a)})")
+            else:
+                raise Unsupported(f"applying a side effect on {m}")
+
+    def mutated_values(self):
+        out = []
+        for m in self.output.mutated:
+            if isinstance(m, tuple):
+                out.append(self.output.global_writes[m[1]])
+            elif hasattr(m, "written"):
+                out.append(m.written)
+            else:
+                out.append(m)
+        return out
+
+
+def signature_source(code) -> str:
+    """The parameter list of ``code`` as source: ``a, b, /, *args, c, **kw``."""
+    names = code.co_varnames
+    n = code.co_argcount
+    k = code.co_kwonlyargcount
+    parts = list(names[:n])
+    if code.co_posonlyargcount:
+        parts.insert(code.co_posonlyargcount, "/")
+    i = n + k
+    if code.co_flags & 0x04:
+        parts.append("*" + names[i])
+        i += 1
+    elif k:
+        parts.append("*")
+    parts.extend(names[n:n + k])
+    if code.co_flags & 0x08:
+        parts.append("**" + names[i])
+    return ", ".join(parts)
+
+
+def build_entry(code, guard_codes: list[str], body_lines: list[str], namespace: dict, name: str):
+    """exec the entry function's source; returns (function, source text)."""
+    sig = signature_source(code)
+    cond = " and ".join(f"({g})" for g in guard_codes) or "True"
+    src = [f"def {name}({sig}):",
+           "    try:",
+           f"        if not ({cond}):",
+           "            return __MISS",
+           "    except Exception:",
+           "        return __MISS"]
+    src += ["    " + ln for ln in body_lines]
+    text = "\n".join(src) + "\n"
+    namespace["__MISS"] = MISS
+    namespace.setdefault("__torch", torch)
+    exec(compile(text, f"<kiln entry {code.co_name}>", "exec"), namespace)
+    return namespace[name], text

@@ -1,0 +1,223 @@
+"""Methods of list, tuple, dict and set Values. A mutation of a container that exists
+outside the frame (it has a source) is recorded, so the generated code applies it."""
+from __future__ import annotations
+
+from kiln.capture import values as V
+from kiln.capture.errors import Unsupported, UserException
+
+
+def _err(cls, msg):
+    return UserException(V.ExceptionValue(cls, [V.ConstantValue(msg)]))
+
+
+def _mutated(tx, c):
+    if c.source is not None:
+        tx.output.mark_mutated(c)
+
+
+def _eq(a, b):
+    from kiln.capture.operators import is_same
+
+    if is_same(a, b):
+        return True
+    if a.is_const() and b.is_const():
+        return a.const() == b.const()
+    if isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue):
+        return False
+    raise Unsupported("comparing non-constant values")
+
+
+def list_method(tx, lst, name, args, kwargs):
+    items = lst.items
+    if name == "append":
+        items.append(args[0])
+    elif name == "extend":
+        items.extend(args[0].unpack(tx))
+    elif name == "insert":
+        items.insert(args[0].const(), args[1])
+    elif name == "pop":
+        if not items:
+            raise _err(IndexError, "pop from empty list")
+        r = items.pop(args[0].const() if args else -1)
+        _mutated(tx, lst)
+        return r
+    elif name == "remove":
+        for i, x in enumerate(items):
+            if _eq(x, args[0]):
+                del items[i]
+                break
+        else:
+            raise _err(ValueError, "list.remove(x): x not in list")
+    elif name == "clear":
+        items.clear()
+    elif name == "reverse":
+        items.reverse()
+    elif name == "sort":
+        key = kwargs.get("key")
+        rev = kwargs.get("reverse", V.ConstantValue(False)).const()
+        from kiln.capture.builtins import sorted_values
+
+        items[:] = sorted_values(tx, items, key, rev)
+    elif name == "__delitem__":
+        del items[args[0].const()]
+    elif name == "copy":
+        return V.ListValue(list(items))
+    elif name in ("index", "count", "__len__", "__getitem__", "__contains__"):
+        return tuple_method(tx, lst, name, args, kwargs)
+    else:
+        raise Unsupported(f"list.{name}")
+    _mutated(tx, lst)
+    return V.ConstantValue(None)
+
+
+def tuple_method(tx, seq, name, args, kwargs):
+    items = seq.items
+    if name == "index":
+        for i, x in enumerate(items):
+            if _eq(x, args[0]):
+                return V.ConstantValue(i)
+        raise _err(ValueError, "x not in sequence")
+    if name == "count":
+        return V.ConstantValue(sum(1 for x in items if _eq(x, args[0])))
+    if name == "__len__":
+        return V.ConstantValue(len(items))
+    if name == "__getitem__":
+        from kiln.capture.operators import subscr
+
+        return subscr(tx, seq, args[0])
+    if name == "__contains__":
+        from kiln.capture.operators import contains_op
+
+        return V.ConstantValue(contains_op(tx, args[0], seq))
+    if isinstance(seq, V.NamedTupleValue) and name == "_replace":
+        fields = seq.cls._fields
+        new = list(items)
+        for k, v in kwargs.items():
+            new[fields.index(k)] = v
+        return V.NamedTupleValue(seq.cls, new)
+    if isinstance(seq, V.NamedTupleValue) and name == "_asdict":
+        return V.DictValue(dict(zip(seq.cls._fields, items)))
+    raise Unsupported(f"tuple.{name}")
+
+
+def dict_items_of(tx, v):
+    """(key, Value) pairs of a mapping Value, for ``**kwargs`` and ``dict.update``."""
+    if isinstance(v, V.DictValue):
+        return list(v.items.items())
+    if isinstance(v, (V.ListValue, V.TupleValue)):
+        out = []
+        for pair in v.items:
+            k, val = pair.unpack(tx)
+            out.append((k.const(), val))
+        return out
+    if isinstance(v, V.ObjectValue):
+        from kiln.capture.objects import object_mapping_items
+
+        return object_mapping_items(tx, v)
+    raise Unsupported(f"a mapping from {v}")
+
+
+def dict_method(tx, d, name, args, kwargs):
+    items = d.items
+    if name == "get":
+        k = args[0].const()
+        return items.get(k, args[1] if len(args) > 1 else V.ConstantValue(None))
+    if name == "keys":
+        return V.ListValue([V.ConstantValue(k) for k in items]) if False else _view([V.ConstantValue(k) for k in items])
+    if name == "values":
+        return _view(list(items.values()))
+    if name == "items":
+        return _view([V.TupleValue([V.ConstantValue(k), v]) for k, v in items.items()])
+    if name == "__getitem__":
+        from kiln.capture.operators import subscr
+
+        return subscr(tx, d, args[0])
+    if name == "__contains__":
+        return V.ConstantValue(args[0].const() in items)
+    if name == "__len__":
+        return V.ConstantValue(len(items))
+    if name == "copy":
+        return V.DictValue(dict(items), cls=d.cls)
+    if name == "update":
+        if args:
+            for k, v in dict_items_of(tx, args[0]):
+                items[k] = v
+        for k, v in kwargs.items():
+            items[k] = v
+    elif name == "setdefault":
+        k = args[0].const()
+        if k not in items:
+            items[k] = args[1] if len(args) > 1 else V.ConstantValue(None)
+            _mutated(tx, d)
+        return items[k]
+    elif name == "pop":
+        k = args[0].const()
+        if k in items:
+            r = items.pop(k)
+            _mutated(tx, d)
+            return r
+        if len(args) > 1:
+            return args[1]
+        raise UserException(V.ExceptionValue(KeyError, [args[0]]))
+    elif name == "popitem":
+        if not items:
+            raise _err(KeyError, "popitem(): dictionary is empty")
+        k, v = items.popitem()
+        _mutated(tx, d)
+        return V.TupleValue([V.ConstantValue(k), v])
+    elif name == "clear":
+        items.clear()
+    elif name == "__setitem__":
+        items[args[0].const()] = args[1]
+    elif name == "__delitem__":
+        k = args[0].const()
+        if k not in items:
+            raise UserException(V.ExceptionValue(KeyError, [args[0]]))
+        del items[k]
+    else:
+        raise Unsupported(f"dict.{name}")
+    _mutated(tx, d)
+    return V.ConstantValue(None)
+
+
+def _view(items):
+    """dict views are iterated, len()-ed and tested with `in`: a tuple serves."""
+    return V.TupleValue(items)
+
+
+def set_method(tx, s, name, args, kwargs):
+    items = s.items
+    if name == "add":
+        c = args[0].const()
+        if c not in items:
+            items.append(c)
+    elif name == "update":
+        for v in args[0].unpack(tx):
+            if v.const() not in items:
+                items.append(v.const())
+    elif name == "discard" or name == "remove":
+        c = args[0].const()
+        if c in items:
+            items.remove(c)
+        elif name == "remove":
+            raise UserException(V.ExceptionValue(KeyError, [args[0]]))
+    elif name == "clear":
+        items.clear()
+    elif name == "pop":
+        if not items:
+            raise _err(KeyError, "pop from an empty set")
+        r = items.pop(0)
+        _mutated(tx, s)
+        return V.ConstantValue(r)
+    elif name in ("union", "intersection", "difference", "symmetric_difference", "issubset", "issuperset", "isdisjoint"):
+        other = [set(a.items) if isinstance(a, V.SetValue) else set(x.const() for x in a.unpack(tx)) for a in args]
+        r = getattr(set(items), name)(*other)
+        return V.SetValue(list(r)) if isinstance(r, set) else V.ConstantValue(r)
+    elif name == "copy":
+        return V.SetValue(list(items))
+    elif name == "__contains__":
+        return V.ConstantValue(args[0].const() in items)
+    else:
+        raise Unsupported(f"set.{name}")
+    _mutated(tx, s)
+    return V.ConstantValue(None)

@@ -1,0 +1,44 @@
+"""Exceptions that steer capture.
+
+``Unsupported`` (public, re-exported as ``kiln.Unsupported``) means "this cannot go in a
+graph": the interpreter turns it into a graph break, or raises it to the user under
+``fullgraph=True``. ``UserException`` carries an exception that the *user's* code raised
+while being traced, so the interpreter can route it to the user's own ``except``.
+"""
+from __future__ import annotations
+
+
+class Unsupported(RuntimeError):
+    """Raised when code cannot be captured into a graph (and the user asked for one)."""
+
+    def __init__(self, msg: str, user_stack=None):
+        super().__init__(msg)
+        self.reason = msg
+        self.user_stack = user_stack or []
+
+    def __str__(self):
+        s = self.reason
+        if self.user_stack:
+            s += "\n" + "\n".join(f"  {fr}" for fr in self.user_stack)
+        return s
+
+
+class SkipFrame(Exception):
+    """The whole frame must run eagerly (nothing can be compiled for it)."""
+
+
+class UserException(Exception):
+    """The traced program raised ``value`` (a Value of an exception)."""
+
+    def __init__(self, value):
+        super().__init__(repr(value))
+        self.value = value
+
+
+class RestartWithBreak(Exception):
+    """Trace the root frame again, breaking the graph at ``ip`` (an instruction index)."""
+
+    def __init__(self, ip: int, reason: str, user_stack):
+        self.ip = ip
+        self.reason = reason
+        self.user_stack = user_stack

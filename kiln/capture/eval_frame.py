@@ -1,0 +1,164 @@
+"""The compiled callable: on every call, try each cached entry (guards first); on a miss,
+trace the frame and add an entry; past ``recompile_limit`` run eagerly and say why.
+
+Without a frame-evaluation hook (kiln is pure Python), kiln compiles the functions it is
+given and everything reachable from their generated code: resume functions after graph
+breaks, and callees that had to become their own frames.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import threading
+import time
+import types
+
+from kiln import config
+from kiln.capture.codegen import MISS
+from kiln.capture.errors import SkipFrame, Unsupported
+from kiln.capture.guards import first_failure
+from kiln.capture.tracer import TraceContext, trace_frame
+from kiln.debug.logs import log_for
+from kiln.debug.timing import timed
+
+_state = threading.local()
+_all_compiled: list = []  # weak bookkeeping for kiln.reset()
+
+
+def is_compiling() -> bool:
+    return getattr(_state, "depth", 0) > 0
+
+
+class Recorder:
+    """Collects what compilation produced, for ``kiln.explain``."""
+
+    def __init__(self):
+        self.graphs = []
+        self.breaks = []
+        self.guards = []
+        self.compile_time = 0.0
+        self.skips = []
+
+
+class CompiledFunction:
+    """``fn`` with a guarded cache of compiled entries."""
+
+    def __init__(self, fn, backend, fullgraph=False, recorder=None, frozen=False):
+        self.fn = fn
+        self.code = fn.__code__
+        self.backend = backend
+        self.fullgraph = fullgraph
+        self.recorder = recorder
+        self.frozen = frozen  # kiln.run: never compile
+        self.entries: list = []
+        self.skip = None  # reason the frame runs eagerly
+        self._callees: dict = {}
+        try:
+            self._sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            self._sig = None
+        functools.update_wrapper(self, fn)
+        _all_compiled.append(self)
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return types.MethodType(self, obj)
+
+    def __call__(self, *args, **kwargs):
+        for e in self.entries:
+            r = e.fn(*args, **kwargs)
+            if r is not MISS:
+                return r
+        return self._miss(args, kwargs)
+
+    # --- the slow path ---------------------------------------------------------------
+    def _miss(self, args, kwargs):
+        if self.skip is not None or self.frozen or getattr(_state, "disabled", 0):
+            return self.fn(*args, **kwargs)
+        if len(self.entries) >= config.recompile_limit:
+            self._log_recompile(args, kwargs, limit=True)
+            self.skip = f"recompile_limit ({config.recompile_limit}) reached"
+            return self.fn(*args, **kwargs)
+        if self.entries:
+            self._log_recompile(args, kwargs)
+        bound = self._bind(args, kwargs)
+        if bound is None:
+            return self.fn(*args, **kwargs)  # let Python raise the TypeError
+        _state.depth = getattr(_state, "depth", 0) + 1
+        t0 = time.perf_counter()
+        try:
+            with timed("capture"):
+                entry = trace_frame(self.fn, self.code, bound, self._ctx())
+        except SkipFrame as s:
+            if self.fullgraph:
+                raise Unsupported(str(s)) from None
+            self.skip = str(s)
+            log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, s)
+            if self.recorder is not None:
+                self.recorder.skips.append(f"{self.code.co_name}: {s}")
+            return self.fn(*args, **kwargs)
+        except Unsupported:
+            raise
+        except Exception as ex:
+            if config.suppress_errors:
+                logging.getLogger("kiln").warning("kiln failed to compile %s, running it eagerly: %r",
+                                                  self.code.co_name, ex)
+                self.skip = repr(ex)
+                return self.fn(*args, **kwargs)
+            raise
+        finally:
+            _state.depth -= 1
+        if self.recorder is not None:
+            self.recorder.guards.extend(entry.guards)
+        log_for("compile_times").info("compiled %s in %.3fs", self.code.co_name, time.perf_counter() - t0)
+        self.entries.append(entry)
+        r = entry.fn(*args, **kwargs)
+        if r is MISS:  # a guard that cannot hold right after tracing: a kiln bug
+            reason = first_failure(entry.guards, entry.namespace, bound)
+            raise RuntimeError(f"kiln: fresh guards fail on the traced inputs: {reason}")
+        return r
+
+    def _ctx(self):
+        return TraceContext(self.backend, self.fullgraph, self._compile_callee, self.recorder)
+
+    def _compile_callee(self, fn):
+        c = self._callees.get(fn)
+        if c is None:
+            c = CompiledFunction(fn, self.backend, self.fullgraph, self.recorder, self.frozen)
+            self._callees[fn] = c
+        return c
+
+    def _bind(self, args, kwargs):
+        if self._sig is None:
+            return None
+        try:
+            b = self._sig.bind(*args, **kwargs)
+        except TypeError:
+            return None
+        b.apply_defaults()
+        return dict(b.arguments)
+
+    def _log_recompile(self, args, kwargs, limit=False):
+        log = log_for("recompiles")
+        if not log.isEnabledFor(logging.INFO) and not limit:
+            return
+        bound = self._bind(args, kwargs) or {}
+        last = self.entries[-1]
+        reason = first_failure(last.guards, last.namespace, bound)
+        where = f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno})"
+        if limit:
+            logging.getLogger("kiln.recompiles").warning(
+                "%s hit recompile_limit (%d); running it eagerly from now on. Last failed guard: %s",
+                where, config.recompile_limit, reason)
+        else:
+            log.info("recompiling %s: guard failed: %s", where, reason)
+
+
+def reset_all():
+    for c in _all_compiled:
+        c.entries.clear()
+        c.skip = None
+        c._callees.clear()
+    _all_compiled.clear()

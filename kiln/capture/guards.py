@@ -1,0 +1,130 @@
+"""Guards: the assumptions a compiled entry was traced under, checked on every call.
+
+Each guard is one Python boolean expression over the frame's inputs (see sources.py),
+kept with a plain-words description. A cache entry compiles all of its guards into the
+head of one generated function (``codegen.py``), so a call pays one ``and`` chain. When
+every entry misses, ``first_failure`` re-evaluates an entry's guards one by one to say
+which assumption broke — that is what ``KILN_LOGS=recompiles`` prints.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kiln.capture.sources import Source
+
+
+@dataclass
+class Guard:
+    code: str  # a boolean expression in the entry namespace
+    description: str  # what it checks, in the user's names
+    lhs: str | None = None  # expression whose actual value explains a failure
+
+
+@dataclass
+class GuardSet:
+    """Guards in the order they were added, without duplicates; constants they compare
+    against live in ``consts`` under generated names."""
+
+    guards: list[Guard] = field(default_factory=list)
+    consts: dict[str, object] = field(default_factory=dict)
+    _seen: set = field(default_factory=set)
+    _const_ids: dict = field(default_factory=dict)
+
+    def const(self, obj, hint="c") -> str:
+        key = id(obj)
+        name = self._const_ids.get(key)
+        if name is None:
+            name = f"__{hint}{len(self.consts)}"
+            self.consts[name] = obj
+            self._const_ids[key] = name
+        return name
+
+    def add(self, code: str, description: str, lhs: str | None = None):
+        if code in self._seen:
+            return
+        self._seen.add(code)
+        self.guards.append(Guard(code, description, lhs))
+
+    # --- one builder per kind of guard --------------------------------------------
+    def type_is(self, src: Source, cls):
+        e = src.expr()
+        self.add(f"type({e}) is {self.const(cls, 'T')}",
+                 f"type({src.pretty()}) is {cls.__qualname__}", f"type({e})")
+
+    def identity(self, src: Source, obj):
+        e = src.expr()
+        self.add(f"{e} is {self.const(obj, 'O')}",
+                 f"{src.pretty()} is the same object as when compiled ({_short(obj)})", e)
+
+    def constant(self, src: Source, value):
+        e = src.expr()
+        if value is None or value is True or value is False or value is Ellipsis:
+            self.add(f"{e} is {value!r}", f"{src.pretty()} is {value!r}", e)
+            return
+        t = type(value)
+        if t in (int, float, str, bytes, complex):
+            lit = repr(value)
+            if t is float and (value != value or value in (float("inf"), float("-inf"))):
+                lit = self.const(value, "v")
+            self.add(f"type({e}) is {t.__name__} and {e} == {lit}",
+                     f"{src.pretty()} == {value!r}", e)
+            return
+        # dtype, device, Size, other hashable constants: equality against a stored copy
+        self.add(f"{e} == {self.const(value, 'v')}", f"{src.pretty()} == {value!r}", e)
+
+    def length(self, src: Source, n: int):
+        e = src.expr()
+        self.add(f"len({e}) == {n}", f"len({src.pretty()}) == {n}", f"len({e})")
+
+    def dict_keys(self, src: Source, keys: tuple):
+        e = src.expr()
+        self.add(f"tuple({e}) == {self.const(keys, 'k')}",
+                 f"keys of {src.pretty()} == {list(keys)}", f"tuple({e})")
+
+    def tensor(self, src: Source, t: torch.Tensor):
+        """Type, dtype, device, shape, strides and requires_grad: what a trace assumed."""
+        e = src.expr()
+        p = src.pretty()
+        self.type_is(src, type(t))
+        self.add(f"{e}.dtype is {self.const(t.dtype, 'dt')}", f"{p}.dtype is {t.dtype}", f"{e}.dtype")
+        self.add(f"{e}.device == {self.const(t.device, 'dev')}", f"{p}.device == {t.device}", f"{e}.device")
+        shape = tuple(t.shape)
+        self.add(f"{e}.shape == {shape!r}", f"{p}.shape == {shape}", f"tuple({e}.shape)")
+        stride = tuple(t.stride())
+        self.add(f"{e}.stride() == {stride!r}", f"{p}.stride() == {stride}", f"{e}.stride()")
+        rg = bool(t.requires_grad)
+        self.add(f"{e}.requires_grad is {rg}", f"{p}.requires_grad is {rg}", f"{e}.requires_grad")
+
+    def grad_mode(self, enabled: bool):
+        self.add(f"__torch.is_grad_enabled() is {enabled}",
+                 f"torch.is_grad_enabled() is {enabled}", "__torch.is_grad_enabled()")
+
+    def expression(self, code: str, description: str, lhs: str | None = None):
+        self.add(code, description, lhs)
+
+
+def _short(obj) -> str:
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    return name if isinstance(name, str) else type(obj).__qualname__
+
+
+def first_failure(guards: list[Guard], namespace: dict, args: dict) -> str | None:
+    """Plain words for the first guard that fails on these arguments (slow path only)."""
+    env = dict(namespace)
+    env.update(args)
+    for g in guards:
+        try:
+            ok = eval(g.code, env)
+        except Exception as ex:  # the source itself no longer resolves
+            return f"{g.description} (could not be checked: {type(ex).__name__}: {ex})"
+        if not ok:
+            got = ""
+            if g.lhs is not None:
+                try:
+                    got = f" (got {eval(g.lhs, env)!r})"
+                except Exception:
+                    pass
+            return f"{g.description}{got}"
+    return None

@@ -1,0 +1,1035 @@
+"""The symbolic interpreter of CPython bytecode: one method per instruction.
+
+A ``Frame`` executes one code object over Values instead of objects. PyTorch calls turn
+into graph nodes (through ``OutputGraph.op``); user functions are inlined as child
+frames sharing the same OutputGraph; whatever cannot be understood raises
+``Unsupported``, which the root frame turns into a graph break (see ``tracer.py``).
+"""
+from __future__ import annotations
+
+import dis
+import operator
+import types
+
+import torch
+
+from kiln import config
+from kiln.capture import values as V
+from kiln.capture.builder import builtins_dict, wrap, wrap_static
+from kiln.capture.bytecode_info import BINARY_OPS, PY312, decode, exception_table
+from kiln.capture.errors import Unsupported, UserException
+from kiln.capture.operators import binary_op, compare_op, contains_op, format_value, subscr, unary_op
+from kiln.capture.sources import ClosureSource, FuncCellSource, GlobalSource, ItemSource, LocalSource
+
+_CO_GENERATOR = 0x20
+_CO_VARARGS = 0x04
+_CO_VARKEYWORDS = 0x08
+
+
+class ReturnSignal(Exception):
+    def __init__(self, value):
+        self.value = value
+
+
+class Frame:
+    """Interprets one code object. ``parent`` is None for the root (compiled) frame."""
+
+    def __init__(self, output, code, f_globals, f_locals: dict, *, parent=None,
+                 closure=None, globals_source=None, fn_value=None, is_generator=False):
+        self.output = output
+        self.code = code
+        self.insts = _decoded(code)
+        self.exc_table = _exc_table(code)
+        self.f_globals = f_globals
+        self.f_builtins = builtins_dict(f_globals)
+        self.locals: dict = dict(f_locals)
+        self.cells: dict = {}
+        self.parent = parent
+        self.depth = 0 if parent is None else parent.depth + 1
+        self.closure = closure  # tuple of CellValue / real cells, or None
+        self.globals_source = globals_source  # how to re-read this frame's globals
+        self.fn_value = fn_value
+        self.stack: list = []
+        self.ip = 0
+        self.inst = None
+        self.kw_names = None
+        self.exc_stack: list = []  # exceptions being handled (PUSH_EXC_INFO)
+        self.is_generator = is_generator
+        self.yielded: list = []
+        self.steps = 0
+
+    # --- stack helpers --------------------------------------------------------------
+    def push(self, v):
+        self.stack.append(v)
+
+    def pop(self):
+        return self.stack.pop()
+
+    def popn(self, n):
+        if n == 0:
+            return []
+        out = self.stack[-n:]
+        del self.stack[-n:]
+        return out
+
+    # --- running ----------------------------------------------------------------------
+    def run(self):
+        """Run to RETURN_VALUE; returns the returned Value."""
+        try:
+            while True:
+                self.step()
+        except ReturnSignal as r:
+            return r.value
+
+    def step(self):
+        inst = self.insts[self.ip]
+        self.inst = inst
+        self.ip += 1
+        self.steps += 1
+        if self.steps > config.max_instructions:
+            raise Unsupported(f"more than {config.max_instructions} instructions (an unbounded loop?)")
+        handler = _HANDLERS.get(inst.opname)
+        if handler is None:
+            raise Unsupported(f"bytecode {inst.opname} is not supported")
+        try:
+            handler(self, inst)
+        except UserException as e:
+            self.raise_user(e)
+
+    def raise_user(self, e: UserException):
+        """Route an exception raised by the traced program to its handler in this frame,
+        or out to the caller frame."""
+        entry = None
+        for ent in self.exc_table:
+            if ent.start <= self.inst.offset <= ent.end:
+                entry = ent
+                break
+        if entry is None:
+            raise e
+        del self.stack[entry.depth:]
+        if entry.lasti:
+            self.push(V.ConstantValue(self.inst.offset))
+        self.push(e.value)
+        self.ip = _index_of(self.insts, entry.target)
+
+    def user_stack(self):
+        """file:line and source text of each frame from the root to this one."""
+        import linecache
+
+        frames = []
+        f = self
+        while f is not None:
+            line = f.inst.line if f.inst else f.code.co_firstlineno
+            text = linecache.getline(f.code.co_filename, line or 0).strip()
+            frames.append(f"{f.code.co_filename}:{line} in {f.code.co_name}: {text}")
+            f = f.parent
+        return list(reversed(frames))
+
+    # --- calls ------------------------------------------------------------------------
+    def call(self, fn: V.Value, args, kwargs):
+        return fn.call(self, list(args), dict(kwargs))
+
+    def inline_function(self, fnv, args, kwargs):
+        """Inline a user function: bind arguments, run its code in a child frame."""
+        if self.depth >= config.inline_depth:
+            raise Unsupported(f"inlining deeper than {config.inline_depth} calls")
+        if isinstance(fnv, V.UserFunctionValue):
+            fn = fnv.fn
+            code = fn.__code__
+            defaults = fn.__defaults__
+            kwdefaults = fn.__kwdefaults__
+            f_globals = fn.__globals__
+            closure = fn.__closure__
+            fsrc = fnv.source
+            def_vals = None
+            kwdef_vals = None
+        else:
+            code = fnv.code
+            f_globals = fnv.f_globals
+            closure = fnv.closure
+            fsrc = None
+            def_vals = fnv.defaults
+            kwdef_vals = fnv.kwdefaults
+            defaults = kwdefaults = None
+        if code.co_flags & 0x80 or code.co_flags & 0x200:  # coroutine / async generator
+            raise Unsupported("async functions")
+        if defaults is not None:
+            def_vals = tuple(_wrap_default(self, d, fsrc, i) for i, d in enumerate(defaults))
+        if kwdefaults:
+            kwdef_vals = {k: _wrap_default(self, d, fsrc, k) for k, d in kwdefaults.items()}
+        bound = bind_args(code, args, kwargs, def_vals, kwdef_vals)
+        gsrc = None
+        if f_globals is self.f_globals:
+            gsrc = self.globals_source
+        if gsrc is None:
+            gsrc = _globals_dict_source(self.output, f_globals)
+        child = Frame(self.output, code, f_globals, bound, parent=self, closure=closure,
+                      globals_source=gsrc, fn_value=fnv,
+                      is_generator=bool(code.co_flags & _CO_GENERATOR))
+        result = child.run()
+        if child.is_generator:
+            return V.IteratorValue(child.yielded)
+        return result
+
+    # --- cells ------------------------------------------------------------------------
+    def _cell_names(self):
+        return self.code.co_cellvars + self.code.co_freevars
+
+    def load_cell(self, name):
+        cell = self.cells.get(name)
+        if isinstance(cell, V.CellValue):
+            if cell.value is None:
+                raise UserException(V.ExceptionValue(NameError, [V.ConstantValue(
+                    f"free variable {name!r} referenced before assignment")]))
+            return cell.value
+        if cell is not None:  # a real cell of a real function
+            return cell.read(self)
+        raise Unsupported(f"cell {name}")
+
+    def store_cell(self, name, value):
+        cell = self.cells.get(name)
+        if isinstance(cell, V.CellValue):
+            cell.value = value
+            return
+        if cell is not None:
+            cell.write(self, value)
+            return
+        raise Unsupported(f"cell {name}")
+
+    def load_global(self, name):
+        if name in self.f_globals:
+            if self.globals_source is None:
+                return wrap(self, self.f_globals[name], None)
+            return wrap(self, self.f_globals[name], ItemSource(self.globals_source, name))
+        if name in self.f_builtins:
+            return wrap(self, self.f_builtins[name], None, module_member=True)
+        raise UserException(V.ExceptionValue(NameError, [V.ConstantValue(f"name {name!r} is not defined")]))
+
+
+class RealCell:
+    """A closure cell of a real function, read and written through its source."""
+
+    def __init__(self, cell, source):
+        self.cell = cell
+        self.source = source
+        self.written = None
+
+    def read(self, tx):
+        if self.written is not None:
+            return self.written
+        try:
+            obj = self.cell.cell_contents
+        except ValueError:
+            raise UserException(V.ExceptionValue(NameError, [V.ConstantValue("free variable referenced before assignment")]))
+        return wrap(tx, obj, self.source)
+
+    def write(self, tx, value):
+        if self.source is None:
+            raise Unsupported("writing a closure cell kiln cannot re-read")
+        self.written = value
+        tx.output.mark_mutated(self)
+
+
+def _wrap_default(tx, d, fsrc, key):
+    from kiln.capture.sources import DefaultSource
+
+    return wrap(tx, d, DefaultSource(fsrc, key) if fsrc is not None else None) if fsrc is not None or not isinstance(d, torch.Tensor) else wrap(tx, d, None)
+
+
+def _globals_dict_source(output, f_globals):
+    from kiln.capture.sources import RefSource
+
+    return RefSource(output.guards.const(f_globals, "g"))
+
+
+_decode_cache: dict = {}
+
+
+def _decoded(code):
+    d = _decode_cache.get(code)
+    if d is None:
+        d = _decode_cache[code] = decode(code)
+    return d
+
+
+_exc_cache: dict = {}
+
+
+def _exc_table(code):
+    t = _exc_cache.get(code)
+    if t is None:
+        t = _exc_cache[code] = exception_table(code)
+    return t
+
+
+def _index_of(insts, offset):
+    for i in insts:
+        if i.offset == offset:
+            return i.index
+    raise Unsupported(f"no instruction at offset {offset}")
+
+
+def bind_args(code, args, kwargs, defaults, kwdefaults):
+    """Bind Values to a code object's parameters, as CPython does; errors are the user's
+    TypeError."""
+    nargs = code.co_argcount
+    nkwonly = code.co_kwonlyargcount
+    names = code.co_varnames
+    pos_names = names[:nargs]
+    kwonly_names = names[nargs:nargs + nkwonly]
+    i = nargs + nkwonly
+    varargs_name = names[i] if code.co_flags & _CO_VARARGS else None
+    if varargs_name:
+        i += 1
+    varkw_name = names[i] if code.co_flags & _CO_VARKEYWORDS else None
+    posonly = code.co_posonlyargcount
+    out = {}
+
+    def err(msg):
+        raise UserException(V.ExceptionValue(TypeError, [V.ConstantValue(f"{code.co_name}() {msg}")]))
+
+    for n, a in zip(pos_names, args):
+        out[n] = a
+    extra = list(args[nargs:])
+    if extra:
+        if varargs_name is None:
+            err(f"takes {nargs} positional arguments but {len(args)} were given")
+    if varargs_name:
+        out[varargs_name] = V.TupleValue(extra)
+    kw_extra = {}
+    for k, v in kwargs.items():
+        if k in pos_names[posonly:] or k in kwonly_names:
+            if k in out:
+                err(f"got multiple values for argument {k!r}")
+            out[k] = v
+        elif varkw_name is not None:
+            kw_extra[k] = v
+        else:
+            err(f"got an unexpected keyword argument {k!r}")
+    if varkw_name:
+        out[varkw_name] = V.DictValue(kw_extra)
+    ndef = len(defaults) if defaults else 0
+    for j, n in enumerate(pos_names):
+        if n not in out:
+            d = j - (nargs - ndef)
+            if d >= 0:
+                out[n] = defaults[d]
+            else:
+                err(f"missing required positional argument: {n!r}")
+    for n in kwonly_names:
+        if n not in out:
+            if kwdefaults and n in kwdefaults:
+                out[n] = kwdefaults[n]
+            else:
+                err(f"missing required keyword-only argument: {n!r}")
+    return out
+
+
+# =====================================================================================
+# Instruction handlers: one function per opcode, collected in _HANDLERS.
+# =====================================================================================
+_HANDLERS: dict = {}
+
+
+def handles(*names):
+    def deco(fn):
+        for n in names:
+            _HANDLERS[n] = fn
+        return fn
+
+    return deco
+
+
+@handles("NOP", "RESUME", "PRECALL", "EXTENDED_ARG", "CACHE", "COPY_FREE_VARS")
+def _nop(tx, inst):
+    pass
+
+
+@handles("MAKE_CELL")
+def MAKE_CELL(tx, inst):
+    name = inst.argval
+    cell = V.CellValue(tx.locals.pop(name, None))
+    tx.cells[name] = cell
+
+
+@handles("POP_TOP")
+def POP_TOP(tx, inst):
+    tx.pop()
+
+
+@handles("PUSH_NULL")
+def PUSH_NULL(tx, inst):
+    tx.push(V.NULL)
+
+
+@handles("COPY")
+def COPY(tx, inst):
+    tx.push(tx.stack[-inst.arg])
+
+
+@handles("SWAP")
+def SWAP(tx, inst):
+    s = tx.stack
+    s[-1], s[-inst.arg] = s[-inst.arg], s[-1]
+
+
+@handles("LOAD_CONST")
+def LOAD_CONST(tx, inst):
+    tx.push(wrap_static(inst.argval) if type(inst.argval) is not types.CodeType else V.ConstantValue(inst.argval))
+
+
+@handles("RETURN_CONST")
+def RETURN_CONST(tx, inst):
+    raise ReturnSignal(wrap_static(inst.argval))
+
+
+@handles("LOAD_FAST", "LOAD_FAST_CHECK")
+def LOAD_FAST(tx, inst):
+    name = inst.argval
+    try:
+        tx.push(tx.locals[name])
+    except KeyError:
+        raise UserException(V.ExceptionValue(UnboundLocalError, [V.ConstantValue(
+            f"cannot access local variable {name!r} where it is not associated with a value")]))
+
+
+@handles("LOAD_FAST_AND_CLEAR")
+def LOAD_FAST_AND_CLEAR(tx, inst):
+    tx.push(tx.locals.pop(inst.argval, V.NULL))
+
+
+@handles("STORE_FAST")
+def STORE_FAST(tx, inst):
+    v = tx.pop()
+    if v is V.NULL:
+        tx.locals.pop(inst.argval, None)
+    else:
+        tx.locals[inst.argval] = v
+
+
+@handles("DELETE_FAST")
+def DELETE_FAST(tx, inst):
+    tx.locals.pop(inst.argval, None)
+
+
+@handles("LOAD_GLOBAL")
+def LOAD_GLOBAL(tx, inst):
+    if inst.arg & 1:
+        tx.push(V.NULL)
+    tx.push(tx.load_global(inst.argval))
+
+
+@handles("STORE_GLOBAL")
+def STORE_GLOBAL(tx, inst):
+    v = tx.pop()
+    if tx.f_globals is not tx.output.root_globals:
+        raise Unsupported("writing a global of another module")
+    tx.output.global_writes[inst.argval] = v
+    tx.output.mark_mutated(("global", inst.argval))
+
+
+@handles("LOAD_DEREF", "LOAD_CLASSDEREF")
+def LOAD_DEREF(tx, inst):
+    tx.push(tx.load_cell(inst.argval))
+
+
+@handles("STORE_DEREF")
+def STORE_DEREF(tx, inst):
+    tx.store_cell(inst.argval, tx.pop())
+
+
+@handles("LOAD_CLOSURE")
+def LOAD_CLOSURE(tx, inst):
+    cell = tx.cells.get(inst.argval)
+    if cell is None:
+        raise Unsupported(f"closure over {inst.argval}")
+    tx.push(cell)
+
+
+@handles("LOAD_ATTR")
+def LOAD_ATTR(tx, inst):
+    obj = tx.pop()
+    name = inst.argval
+    if PY312 and inst.arg & 1:
+        tx.push(V.NULL)
+        tx.push(obj.getattr(tx, name))
+    else:
+        tx.push(obj.getattr(tx, name))
+
+
+@handles("LOAD_METHOD")
+def LOAD_METHOD(tx, inst):
+    obj = tx.pop()
+    tx.push(V.NULL)
+    tx.push(obj.getattr(tx, inst.argval))
+
+
+@handles("LOAD_SUPER_ATTR")
+def LOAD_SUPER_ATTR(tx, inst):
+    self_v = tx.pop()
+    cls_v = tx.pop()
+    tx.pop()  # the global `super`
+    sup = V.SuperValue(cls_v.const(), self_v)
+    if inst.arg & 1:
+        tx.push(V.NULL)
+    tx.push(sup.getattr(tx, inst.argval))
+
+
+@handles("STORE_ATTR")
+def STORE_ATTR(tx, inst):
+    obj = tx.pop()
+    val = tx.pop()
+    obj.setattr(tx, inst.argval, val)
+
+
+@handles("DELETE_ATTR")
+def DELETE_ATTR(tx, inst):
+    raise Unsupported("del obj.attr")
+
+
+@handles("BINARY_OP")
+def BINARY_OP(tx, inst):
+    b = tx.pop()
+    a = tx.pop()
+    tx.push(binary_op(tx, BINARY_OPS[inst.arg], a, b))
+
+
+@handles("BINARY_SUBSCR")
+def BINARY_SUBSCR(tx, inst):
+    k = tx.pop()
+    o = tx.pop()
+    tx.push(subscr(tx, o, k))
+
+
+@handles("BINARY_SLICE")
+def BINARY_SLICE(tx, inst):
+    end = tx.pop()
+    start = tx.pop()
+    o = tx.pop()
+    tx.push(subscr(tx, o, _slice(start, end, V.ConstantValue(None))))
+
+
+@handles("STORE_SUBSCR")
+def STORE_SUBSCR(tx, inst):
+    k = tx.pop()
+    o = tx.pop()
+    v = tx.pop()
+    from kiln.capture.operators import store_subscr
+
+    store_subscr(tx, o, k, v)
+
+
+@handles("STORE_SLICE")
+def STORE_SLICE(tx, inst):
+    end = tx.pop()
+    start = tx.pop()
+    o = tx.pop()
+    v = tx.pop()
+    from kiln.capture.operators import store_subscr
+
+    store_subscr(tx, o, _slice(start, end, V.ConstantValue(None)), v)
+
+
+@handles("DELETE_SUBSCR")
+def DELETE_SUBSCR(tx, inst):
+    k = tx.pop()
+    o = tx.pop()
+    o.call_method(tx, "__delitem__", [k], {})
+
+
+def _slice(a, b, c):
+    if all(x.is_const() for x in (a, b, c)):
+        return V.ConstantValue(slice(a.const(), b.const(), c.const()))
+    raise Unsupported("a slice with non-constant bounds")
+
+
+@handles("BUILD_SLICE")
+def BUILD_SLICE(tx, inst):
+    if inst.arg == 3:
+        c = tx.pop()
+    else:
+        c = V.ConstantValue(None)
+    b = tx.pop()
+    a = tx.pop()
+    tx.push(_slice(a, b, c))
+
+
+@handles("UNARY_NEGATIVE", "UNARY_NOT", "UNARY_INVERT", "UNARY_POSITIVE")
+def UNARY(tx, inst):
+    tx.push(unary_op(tx, inst.opname, tx.pop()))
+
+
+@handles("COMPARE_OP")
+def COMPARE_OP(tx, inst):
+    b = tx.pop()
+    a = tx.pop()
+    tx.push(compare_op(tx, inst.argval, a, b))
+
+
+@handles("IS_OP")
+def IS_OP(tx, inst):
+    b = tx.pop()
+    a = tx.pop()
+    from kiln.capture.operators import is_same
+
+    r = is_same(a, b)
+    tx.push(V.ConstantValue(r if not inst.arg else not r))
+
+
+@handles("CONTAINS_OP")
+def CONTAINS_OP(tx, inst):
+    container = tx.pop()
+    item = tx.pop()
+    r = contains_op(tx, item, container)
+    tx.push(V.ConstantValue(r if not inst.arg else not r))
+
+
+@handles("BUILD_TUPLE")
+def BUILD_TUPLE(tx, inst):
+    tx.push(V.TupleValue(tx.popn(inst.arg)))
+
+
+@handles("BUILD_LIST")
+def BUILD_LIST(tx, inst):
+    tx.push(V.ListValue(tx.popn(inst.arg)))
+
+
+@handles("BUILD_SET")
+def BUILD_SET(tx, inst):
+    items = tx.popn(inst.arg)
+    tx.push(V.SetValue([i.const() for i in items]))
+
+
+@handles("BUILD_MAP")
+def BUILD_MAP(tx, inst):
+    items = tx.popn(2 * inst.arg)
+    d = {}
+    for k, v in zip(items[::2], items[1::2]):
+        d[k.const()] = v
+    tx.push(V.DictValue(d))
+
+
+@handles("BUILD_CONST_KEY_MAP")
+def BUILD_CONST_KEY_MAP(tx, inst):
+    keys = tx.pop().const()
+    vals = tx.popn(inst.arg)
+    tx.push(V.DictValue(dict(zip(keys, vals))))
+
+
+@handles("BUILD_STRING")
+def BUILD_STRING(tx, inst):
+    parts = tx.popn(inst.arg)
+    tx.push(V.ConstantValue("".join(p.const() for p in parts)))
+
+
+@handles("LIST_APPEND")
+def LIST_APPEND(tx, inst):
+    v = tx.pop()
+    tx.stack[-inst.arg].items.append(v)
+
+
+@handles("SET_ADD")
+def SET_ADD(tx, inst):
+    v = tx.pop()
+    s = tx.stack[-inst.arg]
+    c = v.const()
+    if c not in s.items:
+        s.items.append(c)
+
+
+@handles("MAP_ADD")
+def MAP_ADD(tx, inst):
+    v = tx.pop()
+    k = tx.pop()
+    tx.stack[-inst.arg].items[k.const()] = v
+
+
+@handles("LIST_EXTEND")
+def LIST_EXTEND(tx, inst):
+    v = tx.pop()
+    tx.stack[-inst.arg].items.extend(v.unpack(tx))
+
+
+@handles("SET_UPDATE")
+def SET_UPDATE(tx, inst):
+    v = tx.pop()
+    s = tx.stack[-inst.arg]
+    for i in v.unpack(tx):
+        c = i.const()
+        if c not in s.items:
+            s.items.append(c)
+
+
+@handles("DICT_UPDATE", "DICT_MERGE")
+def DICT_UPDATE(tx, inst):
+    v = tx.pop()
+    d = tx.stack[-inst.arg]
+    from kiln.capture.containers import dict_items_of
+
+    for k, val in dict_items_of(tx, v):
+        if inst.opname == "DICT_MERGE" and k in d.items:
+            raise UserException(V.ExceptionValue(TypeError, [V.ConstantValue(f"got multiple values for keyword argument {k!r}")]))
+        d.items[k] = val
+
+
+@handles("LIST_TO_TUPLE")
+def LIST_TO_TUPLE(tx, inst):
+    tx.push(V.TupleValue(tx.pop().items))
+
+
+@handles("CALL_INTRINSIC_1")
+def CALL_INTRINSIC_1(tx, inst):
+    kind = dis._intrinsic1_descs[inst.arg] if hasattr(dis, "_intrinsic1_descs") else str(inst.argval)
+    if kind == "INTRINSIC_LIST_TO_TUPLE":
+        tx.push(V.TupleValue(tx.pop().items))
+    elif kind == "INTRINSIC_UNARY_POSITIVE":
+        tx.push(unary_op(tx, "UNARY_POSITIVE", tx.pop()))
+    elif kind == "INTRINSIC_STOPITERATION_ERROR":
+        raise Unsupported("StopIteration inside a generator")
+    else:
+        raise Unsupported(f"intrinsic {kind}")
+
+
+@handles("UNPACK_SEQUENCE")
+def UNPACK_SEQUENCE(tx, inst):
+    seq = tx.pop()
+    items = seq.unpack(tx)
+    if len(items) != inst.arg:
+        msg = (f"too many values to unpack (expected {inst.arg})" if len(items) > inst.arg
+               else f"not enough values to unpack (expected {inst.arg}, got {len(items)})")
+        raise UserException(V.ExceptionValue(ValueError, [V.ConstantValue(msg)]))
+    for i in reversed(items):
+        tx.push(i)
+
+
+@handles("UNPACK_EX")
+def UNPACK_EX(tx, inst):
+    seq = tx.pop()
+    items = seq.unpack(tx)
+    before = inst.arg & 0xFF
+    after = inst.arg >> 8
+    if len(items) < before + after:
+        raise UserException(V.ExceptionValue(ValueError, [V.ConstantValue("not enough values to unpack")]))
+    head = items[:before]
+    mid = items[before:len(items) - after]
+    tail = items[len(items) - after:]
+    for i in reversed(tail):
+        tx.push(i)
+    tx.push(V.ListValue(mid))
+    for i in reversed(head):
+        tx.push(i)
+
+
+@handles("FORMAT_VALUE")
+def FORMAT_VALUE(tx, inst):
+    spec = tx.pop() if (inst.arg & 0x04) else V.ConstantValue("")
+    v = tx.pop()
+    conv = inst.arg & 0x03
+    tx.push(format_value(tx, v, conv, spec.const()))
+
+
+@handles("GET_ITER")
+def GET_ITER(tx, inst):
+    v = tx.pop()
+    if isinstance(v, V.IteratorValue):
+        tx.push(v)
+    else:
+        tx.push(V.IteratorValue(v.unpack(tx)))
+
+
+@handles("FOR_ITER")
+def FOR_ITER(tx, inst):
+    it = tx.stack[-1]
+    if not isinstance(it, V.IteratorValue):
+        raise Unsupported(f"iterating over {it}")
+    v = it.next(tx)
+    if v is None:
+        tx.pop()
+        target = inst.target
+        if PY312 and tx.insts[target].opname == "END_FOR":
+            target += 1
+        tx.ip = target
+    else:
+        tx.push(v)
+
+
+@handles("END_FOR")
+def END_FOR(tx, inst):
+    tx.pop()
+    tx.pop()
+
+
+@handles("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE", "JUMP")
+def JUMP(tx, inst):
+    tx.ip = inst.target
+
+
+def _truth(tx, v):
+    return v.truth(tx)
+
+
+def _pop_jump(cond_fn):
+    def handler(tx, inst):
+        v = tx.stack[-1]
+        jump = cond_fn(tx, v)  # may raise Unsupported with the stack intact
+        tx.pop()
+        if jump:
+            tx.ip = inst.target
+
+    return handler
+
+
+_jt = _pop_jump(lambda tx, v: _truth(tx, v))
+_jf = _pop_jump(lambda tx, v: not _truth(tx, v))
+_jn = _pop_jump(lambda tx, v: isinstance(v, V.ConstantValue) and v.value is None)
+_jnn = _pop_jump(lambda tx, v: not (isinstance(v, V.ConstantValue) and v.value is None))
+for _n in ("POP_JUMP_IF_TRUE", "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE"):
+    _HANDLERS[_n] = _jt
+for _n in ("POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE"):
+    _HANDLERS[_n] = _jf
+for _n in ("POP_JUMP_IF_NONE", "POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NONE"):
+    _HANDLERS[_n] = _jn
+for _n in ("POP_JUMP_IF_NOT_NONE", "POP_JUMP_FORWARD_IF_NOT_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE"):
+    _HANDLERS[_n] = _jnn
+
+
+@handles("JUMP_IF_TRUE_OR_POP")
+def JUMP_IF_TRUE_OR_POP(tx, inst):
+    if _truth(tx, tx.stack[-1]):
+        tx.ip = inst.target
+    else:
+        tx.pop()
+
+
+@handles("JUMP_IF_FALSE_OR_POP")
+def JUMP_IF_FALSE_OR_POP(tx, inst):
+    if not _truth(tx, tx.stack[-1]):
+        tx.ip = inst.target
+    else:
+        tx.pop()
+
+
+@handles("RETURN_VALUE")
+def RETURN_VALUE(tx, inst):
+    raise ReturnSignal(tx.pop())
+
+
+@handles("KW_NAMES")
+def KW_NAMES(tx, inst):
+    tx.kw_names = inst.argval
+
+
+@handles("CALL")
+def CALL(tx, inst):
+    argc = inst.arg
+    args = tx.popn(argc)
+    b = tx.pop()
+    a = tx.pop()
+    if a is V.NULL:
+        fn = b
+    else:
+        fn = a
+        args = [b] + args
+    kwargs = {}
+    if tx.kw_names:
+        names = tx.kw_names
+        tx.kw_names = None
+        kvals = args[len(args) - len(names):]
+        args = args[:len(args) - len(names)]
+        kwargs = dict(zip(names, kvals))
+    tx.push(tx.call(fn, args, kwargs))
+
+
+@handles("CALL_FUNCTION_EX")
+def CALL_FUNCTION_EX(tx, inst):
+    kwargs = {}
+    if inst.arg & 1:
+        from kiln.capture.containers import dict_items_of
+
+        kwargs = dict(dict_items_of(tx, tx.pop()))
+    args = tx.pop().unpack(tx)
+    fn = tx.pop()
+    if tx.stack and tx.stack[-1] is V.NULL:
+        tx.pop()
+    tx.push(tx.call(fn, args, kwargs))
+
+
+@handles("MAKE_FUNCTION")
+def MAKE_FUNCTION(tx, inst):
+    if PY312:
+        code = tx.pop().value
+        qualname = code.co_qualname
+    else:
+        qualname = tx.pop().const()
+        code = tx.pop().value
+    flags = inst.arg
+    closure = tx.pop().items if flags & 0x08 else None
+    if flags & 0x04:
+        tx.pop()  # annotations
+    kwdefaults = tx.pop().items if flags & 0x02 else None
+    defaults = tuple(tx.pop().items) if flags & 0x01 else None
+    tx.push(V.NestedFunctionValue(code, tx.f_globals, defaults, kwdefaults,
+                                  tuple(closure) if closure else None, qualname))
+
+
+@handles("RETURN_GENERATOR")
+def RETURN_GENERATOR(tx, inst):
+    tx.push(V.ConstantValue(None))
+
+
+@handles("YIELD_VALUE")
+def YIELD_VALUE(tx, inst):
+    if not tx.is_generator:
+        raise Unsupported("yield outside an inlined generator")
+    tx.yielded.append(tx.pop())
+    tx.push(V.ConstantValue(None))
+
+
+@handles("GET_YIELD_FROM_ITER")
+def GET_YIELD_FROM_ITER(tx, inst):
+    v = tx.pop()
+    tx.push(v if isinstance(v, V.IteratorValue) else V.IteratorValue(v.unpack(tx)))
+
+
+@handles("SEND")
+def SEND(tx, inst):
+    tx.pop()  # value sent (None)
+    it = tx.stack[-1]
+    if not isinstance(it, V.IteratorValue):
+        raise Unsupported("yield from a non-iterator")
+    # `yield from` a finite iterator: yield all its items at once
+    for item in it.unpack(tx):
+        tx.yielded.append(item)
+    if PY312:
+        tx.push(V.ConstantValue(None))
+        tx.ip = inst.target
+    else:
+        tx.pop()
+        tx.push(V.ConstantValue(None))
+        tx.ip = inst.target
+
+
+@handles("END_SEND")
+def END_SEND(tx, inst):
+    v = tx.pop()
+    tx.pop()
+    tx.push(v)
+
+
+@handles("BEFORE_WITH")
+def BEFORE_WITH(tx, inst):
+    ctx = tx.pop()
+    if isinstance(ctx, V.GradModeValue):
+        tx.push(_ExitValue(ctx))
+        tx.push(ctx.enter(tx))
+        return
+    # a user context manager: inline __enter__, remember __exit__
+    from kiln.capture.objects import call_dunder
+
+    if isinstance(ctx, V.ObjectValue):
+        tx.push(_ExitValue(ctx))
+        tx.push(call_dunder(tx, ctx, "__enter__", [], {}))
+        return
+    raise Unsupported(f"with-statement over {ctx}")
+
+
+class _ExitValue(V.Value):
+    """The bound ``__exit__`` a with-statement keeps on the stack."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def call(self, tx, args, kwargs):
+        if isinstance(self.ctx, V.GradModeValue):
+            return self.ctx.exit(tx)
+        from kiln.capture.objects import call_dunder
+
+        return call_dunder(tx, self.ctx, "__exit__", args, kwargs)
+
+
+@handles("WITH_EXCEPT_START")
+def WITH_EXCEPT_START(tx, inst):
+    exc = tx.stack[-1]
+    exit_fn = tx.stack[-4]
+    r = exit_fn.call(tx, [V.ClassValue(exc.python_type()), exc, V.ConstantValue(None)], {})
+    tx.push(r)
+
+
+@handles("PUSH_EXC_INFO")
+def PUSH_EXC_INFO(tx, inst):
+    exc = tx.pop()
+    tx.push(tx.exc_stack[-1] if tx.exc_stack else V.ConstantValue(None))
+    tx.exc_stack.append(exc)
+    tx.push(exc)
+
+
+@handles("POP_EXCEPT")
+def POP_EXCEPT(tx, inst):
+    tx.pop()
+    if tx.exc_stack:
+        tx.exc_stack.pop()
+
+
+@handles("CHECK_EXC_MATCH")
+def CHECK_EXC_MATCH(tx, inst):
+    match = tx.pop()
+    exc = tx.stack[-1]
+    types_ = match.const()
+    tx.push(V.ConstantValue(issubclass(exc.python_type(), types_)))
+
+
+@handles("RERAISE")
+def RERAISE(tx, inst):
+    exc = tx.pop()
+    if inst.arg:
+        tx.pop()  # lasti
+    raise UserException(exc)
+
+
+@handles("RAISE_VARARGS")
+def RAISE_VARARGS(tx, inst):
+    if inst.arg == 0:
+        if not tx.exc_stack:
+            raise Unsupported("bare raise outside except")
+        raise UserException(tx.exc_stack[-1])
+    if inst.arg == 2:
+        tx.pop()  # cause
+    exc = tx.pop()
+    if isinstance(exc, V.ClassValue):
+        exc = V.ExceptionValue(exc.cls, [])
+    if not isinstance(exc, V.ExceptionValue):
+        raise Unsupported(f"raise {exc}")
+    raise UserException(exc)
+
+
+@handles("LOAD_ASSERTION_ERROR")
+def LOAD_ASSERTION_ERROR(tx, inst):
+    tx.push(V.ClassValue(AssertionError))
+
+
+@handles("IMPORT_NAME")
+def IMPORT_NAME(tx, inst):
+    tx.pop()
+    tx.pop()
+    import importlib
+
+    name = inst.argval
+    mod = importlib.import_module(name)
+    top = mod if "." not in name else importlib.import_module(name.split(".")[0])
+    tx.push(V.PythonModuleValue(top))
+    tx._last_import = mod
+
+
+@handles("IMPORT_FROM")
+def IMPORT_FROM(tx, inst):
+    mod = tx.stack[-1]
+    real = getattr(tx, "_last_import", None) or mod.mod
+    tx.push(wrap(tx, getattr(real, inst.argval), None, module_member=True))
+
+
+@handles("GET_LEN")
+def GET_LEN(tx, inst):
+    tx.push(V.ConstantValue(len(tx.stack[-1].unpack(tx))))
+
+
+del operator

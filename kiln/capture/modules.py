@@ -1,0 +1,119 @@
+"""``nn.Module`` during a trace: attribute lookup through ``_parameters``, ``_buffers``
+and ``_modules``, calls with hooks, and the container modules (Sequential, ModuleList,
+ModuleDict)."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from kiln.capture import values as V
+from kiln.capture.builder import wrap, wrap_class_attr
+from kiln.capture.errors import Unsupported
+from kiln.capture.sources import AttrSource, ItemSource
+
+
+def module_getattr(tx, mv, name):
+    """Parameters, buffers and submodules, as ``nn.Module.__getattr__`` finds them;
+    None when the name is none of those."""
+    mod = mv.mod
+    src = mv.source
+    for table in ("_parameters", "_buffers", "_modules"):
+        d = mod.__dict__.get(table)
+        if d is not None and name in d:
+            v = d[name]
+            s = ItemSource(AttrSource(src, table), name) if src is not None else None
+            if v is None:
+                if s is not None:
+                    tx.output.guards.constant(s, None)
+                return V.ConstantValue(None)
+            return wrap(tx, v, s)
+    return None
+
+
+def _hooks_guard(tx, mv):
+    if mv.source is None:
+        return
+    e = mv.source.expr()
+    tx.output.guards.expression(
+        f"not {e}._forward_hooks and not {e}._forward_pre_hooks",
+        f"{mv.source.pretty()} has no forward hooks")
+
+
+def call_module(tx, mv, args, kwargs):
+    mod = mv.mod
+    pre = list(mod._forward_pre_hooks.values())
+    post = list(mod._forward_hooks.values())
+    if (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks):
+        raise Unsupported("global module hooks")
+    if mod._forward_hooks_with_kwargs or mod._forward_pre_hooks_with_kwargs:
+        raise Unsupported("module hooks with kwargs")
+    if not pre and not post:
+        _hooks_guard(tx, mv)
+    elif mv.source is not None:
+        e = mv.source.expr()
+        tx.output.guards.expression(
+            f"tuple({e}._forward_pre_hooks.values()) == {tx.output.guards.const(tuple(pre), 'h')} and "
+            f"tuple({e}._forward_hooks.values()) == {tx.output.guards.const(tuple(post), 'h')}",
+            f"{mv.source.pretty()} has the same forward hooks")
+    for h in pre:
+        r = wrap(tx, h, None).call(tx, [mv, V.TupleValue(args)], {})
+        if not (isinstance(r, V.ConstantValue) and r.value is None):
+            args = r.items if isinstance(r, V.TupleValue) else [r]
+    if "forward" in mod.__dict__:
+        fwd = wrap(tx, mod.__dict__["forward"], AttrSource(mv.source, "forward") if mv.source else None)
+    else:
+        fwd = wrap_class_attr(tx, mv, type(mod), "forward")
+    out = fwd.call(tx, args, kwargs)
+    for h in post:
+        r = wrap(tx, h, None).call(tx, [mv, V.TupleValue(args), out], {})
+        if not (isinstance(r, V.ConstantValue) and r.value is None):
+            out = r
+    return out
+
+
+def _submodule(tx, mv, key):
+    mod = mv.mod
+    s = ItemSource(AttrSource(mv.source, "_modules"), key) if mv.source is not None else None
+    return wrap(tx, mod._modules[key], s)
+
+
+def _guard_keys(tx, mv):
+    if mv.source is not None:
+        tx.output.guards.dict_keys(AttrSource(mv.source, "_modules"), tuple(mv.mod._modules.keys()))
+
+
+def module_items(tx, mv):
+    mod = mv.mod
+    if isinstance(mod, (nn.Sequential, nn.ModuleList)):
+        _guard_keys(tx, mv)
+        return [_submodule(tx, mv, k) for k in mod._modules]
+    if isinstance(mod, nn.ModuleDict):
+        _guard_keys(tx, mv)
+        return [V.ConstantValue(k) for k in mod._modules]
+    if isinstance(mod, (nn.ParameterList,)):
+        return [wrap(tx, p, ItemSource(AttrSource(mv.source, "_parameters"), k)) for k, p in mod._parameters.items()]
+    from kiln.capture.objects import object_unpack
+
+    return object_unpack(tx, mv)
+
+
+def module_getitem(tx, mv, k):
+    mod = mv.mod
+    key = k.const()
+    if isinstance(mod, (nn.Sequential, nn.ModuleList)):
+        _guard_keys(tx, mv)
+        keys = list(mod._modules)
+        if isinstance(key, slice):
+            raise Unsupported("slicing a Sequential/ModuleList")
+        return _submodule(tx, mv, keys[key])
+    if isinstance(mod, nn.ModuleDict):
+        _guard_keys(tx, mv)
+        return _submodule(tx, mv, key)
+    if isinstance(mod, nn.ParameterList):
+        return wrap(tx, mod[key], ItemSource(AttrSource(mv.source, "_parameters"), str(key)))
+    from kiln.capture.objects import call_dunder
+
+    return call_dunder(tx, mv, "__getitem__", [k], {})
+
+
+del torch

@@ -1,0 +1,145 @@
+"""Attribute reads and writes, dunder calls and truth of user objects (``ObjectValue``).
+
+Reads follow Python's lookup order (data descriptors, instance dict, class attributes,
+``__getattr__``) without running unknown descriptors; writes are kept on the Value and
+applied to the real object after the graph runs.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from kiln.capture import values as V
+from kiln.capture.builder import lookup_class_attr, wrap, wrap_class_attr
+from kiln.capture.errors import Unsupported, UserException
+from kiln.capture.sources import AttrSource, ItemSource
+
+
+class PartialValue(V.FunctionValue):
+    """``functools.partial(func, *args, **kw)``."""
+
+    def __init__(self, func, args, kwargs, source=None):
+        self.func = func
+        self.args = list(args)
+        self.kwargs = dict(kwargs)
+        self.source = source
+
+    def call(self, tx, args, kwargs):
+        kw = dict(self.kwargs)
+        kw.update(kwargs)
+        return self.func.call(tx, self.args + list(args), kw)
+
+
+def _attr_error(obj_type, name):
+    return UserException(V.ExceptionValue(AttributeError, [V.ConstantValue(
+        f"{obj_type.__qualname__!r} object has no attribute {name!r}")]))
+
+
+def object_getattr(tx, ov, name):
+    if name in ov.attrs:
+        return ov.attrs[name]
+    cls = ov.python_type()
+    if name == "__class__":
+        return V.ClassValue(cls)
+    if name == "__dict__":
+        raise Unsupported("reading obj.__dict__")
+    owner, attr = lookup_class_attr(cls, name)
+    is_data_descr = owner is not None and (isinstance(attr, property) or (
+        hasattr(type(attr), "__set__") and not isinstance(attr, (types.FunctionType,))))
+    if is_data_descr and isinstance(attr, property):
+        return wrap_class_attr(tx, ov, cls, name)
+    if isinstance(ov, V.NewObjectValue):
+        if owner is not None:
+            return wrap_class_attr(tx, ov, cls, name)
+        raise _attr_error(cls, name)
+    obj = ov.obj
+    if isinstance(obj, torch.nn.Module):
+        from kiln.capture.modules import module_getattr
+
+        found = module_getattr(tx, ov, name)
+        if found is not None:
+            return found
+    d = getattr(obj, "__dict__", None)
+    if d is not None and name in d and not is_data_descr:
+        return wrap(tx, d[name], AttrSource(ov.source, name))
+    if owner is not None:
+        if is_data_descr and not isinstance(attr, property):
+            # slots and C-level descriptors: read the value through the source
+            return wrap(tx, getattr(obj, name), AttrSource(ov.source, name))
+        return wrap_class_attr(tx, ov, cls, name)
+    ga_owner, ga = lookup_class_attr(cls, "__getattr__")
+    if ga_owner is not None and ga_owner is not object and isinstance(ga, types.FunctionType):
+        return V.UserFunctionValue(ga).call(tx, [ov, V.ConstantValue(name)], {})
+    if ov.source is not None:
+        tx.output.guards.expression(f"not hasattr({ov.source.expr()}, {name!r})",
+                                    f"{ov.source.pretty()} has no attribute {name!r}")
+    raise _attr_error(cls, name)
+
+
+def object_setattr(tx, ov, name, value):
+    cls = ov.python_type()
+    owner, attr = lookup_class_attr(cls, name)
+    if owner is not None and isinstance(attr, property):
+        if attr.fset is None:
+            raise UserException(V.ExceptionValue(AttributeError, [V.ConstantValue(f"property {name!r} has no setter")]))
+        V.UserFunctionValue(attr.fset).call(tx, [ov, value], {})
+        return
+    sa_owner, _ = lookup_class_attr(cls, "__setattr__")
+    if sa_owner not in (object, None, torch.nn.Module) and not isinstance(ov, V.NewObjectValue):
+        raise Unsupported(f"{cls.__qualname__} defines __setattr__")
+    if isinstance(ov, V.ModuleValue) and isinstance(value, V.TensorValue):
+        mod = ov.mod
+        if name in mod._parameters:
+            raise Unsupported("assigning a module parameter inside a compiled region")
+    if not isinstance(ov, V.NewObjectValue) and ov.source is None:
+        raise Unsupported(f"setting an attribute of an object kiln cannot re-read")
+    ov.attrs[name] = value
+    if not isinstance(ov, V.NewObjectValue):
+        tx.output.mark_mutated(ov)
+
+
+def has_dunder(ov, name) -> bool:
+    owner, attr = lookup_class_attr(ov.python_type(), name)
+    return owner is not None and owner is not object and isinstance(attr, types.FunctionType)
+
+
+def call_dunder(tx, ov, name, args, kwargs):
+    cls = ov.python_type()
+    owner, attr = lookup_class_attr(cls, name)
+    if owner is None or owner is object:
+        raise UserException(V.ExceptionValue(TypeError, [V.ConstantValue(
+            f"{cls.__qualname__!r} object does not support {name}")]))
+    if isinstance(attr, types.FunctionType):
+        return V.UserFunctionValue(attr).call(tx, [ov] + list(args), kwargs)
+    raise Unsupported(f"{cls.__qualname__}.{name} is implemented in C")
+
+
+def object_truth(tx, ov):
+    for dunder in ("__bool__", "__len__"):
+        owner, attr = lookup_class_attr(ov.python_type(), dunder)
+        if owner is not None and owner is not object:
+            if isinstance(attr, types.FunctionType):
+                r = V.UserFunctionValue(attr).call(tx, [ov], {})
+                return bool(r.const())
+            raise Unsupported(f"truth of {ov}")
+    return True
+
+
+def object_unpack(tx, ov):
+    owner, attr = lookup_class_attr(ov.python_type(), "__iter__")
+    if owner is not None and isinstance(attr, types.FunctionType):
+        it = V.UserFunctionValue(attr).call(tx, [ov], {})
+        return it.unpack(tx)
+    if isinstance(ov.obj, (list, tuple)) and ov.source is not None:
+        tx.output.guards.length(ov.source, len(ov.obj))
+        return [wrap(tx, x, ItemSource(ov.source, i)) for i, x in enumerate(ov.obj)]
+    raise Unsupported(f"iterating over {ov}")
+
+
+def object_mapping_items(tx, ov):
+    obj = ov.obj
+    if isinstance(obj, dict) and ov.source is not None:
+        tx.output.guards.dict_keys(ov.source, tuple(obj.keys()))
+        return [(k, wrap(tx, v, ItemSource(ov.source, k))) for k, v in obj.items()]
+    raise Unsupported(f"** of {ov}")

@@ -1,0 +1,237 @@
+"""The graph under construction for one frame, and everything it must account for.
+
+``OutputGraph`` owns the FX graph, its inputs (each a tensor read from a source), the
+guards, the objects whose state the program mutates (applied after the graph runs, in
+program order), and the grad mode. ``op`` is the one door into the graph: it runs the op
+on fake tensors to learn the result's metadata and records the node.
+"""
+from __future__ import annotations
+
+import operator
+import re
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_map
+
+from kiln.capture import values as V
+from kiln.capture.errors import Unsupported, UserException
+from kiln.capture.fake import DataDependent, FakeMode, FakeTensor, NoMetaKernel, to_fake
+from kiln.capture.guards import GuardSet
+
+
+class OutputGraph:
+    def __init__(self):
+        self.graph = fx.Graph()
+        self.guards = GuardSet()
+        self.inputs: list = []  # (source, placeholder node, real tensor)
+        self._input_by_id: dict = {}
+        self._value_by_fake: dict = {}
+        self._objects: dict = {}  # id(real object) -> ObjectValue / ModuleValue
+        self.tracked: list = []  # mutable values read from sources (side-effect candidates)
+        self.mutated: list = []  # objects/containers the program changed, in order
+        self.global_writes: dict = {}  # name -> Value
+        self.grad_enabled = torch.is_grad_enabled()
+        self.guards.grad_mode(self.grad_enabled)
+        self._names: set = set()
+        self._keepalive: list = []
+
+    # --- inputs ------------------------------------------------------------------
+    def input_tensor(self, real: torch.Tensor, source) -> V.TensorValue:
+        known = self._input_by_id.get(id(real))
+        if known is not None:
+            if known.source != source:
+                self.guards.expression(f"{source.expr()} is {known.source.expr()}",
+                                       f"{source.pretty()} is {known.source.pretty()}")
+            return known
+        self.guards.tensor(source, real)
+        node = self.graph.placeholder(self._fresh(source.pretty()))
+        fake = to_fake(real)
+        node.meta["example_value"] = fake
+        tv = V.TensorValue(node, fake, source)
+        tv.cls = type(real)
+        self.inputs.append((source, node, real))
+        self._input_by_id[id(real)] = tv
+        self._value_by_fake[id(fake)] = tv
+        self._keepalive.append(real)
+        return tv
+
+    def _fresh(self, pretty: str) -> str:
+        base = re.sub(r"[^0-9a-zA-Z_]+", "_", pretty).strip("_").lower() or "x"
+        if base[0].isdigit():
+            base = "_" + base
+        name, i = base, 1
+        while name in self._names:
+            i += 1
+            name = f"{base}_{i}"
+        self._names.add(name)
+        return name
+
+    def module_value(self, mod, source):
+        v = self._objects.get(id(mod))
+        if v is None:
+            v = V.ModuleValue(mod, source)
+            self._objects[id(mod)] = v
+            self._keepalive.append(mod)
+        return v
+
+    def object_value(self, obj, source):
+        v = self._objects.get(id(obj))
+        if v is None:
+            v = V.ObjectValue(obj, source)
+            self._objects[id(obj)] = v
+            self._keepalive.append(obj)
+        return v
+
+    def track(self, v):
+        self.tracked.append(v)
+        return v
+
+    def mark_mutated(self, v):
+        if not any(m is v for m in self.mutated):
+            self.mutated.append(v)
+
+    # --- graph ops -----------------------------------------------------------------
+    def op(self, kind: str, target, args, kwargs) -> V.Value:
+        """Record ``target(*args, **kwargs)`` in the graph; return the result's Value."""
+        fake_args = [_to_fake(a) for a in args]
+        fake_kwargs = {k: _to_fake(v) for k, v in kwargs.items()}
+        try:
+            with torch.set_grad_enabled(self.grad_enabled), FakeMode():
+                if kind == "call_method":
+                    out = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                else:
+                    out = target(*fake_args, **fake_kwargs)
+        except (DataDependent, NoMetaKernel) as e:
+            raise Unsupported(str(e))
+        except Unsupported:
+            raise
+        except (RuntimeError, TypeError, ValueError, IndexError, AttributeError) as e:
+            msg = str(e)
+            if "meta" in msg or "fake" in msg.lower() or "Cannot copy out" in msg:
+                raise Unsupported(f"{_target_name(target)}: {msg.splitlines()[0]}")
+            raise UserException(V.ExceptionValue(type(e), [V.ConstantValue(msg)]))
+        node_args = tuple(_to_arg(a) for a in args)
+        node_kwargs = {k: _to_arg(v) for k, v in kwargs.items()}
+        node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        result = self._wrap_result(out, node)
+        if not node.users and not _has_tensor(out):
+            self.graph.erase_node(node)
+        return result
+
+    def _wrap_result(self, out, node):
+        if isinstance(out, FakeTensor):
+            known = self._value_by_fake.get(id(out))
+            if known is not None:  # an in-place op returned its input
+                return known
+            node.meta["example_value"] = out
+            tv = V.TensorValue(node, out)
+            self._value_by_fake[id(out)] = tv
+            return tv
+        if isinstance(out, (tuple, list)) and _has_tensor(out):
+            items = []
+            for i, o in enumerate(out):
+                if isinstance(o, FakeTensor):
+                    n = self.graph.create_node("call_function", operator.getitem, (node, i))
+                    items.append(self._wrap_result(o, n))
+                else:
+                    items.append(_static(o))
+            if hasattr(type(out), "n_fields") or hasattr(type(out), "_fields"):
+                nt = V.NamedTupleValue(type(out), items)
+                nt.fields = _struct_fields(out)
+                return nt
+            return V.TupleValue(items) if isinstance(out, tuple) else V.ListValue(items)
+        if _has_tensor(out):
+            raise Unsupported(f"an op returning {type(out).__qualname__} of tensors")
+        return _static(out)
+
+    def set_grad_enabled(self, enabled: bool):
+        if enabled != self.grad_enabled:
+            self.graph.create_node("call_function", torch._C._set_grad_enabled, (enabled,))
+        self.grad_enabled = enabled
+
+    def op_count(self) -> int:
+        return sum(1 for n in self.graph.nodes
+                   if n.op in ("call_function", "call_method", "call_module")
+                   and n.target is not torch._C._set_grad_enabled)
+
+
+def _static(o):
+    from kiln.capture.builder import wrap_static
+
+    return wrap_static(o)
+
+
+def _struct_fields(out):
+    f = getattr(type(out), "_fields", None)
+    if f:
+        return tuple(f)
+    names = [n for n in dir(out) if not n.startswith("_") and n not in ("count", "index", "n_fields", "n_sequence_fields", "n_unnamed_fields")]
+    by_val = []
+    for n in names:
+        try:
+            v = getattr(out, n)
+        except Exception:
+            continue
+        for i, o in enumerate(out):
+            if o is v:
+                by_val.append((i, n))
+    return tuple(n for _, n in sorted(by_val))
+
+
+def _has_tensor(x) -> bool:
+    if isinstance(x, torch.Tensor):
+        return True
+    if isinstance(x, (tuple, list)):
+        return any(_has_tensor(i) for i in x)
+    if isinstance(x, dict):
+        return any(_has_tensor(i) for i in x.values())
+    return False
+
+
+def _target_name(t):
+    return t if isinstance(t, str) else getattr(t, "__name__", repr(t))
+
+
+def _to_fake(v):
+    if isinstance(v, V.TensorValue):
+        return v.fake
+    if isinstance(v, V.ConstantValue):
+        return v.value
+    if isinstance(v, (V.TupleValue, V.ListValue)):
+        items = [_to_fake(i) for i in v.items]
+        return tuple(items) if isinstance(v, V.TupleValue) else items
+    if isinstance(v, V.DictValue):
+        return {k: _to_fake(i) for k, i in v.items.items()}
+    if isinstance(v, V.ClassValue):
+        return v.cls
+    if isinstance(v, V.TorchFunctionValue):
+        return v.fn
+    if isinstance(v, V.SetValue):
+        return set(v.items)
+    raise Unsupported(f"passing {v} to a PyTorch op")
+
+
+def _to_arg(v):
+    if isinstance(v, V.TensorValue):
+        return v.node
+    if isinstance(v, V.ConstantValue):
+        return v.value
+    if isinstance(v, V.NamedTupleValue):
+        return tuple(_to_arg(i) for i in v.items)
+    if isinstance(v, V.TupleValue):
+        return tuple(_to_arg(i) for i in v.items)
+    if isinstance(v, V.ListValue):
+        return [_to_arg(i) for i in v.items]
+    if isinstance(v, V.DictValue):
+        return {k: _to_arg(i) for k, i in v.items.items()}
+    if isinstance(v, V.ClassValue):
+        return v.cls
+    if isinstance(v, V.TorchFunctionValue):
+        return v.fn
+    if isinstance(v, V.SetValue):
+        return set(v.items)
+    raise Unsupported(f"passing {v} to a PyTorch op")
+
+
+del tree_map

@@ -1,0 +1,201 @@
+"""Which PyTorch callables go into the graph, and how tensor attributes and methods
+behave during a trace. One table per question.
+"""
+from __future__ import annotations
+
+import math
+import types
+
+import torch
+
+from kiln.capture import values as V
+from kiln.capture.errors import Unsupported
+
+_GRAPH_MODULES = (
+    "torch", "torch.functional", "torch.nn.functional", "torch._C._nn",
+    "torch._C._fft", "torch._C._linalg", "torch._C._special", "torch._C._VariableFunctions",
+    "torch.fft", "torch.linalg", "torch.special", "torch._tensor", "torch.nn.init",
+    "torch._refs", "torch._C._TensorBase", "torch.overrides",
+)
+
+# Functions that change global state or need data: never traced into a graph.
+_NEVER_IN_GRAPH_PREFIXES = ("set_", "manual_seed", "seed", "initial_seed", "save", "load",
+                            "use_deterministic", "get_rng_state", "set_rng_state",
+                            "_set_", "from_numpy", "as_tensor_from_numpy")
+
+
+def _name(fn):
+    return getattr(fn, "__name__", "") or ""
+
+
+def is_torch_callable(obj) -> bool:
+    """A callable defined by PyTorch that computes on tensors (not a class)."""
+    if isinstance(obj, type) or not callable(obj):
+        return False
+    if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return True
+    mod = getattr(obj, "__module__", None)
+    if mod is None and isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+        self_ = getattr(obj, "__self__", None)
+        mod = getattr(self_, "__name__", None) if isinstance(self_, types.ModuleType) else None
+    if isinstance(obj, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return getattr(obj, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor)
+    if isinstance(obj, types.FunctionType) and obj.__qualname__.startswith("Tensor."):
+        return True
+    return isinstance(mod, str) and mod in _GRAPH_MODULES
+
+
+def _const(value):
+    return V.ConstantValue(value)
+
+
+def _is_tensor(tx, args, kwargs):
+    return _const(isinstance(args[0], V.TensorValue))
+
+
+def _grad_enabled(tx, args, kwargs):
+    return _const(tx.output.grad_enabled)
+
+
+def _set_grad_enabled(tx, args, kwargs):
+    mode = args[0].const()
+    prev = tx.output.grad_enabled
+    tx.output.set_grad_enabled(mode)
+    gm = V.GradModeValue(mode)
+    gm.prev = prev
+    return gm
+
+
+def _numel(tx, args, kwargs):
+    return _const(args[0].fake.numel())
+
+
+# Evaluated at trace time to a Python constant (answers that a trace may assume).
+CONST_FOLD = {
+    torch.is_tensor: _is_tensor,
+    torch.is_grad_enabled: _grad_enabled,
+    torch.numel: _numel,
+    torch.is_floating_point: lambda tx, a, k: _const(a[0].fake.is_floating_point()),
+    torch.is_complex: lambda tx, a, k: _const(a[0].fake.is_complex()),
+    torch.get_default_dtype: lambda tx, a, k: _const(torch.get_default_dtype()),
+    torch.is_autocast_enabled: lambda tx, a, k: _const(False),
+    torch._C._get_tracing_state: lambda tx, a, k: _const(None),
+    torch.jit.is_scripting: lambda tx, a, k: _const(False),
+    torch.jit.is_tracing: lambda tx, a, k: _const(False),
+    torch.set_grad_enabled: _set_grad_enabled,
+    torch._C._set_grad_enabled: _set_grad_enabled,
+    torch.is_inference_mode_enabled: lambda tx, a, k: _const(False),
+    torch._C._log_api_usage_once: lambda tx, a, k: _const(None),
+    torch.cuda.is_available: lambda tx, a, k: _const(torch.cuda.is_available()),
+    torch.are_deterministic_algorithms_enabled: lambda tx, a, k: _const(torch.are_deterministic_algorithms_enabled()),
+}
+# Library code asks these to pick compile-friendly paths: they read True while kiln
+# traces (reading the names only, as DESIGN.md allows).
+for _mod, _attr in ((torch.compiler, "is_compiling"), (torch.compiler, "is_dynamo_compiling")):
+    if hasattr(_mod, _attr):
+        CONST_FOLD[getattr(_mod, _attr)] = lambda tx, a, k: _const(True)
+if hasattr(torch, "_utils") and hasattr(torch._utils, "is_compiling"):
+    CONST_FOLD[torch._utils.is_compiling] = lambda tx, a, k: _const(True)
+
+
+def call_torch_function(tx, fn, args, kwargs):
+    rule = CONST_FOLD.get(fn)
+    if rule is not None:
+        return rule(tx, args, kwargs)
+    name = _name(fn)
+    if name.startswith(_NEVER_IN_GRAPH_PREFIXES) and not name.startswith("set_grad"):
+        raise Unsupported(f"torch.{name} changes global state or needs data")
+    if fn is torch.Tensor.item or name in _DATA_METHODS:
+        raise Unsupported(f"Tensor.{name}() needs the tensor's data")
+    if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)) or (
+        isinstance(fn, types.FunctionType) and fn.__qualname__.startswith("Tensor.")
+    ):
+        # an unbound Tensor method called as a function: torch.Tensor.add(x, y)
+        if args and isinstance(args[0], V.TensorValue):
+            return tensor_method(tx, args[0], name, list(args[1:]), kwargs)
+    return tx.output.op("call_function", fn, args, kwargs)
+
+
+# --- tensor attributes and methods --------------------------------------------------
+
+_DATA_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__",
+                 "backward", "register_hook", "data_ptr", "storage", "untyped_storage",
+                 "__array__", "__len__", "retain_grad", "__reduce_ex__", "__deepcopy__",
+                 "_version", "cpu_", "record_stream", "share_memory_", "pin_memory"}
+
+# Methods whose result is metadata: computed on the fake, no graph node.
+_META_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride",
+                 "is_contiguous", "element_size", "is_floating_point", "is_complex",
+                 "get_device", "storage_offset", "is_signed", "has_names",
+                 "is_inference", "is_set_to", "__len__"}
+
+
+def tensor_attribute(tx, tv, name):
+    f = tv.fake
+    if name in ("shape",):
+        return V.ConstantValue(torch.Size(f.shape))
+    if name in ("dtype", "ndim", "requires_grad", "is_cuda", "is_sparse", "is_quantized",
+                "is_meta", "is_leaf", "layout", "is_mkldnn", "is_nested", "itemsize", "nbytes",
+                "is_cpu", "is_mps", "is_xpu"):
+        if name == "is_meta":
+            return V.ConstantValue(False)
+        return V.ConstantValue(getattr(f, name))
+    if name == "device":
+        return V.ConstantValue(f.device)
+    if name == "T":
+        return tx.output.op("call_method", "permute", [tv, *[V.ConstantValue(i) for i in reversed(range(f.dim()))]], {})
+    if name == "mT":
+        return tx.output.op("call_method", "transpose", [tv, V.ConstantValue(-2), V.ConstantValue(-1)], {})
+    if name == "data":
+        return tx.output.op("call_method", "detach", [tv], {})
+    if name in ("real", "imag"):
+        return tx.output.op("call_function", getattr(torch, name), [tv], {})
+    if name == "grad_fn":
+        if not f.requires_grad:
+            return V.ConstantValue(None)
+        raise Unsupported("reading Tensor.grad_fn")
+    if name == "grad":
+        raise Unsupported("reading Tensor.grad")
+    if name == "__class__":
+        return V.ClassValue(tv.python_type())
+    attr = getattr(torch.Tensor, name, None)
+    if attr is None:
+        from kiln.capture.values import ExceptionValue, ConstantValue
+        from kiln.capture.errors import UserException
+
+        raise UserException(ExceptionValue(AttributeError, [ConstantValue(
+            f"'Tensor' object has no attribute {name!r}")]))
+    if callable(attr):
+        return V.MethodValue(V.TorchFunctionValue(attr), tv)
+    raise Unsupported(f"tensor attribute {name!r}")
+
+
+def tensor_method(tx, tv, name, args, kwargs):
+    if name in _DATA_METHODS:
+        raise Unsupported(f"Tensor.{name}() needs the tensor's data")
+    if name in _META_METHODS:
+        try:
+            fake_args = [a.const() for a in args]
+            fake_kwargs = {k: v.const() for k, v in kwargs.items()}
+        except Unsupported:
+            raise Unsupported(f"Tensor.{name} with non-constant arguments")
+        return V.ConstantValue(getattr(tv.fake, name)(*fake_args, **fake_kwargs))
+    if name == "type" and not args and not kwargs:
+        return V.ConstantValue(_type_string(tv.fake))
+    if name in ("requires_grad_",):
+        raise Unsupported("Tensor.requires_grad_ inside a compiled region")
+    if name == "__getattribute__":
+        return tensor_attribute(tx, tv, args[0].const())
+    return tx.output.op("call_method", name, [tv] + list(args), kwargs)
+
+
+def _type_string(f):
+    names = {torch.float32: "FloatTensor", torch.float64: "DoubleTensor",
+             torch.float16: "HalfTensor", torch.bfloat16: "BFloat16Tensor",
+             torch.int64: "LongTensor", torch.int32: "IntTensor", torch.int16: "ShortTensor",
+             torch.int8: "CharTensor", torch.uint8: "ByteTensor", torch.bool: "BoolTensor"}
+    base = names.get(f.dtype, "Tensor")
+    return ("torch.cuda." if f.device.type == "cuda" else "torch.") + base
+
+
+del math

@@ -1,0 +1,334 @@
+"""Tracing one frame into a compiled entry: run the root Frame, and at the end (return,
+raise, or graph break) generate the entry function.
+
+A graph break at a call or a branch in the root frame compiles the graph captured so
+far, runs the unsupported step as plain Python in the entry function, and continues in
+a resume function (compiled lazily by kiln in turn). A break deeper down, inside an
+inlined call, restarts the trace with that call itself as the break point; the callee
+then runs as its own compiled frame.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import types
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from kiln.capture import values as V
+from kiln.capture.codegen import EntryCodegen, build_entry
+from kiln.capture.errors import RestartWithBreak, SkipFrame, Unsupported, UserException
+from kiln.capture.interpreter import Frame, RealCell, ReturnSignal
+from kiln.capture.output import OutputGraph
+from kiln.capture.resume import resume_code
+from kiln.capture.sources import ClosureSource, LocalSource, RefSource
+from kiln.debug.logs import log_for
+
+_CALLS = ("CALL", "CALL_FUNCTION_EX")
+_JUMPS = ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE",
+          "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE",
+          "JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP")
+
+
+@dataclass
+class BreakInfo:
+    reason: str
+    user_stack: list
+
+    def __str__(self):
+        return self.reason + "".join(f"\n    {s}" for s in self.user_stack)
+
+
+@dataclass
+class Entry:
+    fn: object  # the generated entry function
+    guards: list
+    namespace: dict
+    source: str
+    graphs: list = field(default_factory=list)
+    breaks: list = field(default_factory=list)
+
+
+class TraceContext:
+    """What a compiled function passes down: backend, fullgraph, the recorder."""
+
+    def __init__(self, backend, fullgraph, compile_callee, recorder=None):
+        self.backend = backend
+        self.fullgraph = fullgraph
+        self.compile_callee = compile_callee  # fn -> compiled wrapper (same settings)
+        self.recorder = recorder
+
+
+def trace_frame(fn: types.FunctionType, code, bound_args: dict, ctx: TraceContext) -> Entry:
+    break_at = None
+    first_reason = None
+    for _attempt in range(32):
+        try:
+            return _trace_once(fn, code, bound_args, ctx, break_at, first_reason)
+        except RestartWithBreak as r:
+            if break_at == r.ip:
+                raise SkipFrame(r.reason)
+            break_at = r.ip
+            first_reason = BreakInfo(r.reason, r.user_stack)
+    raise SkipFrame("too many restarts")
+
+
+def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
+    out = OutputGraph()
+    out.root_globals = fn.__globals__
+    g = out.guards
+    ns = {"__G": fn.__globals__, "__closure": fn.__closure__, "__torch": torch,
+          "__B": None}
+    gsrc = RefSource("__G")
+    frame = Frame(out, code, fn.__globals__, {}, globals_source=gsrc)
+    ns["__B"] = frame.f_builtins
+    for name, val in bound_args.items():
+        frame.locals[name] = _wrap_arg(frame, val, name)
+    if code.co_freevars:
+        for i, name in enumerate(code.co_freevars):
+            frame.cells[name] = RealCell(fn.__closure__[i], ClosureSource(i, name))
+    try:
+        while True:
+            if frame.ip == break_at:
+                return _compile_break(fn, code, frame, ctx, ns, break_info)
+            inst = frame.insts[frame.ip]
+            try:
+                frame.step()
+            except ReturnSignal:
+                raise
+            except UserException:
+                raise
+            except Unsupported as e:
+                if ctx.fullgraph:
+                    raise Unsupported(e.reason, frame_user_stack(e, frame)) from None
+                stack = frame_user_stack(e, frame)
+                if inst.opname in _CALLS or inst.opname in _JUMPS:
+                    raise RestartWithBreak(inst.index, e.reason, stack) from None
+                raise SkipFrame(f"{e.reason} (at {stack[-1] if stack else '?'})") from None
+    except ReturnSignal as r:
+        return _compile_return(fn, code, frame, ctx, ns, r.value)
+    except UserException as e:
+        return _compile_raise(fn, code, frame, ctx, ns, e.value)
+
+
+def frame_user_stack(e, frame):
+    st = getattr(e, "_kiln_stack", None)
+    return st if st else frame.user_stack()
+
+
+def _wrap_arg(frame, val, name):
+    from kiln.capture.builder import wrap
+
+    return wrap(frame, val, LocalSource(name))
+
+
+# --- finishing a trace -------------------------------------------------------------------
+def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext):
+    """Close the graph over the tensors the rest of the code needs; hand it to the
+    backend. Returns the graph call line(s) to put in the entry function."""
+    if out.op_count() == 0 and not cg.graph_outputs:
+        return []
+    graph = out.graph
+    graph.output(tuple(v.node for v in cg.graph_outputs))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    gm.meta = {}
+    example_inputs = [real for _, _, real in out.inputs]
+    if out.op_count() == 0:
+        # nothing to compute: outputs are views/aliases only created in-graph? keep as is
+        pass
+    log = log_for("graph")
+    if log.isEnabledFor(logging.INFO):
+        log.info("captured graph:\n%s", gm.print_readable(print_output=False))
+    t0 = time.perf_counter()
+    compiled = ctx.backend(gm, example_inputs)
+    if ctx.recorder is not None:
+        ctx.recorder.graphs.append(gm)
+        ctx.recorder.compile_time += time.perf_counter() - t0
+    name = cg.ref(compiled, "graph")
+    args = ", ".join(src.expr() for src, _, _ in out.inputs)
+    return [f"__o = {name}({args})"], gm
+
+
+def _finish(fn, code, out, cg, ctx, tail_lines, guards_extra=None, break_info=None):
+    lines = []
+    res = _compile_graph(out, cg, ctx)
+    gm = None
+    if res:
+        call_lines, gm = res
+        lines += call_lines
+    lines += cg.lines
+    entry_lines = lines + tail_lines
+    guards = list(out.guards.guards)
+    ns = cg.ns
+    ns.update(out.guards.consts)
+    fname = code.co_name if code.co_name.isidentifier() else "__kiln_entry"
+    entry_fn, text = build_entry(code, [gd.code for gd in guards], entry_lines, ns, fname)
+    entry_fn.__defaults__ = fn.__defaults__
+    entry_fn.__kwdefaults__ = fn.__kwdefaults__
+    entry = Entry(entry_fn, guards, ns, text, [gm] if gm is not None else [],
+                  [break_info] if break_info else [])
+    glog = log_for("guards")
+    if glog.isEnabledFor(logging.INFO):
+        glog.info("guards for %s (%s:%d):\n%s", code.co_name, code.co_filename, code.co_firstlineno,
+                  "\n".join(f"  {gd.description}" for gd in guards))
+    blog = log_for("bytecode")
+    if blog.isEnabledFor(logging.INFO):
+        blog.info("entry for %s:\n%s", code.co_name, text)
+    return entry
+
+
+def _compile_return(fn, code, frame, ctx, ns, value):
+    out = frame.output
+    cg = EntryCodegen(out, ns)
+    cg.need(value)
+    for m in cg.mutated_values():
+        cg.need(m)
+    # expressions are built after the graph call, so collect first, then emit
+    tail = []
+    cg_lines_start = len(cg.lines)
+    cg.side_effects()
+    ret = cg.expr(value)
+    tail.append(f"return {ret}")
+    lines = cg.lines[cg_lines_start:]
+    cg.lines = cg.lines[:cg_lines_start]
+    return _finish(fn, code, out, cg, ctx, lines + tail)
+
+
+def _compile_raise(fn, code, frame, ctx, ns, exc):
+    out = frame.output
+    cg = EntryCodegen(out, ns)
+    cg.need(exc)
+    for m in cg.mutated_values():
+        cg.need(m)
+    cg.side_effects()
+    lines = cg.lines
+    cg.lines = []
+    return _finish(fn, code, out, cg, ctx, lines + [f"raise {cg.expr(exc)}"])
+
+
+def _compile_break(fn, code, frame, ctx, ns, info: BreakInfo):
+    out = frame.output
+    inst = frame.insts[frame.ip]
+    stack = list(frame.stack)
+    log_for("graph_breaks").info("graph break in %s: %s", code.co_name, info)
+    if ctx.recorder is not None:
+        ctx.recorder.breaks.append(info)
+    cg = EntryCodegen(out, ns)
+    locals_ = dict(frame.locals)
+    local_names = tuple(n for n in code.co_varnames if n in locals_)
+    for v in stack:
+        cg.need(v)
+    for n in local_names:
+        cg.need(locals_[n])
+    for m in cg.mutated_values():
+        cg.need(m)
+    cg.side_effects()
+    if inst.opname in _CALLS:
+        lines, rest, results, targets = _native_call(frame, inst, stack, cg, ctx)
+    else:
+        lines, rest, results, targets = _native_jump(frame, inst, stack, cg)
+    body = cg.lines
+    cg.lines = []
+    stack_exprs = [None if v is V.NULL else cg.expr(v) for v in rest]
+    local_exprs = [cg.expr(locals_[n]) for n in local_names]
+    tail = list(lines)
+    # each branch: call the resume function for its target with the stack it leaves
+    for cond, target_index, extra in targets:
+        nulls = tuple(e is None for e in stack_exprs) + tuple(False for _ in extra)
+        rcode = resume_code(code, target_index, nulls, local_names)
+        rfn = types.FunctionType(rcode, fn.__globals__, rcode.co_name, None, fn.__closure__)
+        compiled = ctx.compile_callee(rfn)
+        name = cg.ref(compiled, "resume")
+        args = [e for e in stack_exprs if e is not None] + list(extra) + local_exprs
+        call = f"return {name}({', '.join(args)})"
+        if cond is None:
+            tail.append(call)
+        else:
+            tail.append(f"if {cond}:")
+            tail.append(f"    {call}")
+    body_all = cg.lines + body
+    cg.lines = []
+    return _finish(fn, code, out, cg, ctx, body_all + tail, break_info=info)
+
+
+def _native_call(frame, inst, stack, cg, ctx):
+    """The call at the break point, as Python source; the callee is compiled separately
+    when it is a Python function (its own frame) and run as it is otherwise."""
+    if inst.opname == "CALL":
+        argc = inst.arg
+        operands = stack[len(stack) - argc - 2:]
+        rest = stack[:len(stack) - argc - 2]
+        a, b, *args = operands
+        if a is V.NULL:
+            fn_v = b
+        else:
+            fn_v, args = a, [b] + args
+        kw_names = frame.kw_names or ()
+        nkw = len(kw_names)
+        pos = args[:len(args) - nkw]
+        kws = dict(zip(kw_names, args[len(args) - nkw:]))
+        for v in operands:
+            cg.need(v)
+        fn_expr = _callee_expr(fn_v, cg, ctx)
+        argtxt = [cg.expr(x) for x in pos] + [f"{k}={cg.expr(x)}" for k, x in kws.items()]
+        if isinstance(fn_v, V.MethodValue) and _is_python_fn(fn_v.func):
+            argtxt.insert(0, cg.expr(fn_v.self_value))
+        if isinstance(fn_v, V.ModuleValue) and _module_forward_compilable(fn_v):
+            argtxt.insert(0, cg.expr(fn_v))
+        line = f"__r = {fn_expr}({', '.join(argtxt)})"
+    else:  # CALL_FUNCTION_EX
+        has_kw = inst.arg & 1
+        n = 3 + has_kw if len(stack) >= 3 + has_kw and stack[len(stack) - 3 - has_kw] is V.NULL else 2 + has_kw
+        operands = stack[len(stack) - n:]
+        rest = stack[:len(stack) - n]
+        ops = [o for o in operands if o is not V.NULL]
+        fn_v, args_v = ops[0], ops[1]
+        for v in ops:
+            cg.need(v)
+        kw = f", **{cg.expr(ops[2])}" if has_kw else ""
+        fn_expr = _callee_expr(fn_v, cg, ctx)
+        pre = ""
+        if isinstance(fn_v, V.MethodValue) and _is_python_fn(fn_v.func):
+            pre = f"{cg.expr(fn_v.self_value)}, "
+        if isinstance(fn_v, V.ModuleValue) and _module_forward_compilable(fn_v):
+            pre = f"{cg.expr(fn_v)}, "
+        line = f"__r = {fn_expr}({pre}*{cg.expr(args_v)}{kw})"
+    return [line], rest, ["__r"], [(None, inst.index + 1, ["__r"])]
+
+
+def _is_python_fn(v):
+    return isinstance(v, V.UserFunctionValue)
+
+
+def _module_forward_compilable(mv):
+    mod = mv.mod
+    return (not mod._forward_hooks and not mod._forward_pre_hooks
+            and "forward" not in mod.__dict__
+            and isinstance(type(mod).forward, types.FunctionType))
+
+
+def _callee_expr(fn_v, cg, ctx):
+    if isinstance(fn_v, V.UserFunctionValue):
+        return cg.ref(ctx.compile_callee(fn_v.fn), "callee")
+    if isinstance(fn_v, V.MethodValue) and isinstance(fn_v.func, V.UserFunctionValue):
+        return cg.ref(ctx.compile_callee(fn_v.func.fn), "callee")
+    if isinstance(fn_v, V.ModuleValue) and _module_forward_compilable(fn_v):
+        return cg.ref(ctx.compile_callee(type(fn_v.mod).forward), "callee")
+    return cg.expr(fn_v)
+
+
+def _native_jump(frame, inst, stack, cg):
+    cond_v = stack[-1]
+    rest = stack[:-1]
+    cg.need(cond_v)
+    c = cg.expr(cond_v)
+    name = inst.opname
+    jump_if_true = "TRUE" in name
+    keeps = name.startswith("JUMP_IF_")  # JUMP_IF_X_OR_POP keeps the value on a jump
+    lines = [f"__c = bool({c})"]
+    target_cond = "__c" if jump_if_true else "not __c"
+    targets = [(target_cond, inst.target, [c] if keeps else []),
+               (None, inst.index + 1, [])]
+    return lines, rest, [], targets

@@ -1,0 +1,619 @@
+"""Symbolic values: what the interpreter keeps on its stack and in its locals.
+
+A handful of small classes, each knowing its *source* (where it came from, for guards
+and for rebuilding it at run time) and the behaviour of the Python type it stands for:
+constants, tensors (an FX node plus a fake tensor), containers, functions, modules,
+objects. Behaviour that belongs to a Python type lives with that value class; calls that
+reach into PyTorch go through ``OutputGraph.op`` so they land in the graph.
+"""
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING
+
+import torch
+
+from kiln.capture.errors import Unsupported, UserException
+from kiln.capture.sources import AttrSource, ItemSource
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kiln.capture.interpreter import Frame
+
+
+class Value:
+    source = None
+
+    def python_type(self):
+        raise Unsupported(f"type of {self} is not known")
+
+    def is_const(self) -> bool:
+        return False
+
+    def const(self):
+        raise Unsupported(f"{self} is not a Python constant")
+
+    def getattr(self, tx: "Frame", name: str) -> "Value":
+        raise Unsupported(f"attribute {name!r} of {self}")
+
+    def setattr(self, tx: "Frame", name: str, value: "Value"):
+        raise Unsupported(f"setting attribute {name!r} on {self}")
+
+    def call(self, tx: "Frame", args: list, kwargs: dict) -> "Value":
+        raise Unsupported(f"calling {self}")
+
+    def call_method(self, tx, name, args, kwargs):
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def unpack(self, tx) -> list:
+        raise Unsupported(f"iterating over {self}")
+
+    def truth(self, tx) -> bool:
+        raise Unsupported(f"truth value of {self}")
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+class NullValue(Value):
+    """The NULL that CPython 3.11/3.12 push below a callable."""
+
+    def __repr__(self):
+        return "NULL"
+
+
+NULL = NullValue()
+
+
+class ConstantValue(Value):
+    """An immutable Python value known at trace time (int, str, None, dtype, slice…)."""
+
+    def __init__(self, value, source=None):
+        self.value = value
+        self.source = source
+
+    def python_type(self):
+        return type(self.value)
+
+    def is_const(self):
+        return True
+
+    def const(self):
+        return self.value
+
+    def truth(self, tx):
+        return bool(self.value)
+
+    def unpack(self, tx):
+        try:
+            items = list(self.value)
+        except TypeError:
+            raise UserException(ExceptionValue(TypeError, [ConstantValue(
+                f"{type(self.value).__name__!r} object is not iterable")]))
+        if self.source is not None and isinstance(self.value, (tuple, list)):
+            return [ConstantValue(v, ItemSource(self.source, i)) for i, v in enumerate(items)]
+        return [ConstantValue(v) for v in items]
+
+    def getattr(self, tx, name):
+        from kiln.capture.builder import wrap_static
+
+        try:
+            v = getattr(self.value, name)
+        except AttributeError as e:
+            raise UserException(ExceptionValue(AttributeError, [ConstantValue(str(e))]))
+        if isinstance(v, (types.BuiltinMethodType, types.MethodWrapperType)):
+            return BuiltinValue(v)
+        return wrap_static(v)
+
+    def __repr__(self):
+        return f"Const({self.value!r})"
+
+
+class TensorValue(Value):
+    """A tensor: the FX node that computes it and a fake tensor with its metadata."""
+
+    def __init__(self, node, fake, source=None):
+        self.node = node
+        self.fake = fake
+        self.source = source
+
+    def python_type(self):
+        return type(self.fake) if not hasattr(self.fake, "fake_device") else torch.Tensor
+
+    def truth(self, tx):
+        raise Unsupported("branching on a tensor's value (data-dependent control flow)")
+
+    def unpack(self, tx):
+        if self.fake.dim() == 0:
+            raise UserException(ExceptionValue(TypeError, [ConstantValue("iteration over a 0-d tensor")]))
+        return list(tx.output.op("call_method", "unbind", [self], {}).unpack(tx))
+
+    def getattr(self, tx, name):
+        from kiln.capture.torch_rules import tensor_attribute
+
+        return tensor_attribute(tx, self, name)
+
+    def setattr(self, tx, name, value):
+        raise Unsupported(f"setting attribute {name!r} on a tensor")
+
+    def call_method(self, tx, name, args, kwargs):
+        from kiln.capture.torch_rules import tensor_method
+
+        return tensor_method(tx, self, name, args, kwargs)
+
+    def __repr__(self):
+        return f"Tensor({self.node.name}, {tuple(self.fake.shape)}, {self.fake.dtype})"
+
+
+class _Sequence(Value):
+    mutable = False
+
+    def __init__(self, items, source=None):
+        self.items = list(items)
+        self.source = source
+
+    def unpack(self, tx):
+        return list(self.items)
+
+    def truth(self, tx):
+        return len(self.items) > 0
+
+    def is_const(self):
+        return all(i.is_const() for i in self.items)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.items})"
+
+
+class TupleValue(_Sequence):
+    def python_type(self):
+        return tuple
+
+    def const(self):
+        return tuple(i.const() for i in self.items)
+
+    def call_method(self, tx, name, args, kwargs):
+        from kiln.capture.containers import tuple_method
+
+        return tuple_method(tx, self, name, args, kwargs)
+
+
+class NamedTupleValue(TupleValue):
+    def __init__(self, cls, items, source=None):
+        super().__init__(items, source)
+        self.cls = cls
+
+    def python_type(self):
+        return self.cls
+
+    def const(self):
+        return self.cls(*[i.const() for i in self.items])
+
+    def getattr(self, tx, name):
+        fields = getattr(self.cls, "_fields", ())
+        if name in fields:
+            return self.items[fields.index(name)]
+        from kiln.capture.builder import wrap_class_attr
+
+        return wrap_class_attr(tx, self, self.cls, name)
+
+
+class ListValue(_Sequence):
+    mutable = True
+
+    def python_type(self):
+        return list
+
+    def const(self):
+        return [i.const() for i in self.items]
+
+    def is_const(self):
+        return False  # lists are mutable: never folded into a constant
+
+    def call_method(self, tx, name, args, kwargs):
+        from kiln.capture.containers import list_method
+
+        return list_method(tx, self, name, args, kwargs)
+
+
+class DictValue(Value):
+    """A dict (or OrderedDict) with constant keys; values are Values."""
+
+    mutable = True
+
+    def __init__(self, items: dict, source=None, cls=dict):
+        self.items = dict(items)
+        self.source = source
+        self.cls = cls
+
+    def python_type(self):
+        return self.cls
+
+    def truth(self, tx):
+        return len(self.items) > 0
+
+    def unpack(self, tx):
+        return [ConstantValue(k) for k in self.items]
+
+    def call_method(self, tx, name, args, kwargs):
+        from kiln.capture.containers import dict_method
+
+        return dict_method(tx, self, name, args, kwargs)
+
+    def getattr(self, tx, name):
+        # attribute reads on dict subclasses (ModelOutput-like) read the instance
+        raise Unsupported(f"attribute {name!r} of a dict")
+
+    def __repr__(self):
+        return f"Dict({self.items})"
+
+
+class SetValue(Value):
+    mutable = True
+
+    def __init__(self, items, source=None):
+        self.items = list(dict.fromkeys(items))  # constants, insertion ordered
+        self.source = source
+
+    def python_type(self):
+        return set
+
+    def truth(self, tx):
+        return bool(self.items)
+
+    def unpack(self, tx):
+        return [ConstantValue(v) for v in self.items]
+
+    def call_method(self, tx, name, args, kwargs):
+        from kiln.capture.containers import set_method
+
+        return set_method(tx, self, name, args, kwargs)
+
+
+class IteratorValue(Value):
+    """An iterator over a finite list of values known at trace time."""
+
+    mutable = True
+
+    def __init__(self, items, index=0):
+        self.items = list(items)
+        self.index = index
+
+    def next(self, tx):
+        if self.index >= len(self.items):
+            return None
+        v = self.items[self.index]
+        self.index += 1
+        return v
+
+    def unpack(self, tx):
+        rest = self.items[self.index:]
+        self.index = len(self.items)
+        return rest
+
+    def python_type(self):
+        return type(iter(()))
+
+
+class CellValue(Value):
+    """A closure cell created during the trace."""
+
+    def __init__(self, value=None):
+        self.value = value
+
+
+class FunctionValue(Value):
+    """Something the interpreter inlines when called."""
+
+
+class UserFunctionValue(FunctionValue):
+    def __init__(self, fn: types.FunctionType, source=None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self):
+        return types.FunctionType
+
+    def call(self, tx, args, kwargs):
+        return tx.inline_function(self, args, kwargs)
+
+    def getattr(self, tx, name):
+        from kiln.capture.builder import wrap
+
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantValue(getattr(self.fn, name))
+        if name in self.fn.__dict__:
+            return wrap(tx, self.fn.__dict__[name],
+                        AttrSource(self.source, name) if self.source else None)
+        raise Unsupported(f"attribute {name!r} of function {self.fn.__qualname__}")
+
+    def __repr__(self):
+        return f"Function({self.fn.__qualname__})"
+
+
+class NestedFunctionValue(FunctionValue):
+    """A function created by MAKE_FUNCTION during the trace (a lambda, an inner def)."""
+
+    def __init__(self, code, f_globals, defaults, kwdefaults, closure, qualname):
+        self.code = code
+        self.f_globals = f_globals
+        self.defaults = defaults  # tuple of Values or None
+        self.kwdefaults = kwdefaults  # dict name -> Value or None
+        self.closure = closure  # tuple of CellValue or None
+        self.qualname = qualname
+
+    def python_type(self):
+        return types.FunctionType
+
+    def call(self, tx, args, kwargs):
+        return tx.inline_function(self, args, kwargs)
+
+    def getattr(self, tx, name):
+        if name in ("__name__", "__qualname__"):
+            return ConstantValue(self.qualname.rsplit(".", 1)[-1] if name == "__name__" else self.qualname)
+        raise Unsupported(f"attribute {name!r} of a nested function")
+
+    def __repr__(self):
+        return f"NestedFunction({self.qualname})"
+
+
+class MethodValue(Value):
+    """A function bound to a self value."""
+
+    def __init__(self, func: Value, self_value: Value, source=None):
+        self.func = func
+        self.self_value = self_value
+        self.source = source
+
+    def python_type(self):
+        return types.MethodType
+
+    def call(self, tx, args, kwargs):
+        return self.func.call(tx, [self.self_value] + list(args), kwargs)
+
+    def getattr(self, tx, name):
+        if name == "__self__":
+            return self.self_value
+        if name == "__func__":
+            return self.func
+        return self.func.getattr(tx, name)
+
+
+class BuiltinValue(Value):
+    """A builtin function or method implemented in C (len, print, math.sqrt, dict.get…)."""
+
+    def __init__(self, fn, source=None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self):
+        return type(self.fn)
+
+    def call(self, tx, args, kwargs):
+        from kiln.capture.builtins import call_builtin
+
+        return call_builtin(tx, self.fn, args, kwargs)
+
+    def getattr(self, tx, name):
+        if name in ("__name__", "__qualname__", "__module__"):
+            return ConstantValue(getattr(self.fn, name, None))
+        raise Unsupported(f"attribute {name!r} of builtin {self.fn!r}")
+
+    def __repr__(self):
+        return f"Builtin({getattr(self.fn, '__qualname__', self.fn)!r})"
+
+
+class TorchFunctionValue(Value):
+    """A PyTorch callable that becomes a graph node (torch.add, F.relu, torch.Tensor.add)."""
+
+    def __init__(self, fn, source=None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self):
+        return type(self.fn)
+
+    def call(self, tx, args, kwargs):
+        from kiln.capture.torch_rules import call_torch_function
+
+        return call_torch_function(tx, self.fn, args, kwargs)
+
+    def getattr(self, tx, name):
+        from kiln.capture.builder import wrap
+
+        return wrap(tx, getattr(self.fn, name), AttrSource(self.source, name) if self.source else None)
+
+    def __repr__(self):
+        return f"Torch({getattr(self.fn, '__name__', self.fn)})"
+
+
+class PythonModuleValue(Value):
+    """A Python module (torch, math, operator, the user's own)."""
+
+    def __init__(self, mod, source=None):
+        self.mod = mod
+        self.source = source
+
+    def python_type(self):
+        return types.ModuleType
+
+    def getattr(self, tx, name):
+        from kiln.capture.builder import wrap
+
+        try:
+            v = getattr(self.mod, name)
+        except AttributeError as e:
+            raise UserException(ExceptionValue(AttributeError, [ConstantValue(str(e))]))
+        return wrap(tx, v, AttrSource(self.source, name) if self.source else None, module_member=True)
+
+    def __repr__(self):
+        return f"Module({self.mod.__name__})"
+
+
+class ClassValue(Value):
+    """A class: builtin types, torch classes, user classes."""
+
+    def __init__(self, cls, source=None):
+        self.cls = cls
+        self.source = source
+
+    def python_type(self):
+        return type(self.cls)
+
+    def is_const(self):
+        return True
+
+    def const(self):
+        return self.cls
+
+    def call(self, tx, args, kwargs):
+        from kiln.capture.classes import construct
+
+        return construct(tx, self, args, kwargs)
+
+    def getattr(self, tx, name):
+        from kiln.capture.builder import wrap_class_attr
+
+        return wrap_class_attr(tx, None, self.cls, name, source=self.source)
+
+    def __repr__(self):
+        return f"Class({self.cls.__qualname__})"
+
+
+class ObjectValue(Value):
+    """An existing Python object reached through a source (a config, a user object)."""
+
+    mutable = True
+
+    def __init__(self, obj, source=None):
+        self.obj = obj
+        self.source = source
+        self.attrs: dict = {}  # attribute writes made by the traced program
+
+    def python_type(self):
+        return type(self.obj)
+
+    def getattr(self, tx, name):
+        from kiln.capture.objects import object_getattr
+
+        return object_getattr(tx, self, name)
+
+    def setattr(self, tx, name, value):
+        from kiln.capture.objects import object_setattr
+
+        object_setattr(tx, self, name, value)
+
+    def call(self, tx, args, kwargs):
+        from kiln.capture.objects import call_dunder
+
+        return call_dunder(tx, self, "__call__", args, kwargs)
+
+    def truth(self, tx):
+        from kiln.capture.objects import object_truth
+
+        return object_truth(tx, self)
+
+    def unpack(self, tx):
+        from kiln.capture.objects import object_unpack
+
+        return object_unpack(tx, self)
+
+    def __repr__(self):
+        return f"Object({type(self.obj).__qualname__})"
+
+
+class NewObjectValue(ObjectValue):
+    """An instance of a user class created during the trace."""
+
+    def __init__(self, cls):
+        super().__init__(None, None)
+        self.cls = cls
+
+    def python_type(self):
+        return self.cls
+
+
+class ModuleValue(ObjectValue):
+    """An ``nn.Module`` instance; calls inline its forward (and hooks)."""
+
+    def __init__(self, mod, source=None):
+        super().__init__(mod, source)
+
+    @property
+    def mod(self):
+        return self.obj
+
+    def call(self, tx, args, kwargs):
+        from kiln.capture.modules import call_module
+
+        return call_module(tx, self, args, kwargs)
+
+    def unpack(self, tx):
+        from kiln.capture.modules import module_items
+
+        return module_items(tx, self)
+
+    def truth(self, tx):
+        return True
+
+    def __repr__(self):
+        return f"NNModule({type(self.obj).__qualname__})"
+
+
+class SuperValue(Value):
+    def __init__(self, cls, self_value):
+        self.cls = cls
+        self.self_value = self_value
+
+    def getattr(self, tx, name):
+        from kiln.capture.builder import wrap_class_attr
+
+        mro = self.self_value.python_type().__mro__
+        i = mro.index(self.cls)
+        for klass in mro[i + 1:]:
+            if name in klass.__dict__:
+                return wrap_class_attr(tx, self.self_value, klass, name)
+        raise Unsupported(f"super().{name} not found")
+
+
+class ExceptionValue(Value):
+    """An exception instance raised or created by the traced program."""
+
+    def __init__(self, cls, args):
+        self.cls = cls
+        self.args = list(args)
+
+    def python_type(self):
+        return self.cls
+
+    def getattr(self, tx, name):
+        if name == "args":
+            return TupleValue(self.args)
+        raise Unsupported(f"attribute {name!r} of exception {self.cls.__name__}")
+
+    def __repr__(self):
+        return f"Exception({self.cls.__name__}, {self.args})"
+
+
+class GradModeValue(Value):
+    """``torch.no_grad()`` / ``enable_grad()`` / ``set_grad_enabled(b)`` as a context
+    manager (also usable as a decorator's effect on an inlined call)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.prev = None
+
+    def python_type(self):
+        return torch.no_grad if not self.enabled else torch.enable_grad
+
+    def enter(self, tx):
+        self.prev = tx.output.grad_enabled
+        tx.output.set_grad_enabled(self.enabled)
+        return ConstantValue(None)
+
+    def exit(self, tx):
+        tx.output.set_grad_enabled(self.prev)
+        return ConstantValue(None)
+
+
+def is_mutable(v: Value) -> bool:
+    return getattr(v, "mutable", False)
