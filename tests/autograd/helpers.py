@@ -30,7 +30,7 @@ def lift(module: torch.nn.Module):
     graph = gm.graph
     first = next(iter(graph.nodes))
     with graph.inserting_before(first):
-        phs = {name: graph.placeholder(name.replace(".", "_")) for name in names}
+        phs = {name: graph.placeholder("p_" + name.replace(".", "_")) for name in names}
     for n in list(graph.nodes):
         if n.op == "get_attr" and n.target in phs:
             n.replace_all_uses_with(phs[n.target])
