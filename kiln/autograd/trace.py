@@ -215,6 +215,9 @@ class _TraceMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         args, kwargs = self._meta_args(args, kwargs)
+        if func is aten._local_scalar_dense.default:
+            raise AotUnsupported("a tensor's value (.item(), a data-dependent branch) is "
+                                 "needed, but tracing runs on meta tensors")
         if func in (aten.lift_fresh.default, aten.lift_fresh_copy.default):
             return args[0] if func is aten.lift_fresh.default else self._record(
                 aten.clone.default, args, kwargs)

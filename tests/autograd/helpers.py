@@ -1,57 +1,12 @@
-"""Test helpers: torch-level graphs shaped like kiln capture's, and eager comparison.
-
-``lift(module)`` traces a module with ``torch.fx.symbolic_trace`` and turns its
-parameters and buffers into placeholders (capture lifts them the same way): leaf
-modules (Conv2d, BatchNorm2d, Linear…) become calls of the module's forward with the
-tensors passed in (``torch.func.functional_call``), so buffer updates hit the inputs.
-"""
+"""Test helpers: eager comparison; ``lift`` (kiln.autograd.lift) makes graphs shaped
+like kiln capture's from modules."""
 from __future__ import annotations
 
 import copy
 
 import torch
-import torch.fx as fx
-from torch.func import functional_call
 
-
-def _call_leaf(module, names, *args_and_tensors):
-    n = len(names)
-    tensors, args = args_and_tensors[:n], args_and_tensors[n:]
-    return functional_call(module, dict(zip(names, tensors)), args)
-
-
-def lift(module: torch.nn.Module):
-    """(gm, state) with gm(*state, *user_inputs) == module(*user_inputs), where state
-    is the module's parameters and buffers (the module's own tensors)."""
-    gm = fx.symbolic_trace(module)
-    state = dict(module.named_parameters())
-    state.update(module.named_buffers())
-    names = list(state)
-    graph = gm.graph
-    first = next(iter(graph.nodes))
-    with graph.inserting_before(first):
-        phs = {name: graph.placeholder("p_" + name.replace(".", "_")) for name in names}
-    for n in list(graph.nodes):
-        if n.op == "get_attr" and n.target in phs:
-            n.replace_all_uses_with(phs[n.target])
-            graph.erase_node(n)
-        elif n.op == "call_module":
-            sub = gm.get_submodule(n.target)
-            prefix = n.target + "."
-            sub_names = [k[len(prefix):] for k in names if k.startswith(prefix)]
-            with graph.inserting_before(n):
-                new = graph.call_function(
-                    _call_leaf, (sub, sub_names, *[phs[prefix + k] for k in sub_names],
-                                 *n.args), n.kwargs)
-            n.replace_all_uses_with(new)
-            graph.erase_node(n)
-    out = next(n for n in graph.nodes if n.op == "output")
-    res = out.args[0]
-    if not isinstance(res, (tuple, list)):
-        out.args = ((res,),)
-    graph.lint()
-    gm.recompile()
-    return gm, [state[k] for k in names]
+from kiln.autograd.lift import lift  # noqa: F401  (tests import it from here)
 
 
 def clone_inputs(xs):

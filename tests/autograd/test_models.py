@@ -23,3 +23,24 @@ def test_resnet18_training_step():
     for entry in fn._training.values():
         verify_aten_graph(entry.fw_module)
         verify_aten_graph(entry.bw_module)
+
+
+def test_gpt2_blocks_training_step():
+    pytest.importorskip("transformers")
+    from kiln.autograd.lift import lift_whole
+    from kiln.autograd.report import gpt2_blocks
+    from tests.autograd.helpers import assert_close, clone_inputs, grads_of
+    torch.manual_seed(0)
+    m = gpt2_blocks(n_layer=2, n_embd=32, n_head=4).double()
+    gm, state = lift_whole(m)
+    x = torch.randn(2, 8, 32, dtype=torch.float64, requires_grad=True)
+    (xa,), (xb,) = clone_inputs([x]), clone_inputs([x])
+    fn = aot_eager(gm, [*state, xa])
+    out, = fn(*state, xa)
+    ref = m(xb)
+    assert_close(out, ref, rtol=1e-7, atol=1e-8)
+    for a, b in zip(grads_of([out], [*state, xa]), grads_of([ref], [*m.parameters(), xb])):
+        assert_close(a, b, rtol=1e-7, atol=1e-8)
+    for entry in fn._training.values():
+        verify_aten_graph(entry.fw_module)
+        verify_aten_graph(entry.bw_module)
