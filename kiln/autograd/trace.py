@@ -492,9 +492,18 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
 
     _order_placeholders(graph)
     graph.output((*fw_nodes, *bw_nodes))
+    _drop_aliases(graph)
     graph.eliminate_dead_code()
     return TraceResult(graph, mode.constants, len(example_inputs), len(fw_nodes), specs,
                        mutations, differentiable, grad_inputs)
+
+
+def _drop_aliases(graph: fx.Graph) -> None:
+    """``aten.alias`` (what ``detach`` becomes) is the identity in a functional graph."""
+    for n in list(graph.nodes):
+        if n.op == "call_function" and n.target is aten.alias.default:
+            n.replace_all_uses_with(n.args[0])
+            graph.erase_node(n)
 
 
 def _order_placeholders(graph: fx.Graph) -> None:
