@@ -25,18 +25,28 @@ def parse(argv=None):
     p.add_argument("--no-warm", action="store_true", help="skip the warm-cache subprocess")
     p.add_argument("--budget-s", type=float, default=None,
                    help=f"stop starting cells after this long (default {DEFAULT_CUDA_BUDGET_S} on cuda, none on cpu)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads for PyTorch and OpenMP kernels (default: leave as is); "
+                        "1 gives steadier CPU timings on a shared machine")
     p.add_argument("--keep-cache", action="store_true", help="keep the per-cell cache folders")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     a = parse(argv)
+    if a.threads:  # before torch and any OpenMP kernel library loads; subprocesses inherit
+        os.environ["OMP_NUM_THREADS"] = str(a.threads)
     # workloads and timings live in this process: no other process should share the GPU
     import torch
 
     from benchmarks import harness, report
     from benchmarks.workloads import select
 
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.device == "cpu" and os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1):
+        print(f"warning: load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: "
+              "other processes compete, CPU timings will be noisy (try --threads 1)", flush=True)
     if a.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: no GPU visible", file=sys.stderr)
         return 2

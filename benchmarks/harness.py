@@ -359,6 +359,7 @@ def _meta(opts: Options) -> dict:
     meta = {"device": opts.device, "torch": torch.__version__, "python": platform.python_version(),
             "backends": [b if isinstance(b, str) else b.name for b in opts.backends], "quick": opts.quick, "min_runs": opts.min_runs,
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host_cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "load_avg_at_start": os.getloadavg()[0],
             "error_metric": "max|got-ref| / max|ref| per tensor, worst tensor; "
                             "training: loss and every parameter gradient after the first step"}
     if opts.device == "cuda":
