@@ -43,6 +43,11 @@ def wrap(tx, obj, source, module_member=False):
     special = _special(obj)
     if special is not None:
         return special
+    if t in (list, dict, set) or (isinstance(obj, dict) and t.__module__ == "collections"):
+        # one mutable object, one Value: mutations made through any alias are seen by all
+        known = tx.output.known_value(obj)
+        if known is not None:
+            return known
     if isinstance(obj, torch.Tensor):
         if source is None:
             raise Unsupported("a tensor that kiln cannot re-read at run time (no source)")
@@ -61,7 +66,9 @@ def wrap(tx, obj, source, module_member=False):
             g.length(source, len(obj))
         items = [wrap(tx, x, ItemSource(source, i) if source is not None else None)
                  for i, x in enumerate(obj)]
-        return V.TupleValue(items, source) if t is tuple else tx.output.track(V.ListValue(items, source))
+        if t is tuple:
+            return V.TupleValue(items, source)
+        return tx.output.remember(obj, V.ListValue(items, source))
     if isinstance(obj, tuple) and hasattr(t, "_fields"):
         if g:
             g.type_is(source, t)
@@ -77,7 +84,7 @@ def wrap(tx, obj, source, module_member=False):
             g.dict_keys(source, keys)
         items = {k: wrap(tx, v, ItemSource(source, k) if source is not None else None)
                  for k, v in obj.items()}
-        return tx.output.track(V.DictValue(items, source, cls=t))
+        return tx.output.remember(obj, V.DictValue(items, source, cls=t))
     if t in (set, frozenset):
         if not all(type(k) in _CONST_TYPES for k in obj):
             raise Unsupported("a set of non-constant items")
@@ -89,7 +96,7 @@ def wrap(tx, obj, source, module_member=False):
             g.type_is(source, t)
             g.expression(f"{source.expr()} == {g.const(set(obj), 'v')}",
                          f"{source.pretty()} == {set(obj)!r}", source.expr())
-        return tx.output.track(V.SetValue(list(obj), source))
+        return tx.output.remember(obj, V.SetValue(list(obj), source))
     if isinstance(obj, torch.nn.Module):
         if g:
             g.type_is(source, t)

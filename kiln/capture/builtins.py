@@ -62,7 +62,7 @@ def call_builtin(tx, fn, args, kwargs):
 
             return wrap_static(fold(fn, *cargs, **ckw))
     objclass = getattr(fn, "__objclass__", None)
-    if objclass is not None and args:
+    if objclass is not None and args and isinstance(args[0], (V._Sequence, V.DictValue, V.SetValue)):
         # unbound C methods called with the instance first: dict.get(d, k), list.append(l, x)
         return args[0].call_method(tx, name, list(args[1:]), kwargs)
     raise Unsupported(f"call to builtin {getattr(fn, '__qualname__', fn)!r} (kiln cannot trace it)")

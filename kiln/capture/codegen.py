@@ -66,6 +66,8 @@ class EntryCodegen:
                 self.need(i, seen)
         elif isinstance(v, V.ObjectValue):
             for i in v.attrs.values():
+                if isinstance(i, V.ConstantValue) and type(i.value) is object:
+                    continue
                 self.need(i, seen)
         elif isinstance(v, V.MethodValue):
             self.need(v.self_value, seen)
@@ -151,6 +153,8 @@ class EntryCodegen:
             return f"iter(({''.join(self.expr(i) + ', ' for i in items)}))"
         if isinstance(v, V.SuperValue):
             raise Unsupported("rebuilding super()")
+        if hasattr(v, "fn") and not hasattr(v, "code"):  # special kiln functions
+            return self.ref(v.fn, "f")
         if hasattr(v, "func") and hasattr(v, "kwargs"):  # partial
             import functools
 
@@ -203,7 +207,12 @@ class EntryCodegen:
                 inner = ", ".join(self.key(i) for i in m.items)
                 self.lines.append(f"{t} = {m.source.expr()}; {t}.clear(); {t}.update([{inner}])")
             elif isinstance(m, V.ObjectValue):
+                from kiln.capture.objects import DELETED
+
                 for k, a in m.attrs.items():
+                    if a is DELETED:
+                        self.lines.append(f"delattr({m.source.expr()}, {k!r})")
+                        continue
                     self.lines.append(f"{m.source.expr()}.{k} = {self.expr(a)}" if k.isidentifier()
                                       else f"setattr({m.source.expr()}, {k!r}, {self.expr(a)})")
             else:

@@ -166,6 +166,12 @@ class Frame:
         child = Frame(self.output, code, f_globals, bound, parent=self, closure=closure,
                       globals_source=gsrc, fn_value=fnv,
                       is_generator=bool(code.co_flags & _CO_GENERATOR))
+        for i, name in enumerate(code.co_freevars):
+            cell = closure[i]
+            if isinstance(cell, V.CellValue):
+                child.cells[name] = cell
+            else:
+                child.cells[name] = RealCell(cell, FuncCellSource(fsrc, i) if fsrc is not None else None)
         result = child.run()
         if child.is_generator:
             return V.IteratorValue(child.yielded)
@@ -221,6 +227,15 @@ class RealCell:
             obj = self.cell.cell_contents
         except ValueError:
             raise UserException(V.ExceptionValue(NameError, [V.ConstantValue("free variable referenced before assignment")]))
+        if self.source is None:
+            from kiln.capture.builder import wrap_static
+
+            if isinstance(obj, torch.Tensor) or type(obj) in (list, dict, set):
+                raise Unsupported("a tensor or mutable container in a closure kiln cannot re-read")
+            try:
+                return wrap_static(obj)
+            except Unsupported:
+                return wrap(tx, obj, None)
         return wrap(tx, obj, self.source)
 
     def write(self, tx, value):
@@ -484,7 +499,12 @@ def STORE_ATTR(tx, inst):
 
 @handles("DELETE_ATTR")
 def DELETE_ATTR(tx, inst):
-    raise Unsupported("del obj.attr")
+    obj = tx.pop()
+    if not isinstance(obj, V.ObjectValue):
+        raise Unsupported(f"del attribute of {obj}")
+    from kiln.capture.objects import object_delattr
+
+    object_delattr(tx, obj, inst.argval)
 
 
 @handles("BINARY_OP")
@@ -816,7 +836,7 @@ def RETURN_VALUE(tx, inst):
 
 @handles("KW_NAMES")
 def KW_NAMES(tx, inst):
-    tx.kw_names = inst.argval
+    tx.kw_names = tx.code.co_consts[inst.arg]
 
 
 @handles("CALL")
@@ -856,12 +876,8 @@ def CALL_FUNCTION_EX(tx, inst):
 
 @handles("MAKE_FUNCTION")
 def MAKE_FUNCTION(tx, inst):
-    if PY312:
-        code = tx.pop().value
-        qualname = code.co_qualname
-    else:
-        qualname = tx.pop().const()
-        code = tx.pop().value
+    code = tx.pop().value  # 3.11 and 3.12 push only the code object
+    qualname = code.co_qualname
     flags = inst.arg
     closure = tx.pop().items if flags & 0x08 else None
     if flags & 0x04:

@@ -41,8 +41,8 @@ def _hooks_guard(tx, mv):
 
 def call_module(tx, mv, args, kwargs):
     mod = mv.mod
-    pre = list(mod._forward_pre_hooks.values())
-    post = list(mod._forward_hooks.values())
+    pre = list(mod._forward_pre_hooks.items())
+    post = list(mod._forward_hooks.items())
     if (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks):
         raise Unsupported("global module hooks")
     if mod._forward_hooks_with_kwargs or mod._forward_pre_hooks_with_kwargs:
@@ -52,11 +52,15 @@ def call_module(tx, mv, args, kwargs):
     elif mv.source is not None:
         e = mv.source.expr()
         tx.output.guards.expression(
-            f"tuple({e}._forward_pre_hooks.values()) == {tx.output.guards.const(tuple(pre), 'h')} and "
-            f"tuple({e}._forward_hooks.values()) == {tx.output.guards.const(tuple(post), 'h')}",
+            f"tuple({e}._forward_pre_hooks.values()) == {tx.output.guards.const(tuple(h for _, h in pre), 'h')} and "
+            f"tuple({e}._forward_hooks.values()) == {tx.output.guards.const(tuple(h for _, h in post), 'h')}",
             f"{mv.source.pretty()} has the same forward hooks")
-    for h in pre:
-        r = wrap(tx, h, None).call(tx, [mv, V.TupleValue(args)], {})
+    def hook_value(table, key, h):
+        src = ItemSource(AttrSource(mv.source, table), key) if mv.source is not None else None
+        return wrap(tx, h, src)
+
+    for key, h in pre:
+        r = hook_value("_forward_pre_hooks", key, h).call(tx, [mv, V.TupleValue(args)], {})
         if not (isinstance(r, V.ConstantValue) and r.value is None):
             args = r.items if isinstance(r, V.TupleValue) else [r]
     if "forward" in mod.__dict__:
@@ -64,8 +68,8 @@ def call_module(tx, mv, args, kwargs):
     else:
         fwd = wrap_class_attr(tx, mv, type(mod), "forward")
     out = fwd.call(tx, args, kwargs)
-    for h in post:
-        r = wrap(tx, h, None).call(tx, [mv, V.TupleValue(args), out], {})
+    for key, h in post:
+        r = hook_value("_forward_hooks", key, h).call(tx, [mv, V.TupleValue(args), out], {})
         if not (isinstance(r, V.ConstantValue) and r.value is None):
             out = r
     return out
@@ -104,7 +108,8 @@ def module_getitem(tx, mv, k):
         _guard_keys(tx, mv)
         keys = list(mod._modules)
         if isinstance(key, slice):
-            raise Unsupported("slicing a Sequential/ModuleList")
+            return V.ListValue([_submodule(tx, mv, k) for k in keys[key]]) if isinstance(mod, nn.ModuleList) \
+                else _SlicedSequential([_submodule(tx, mv, k) for k in keys[key]])
         return _submodule(tx, mv, keys[key])
     if isinstance(mod, nn.ModuleDict):
         _guard_keys(tx, mv)
@@ -117,3 +122,22 @@ def module_getitem(tx, mv, k):
 
 
 del torch
+
+
+class _SlicedSequential(V.Value):
+    """``seq[1:3]``: a Sequential over some of the submodules, callable and iterable."""
+
+    def __init__(self, mods):
+        self.mods = mods
+
+    def python_type(self):
+        return nn.Sequential
+
+    def unpack(self, tx):
+        return list(self.mods)
+
+    def call(self, tx, args, kwargs):
+        x = args[0]
+        for m in self.mods:
+            x = m.call(tx, [x], {})
+        return x

@@ -25,6 +25,15 @@ class PartialValue(V.FunctionValue):
         self.kwargs = dict(kwargs)
         self.source = source
 
+    def getattr(self, tx, name):
+        if name == "func":
+            return self.func
+        if name == "args":
+            return V.TupleValue(self.args)
+        if name == "keywords":
+            return V.DictValue(self.kwargs)
+        raise Unsupported(f"attribute {name!r} of functools.partial")
+
     def call(self, tx, args, kwargs):
         kw = dict(self.kwargs)
         kw.update(kwargs)
@@ -36,8 +45,24 @@ def _attr_error(obj_type, name):
         f"{obj_type.__qualname__!r} object has no attribute {name!r}")]))
 
 
+DELETED = V.ConstantValue(object())  # an attribute the program deleted
+
+
+def object_delattr(tx, ov, name):
+    object_getattr(tx, ov, name)  # AttributeError if it does not exist
+    if isinstance(ov, V.NewObjectValue):
+        ov.attrs.pop(name, None)
+        return
+    if ov.source is None:
+        raise Unsupported("deleting an attribute of an object kiln cannot re-read")
+    ov.attrs[name] = DELETED
+    tx.output.mark_mutated(ov)
+
+
 def object_getattr(tx, ov, name):
     if name in ov.attrs:
+        if ov.attrs[name] is DELETED:
+            raise _attr_error(ov.python_type(), name)
         return ov.attrs[name]
     cls = ov.python_type()
     if name == "__class__":

@@ -28,7 +28,6 @@ class OutputGraph:
         self._input_by_id: dict = {}
         self._value_by_fake: dict = {}
         self._objects: dict = {}  # id(real object) -> ObjectValue / ModuleValue
-        self.tracked: list = []  # mutable values read from sources (side-effect candidates)
         self.mutated: list = []  # objects/containers the program changed, in order
         self.global_writes: dict = {}  # name -> Value
         self.grad_enabled = torch.is_grad_enabled()
@@ -83,8 +82,12 @@ class OutputGraph:
             self._keepalive.append(obj)
         return v
 
-    def track(self, v):
-        self.tracked.append(v)
+    def known_value(self, obj):
+        return self._objects.get(id(obj))
+
+    def remember(self, obj, v):
+        self._objects[id(obj)] = v
+        self._keepalive.append(obj)
         return v
 
     def mark_mutated(self, v):
@@ -115,7 +118,9 @@ class OutputGraph:
         node_kwargs = {k: _to_arg(v) for k, v in kwargs.items()}
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
         result = self._wrap_result(out, node)
-        if not node.users and not _has_tensor(out):
+        if not node.users and out is not None and not _has_tensor(out):
+            # a metadata query answered at trace time (mutating ops return None or a
+            # tensor and always keep their node)
             self.graph.erase_node(node)
         return result
 

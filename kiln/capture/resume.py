@@ -51,11 +51,14 @@ def resume_code(code, index: int, stack_nulls: tuple, local_names: tuple):
             break
     prologue.append(Instr("RESUME", 0, lineno=lineno))
     stack_args = []
+    prefix = "__stack"
+    while any(n.startswith(prefix) for n in code.co_varnames):
+        prefix = "_" + prefix
     for i, is_null in enumerate(stack_nulls):
         if is_null:
             prologue.append(Instr("PUSH_NULL", lineno=lineno))
         else:
-            name = f"__stack{i}"
+            name = f"{prefix}{i}"
             stack_args.append(name)
             prologue.append(Instr("LOAD_FAST", name, lineno=lineno))
     prologue.append(Instr("JUMP_FORWARD", label, lineno=lineno))

@@ -67,6 +67,10 @@ def trace_frame(fn: types.FunctionType, code, bound_args: dict, ctx: TraceContex
     for _attempt in range(32):
         try:
             return _trace_once(fn, code, bound_args, ctx, break_at, first_reason)
+        except _FinishFailed as f:
+            if ctx.fullgraph:
+                raise Unsupported(f.reason) from None
+            raise SkipFrame(f.reason) from None
         except RestartWithBreak as r:
             if break_at == r.ip:
                 raise SkipFrame(r.reason)
@@ -92,7 +96,11 @@ def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
     try:
         while True:
             if frame.ip == break_at:
-                return _compile_break(fn, code, frame, ctx, ns, break_info)
+                try:
+                    return _compile_break(fn, code, frame, ctx, ns, break_info)
+                except Unsupported as e:
+                    raise _FinishFailed(f"graph break at {break_info.user_stack[-1] if break_info.user_stack else '?'} "
+                                        f"({break_info.reason}) cannot resume: {e.reason}") from None
             inst = frame.insts[frame.ip]
             try:
                 frame.step()
@@ -108,9 +116,20 @@ def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
                     raise RestartWithBreak(inst.index, e.reason, stack) from None
                 raise SkipFrame(f"{e.reason} (at {stack[-1] if stack else '?'})") from None
     except ReturnSignal as r:
-        return _compile_return(fn, code, frame, ctx, ns, r.value)
+        try:
+            return _compile_return(fn, code, frame, ctx, ns, r.value)
+        except Unsupported as e:
+            raise _FinishFailed(f"cannot rebuild the return value: {e.reason}") from None
     except UserException as e:
-        return _compile_raise(fn, code, frame, ctx, ns, e.value)
+        try:
+            return _compile_raise(fn, code, frame, ctx, ns, e.value)
+        except Unsupported as e2:
+            raise _FinishFailed(f"cannot rebuild the raised exception: {e2.reason}") from None
+
+
+class _FinishFailed(Exception):
+    def __init__(self, reason):
+        self.reason = reason
 
 
 def frame_user_stack(e, frame):

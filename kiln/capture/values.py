@@ -54,6 +54,30 @@ class Value:
         return f"{type(self).__name__}()"
 
 
+class BoundContainerMethod(Value):
+    """``lst.append`` / ``d.get`` read as an attribute, called later."""
+
+    def __init__(self, owner, name):
+        self.owner = owner
+        self.name = name
+
+    def python_type(self):
+        return types.BuiltinMethodType
+
+    def call(self, tx, args, kwargs):
+        return self.owner.call_method(tx, self.name, args, kwargs)
+
+
+def _container_getattr(self, tx, name):
+    t = self.python_type()
+    if name == "__class__":
+        return ClassValue(t)
+    if not hasattr(t, name):
+        raise UserException(ExceptionValue(AttributeError, [ConstantValue(
+            f"{t.__name__!r} object has no attribute {name!r}")]))
+    return BoundContainerMethod(self, name)
+
+
 class NullValue(Value):
     """The NULL that CPython 3.11/3.12 push below a callable."""
 
@@ -157,6 +181,8 @@ class _Sequence(Value):
     def truth(self, tx):
         return len(self.items) > 0
 
+    getattr = _container_getattr
+
     def is_const(self):
         return all(i.is_const() for i in self.items)
 
@@ -189,9 +215,11 @@ class NamedTupleValue(TupleValue):
         return self.cls(*[i.const() for i in self.items])
 
     def getattr(self, tx, name):
-        fields = getattr(self.cls, "_fields", ())
+        fields = getattr(self.cls, "_fields", ()) or getattr(self, "fields", ())
         if name in fields:
             return self.items[fields.index(name)]
+        if name in ("_replace", "_asdict", "index", "count"):
+            return BoundContainerMethod(self, name)
         from kiln.capture.builder import wrap_class_attr
 
         return wrap_class_attr(tx, self, self.cls, name)
@@ -239,9 +267,7 @@ class DictValue(Value):
 
         return dict_method(tx, self, name, args, kwargs)
 
-    def getattr(self, tx, name):
-        # attribute reads on dict subclasses (ModelOutput-like) read the instance
-        raise Unsupported(f"attribute {name!r} of a dict")
+    getattr = _container_getattr
 
     def __repr__(self):
         return f"Dict({self.items})"
@@ -262,6 +288,8 @@ class SetValue(Value):
 
     def unpack(self, tx):
         return [ConstantValue(v) for v in self.items]
+
+    getattr = _container_getattr
 
     def call_method(self, tx, name, args, kwargs):
         from kiln.capture.containers import set_method
