@@ -222,7 +222,8 @@ def wrap_static(obj):
         return V.UserFunctionValue(obj)
     if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
         return V.BuiltinValue(obj)
-    raise Unsupported(f"a {t.__qualname__} computed at trace time")
+    # anything else: the same real object, read-only (writes need a source)
+    return V.ObjectValue(obj, None)
 
 
 def lookup_class_attr(cls, name):

@@ -68,7 +68,14 @@ def call_builtin(tx, fn, args, kwargs):
     raise Unsupported(f"call to builtin {getattr(fn, '__qualname__', fn)!r} (kiln cannot trace it)")
 
 
-_PURE = {abs, round, pow, divmod, chr, ord, hex, oct, bin, repr, ascii, format, hash,
+@rule(pow)
+def _pow(tx, a, b, *mod):
+    if not mod and (isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue)):
+        return binary_op(tx, "NB_POWER", a, b)
+    return C(fold(pow, a.const(), b.const(), *[m.const() for m in mod]))
+
+
+_PURE = {abs, round, divmod, chr, ord, hex, oct, bin, repr, ascii, format, hash,
          operator.index, math.sqrt, math.exp, math.log, math.floor, math.ceil}
 
 

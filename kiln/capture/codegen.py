@@ -190,33 +190,46 @@ class EntryCodegen:
 
     # --- side effects ------------------------------------------------------------------
     def side_effects(self):
+        """Apply the program's mutations to the real objects. All new values are
+        computed first (they may read state that a later write changes), then written."""
+        compute, apply = [], []
+
+        def val(expr):
+            t = self.temp()
+            compute.append(f"{t} = {expr}")
+            return t
+
+        from kiln.capture.objects import DELETED
+
         for m in self.output.mutated:
             if isinstance(m, tuple) and m[0] == "global":
-                self.lines.append(f"__G[{m[1]!r}] = {self.expr(self.output.global_writes[m[1]])}")
+                v = val(self.expr(self.output.global_writes[m[1]]))
+                apply.append(f"__G[{m[1]!r}] = {v}")
             elif hasattr(m, "written"):  # RealCell
-                self.lines.append(f"{m.source.expr()} = {self.expr(m.written)}")
+                v = val(self.expr(m.written))
+                apply.append(f"{m.source.expr()} = {v}")
             elif isinstance(m, V.ListValue):
-                items = ", ".join(self.expr(i) for i in m.items)
-                self.lines.append(f"{m.source.expr()}[:] = [{items}]")
+                v = val("[" + ", ".join(self.expr(i) for i in m.items) + "]")
+                apply.append(f"{m.source.expr()}[:] = {v}")
             elif isinstance(m, V.DictValue):
-                t = self.temp()
                 inner = ", ".join(f"{self.key(k)}: {self.expr(i)}" for k, i in m.items.items())
-                self.lines.append(f"{t} = {m.source.expr()}; {t}.clear(); {t}.update({{{inner}}})")
-            elif isinstance(m, V.SetValue):
+                v = val("{" + inner + "}")
                 t = self.temp()
-                inner = ", ".join(self.key(i) for i in m.items)
-                self.lines.append(f"{t} = {m.source.expr()}; {t}.clear(); {t}.update([{inner}])")
+                apply.append(f"{t} = {m.source.expr()}; {t}.clear(); {t}.update({v})")
+            elif isinstance(m, V.SetValue):
+                v = val("[" + ", ".join(self.key(i) for i in m.items) + "]")
+                t = self.temp()
+                apply.append(f"{t} = {m.source.expr()}; {t}.clear(); {t}.update({v})")
             elif isinstance(m, V.ObjectValue):
-                from kiln.capture.objects import DELETED
-
                 for k, a in m.attrs.items():
                     if a is DELETED:
-                        self.lines.append(f"delattr({m.source.expr()}, {k!r})")
+                        apply.append(f"delattr({m.source.expr()}, {k!r})")
                         continue
-                    self.lines.append(f"{m.source.expr()}.{k} = {self.expr(a)}" if k.isidentifier()
-                                      else f"setattr({m.source.expr()}, {k!r}, {self.expr(a)})")
+                    v = val(self.expr(a))
+                    apply.append(f"setattr({m.source.expr()}, {k!r}, {v})")
             else:
                 raise Unsupported(f"applying a side effect on {m}")
+        self.lines += compute + apply
 
     def mutated_values(self):
         out = []

@@ -55,7 +55,9 @@ class GuardSet:
 
     def identity(self, src: Source, obj):
         e = src.expr()
-        self.add(f"{e} is {self.const(obj, 'O')}",
+        # bound builtin methods are new objects on every read: compare them with ==
+        op = "==" if type(obj).__name__ in ("builtin_function_or_method", "method-wrapper") and getattr(obj, "__self__", None) is not None and not isinstance(obj.__self__, type(torch)) else "is"
+        self.add(f"{e} {op} {self.const(obj, 'O')}",
                  f"{src.pretty()} is the same object as when compiled ({_short(obj)})", e)
 
     def constant(self, src: Source, value):

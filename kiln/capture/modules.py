@@ -12,11 +12,78 @@ from kiln.capture.errors import Unsupported
 from kiln.capture.sources import AttrSource, ItemSource
 
 
+class _ModuleIterMethod(V.Value):
+    """``m.parameters()``, ``m.named_children()``… answered from the module tree
+    directly (PyTorch's own versions use generators over sets of modules)."""
+
+    def __init__(self, mv, name):
+        self.mv = mv
+        self.name = name
+
+    def call(self, tx, args, kwargs):
+        ba = {k: v.const() for k, v in kwargs.items()}
+        pos = [a.const() for a in args]
+        return V.IteratorValue(_iter_items(tx, self.mv, self.name, pos, ba))
+
+
+_ITER_METHODS = ("parameters", "named_parameters", "buffers", "named_buffers", "children",
+                 "named_children", "modules", "named_modules")
+
+
+def _iter_items(tx, mv, name, pos, kw):
+    mod = mv.mod
+    named = name.startswith("named_")
+    kind = name[len("named_"):] if named else name
+    if kind in ("parameters", "buffers"):
+        prefix = kw.get("prefix", pos[0] if named and pos else "")
+        recurse = kw.get("recurse", pos[0] if (not named and pos) else (pos[1] if named and len(pos) > 1 else True))
+        table = "_parameters" if kind == "parameters" else "_buffers"
+        out, seen = [], set()
+        mods = _walk(tx, mv, "") if recurse else [("", mv)]
+        for mprefix, sub in mods:
+            for k, t in sub.mod.__dict__[table].items():
+                if t is None or id(t) in seen:
+                    continue
+                seen.add(id(t))
+                v = wrap(tx, t, ItemSource(AttrSource(sub.source, table), k) if sub.source is not None else None)
+                full = (prefix + "." if prefix else "") + (mprefix + "." if mprefix else "") + k
+                out.append(V.TupleValue([V.ConstantValue(full), v]) if named else v)
+        return out
+    if kind == "children":
+        out = []
+        for k, m in mod._modules.items():
+            if m is None:
+                continue
+            v = _submodule(tx, mv, k)
+            out.append(V.TupleValue([V.ConstantValue(k), v]) if named else v)
+        return out
+    if kind == "modules":
+        prefix = kw.get("prefix", pos[1] if len(pos) > 1 else "")
+        return [V.TupleValue([V.ConstantValue((prefix + "." + p if prefix and p else prefix or p)), v]) if named else v
+                for p, v in _walk(tx, mv, "")]
+    raise Unsupported(f"nn.Module.{name}")
+
+
+def _walk(tx, mv, prefix, seen=None):
+    seen = seen if seen is not None else set()
+    if id(mv.mod) in seen:
+        return []
+    seen.add(id(mv.mod))
+    out = [(prefix, mv)]
+    for k, m in mv.mod._modules.items():
+        if m is None:
+            continue
+        out += _walk(tx, _submodule(tx, mv, k), (prefix + "." if prefix else "") + k, seen)
+    return out
+
+
 def module_getattr(tx, mv, name):
     """Parameters, buffers and submodules, as ``nn.Module.__getattr__`` finds them;
     None when the name is none of those."""
     mod = mv.mod
     src = mv.source
+    if name in _ITER_METHODS and name not in mod.__dict__ and getattr(type(mod), name) is getattr(nn.Module, name):
+        return _ModuleIterMethod(mv, name)
     for table in ("_parameters", "_buffers", "_modules"):
         d = mod.__dict__.get(table)
         if d is not None and name in d:

@@ -55,6 +55,12 @@ def object_delattr(tx, ov, name):
         return
     if ov.source is None:
         raise Unsupported("deleting an attribute of an object kiln cannot re-read")
+    if name in ov.attrs and name not in getattr(ov.obj, "__dict__", {}):
+        ov.attrs.pop(name)  # set and deleted within the trace: the real object never sees it
+        if ov.source is not None:
+            tx.output.guards.expression(f"not hasattr({ov.source.expr()}, {name!r})",
+                                        f"{ov.source.pretty()} has no attribute {name!r}")
+        return
     ov.attrs[name] = DELETED
     tx.output.mark_mutated(ov)
 

@@ -86,6 +86,13 @@ CONST_FOLD = {
     torch._C._set_grad_enabled: _set_grad_enabled,
     torch.is_inference_mode_enabled: lambda tx, a, k: _const(False),
     torch._C._log_api_usage_once: lambda tx, a, k: _const(None),
+    # traced values are plain tensors: no __torch_function__ overrides to honour
+    torch._C._has_torch_function: lambda tx, a, k: _const(False),
+    torch._C._has_torch_function_unary: lambda tx, a, k: _const(False),
+    torch._C._has_torch_function_variadic: lambda tx, a, k: _const(False),
+    torch.overrides.has_torch_function: lambda tx, a, k: _const(False),
+    torch.overrides.has_torch_function_unary: lambda tx, a, k: _const(False),
+    torch.overrides.has_torch_function_variadic: lambda tx, a, k: _const(False),
     torch.cuda.is_available: lambda tx, a, k: _const(torch.cuda.is_available()),
     torch.are_deterministic_algorithms_enabled: lambda tx, a, k: _const(torch.are_deterministic_algorithms_enabled()),
 }

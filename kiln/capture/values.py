@@ -499,8 +499,10 @@ class ClassValue(Value):
         return construct(tx, self, args, kwargs)
 
     def getattr(self, tx, name):
-        from kiln.capture.builder import wrap_class_attr
+        from kiln.capture.builder import wrap_class_attr, wrap_static
 
+        if name in ("__name__", "__qualname__", "__module__", "__mro__", "__bases__", "__doc__"):
+            return wrap_static(getattr(self.cls, name))
         return wrap_class_attr(tx, None, self.cls, name, source=self.source)
 
     def __repr__(self):
@@ -633,6 +635,15 @@ class GradModeValue(Value):
     def python_type(self):
         return torch.no_grad if not self.enabled else torch.enable_grad
 
+    def getattr(self, tx, name):
+        if name == "__class__":
+            return ClassValue(torch.enable_grad if self.enabled else torch.no_grad)
+        raise Unsupported(f"attribute {name!r} of a grad-mode context manager")
+
+    def call(self, tx, args, kwargs):
+        # used as a decorator: no_grad()(fn) -> a function that runs fn in this mode
+        return _GradModeWrapped(self.enabled, args[0])
+
     def enter(self, tx):
         self.prev = tx.output.grad_enabled
         tx.output.set_grad_enabled(self.enabled)
@@ -645,3 +656,19 @@ class GradModeValue(Value):
 
 def is_mutable(v: Value) -> bool:
     return getattr(v, "mutable", False)
+
+
+class _GradModeWrapped(Value):
+    """``torch.no_grad()(fn)`` made during a trace: calls ``fn`` under the mode."""
+
+    def __init__(self, enabled, fn):
+        self.enabled = enabled
+        self.fn = fn
+
+    def call(self, tx, args, kwargs):
+        ctx = GradModeValue(self.enabled)
+        ctx.enter(tx)
+        try:
+            return self.fn.call(tx, args, kwargs)
+        finally:
+            ctx.exit(tx)
