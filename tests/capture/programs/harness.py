@@ -299,8 +299,36 @@ def _explain_counts(fn, inputs, states):
     return ex
 
 
+def _tensor_leaves(tree):
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _backward(out):
+    """Backpropagate from every output that requires grad (sum of their sums)."""
+    outs = [t for t in _tensor_leaves(out) if t.requires_grad and t.dtype.is_floating_point]
+    if outs:
+        sum(t.sum() for t in outs).backward()
+
+
+def _grads(args: Args, states):
+    """The .grad of every tensor argument, tensor state and module parameter."""
+    leaves = _tensor_leaves((args.args, args.kwargs))
+    for s in states:
+        leaves += list(s.parameters()) if isinstance(s, torch.nn.Module) else _tensor_leaves(s)
+    return [t.grad for t in leaves]
+
+
+def _clear_grads(states):
+    for s in states:
+        params = s.parameters() if isinstance(s, torch.nn.Module) else _tensor_leaves(s)
+        for p in params:
+            p.grad = None
+
+
 def check(fn, make_inputs, *, graphs=None, breaks=None, calls=3, state=None,
-          fullgraph=False, ops=None):
+          fullgraph=False, ops=None, backward=False):
     """Run ``fn`` eagerly and compiled on ``calls`` fresh input sets and compare.
 
     ``make_inputs(i)`` builds the inputs of call ``i`` (a tuple of positional args, one
@@ -309,7 +337,9 @@ def check(fn, make_inputs, *, graphs=None, breaks=None, calls=3, state=None,
     module, plain object, or a tuple of them); compared after every call.
     ``graphs``: graphs compiled by the first call; ``breaks``: ``explain``'s
     graph_break_count on the first input set; ``ops``: list of op counts per graph
-    compiled by the first call.  Returns the counting backend.
+    compiled by the first call.  ``backward``: also backpropagate from the outputs
+    that require grad and compare the gradients of arguments and state.  Returns the
+    counting backend.
     """
     states = _states(state)
     torch.manual_seed(0)
@@ -331,6 +361,10 @@ def check(fn, make_inputs, *, graphs=None, breaks=None, calls=3, state=None,
 
             e_args = copy.deepcopy(inputs)
             e_out, e_exc = _run(fn, e_args)
+            if backward and e_exc is None:
+                _backward(e_out)
+                e_grads = snapshot(_grads(e_args, states))
+                _clear_grads(states)
             e_states = [snapshot(s) for s in states]
             for s, snap in zip(states, snaps):
                 _restore(s, snap)
@@ -348,6 +382,10 @@ def check(fn, make_inputs, *, graphs=None, breaks=None, calls=3, state=None,
                 if c_exc is not None:
                     raise AssertionError(f"{where}: compiled raised, eager returned") from c_exc
                 compare(e_out, c_out, f"{where}: out")
+                if backward:
+                    _backward(c_out)
+                    compare(e_grads, _grads(c_args, states), f"{where}: grads")
+                    _clear_grads(states)
             compare(e_args.args, c_args.args, f"{where}: args")
             compare(e_args.kwargs, c_args.kwargs, f"{where}: kwargs")
             for k, (es, cs) in enumerate(zip(e_states, states)):

@@ -221,7 +221,7 @@ def test_module_parameter_grad_flows():
     def f(x):
         out = m(x).sum()
         return out, out.requires_grad
-    check(f, shapes((4, 3)), graphs=1, breaks=0, state=m)
+    check(f, shapes((4, 3)), graphs=1, breaks=0, state=m, backward=True)
 
 
 def test_module_under_no_grad():
@@ -283,6 +283,16 @@ def test_functional_call_on_submodule_weights():
     check(f, shapes((1, 1, 4, 4)), graphs=1, breaks=0, state=m)
 
 
+def test_mlp_backward_param_grads():
+    m = _fresh(MLP())
+    check(m, lambda i: (T(2, 4).requires_grad_(),), graphs=1, breaks=0, state=m, backward=True)
+
+
+def test_batchnorm_train_backward():
+    m = _fresh(nn.BatchNorm2d(2), train=True)
+    check(m, lambda i: (T(3, 2, 2, 2),), graphs=1, breaks=0, state=m, backward=True)
+
+
 def test_two_calls_same_module():
     m = _fresh(nn.Linear(3, 3))
     def f(x):
@@ -314,4 +324,4 @@ def test_multihead_attention_eval():
     def f(x):
         out, w = m(x, x, x, need_weights=True)
         return out, w
-    check(f, shapes((2, 5, 8)), state=m)
+    check(f, shapes((2, 5, 8)), graphs=1, breaks=0, state=m)
