@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -247,12 +248,25 @@ class GraphLowering:
         if fn is not None and self._dtypes_ok(node):
             try:
                 out = fn(self, node, *args, **kwargs)
+                self._check_target_ops(out)
                 return self._maybe_realize(node, out)
             except Unsupported as e:
                 reason = f"lowering declined: {e}"
         else:
             reason = "no lowering" if fn is None else "dtype/device not supported"
         return self.fallback(node, args, kwargs, reason)
+
+    def _check_target_ops(self, out):
+        """Decline ops the chosen code generator cannot run here (libdevice-only math
+        under Triton's interpreter)."""
+        if self.target != "triton" or os.environ.get("TRITON_INTERPRET") != "1":
+            return
+        from .triton_gen import LIBDEVICE_ONLY
+        for o in (out if isinstance(out, (tuple, list)) else [out]):
+            if isinstance(o, Lazy):
+                for e in ir.walk(o.load(loop_vars(o.sizes))):
+                    if isinstance(e, ir.Op) and e.name in LIBDEVICE_ONLY:
+                        raise Unsupported(f"{e.name} needs libdevice, absent in the interpreter")
 
     def _maybe_realize(self, node, out):
         if isinstance(out, (tuple, list)):
