@@ -29,9 +29,10 @@ def _env_str(name: str, default: str) -> str:
 #: How many compiled entries one code object may hold before kiln stops compiling it
 #: and runs it eagerly (KILN_RECOMPILE_LIMIT).
 recompile_limit: int = _env_int("KILN_RECOMPILE_LIMIT", 8)
-#: On an internal error while compiling, run the frame eagerly instead of raising
-#: (KILN_SUPPRESS_ERRORS).
-suppress_errors: bool = _env_bool("KILN_SUPPRESS_ERRORS", False)
+#: On an internal error while compiling, run the frame eagerly (with a warning that
+#: says why) instead of raising (KILN_SUPPRESS_ERRORS; the test suite turns it off so
+#: that kiln's own bugs fail loudly).
+suppress_errors: bool = _env_bool("KILN_SUPPRESS_ERRORS", True)
 #: Print full internal tracebacks when compilation fails (KILN_VERBOSE).
 verbose: bool = _env_bool("KILN_VERBOSE", False)
 #: How deep user-function inlining may nest before the call becomes a graph break

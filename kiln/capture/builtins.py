@@ -61,7 +61,12 @@ def call_builtin(tx, fn, args, kwargs):
             from kiln.capture.builder import wrap_static
 
             return wrap_static(fold(fn, *cargs, **ckw))
+    if isinstance(self_, dict) and name in _DICT_READS:
+        return _opaque_dict_read(tx, self_, name, args)
     objclass = getattr(fn, "__objclass__", None)
+    if objclass is dict and args and isinstance(args[0], V.ObjectValue) and isinstance(args[0].obj, dict) \
+            and name in _DICT_READS:
+        return _opaque_dict_read(tx, args[0].obj, name, list(args[1:]))
     if objclass is not None and args and isinstance(args[0], (V._Sequence, V.DictValue, V.SetValue)):
         # unbound C methods called with the instance first: dict.get(d, k), list.append(l, x)
         return args[0].call_method(tx, name, list(args[1:]), kwargs)
@@ -73,6 +78,34 @@ def _pow(tx, a, b, *mod):
     if not mod and (isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue)):
         return binary_op(tx, "NB_POWER", a, b)
     return C(fold(pow, a.const(), b.const(), *[m.const() for m in mod]))
+
+
+_DICT_READS = ("get", "__getitem__", "__contains__")
+
+
+def _real_key(v):
+    for attr in ("obj", "cls", "fn", "mod"):
+        if hasattr(v, attr) and getattr(v, attr) is not None:
+            return getattr(v, attr)
+    return v.const()
+
+
+def _opaque_dict_read(tx, d, name, args):
+    """A lookup in a real dict whose keys are objects (a registry keyed by module or
+    class): read at trace time, the answer assumed stable while the dict's size is."""
+    from kiln.capture.builder import wrap
+
+    key = _real_key(args[0])
+    tx.output.guards.expression(f"len({tx.output.guards.const(d, 'd')}) == {len(d)}",
+                                f"a registry dict still has {len(d)} entries")
+    if name == "__contains__":
+        return C(key in d)
+    if name == "get":
+        if key not in d:
+            return args[1] if len(args) > 1 else C(None)
+    elif key not in d:
+        raise UserException(V.ExceptionValue(KeyError, [args[0]]))
+    return wrap(tx, d[key], None)
 
 
 _PURE = {abs, round, divmod, chr, ord, hex, oct, bin, repr, ascii, format, hash,

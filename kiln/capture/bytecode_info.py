@@ -28,9 +28,15 @@ JUMP_OPS = set(dis.hasjrel) | set(dis.hasjabs)
 def decode(code) -> list[Inst]:
     insts = []
     line = code.co_firstlineno
+    pending_ext = []  # offsets of EXTENDED_ARGs: a jump there lands on the next instruction
+    alias = {}
     for ins in dis.get_instructions(code):
         if ins.opname == "EXTENDED_ARG":
+            pending_ext.append(ins.offset)
             continue
+        for o in pending_ext:
+            alias[o] = ins.offset
+        pending_ext = []
         ln = ins.positions.lineno if ins.positions and ins.positions.lineno else None
         if ln is None:
             ln = getattr(ins, "starts_line", None) if isinstance(getattr(ins, "starts_line", None), int) and not isinstance(getattr(ins, "starts_line", None), bool) else line
@@ -40,7 +46,7 @@ def decode(code) -> list[Inst]:
     for n, i in enumerate(insts):
         i.index = n
         if dis.opmap.get(i.opname, -1) in JUMP_OPS and isinstance(i.argval, int):
-            i.target = by_offset.get(i.argval)
+            i.target = by_offset.get(alias.get(i.argval, i.argval))
     return insts
 
 

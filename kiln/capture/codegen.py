@@ -122,6 +122,8 @@ class EntryCodegen:
             return self._new_object(v)
         if isinstance(v, (V.ObjectValue,)):
             if v.source is None:
+                if v.obj is not None and not v.attrs:
+                    return self.ref(v.obj, "obj")  # the same real object, unchanged
                 raise Unsupported(f"rebuilding {v}")
             return v.source.expr()
         if isinstance(v, (V.UserFunctionValue, V.BuiltinValue, V.TorchFunctionValue)):

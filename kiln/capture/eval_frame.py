@@ -55,7 +55,7 @@ class CompiledFunction:
         self.skip = None  # reason the frame runs eagerly
         self._callees: dict = {}
         try:
-            self._sig = inspect.signature(fn)
+            self._sig = inspect.signature(fn, follow_wrapped=False)
         except (TypeError, ValueError):
             self._sig = None
         functools.update_wrapper(self, fn)

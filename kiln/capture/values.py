@@ -347,8 +347,12 @@ class UserFunctionValue(FunctionValue):
     def getattr(self, tx, name):
         from kiln.capture.builder import wrap
 
-        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__"):
             return ConstantValue(getattr(self.fn, name))
+        if name in ("__defaults__", "__kwdefaults__"):
+            from kiln.capture.builder import wrap_static
+
+            return wrap_static(getattr(self.fn, name))
         if name in self.fn.__dict__:
             return wrap(tx, self.fn.__dict__[name],
                         AttrSource(self.source, name) if self.source else None)
