@@ -152,12 +152,14 @@ def cindex(a: Affine) -> str:
 class Body:
     """One scope's lines with common-subexpression reuse."""
 
-    def __init__(self, values: dict, indent: str, counter: list):
+    def __init__(self, values: dict, indent: str, counter: list, hoist: list | None = None):
         self.lines: list[str] = []
         self.memo: dict = {}
         self.values = values        # buffer name -> C variable holding this element
         self.indent = indent
         self.counter = counter      # shared by a kernel's scopes: unique, deterministic names
+        self.hoist = hoist          # lines run once before the loop (None: not in a loop)
+        self.invariant = set(values.values())
 
     def tmp(self, t, rhs) -> str:
         name = f"t{self.counter[0]}"
@@ -182,7 +184,16 @@ class Body:
                 s = self.tmp(ctype(e.dtype), ld)
         else:
             args = [self.render(a) for a in e.args]
-            s = self.tmp(ctype(e.dtype), OPS[e.name][0].format(*args, t=ctype(e.dtype)))
+            if (e.name == "truediv" and e.dtype.is_floating_point and self.hoist is not None
+                    and args[1] in self.invariant):
+                # a loop-invariant divisor: one division per row, a multiply per element
+                inv = f"inv_{args[1]}"
+                line = f"{ctype(e.dtype)} {inv} = {ctype(e.dtype)}(1) / {args[1]};"
+                if line not in self.hoist:
+                    self.hoist.append(line)
+                s = self.tmp(ctype(e.dtype), f"({args[0]} * {inv})")
+            else:
+                s = self.tmp(ctype(e.dtype), OPS[e.name][0].format(*args, t=ctype(e.dtype)))
         self.memo[e] = s
         return s
 
@@ -196,6 +207,15 @@ _RED_INIT = {
                           else f"std::numeric_limits<{t}>::max()"),
 }
 _RED_CLAUSE = {"sum": "+", "prod": "*", "any": "||", "max": "max", "min": "min"}
+
+
+SCRATCH_BYTES = 64 * 1024
+_EXPENSIVE = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "tanh", "sigmoid", "erf",
+              "pow", "sin", "cos", "tan", "sinh", "cosh", "atan", "asin", "acos", "atan2"}
+
+
+def _expensive(e) -> bool:
+    return any(isinstance(x, Op) and x.name in _EXPENSIVE for x in ir.walk(e))
 
 
 def _has_masks(nodes) -> bool:
@@ -243,7 +263,13 @@ class CppKernel:
             out.append(f"{ind}for (int64_t x{i} = 0; x{i} < {int(s)}; ++x{i}) {{")
             ind += "  "
         scope_values: dict[str, str] = {}
-        for kind, nodes in g.loops:
+        plan = self._plan_scratch(g) if k > 0 else {}
+        rnum = 1
+        for s_ in g.red or ():
+            rnum *= int(s_)
+        for e, (_, name) in plan.items():
+            out.append(f"{ind}alignas(64) {ctype(e.dtype)} {name}[{rnum}];")
+        for li, (kind, nodes) in enumerate(g.loops):
             if kind == "outer":
                 body = Body(dict(scope_values), ind, self.counter)
                 for n in nodes:
@@ -255,15 +281,47 @@ class CppKernel:
                         out.append(f"{ind}{n.name}[{cindex(n.store_index(g.outer_vars()))}] = {v};")
                 continue
             out.extend(self._inner_loop(g, nodes, scope_values, writes, ind,
-                                        parallel=(k == 0 and work >= PARALLEL_WORK)))
+                                        parallel=(k == 0 and work >= PARALLEL_WORK),
+                                        loop_index=li, plan=plan))
         for _ in g.outer:
             ind = ind[:-2]
             out.append(f"{ind}}}")
         out.append("}")
         return "\n".join(out), params
 
-    def _inner_loop(self, g, nodes, scope_values, writes, ind, parallel):
+    def _plan_scratch(self, g) -> dict:
+        """Expensive values a later loop recomputes from an earlier one go to a small
+        per-row scratch array (cache-resident) instead: e.g. softmax's exp(x - max),
+        computed for the sum and needed again for the output."""
+        inner = [(i, ns) for i, (kind, ns) in enumerate(g.loops) if kind == "inner"]
+        rnum = 1
+        for s_ in g.red or ():
+            rnum *= int(s_)
+        if len(inner) < 2 or not g.red or rnum * 8 > SCRATCH_BYTES:
+            return {}
+        seen: dict = {}           # expr -> first loop index
+        plan: dict = {}           # expr -> (owner loop, scratch name)
+        for li, ns in inner:
+            exprs = [e for n in ns for e in ir.walk(n.body)]
+            if _has_masks(ns):
+                continue
+            mine = []
+            for e in exprs:
+                if isinstance(e, Op) and e in seen and seen[e] != li and _expensive(e):
+                    mine.append(e)
+            # keep maximal ones only
+            subs = {c for e in mine for c in ir.walk(e) if c is not e}
+            for e in mine:
+                if e not in subs and e not in plan:
+                    plan[e] = (seen[e], f"scratch{len(plan)}")
+            for e in exprs:
+                seen.setdefault(e, li)
+        return plan
+
+    def _inner_loop(self, g, nodes, scope_values, writes, ind, parallel, loop_index=None,
+                    plan=None):
         out = []
+        plan = plan or {}
         k = len(g.outer)
         red = tuple(g.red)
         all_vars = g.all_vars()
@@ -284,6 +342,7 @@ class CppKernel:
                 out.append(f"{ind}int nan_{n.name} = 0;")
                 clauses.append(f"reduction(|:nan_{n.name})")
         simd = not args_red and not _has_masks(nodes)
+        header_at = len(out)
         li = ind
         m = len(red)
         if m == 0:
@@ -302,7 +361,12 @@ class CppKernel:
             li += "  "
         if m == 0:
             li += "  "
-        body = Body(dict(scope_values), li, self.counter)
+        hoist: list = []
+        body = Body(dict(scope_values), li, self.counter, hoist)
+        ridx = cindex(ir.linear_index(all_vars[k:], ir.contiguous_strides(red)))
+        for e, (owner, name) in plan.items():
+            if owner != loop_index and any(e in ir.walk(n.body) for n in nodes):
+                body.memo[e] = f"{name}[{ridx}]"
         for n in nodes:
             v = body.render(n.body)
             if isinstance(n, ir.Reduction):
@@ -329,7 +393,11 @@ class CppKernel:
                 body.values[n.name] = v
                 if n.name in writes:
                     body.lines.append(f"{li}{n.name}[{cindex(n.store_index(all_vars))}] = {v};")
+        for e, (owner, name) in plan.items():
+            if owner == loop_index:
+                body.lines.append(f"{li}{name}[{ridx}] = {body.render(e)};")
         out.extend(body.lines)
+        out[header_at:header_at] = [ind + h for h in hoist]
         for _ in range(max(m, 1)):
             li = li[:-2]
             out.append(f"{li}}}")
