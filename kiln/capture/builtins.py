@@ -309,7 +309,7 @@ def _minmax(tx, which, args, key, default):
         if default is not None:
             return default
         raise UserException(V.ExceptionValue(ValueError, [C(f"{which.__name__}() arg is an empty sequence")]))
-    if any(isinstance(i, V.TensorValue) for i in items):
+    if key is None and any(isinstance(i, V.TensorValue) for i in items):
         raise Unsupported(f"{which.__name__}() over tensors compares their values")
     best = items[0]
     for x in items[1:]:
@@ -439,7 +439,7 @@ def _super(tx, *args):
     # zero-argument super(): __class__ cell and the first argument of the frame
     cls = tx.load_cell("__class__")
     first = tx.code.co_varnames[0]
-    return V.SuperValue(cls.const(), tx.locals[first])
+    return V.SuperValue(cls.const(), tx.local(first))
 
 
 # --- operator module -------------------------------------------------------------

@@ -93,6 +93,8 @@ class EntryCodegen:
         t = self._temps.get(id(v))
         if t is not None:
             return t
+        if isinstance(v, V.LazyArg):
+            return v.source.expr()
         if isinstance(v, V.TensorValue):
             src = self._input_nodes.get(v.node)
             if src is not None:

@@ -58,6 +58,12 @@ class Frame:
         self.yielded: list = []
         self.steps = 0
 
+    def local(self, name):
+        v = self.locals[name]
+        if isinstance(v, V.LazyArg):
+            v = self.locals[name] = wrap(self, v.real, v.source)
+        return v
+
     # --- stack helpers --------------------------------------------------------------
     def push(self, v):
         self.stack.append(v)
@@ -203,6 +209,8 @@ class Frame:
         raise Unsupported(f"cell {name}")
 
     def load_global(self, name):
+        if self.f_globals is self.output.root_globals and name in self.output.global_writes:
+            return self.output.global_writes[name]
         if name in self.f_globals:
             if self.globals_source is None:
                 return wrap(self, self.f_globals[name], None)
@@ -363,6 +371,8 @@ def _nop(tx, inst):
 @handles("MAKE_CELL")
 def MAKE_CELL(tx, inst):
     name = inst.argval
+    if name in tx.locals:
+        tx.local(name)
     cell = V.CellValue(tx.locals.pop(name, None))
     tx.cells[name] = cell
 
@@ -402,7 +412,7 @@ def RETURN_CONST(tx, inst):
 def LOAD_FAST(tx, inst):
     name = inst.argval
     try:
-        tx.push(tx.locals[name])
+        tx.push(tx.local(name))
     except KeyError:
         raise UserException(V.ExceptionValue(UnboundLocalError, [V.ConstantValue(
             f"cannot access local variable {name!r} where it is not associated with a value")]))
@@ -410,6 +420,8 @@ def LOAD_FAST(tx, inst):
 
 @handles("LOAD_FAST_AND_CLEAR")
 def LOAD_FAST_AND_CLEAR(tx, inst):
+    if inst.argval in tx.locals:
+        tx.local(inst.argval)
     tx.push(tx.locals.pop(inst.argval, V.NULL))
 
 

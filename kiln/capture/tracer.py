@@ -89,7 +89,7 @@ def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
     frame = Frame(out, code, fn.__globals__, {}, globals_source=gsrc)
     ns["__B"] = frame.f_builtins
     for name, val in bound_args.items():
-        frame.locals[name] = _wrap_arg(frame, val, name)
+        frame.locals[name] = V.LazyArg(val, LocalSource(name))
     if code.co_freevars:
         for i, name in enumerate(code.co_freevars):
             frame.cells[name] = RealCell(fn.__closure__[i], ClosureSource(i, name))
@@ -152,7 +152,7 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext):
     graph = out.graph
     graph.output(tuple(v.node for v in cg.graph_outputs))
     gm = fx.GraphModule(torch.nn.Module(), graph)
-    gm.meta = {}
+    gm.meta = {"input_sources": [src.pretty() for src, _, _ in out.inputs]}
     example_inputs = [real for _, _, real in out.inputs]
     if out.op_count() == 0:
         # nothing to compute: outputs are views/aliases only created in-graph? keep as is

@@ -78,6 +78,14 @@ def _container_getattr(self, tx, name):
     return BoundContainerMethod(self, name)
 
 
+class LazyArg(Value):
+    """A root-frame argument not read yet: wrapped (and guarded) on first use only."""
+
+    def __init__(self, real, source):
+        self.real = real
+        self.source = source
+
+
 class NullValue(Value):
     """The NULL that CPython 3.11/3.12 push below a callable."""
 
