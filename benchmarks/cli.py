@@ -54,6 +54,7 @@ def main(argv=None) -> int:
     opts = harness.Options(device=a.device, backends=[b for b in a.backends.split(",") if b],
                            quick=a.quick, min_runs=max(30, a.runs), warm_compile=not a.no_warm,
                            budget_s=budget, keep_cache=a.keep_cache,
+                           target_s=0.5 if a.device == "cuda" else 1.0,
                            log=lambda s: print(s, flush=True))
     workloads = select(a.device, a.suite, a.quick, [s for s in a.only.split(",") if s] or None)
     result = harness.run(workloads, opts)

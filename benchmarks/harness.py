@@ -27,7 +27,7 @@ import torch
 
 from benchmarks import ceilings
 from benchmarks.backends import make_backend
-from benchmarks.measure import (PeakMemory, clone_out, grads_of, median, scaled_error,
+from benchmarks.measure import (PeakMemory, clone_out, grad_errors, grads_of, median, scaled_error,
                                 sync, time_calls, time_first_call)
 from benchmarks.workloads import DTYPE_NAMES, Instance, Workload
 
@@ -111,9 +111,7 @@ def _compare(w: Workload, got, ref, cell: dict) -> None:
         cell["max_err"] = scaled_error(got, ref)
     else:
         cell["loss_err"] = scaled_error(got[0], ref[0])
-        cell["grad_err"] = max((scaled_error(g, r) for g, r in zip(got[1], ref[1])), default=0.0)
-        if len(got[1]) != len(ref[1]):
-            cell["grad_err"] = math.inf
+        cell["grad_err"], cell["grad_err_param"] = grad_errors(got[1], ref[1])
         cell["max_err"] = max(cell["loss_err"], cell["grad_err"])
     cell["tol"] = w.tol
     cell["match"] = bool(cell["max_err"] <= w.tol)
@@ -294,9 +292,8 @@ def _one_line(cell: dict, wall: float) -> str:
 def _warm_phase(result: dict, backends, opts: Options, t_start: float) -> None:
     """Warm compile: one subprocess per compiling backend times the first call of each
     of its successful cells, reusing the cell's on-disk cache directory."""
-    for b in backends:
-        if b.family == "eager":
-            continue
+    compiling = [b for b in backends if b.family != "eager"]
+    for k, b in enumerate(compiling):
         cells = [c for c in result["cells"] if c["backend"] == b.name and "cold_compile_s" in c]
         if not cells:
             continue
@@ -308,7 +305,8 @@ def _warm_phase(result: dict, backends, opts: Options, t_start: float) -> None:
             continue
         timeout = None
         if opts.budget_s:
-            timeout = opts.budget_s - (time.monotonic() - t_start)
+            # what is left, shared equally among the backends still to measure
+            timeout = (opts.budget_s - (time.monotonic() - t_start)) / (len(compiling) - k)
             if timeout < 10:
                 for c in cells:
                     c["warm_error"] = "time budget spent"

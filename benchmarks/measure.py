@@ -67,8 +67,9 @@ def tensor_leaves(x) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
 
 
-def scaled_error(got, ref) -> float:
-    """max |got - ref| over every tensor, divided by that tensor's max |ref|.
+def scaled_error(got, ref, floor: float = 0.0) -> float:
+    """max |got - ref| over every tensor, divided by that tensor's max |ref| (or by
+    ``floor`` if larger).
 
     One number per output that reads as "relative error at the scale of the result";
     a shape or dtype mismatch, or NaN where the reference has none, is infinite.
@@ -87,7 +88,7 @@ def scaled_error(got, ref) -> float:
         if not torch.equal(nan_a, nan_b):
             return math.inf
         a64, b64 = a64.masked_fill(nan_a, 0), b64.masked_fill(nan_b, 0)
-        scale = max(b64.abs().max().item(), 1e-30)
+        scale = max(b64.abs().max().item(), floor, 1e-30)
         worst = max(worst, (a64 - b64).abs().max().item() / scale)
     return worst
 
@@ -98,9 +99,31 @@ def clone_out(x):
                            x.to_tuple() if hasattr(x, "to_tuple") else x)
 
 
-def grads_of(model) -> list[torch.Tensor]:
-    return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-            for p in model.parameters() if p.requires_grad]
+def grads_of(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+            for n, p in model.named_parameters() if p.requires_grad}
+
+
+#: a gradient's error is scaled by at least this fraction of the largest gradient of
+#: the model: some parameters' gradients are zero in exact arithmetic (a key bias in
+#: attention, say) and hold only rounding noise, whose "relative error" means nothing
+GRAD_SCALE_FLOOR = 1e-2
+
+
+def grad_errors(got: dict, ref: dict) -> tuple[float, str]:
+    """Worst scaled gradient error and the parameter it is on."""
+    if set(got) != set(ref):
+        return math.inf, "parameter sets differ"
+    if not ref:
+        return 0.0, ""
+    top = max(r.abs().max().item() if r.numel() else 0.0 for r in ref.values())
+    floor = GRAD_SCALE_FLOOR * top
+    worst, where = 0.0, ""
+    for name, r in ref.items():
+        e = scaled_error(got[name], r, floor)
+        if e > worst:
+            worst, where = e, name
+    return worst, where
 
 
 class PeakMemory:

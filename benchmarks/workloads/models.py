@@ -189,7 +189,8 @@ def _no_dropout(model):
 def _build(spec: ModelSpec, sz, mode, dtype):
     def build(device) -> Instance:
         torch.manual_seed(0)
-        model = spec.make(sz).to(device=device, dtype=dtype)
+        with torch.device(device):  # initialise in place: no host-side init and copy
+            model = spec.make(sz).to(dtype=dtype)
         _no_dropout(model)
         g = torch.Generator().manual_seed(1)
         sets = [_INPUTS[spec.kind](sz, dtype, device, g) for _ in range(N_INPUT_SETS)]

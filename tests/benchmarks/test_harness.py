@@ -154,3 +154,16 @@ def test_scaled_error():
     assert scaled_error(a + torch.tensor([0, 0, 0.004]), a) == pytest.approx(1e-3, rel=1e-3)
     assert scaled_error(a.double(), a) == math.inf
     assert scaled_error(torch.tensor([float("nan")]), torch.tensor([1.0])) == math.inf
+    assert scaled_error(torch.tensor([1e-6]), torch.tensor([0.0]), floor=1e-3) == pytest.approx(1e-3)
+
+
+def test_grad_errors_floor():
+    from benchmarks.measure import grad_errors
+
+    ref = {"w": torch.tensor([10.0, -10.0]), "kbias": torch.tensor([1e-7, -1e-7])}
+    got = {"w": torch.tensor([10.0, -10.0]), "kbias": torch.tensor([-1e-7, 1e-7])}  # noise only
+    err, where = grad_errors(got, ref)
+    assert err < 1e-5
+    got["w"] = torch.tensor([10.1, -10.0])
+    err, where = grad_errors(got, ref)
+    assert where == "w" and err == pytest.approx(1e-2, rel=1e-3)
