@@ -25,6 +25,17 @@ what a careful implementation would produce, the test leaves ``graphs``/``breaks
 ``None`` and says why (a test may also skip a count in torch mode only, via
 ``harness.KILN_ONLY``).
 
+Known dynamo bugs the corpus exposes (wrong results against eager) are marked with
+``harness.dynamo_bug``: strict expected failures in torch mode only, ordinary tests for
+kiln.  ``test_harness.py`` runs the checker against deliberately wrong fake compilers so
+that every kind of check is known to be able to fail.
+
+State the program mutates is given as ``state=``: live lists, dicts, sets, tensors,
+modules (state_dict and plain attributes such as counters) and plain objects are
+snapshotted, restored in place between the eager and the compiled run, and compared;
+module-level names rebound with ``global`` go through ``harness.Globals``.
+``backward=True`` also compares gradients of arguments and module parameters.
+
 The test modules carry ``PYTEST_DONT_REWRITE`` in their docstrings so that pytest's
 assertion rewriting leaves the programs' own ``assert`` statements as plain bytecode.
 """

@@ -117,6 +117,23 @@ def _as_args(inputs) -> Args:
 # a module); we snapshot it, run eager, record the result, restore the live object in
 # place (so identities and guards stay valid), then run compiled and compare.
 
+class Globals:
+    """State adapter for module-level names a program rebinds (``global n; n += 1``):
+    ``state=Globals(globals(), "n", "cache")``.  Snapshots hold the names' values."""
+
+    def __init__(self, namespace: dict, *names: str):
+        self.namespace = namespace
+        self.names = names
+
+    def values(self) -> dict:
+        return {n: self.namespace[n] for n in self.names}
+
+
+def _view(state):
+    """What of a live state object is compared: the values, for Globals."""
+    return state.values() if isinstance(state, Globals) else state
+
+
 def _nonleaf_tensors(obj, seen, depth=0):
     """Tensors inside ``obj`` that deepcopy refuses (non-leaf, graph-connected ones)."""
     if id(obj) in seen or depth > 8:
@@ -141,6 +158,7 @@ def _nonleaf_tensors(obj, seen, depth=0):
 def snapshot(obj):
     """deepcopy, except that graph-connected tensors become detached copies (keeping
     their requires_grad flag), since deepcopy cannot copy them."""
+    obj = _view(obj)
     memo = {}
     for t in _nonleaf_tensors(obj, set()):
         memo[id(t)] = t.detach().clone().requires_grad_(t.requires_grad)
@@ -185,7 +203,12 @@ def _restore_object(live, snap):
     vars(live).update(d)
 
 
+def _restore_globals(live, snap):
+    live.namespace.update(snapshot(snap))
+
+
 _RESTORE = [
+    (Globals, _restore_globals),
     (torch.nn.Module, _restore_module),
     (torch.Tensor, _restore_tensor),
     (list, _restore_list),
@@ -389,7 +412,7 @@ def check(fn, make_inputs, *, graphs=None, breaks=None, calls=3, state=None,
             compare(e_args.args, c_args.args, f"{where}: args")
             compare(e_args.kwargs, c_args.kwargs, f"{where}: kwargs")
             for k, (es, cs) in enumerate(zip(e_states, states)):
-                compare(es, cs, f"{where}: state[{k}]")
+                compare(es, _view(cs), f"{where}: state[{k}]")
 
             if i == 0:
                 first_graphs = backend.graph_count

@@ -7,7 +7,7 @@ of a break (they must happen in program order, exactly once).
 import numpy as np
 import torch
 
-from .harness import KILN_ONLY, T, check, disable, dynamo_bug, expect_unsupported, flip, graph_break, shapes
+from .harness import KILN_ONLY, Globals, T, check, disable, dynamo_bug, expect_unsupported, flip, graph_break, shapes
 
 LOG = []
 REGISTRY = {}
@@ -363,3 +363,50 @@ def test_break_in_callee_with_side_effects():
         log.append("f")
         return g(x + 1, log)
     check(f, lambda i: (T(3), []), graphs=2)
+
+
+COUNT = 0
+SCALE = 1.0
+
+
+def test_global_rebinding():
+    def f(x):
+        global COUNT, SCALE
+        COUNT += 1
+        SCALE = SCALE * 2
+        return x * SCALE + COUNT
+    check(f, shapes((3,)), graphs=1, breaks=0, state=Globals(globals(), "COUNT", "SCALE"))
+
+
+def test_global_rebinding_around_break():
+    def f(x):
+        global COUNT
+        COUNT += 1
+        y = x + COUNT
+        graph_break()
+        COUNT = COUNT * 10
+        return y * COUNT
+    check(f, shapes((3,)), graphs=2, breaks=1, state=Globals(globals(), "COUNT"))
+
+
+def test_side_effects_in_callee_before_break_in_caller():
+    def record(log, v):
+        log.append(v)
+        return v * 2
+    def f(x, log):
+        a = record(log, x + 1)
+        print("break")
+        b = record(log, a - 1)
+        return a + b
+    check(f, lambda i: (T(3), []), graphs=2, breaks=1)
+
+
+def test_dict_mutation_inside_loop_with_break_after():
+    def f(x, d):
+        for k in ("a", "b"):
+            d[k] = d.get(k, 0) + 1
+        y = x * d["a"]
+        graph_break()
+        d["c"] = y.shape[0]
+        return y
+    check(f, lambda i: (T(3), {"a": 5}), graphs=1, breaks=KILN_ONLY(1))  # dynamo: graphs - 1 = 0

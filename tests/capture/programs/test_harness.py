@@ -185,3 +185,16 @@ def test_branch_flip_inputs_differ_between_calls(fake):
     fake.wrap = wrap
     with pytest.raises(AssertionError, match="call 1"):
         H.check(lambda x: x.abs() if x.sum() > 0 else -x, lambda i: (H.flip(i, H.T(3)),))
+
+
+COUNTER = 0
+
+
+def test_lost_global_rebinding_caught(fake):
+    def f(x):
+        global COUNTER
+        COUNTER += 1
+        return x
+    fake.wrap = lambda fn: (lambda x: x)
+    with pytest.raises(AssertionError, match="COUNTER"):
+        H.check(f, H.shapes((2,)), state=H.Globals(globals(), "COUNTER"))

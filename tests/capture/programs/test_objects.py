@@ -328,3 +328,51 @@ def test_slots_class():
         p.b = 3
         return p.a * p.b
     check(f, shapes((3,)), graphs=1, breaks=0)
+
+
+class Temperature:
+    def __init__(self, t):
+        self._t = t
+
+    @property
+    def t(self):
+        return self._t
+
+    @t.setter
+    def t(self, v):
+        self._t = v * 2
+
+
+def test_property_setter():
+    def f(x):
+        obj = Temperature(x)
+        obj.t = obj.t + 1
+        return obj.t
+    check(f, shapes((3,)), graphs=1, breaks=0)
+
+
+def test_classmethod_via_instance_and_inheritance():
+    class A:
+        k = 2
+        @classmethod
+        def scale(cls, x):
+            return x * cls.k
+    class B(A):
+        k = 5
+    def f(x):
+        return A.scale(x), B.scale(x), B().scale(x)
+    check(f, shapes((3,)), graphs=1, breaks=0)
+
+
+def test_method_mutating_list_attribute():
+    class Stack:
+        def __init__(self):
+            self.items = []
+        def push(self, v):
+            self.items.append(v)
+            return self
+    st = Stack()
+    def f(x):
+        st.push(x * 2).push(x + 1)
+        return sum(st.items), len(st.items)
+    check(f, shapes((3,)), graphs=1, breaks=0, state=st)

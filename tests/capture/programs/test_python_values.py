@@ -309,3 +309,50 @@ def test_walrus_and_ternary():
             y = x
         return y, "big" if n > 2 else "small"
     check(f, lambda i: (T(3 + i),), graphs=1, breaks=0)
+
+
+def test_enumerate_start_and_zip_three():
+    def f(xs):
+        out = [t * i for i, t in enumerate(xs, start=1)]
+        trip = [a + b + c for a, b, c in zip(xs, xs[1:], xs[2:])]
+        return out, trip
+    check(f, lambda i: ([T(2) for _ in range(4)],), graphs=1, breaks=0)
+
+
+def test_min_max_key_default():
+    def f(xs):
+        longest = max(xs, key=lambda t: t.shape[0])
+        shortest = min(xs, key=lambda t: t.shape[0])
+        return longest * 2, shortest.sum(), max([], default=-1), min(3, 1, key=lambda v: -v)
+    check(f, lambda i: ([T(2), T(5), T(3)],), graphs=1, breaks=0)
+
+
+def test_list_sort_key_and_del_local():
+    def f(x):
+        items = [("b", 2), ("a", 3), ("c", 1)]
+        items.sort(key=lambda kv: kv[1])
+        tmp = x * 2
+        y = tmp + 1
+        del tmp
+        return y * items[0][1], [k for k, _ in items]
+    check(f, shapes((3,)), graphs=1, breaks=0)
+
+
+def test_augmented_assign_on_containers():
+    def f(x):
+        d = {"a": x}
+        d["a"] += 1
+        lst = [x, x]
+        lst[1] *= 3
+        t = (1,)
+        t += (2,)
+        s = "a"
+        s += "b"
+        return d, lst, t, s
+    check(f, shapes((2,)), graphs=1, breaks=0)
+
+
+def test_nested_containers_returned():
+    def f(x):
+        return {"pair": (x, [x + 1, {"deep": x * 2}]), "n": [1, (2, 3)]}
+    check(f, shapes((2,)), graphs=1, breaks=0)
