@@ -220,6 +220,11 @@ _TRITON_OVERRIDES = {
 }
 
 
+_IEEE = {"truediv": "tl.math.div_rn({0}, {1})", "sqrt": "tl.math.sqrt_rn({0})",
+         "rsqrt": "tl.math.div_rn(1.0, tl.math.sqrt_rn({0}))",
+         "reciprocal": "tl.math.div_rn(1.0, {0})"}
+
+
 def tconst(value, dtype) -> str:
     if dtype == torch.bool:
         return "True" if value else "False"
@@ -278,6 +283,8 @@ class TBody:
                     s = self.tmp(f"{s} != 0")
         else:
             tpl = _TRITON_OVERRIDES.get(e.name, OPS[e.name][1])
+            if e.dtype == torch.float32 and e.name in _IEEE:
+                tpl = _IEEE[e.name]      # fp32 / and sqrt are approximate on GPUs; fp64 is IEEE
             args = [self.render(a) for a in e.args]
             s = self.tmp(tpl.format(*args, t=TL[e.dtype]))
         self.memo[e] = s

@@ -201,8 +201,10 @@ CASES = [
 ]
 
 
-def run_case(name, fn, make, tol, target, compile_aten_graph):
+def run_case(name, fn, make, tol, target, compile_aten_graph, device=None):
     """Compile, then compare with eager on the compile-time inputs and on fresh ones."""
+    if device is not None:
+        make = (lambda mk: lambda: [t.to(device) for t in mk()])(make)
     torch.manual_seed(sum(map(ord, name)))
     inputs = make()
     gm = fn if isinstance(fn, fx.GraphModule) else fx.symbolic_trace(fn)
