@@ -26,7 +26,8 @@ def parse(argv=None):
     p.add_argument("--budget-s", type=float, default=None,
                    help=f"stop starting cells after this long (default {DEFAULT_CUDA_BUDGET_S} on cuda, none on cpu)")
     p.add_argument("--threads", type=int, default=0,
-                   help="CPU threads for PyTorch and OpenMP kernels (default: leave as is); "
+                   help="CPU threads for PyTorch and OpenMP kernels (default: 1 for a --quick CPU run, "
+                        "else leave as is); "
                         "1 gives steadier CPU timings on a shared machine")
     p.add_argument("--keep-cache", action="store_true", help="keep the per-cell cache folders")
     return p.parse_args(argv)
@@ -34,6 +35,8 @@ def parse(argv=None):
 
 def main(argv=None) -> int:
     a = parse(argv)
+    if a.quick and a.device == "cpu" and not a.threads:
+        a.threads = 1  # the quick run is a smoke test on shared 2-core machines: keep it steady
     if a.threads:  # before torch and any OpenMP kernel library loads; subprocesses inherit
         os.environ["OMP_NUM_THREADS"] = str(a.threads)
     # workloads and timings live in this process: no other process should share the GPU
