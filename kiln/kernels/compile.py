@@ -24,7 +24,8 @@ _code_log = log_for("output_code")
 
 
 def _signature(args):
-    return tuple((tuple(a.shape), tuple(a.stride()), a.dtype, a.device)
+    """What a specialisation depends on: sizes, strides, dtype and device of tensors."""
+    return tuple((a.shape, a.stride(), a.dtype, a.device)
                  if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
 
 

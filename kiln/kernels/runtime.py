@@ -26,6 +26,22 @@ class Runtime:
         out_flat, self.out_spec = pytree.tree_flatten(lowering.outputs,
                                                       is_leaf=lambda x: isinstance(x, View))
         self.out_flat = out_flat
+        # Layouts of inputs and kernel buffers are fixed for this specialisation, so
+        # whether an output is the buffer itself or a view of it is known now.
+        self.out_plan = []
+        for v in out_flat:
+            if not isinstance(v, View):
+                self.out_plan.append(("const", v))
+                continue
+            b = self.buffers[v.buf]
+            static = isinstance(b, ir.Input) or (v.buf in sched.slots and v.buf in sched.outputs)
+            same = (v.offset == 0 and tuple(v.sizes) == tuple(b.sizes)
+                    and tuple(v.strides) == tuple(b.strides))
+            if static and same:
+                self.out_plan.append(("buf", v.buf))
+            else:
+                self.out_plan.append(("view", v))
+        self.plain_tuple = self.out_spec == pytree.tree_flatten(tuple(out_flat))[1]
 
     def tensor_of(self, tensors, buf, sizes, strides, offset):
         t = tensors[buf]
@@ -36,18 +52,23 @@ class Runtime:
     def __call__(self, *args):
         tensors = {name: args[pos] for pos, name in self.inputs}
         if self.slot_specs:
-            slots = [torch.empty_strided(sz, st, dtype=dt, device=self.device)
+            device = self.device
+            slots = [torch.empty_strided(sz, st, dtype=dt, device=device)
                      for sz, st, dt in self.slot_specs]
             for name, s in self.slot_of:
                 tensors[name] = slots[s]
         for step in self.steps:
             step(self, tensors)
         out = []
-        for v in self.out_flat:
-            if isinstance(v, View):
+        for kind, v in self.out_plan:
+            if kind == "buf":
+                out.append(tensors[v])
+            elif kind == "view":
                 out.append(self.tensor_of(tensors, v.buf, v.sizes, v.strides, v.offset))
             else:
                 out.append(v)
+        if self.plain_tuple:
+            return tuple(out)
         return pytree.tree_unflatten(out, self.out_spec)
 
 
