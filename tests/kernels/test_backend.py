@@ -24,3 +24,42 @@ def test_kiln_backend_mlp_forward_backward():
         o = f(x2)
         o = o[0] if isinstance(o, (tuple, list)) else o
         torch.testing.assert_close(o, m(x2), rtol=1e-5, atol=1e-6)
+
+
+class _Block(torch.nn.Module):
+    """Attention + MLP with layer norm: matmuls, softmax, gelu(tanh), views, chunk."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(d)
+        self.q = torch.nn.Linear(d, 3 * d)
+        self.o = torch.nn.Linear(d, d)
+        self.ff = torch.nn.Sequential(torch.nn.Linear(d, 4 * d),
+                                      torch.nn.GELU(approximate="tanh"),
+                                      torch.nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        q, k, v = self.q(self.ln(x)).chunk(3, -1)
+        a = torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
+        x = x + self.o(a)
+        return x + self.ff(x)
+
+
+def test_kiln_backend_transformer_block_and_cnn():
+    torch.manual_seed(0)
+    cnn = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 4, 3), torch.nn.SiLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 5),
+        torch.nn.LogSoftmax(-1))
+    for m, x in [(_Block(), torch.randn(2, 7, 16)), (cnn, torch.randn(4, 3, 12, 12))]:
+        x.requires_grad_(True)
+        f = lookup_backend("kiln")(torch.fx.symbolic_trace(m), [x])
+        out = f(x)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        ref = m(x)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        w = torch.randn_like(ref)
+        (g,) = torch.autograd.grad((out * w).sum(), [x])
+        (r,) = torch.autograd.grad((ref * w).sum(), [x])
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
