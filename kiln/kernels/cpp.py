@@ -210,6 +210,24 @@ _RED_CLAUSE = {"sum": "+", "prod": "*", "any": "||", "max": "max", "min": "min"}
 
 
 SCRATCH_BYTES = 64 * 1024
+COLUMN_BLOCK = 256
+
+
+def _column_reduction(g) -> bool:
+    """A group of plain reductions that reads memory contiguously along the last kept dim
+    and not along the innermost reduced one: worth the column loop order."""
+    if not g.red or not g.outer or len(g.loops) != 1 or int(g.outer[-1]) < 8:
+        return False
+    if not all(isinstance(n, ir.Reduction) and n.red_type in ("sum", "prod", "max", "min", "any")
+               for n in g.nodes):
+        return False
+    k = len(g.outer)
+    last, inner = f"x{k - 1}", f"x{k + len(g.red) - 1}"
+    loads = [e for n in g.nodes for e in ir.walk(n.body) if isinstance(e, Load)]
+    if not loads or any(e.mask is not None for e in loads):
+        return False
+    return (any(e.index.coef(last) == 1 for e in loads)
+            and not any(e.index.coef(inner) == 1 for e in loads))
 _EXPENSIVE = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "tanh", "sigmoid", "erf",
               "pow", "sin", "cos", "tan", "sinh", "cosh", "atan", "asin", "acos", "atan2"}
 
@@ -251,6 +269,8 @@ class CppKernel:
         origin = ", ".join(n.origin for n in g.nodes if getattr(n, "origin", ""))
         out = [f"// kernel {self.gi}: outer {list(g.outer)}, inner {list(g.red)}; from {origin}",
                f"static void kernel{self.gi}({sig}) {{"]
+        if _column_reduction(g):
+            return "\n".join(out + self._column_body(g, writes) + ["}"]), params
         k = len(g.outer)
         work = 1
         for s in tuple(g.outer) + tuple(g.red):
@@ -288,6 +308,82 @@ class CppKernel:
             out.append(f"{ind}}}")
         out.append("}")
         return "\n".join(out), params
+
+    def _column_body(self, g, writes) -> list:
+        """Reductions whose input is contiguous along the last *kept* dim (sum over rows,
+        bias gradients): a block of COLUMN_BLOCK outputs is accumulated side by side, so
+        the innermost loop walks memory with stride 1 and vectorises."""
+        nodes = g.nodes
+        k, red = len(g.outer), tuple(g.red)
+        last = int(g.outer[-1])
+        B = min(COLUMN_BLOCK, last)
+        all_vars = g.all_vars()
+        out, ind = [], "  "
+        work = 1
+        for s_ in tuple(g.outer) + red:
+            work *= int(s_)
+        if work >= PARALLEL_WORK:
+            out.append(f"{ind}#pragma omp parallel for collapse({k})")
+        for i, s_ in enumerate(g.outer[:-1]):
+            out.append(f"{ind}for (int64_t x{i} = 0; x{i} < {int(s_)}; ++x{i}) {{")
+            ind += "  "
+        xv = f"x{k - 1}"
+        out.append(f"{ind}for (int64_t xb = 0; xb < {last}; xb += {B}) {{")
+        ind += "  "
+        out.append(f"{ind}const int64_t xn = std::min<int64_t>({B}, {last} - xb);")
+        for n in nodes:
+            t = ctype(n.dtype)
+            init = _RED_INIT[n.red_type](t, n.dtype)
+            out.append(f"{ind}{t} acc_{n.name}[{B}];")
+            if n.red_type in ("max", "min") and n.dtype.is_floating_point:
+                out.append(f"{ind}int nan_{n.name}[{B}];")
+                out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) nan_{n.name}[i] = 0;")
+            out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}[i] = {init};")
+        li = ind
+        for j, s_ in enumerate(red):
+            out.append(f"{li}for (int64_t x{k + j} = 0; x{k + j} < {int(s_)}; ++x{k + j}) {{")
+            li += "  "
+        out.append(f"{li}#pragma omp simd")
+        out.append(f"{li}for (int64_t xi = 0; xi < xn; ++xi) {{")
+        bi = li + "  "
+        out.append(f"{bi}const int64_t {xv} = xb + xi;")
+        body = Body({}, bi, self.counter)
+        for n in nodes:
+            v = body.render(n.body)
+            a = f"acc_{n.name}[xi]"
+            rt = n.red_type
+            if rt == "sum":
+                body.lines.append(f"{bi}{a} += {v};")
+            elif rt == "prod":
+                body.lines.append(f"{bi}{a} *= {v};")
+            elif rt == "any":
+                body.lines.append(f"{bi}{a} = {a} || {v};")
+            else:
+                fn = "std::max" if rt == "max" else "std::min"
+                body.lines.append(f"{bi}{a} = {fn}({a}, {v});")
+                if n.dtype.is_floating_point:
+                    body.lines.append(f"{bi}nan_{n.name}[xi] |= ({v} != {v});")
+        out += body.lines
+        out.append(f"{li}}}")
+        for _ in red:
+            li = li[:-2]
+            out.append(f"{li}}}")
+        out.append(f"{ind}for (int64_t xi = 0; xi < xn; ++xi) {{")
+        out.append(f"{ind}  const int64_t {xv} = xb + xi;")
+        for n in nodes:
+            a = f"acc_{n.name}[xi]"
+            if n.red_type in ("max", "min") and n.dtype.is_floating_point:
+                out.append(f"{ind}  if (nan_{n.name}[xi]) {a} = "
+                           f"std::numeric_limits<{ctype(n.dtype)}>::quiet_NaN();")
+            if n.name in writes:
+                out.append(f"{ind}  {n.name}[{cindex(n.store_index(g.outer_vars()))}] = {a};")
+        out.append(f"{ind}}}")
+        ind = ind[:-2]
+        out.append(f"{ind}}}")
+        for _ in g.outer[:-1]:
+            ind = ind[:-2]
+            out.append(f"{ind}}}")
+        return out
 
     def _plan_scratch(self, g) -> dict:
         """Expensive values a later loop recomputes from an earlier one go to a small
