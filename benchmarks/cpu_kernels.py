@@ -2,7 +2,7 @@
 
 Two workloads: a chain of 8 pointwise ops on a large tensor, and a row softmax over a
 4096×4096 fp32 matrix. Each figure is the median of ``--runs`` (≥30) timed calls
-(time.perf_counter) after warm-up. kiln compiles the aten graph directly
+(time.perf_counter) after warm-up, the contenders' calls interleaved. kiln compiles the aten graph directly
 (``kiln.kernels.compile_aten_graph``); torch.compile is the peer to beat (``--no-inductor``
 skips it).
 
@@ -50,15 +50,19 @@ def eager_softmax(x):
     return (torch.softmax(x, -1),)
 
 
-def bench(fn, args, runs):
-    for _ in range(3):
-        fn(*args)
-    ts = []
+def bench(fns, args, runs):
+    """Median ms of each function; runs are interleaved (a, b, c, a, b, c, ...) so that
+    load from other processes on a shared machine hits every contender alike."""
+    for fn in fns:
+        for _ in range(3):
+            fn(*args)
+    ts = [[] for _ in fns]
     for _ in range(runs):
-        t0 = time.perf_counter()
-        fn(*args)
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+        for fn, acc in zip(fns, ts):
+            t0 = time.perf_counter()
+            fn(*args)
+            acc.append(time.perf_counter() - t0)
+    return [statistics.median(t) * 1e3 for t in ts]
 
 
 def main():
@@ -82,13 +86,14 @@ def main():
         ref = eager_fn(*args)[0]
         got = kiln_fn(*args)[0]
         err = (ref - got).abs().max().item()
-        te = bench(eager_fn, args, a.runs)
-        tc = float("nan")
+        fns = [eager_fn, kiln_fn]
         if not a.no_inductor:
             comp = torch.compile(eager_fn)
             comp(*args)
-            tc = bench(comp, args, a.runs)
-        tk = bench(kiln_fn, args, a.runs)
+            fns.append(comp)
+        times = bench(fns, args, a.runs)
+        te, tk = times[0], times[1]
+        tc = times[2] if len(times) > 2 else float("nan")
         print(f"{name:34s} {te:9.2f} {tc:14.2f} {tk:9.2f} {te / tk:10.2f}x"
               f"   (max |err| {err:.1e}, kiln compile {ct:.2f}s)")
 
