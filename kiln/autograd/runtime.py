@@ -181,7 +181,12 @@ class AotFunction:
 
     def __call__(self, *args):
         entry, tr = self._entry(args)
-        outs = entry(args)
+        if isinstance(entry, _Inference):
+            # no output needs a gradient (no_grad, or grad-free regions): none gets one
+            with torch.no_grad():
+                outs = entry(args)
+        else:
+            outs = entry(args)
         with torch.no_grad():
             for i, k in tr.mutations:
                 if not outs[k].requires_grad:

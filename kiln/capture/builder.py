@@ -117,6 +117,18 @@ def wrap(tx, obj, source, module_member=False):
         if g:
             g.identity(source, obj)
         return V.UserFunctionValue(obj, source)
+    if t is types.MethodType and isinstance(obj.__self__, (torch.no_grad, torch.enable_grad)) \
+            and obj.__func__.__name__ == "__exit__":
+        # the exit of a grad-mode with-block entered before a graph break
+        from kiln.capture.interpreter import _ExitValue
+
+        cm = obj.__self__
+        if g:
+            g.type_is(AttrSource(source, "__self__"), type(cm))
+            g.constant(AttrSource(AttrSource(source, "__self__"), "prev"), cm.prev)
+        gv = V.GradModeValue(isinstance(cm, torch.enable_grad))
+        gv.prev = cm.prev
+        return _ExitValue(gv)
     if t is types.MethodType:
         func = wrap(tx, obj.__func__, AttrSource(source, "__func__") if source else None)
         self_v = wrap(tx, obj.__self__, AttrSource(source, "__self__") if source else None)
@@ -255,6 +267,8 @@ def wrap_class_attr(tx, self_value, cls, name, source=None):
         if self_value is None:
             return V.UserFunctionValue(attr, AttrSource(source, name) if source else None)
         return V.MethodValue(V.UserFunctionValue(attr), self_value)
+    if isinstance(attr, types.ClassMethodDescriptorType):
+        attr = getattr(cls, name)  # a C classmethod: bound to the class, as Python reads it
     if isinstance(attr, (functools.cached_property,)):
         raise Unsupported(f"cached_property {name}")
     if self_value is not None and isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType)):

@@ -37,6 +37,11 @@ def call_builtin(tx, fn, args, kwargs):
     h = BUILTINS.get(fn)
     if h is not None:
         return h(tx, *args, **kwargs)
+    from kiln.capture.torch_rules import CONST_FOLD
+
+    fold_rule = CONST_FOLD.get(fn)
+    if fold_rule is not None:
+        return fold_rule(tx, args, kwargs)
     if fn in _PURE or getattr(fn, "__self__", None) is math:
         try:
             cargs = [a.const() for a in args]
@@ -464,9 +469,50 @@ BUILTINS[operator.is_] = lambda tx, a, b: C(is_same(a, b))
 BUILTINS[operator.is_not] = lambda tx, a, b: C(not is_same(a, b))
 
 
+class _Getter(V.Value):
+    """operator.itemgetter / attrgetter made during a trace."""
+
+    def __init__(self, kind, keys):
+        self.kind = kind
+        self.keys = keys
+
+    def call(self, tx, args, kwargs):
+        obj = args[0]
+        out = []
+        for k in self.keys:
+            if self.kind == "item":
+                out.append(subscr(tx, obj, k))
+            else:
+                v = obj
+                for part in k.const().split("."):
+                    v = v.getattr(tx, part)
+                out.append(v)
+        return out[0] if len(out) == 1 else V.TupleValue(out)
+
+
 @rule(operator.itemgetter)
 def _itemgetter(tx, *keys):
-    raise Unsupported("operator.itemgetter objects")
+    return _Getter("item", keys)
+
+
+@rule(operator.attrgetter)
+def _attrgetter(tx, *keys):
+    return _Getter("attr", keys)
+
+
+@rule(itertools.chain.from_iterable)
+def _chain_from_iterable(tx, it):
+    out = []
+    for i in it.unpack(tx):
+        out.extend(i.unpack(tx))
+    return V.IteratorValue(out)
+
+
+@rule(vars)
+def _vars(tx, obj):
+    if isinstance(obj, V.NewObjectValue):
+        return V.DictValue(dict(obj.attrs))
+    raise Unsupported("vars() of an existing object")
 
 
 # --- functools / itertools ----------------------------------------------------------

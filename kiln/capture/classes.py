@@ -58,8 +58,6 @@ def construct(tx, cv, args, kwargs):
         raise Unsupported(f"a class with metaclass {type(cls).__qualname__}")
     if cls.__new__ is not object.__new__:
         raise Unsupported(f"{cls.__qualname__} defines __new__")
-    if getattr(cls, "__slots__", None):
-        raise Unsupported(f"{cls.__qualname__} uses __slots__")
     obj = V.NewObjectValue(cls)
     owner, init = lookup_class_attr(cls, "__init__")
     if owner is object:

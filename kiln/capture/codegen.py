@@ -155,6 +155,10 @@ class EntryCodegen:
         if isinstance(v, V.IteratorValue):
             items = v.items[v.index:]
             return f"iter(({''.join(self.expr(i) + ', ' for i in items)}))"
+        from kiln.capture.interpreter import _ExitValue
+
+        if isinstance(v, _ExitValue) and isinstance(v.ctx, V.GradModeValue):
+            return f"{self.ref(grad_mode_exit, 'gexit')}({v.ctx.enabled}, {v.ctx.prev})"
         if isinstance(v, V.SuperValue):
             raise Unsupported("rebuilding super()")
         if hasattr(v, "fn") and not hasattr(v, "code"):  # special kiln functions
@@ -189,7 +193,7 @@ class EntryCodegen:
         cls = self.ref(v.cls, "cls")
         self.lines.append(f"{name} = {cls}.__new__({cls})")
         for k, a in v.attrs.items():
-            self.lines.append(f"{name}.__dict__[{k!r}] = {self.expr(a)}")
+            self.lines.append(f"object.__setattr__({name}, {k!r}, {self.expr(a)})")
         return name
 
     # --- side effects ------------------------------------------------------------------
@@ -245,6 +249,14 @@ class EntryCodegen:
             else:
                 out.append(m)
         return out
+
+
+def grad_mode_exit(enabled: bool, prev: bool):
+    """The ``__exit__`` of a grad-mode with-block entered before a graph break: a real
+    context manager that restores ``prev`` when the resumed code leaves the block."""
+    cm = torch.enable_grad() if enabled else torch.no_grad()
+    cm.prev = prev
+    return cm.__exit__
 
 
 def signature_source(code) -> str:

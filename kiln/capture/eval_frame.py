@@ -89,7 +89,7 @@ class CompiledFunction:
         _state.depth = getattr(_state, "depth", 0) + 1
         t0 = time.perf_counter()
         try:
-            with timed("capture"):
+            with timed("capture (incl. backend)"):
                 entry = trace_frame(self.fn, self.code, bound, self._ctx())
         except SkipFrame as s:
             if self.fullgraph:

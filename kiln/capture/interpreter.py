@@ -1061,3 +1061,27 @@ def GET_LEN(tx, inst):
 
 
 del operator
+
+
+# --- structural pattern matching (match/case) ------------------------------------------
+@handles("MATCH_SEQUENCE")
+def MATCH_SEQUENCE(tx, inst):
+    v = tx.stack[-1]
+    is_seq = isinstance(v, (V.ListValue, V.TupleValue)) or (
+        isinstance(v, V.ConstantValue) and isinstance(v.value, (tuple, list, range)))
+    tx.push(V.ConstantValue(is_seq))
+
+
+@handles("MATCH_MAPPING")
+def MATCH_MAPPING(tx, inst):
+    tx.push(V.ConstantValue(isinstance(tx.stack[-1], V.DictValue)))
+
+
+@handles("MATCH_KEYS")
+def MATCH_KEYS(tx, inst):
+    keys = tx.stack[-1].const()
+    subject = tx.stack[-2]
+    if not all(k in subject.items for k in keys):
+        tx.push(V.ConstantValue(None))
+    else:
+        tx.push(V.TupleValue([subject.items[k] for k in keys]))

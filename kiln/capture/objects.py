@@ -40,6 +40,10 @@ class PartialValue(V.FunctionValue):
         return self.func.call(tx, self.args + list(args), kw)
 
 
+def _attr_src(ov, name):
+    return AttrSource(ov.source, name) if ov.source is not None else None
+
+
 def _attr_error(obj_type, name):
     return UserException(V.ExceptionValue(AttributeError, [V.ConstantValue(
         f"{obj_type.__qualname__!r} object has no attribute {name!r}")]))
@@ -93,11 +97,11 @@ def object_getattr(tx, ov, name):
             return found
     d = getattr(obj, "__dict__", None)
     if d is not None and name in d and not is_data_descr:
-        return wrap(tx, d[name], AttrSource(ov.source, name))
+        return wrap(tx, d[name], _attr_src(ov, name))
     if owner is not None:
         if is_data_descr and not isinstance(attr, property):
             # slots and C-level descriptors: read the value through the source
-            return wrap(tx, getattr(obj, name), AttrSource(ov.source, name))
+            return wrap(tx, getattr(obj, name), _attr_src(ov, name))
         return wrap_class_attr(tx, ov, cls, name)
     ga_owner, ga = lookup_class_attr(cls, "__getattr__")
     if ga_owner is not None and ga_owner is not object and isinstance(ga, types.FunctionType):
@@ -162,9 +166,12 @@ def object_unpack(tx, ov):
     if owner is not None and isinstance(attr, types.FunctionType):
         it = V.UserFunctionValue(attr).call(tx, [ov], {})
         return it.unpack(tx)
+    if has_dunder(ov, "__getitem__") and has_dunder(ov, "__len__"):
+        n = call_dunder(tx, ov, "__len__", [], {}).const()
+        return [call_dunder(tx, ov, "__getitem__", [V.ConstantValue(i)], {}) for i in range(n)]
     if isinstance(ov.obj, (list, tuple)) and ov.source is not None:
         tx.output.guards.length(ov.source, len(ov.obj))
-        return [wrap(tx, x, ItemSource(ov.source, i)) for i, x in enumerate(ov.obj)]
+        return [wrap(tx, x, (ItemSource(ov.source, i) if ov.source is not None else None)) for i, x in enumerate(ov.obj)]
     raise Unsupported(f"iterating over {ov}")
 
 
@@ -172,5 +179,5 @@ def object_mapping_items(tx, ov):
     obj = ov.obj
     if isinstance(obj, dict) and ov.source is not None:
         tx.output.guards.dict_keys(ov.source, tuple(obj.keys()))
-        return [(k, wrap(tx, v, ItemSource(ov.source, k))) for k, v in obj.items()]
+        return [(k, wrap(tx, v, (ItemSource(ov.source, k) if ov.source is not None else None))) for k, v in obj.items()]
     raise Unsupported(f"** of {ov}")

@@ -147,6 +147,12 @@ def unary_op(tx, opname, v):
         return tx.output.op("call_function", fn, [v], {})
     if fn is operator.not_:
         return V.ConstantValue(not v.truth(tx))
+    if isinstance(v, V.ObjectValue):
+        from kiln.capture.objects import call_dunder, has_dunder
+
+        dunder = {"UNARY_NEGATIVE": "__neg__", "UNARY_INVERT": "__invert__", "UNARY_POSITIVE": "__pos__"}[opname]
+        if has_dunder(v, dunder):
+            return call_dunder(tx, v, dunder, [], {})
     if v.is_const():
         return V.ConstantValue(fold(fn, v.const()))
     raise Unsupported(f"{opname} on {v}")
@@ -163,6 +169,11 @@ def contains_op(tx, item, container) -> bool:
         return fold(operator.contains, container.value, item.const())
     if isinstance(container, V.ModuleValue) and hasattr(container.mod, "__contains__"):
         return item.const() in container.mod
+    if isinstance(container, V.ObjectValue):
+        from kiln.capture.objects import call_dunder, has_dunder
+
+        if has_dunder(container, "__contains__"):
+            return call_dunder(tx, container, "__contains__", [item], {}).truth(tx)
     items = container.unpack(tx)
     for i in items:
         if is_same(i, item):

@@ -29,8 +29,6 @@ def resume_code(code, index: int, stack_nulls: tuple, local_names: tuple):
     hit = _cache.get(key)
     if hit is not None:
         return hit
-    if code.co_cellvars:
-        raise Unsupported("a graph break in a function whose locals are captured by a closure")
     if code.co_flags & (_CO_GENERATOR | 0x80 | 0x200):
         raise Unsupported("a graph break in a generator or coroutine")
     b = Bytecode.from_code(code)
@@ -73,7 +71,10 @@ def resume_code(code, index: int, stack_nulls: tuple, local_names: tuple):
     new.name = f"__resume_at_{index}_{code.co_name}"
     if PY312 or hasattr(new, "qualname"):
         new.qualname = new.name
-    out = new.to_code()
+    try:
+        out = new.to_code()
+    except Exception as e:  # the bytecode package cannot lay this jump out
+        raise Unsupported(f"cannot build a resume function here ({e})") from None
     _cache[key] = out
     return out
 

@@ -227,16 +227,39 @@ def _compile_raise(fn, code, frame, ctx, ns, exc):
     return _finish(fn, code, out, cg, ctx, lines + [f"raise {cg.expr(exc)}"])
 
 
+def _grad_exits(frame, inst):
+    """The grad-mode with-blocks around ``inst``, outermost first; Unsupported when a
+    try block (or another context manager) encloses it: the unsupported step would run
+    outside the user's handler."""
+    from kiln.capture.interpreter import _ExitValue
+
+    exits = []
+    for ent in frame.exc_table:
+        if ent.start <= inst.offset <= ent.end:
+            slot = frame.stack[ent.depth - 1] if 0 < ent.depth <= len(frame.stack) else None
+            if not (isinstance(slot, _ExitValue) and isinstance(slot.ctx, V.GradModeValue)):
+                raise Unsupported("the break is inside a try block or a with-block kiln cannot re-enter")
+            if slot not in exits:
+                exits.append(slot)
+    return exits
+
+
 def _compile_break(fn, code, frame, ctx, ns, info: BreakInfo):
     out = frame.output
     inst = frame.insts[frame.ip]
     stack = list(frame.stack)
+    exits = _grad_exits(frame, inst)
     log_for("graph_breaks").info("graph break in %s: %s", code.co_name, info)
     if ctx.recorder is not None:
         ctx.recorder.breaks.append(info)
     cg = EntryCodegen(out, ns)
-    locals_ = dict(frame.locals)
-    local_names = tuple(n for n in code.co_varnames if n in locals_)
+    locals_ = dict(frame.locals)  # unread arguments stay LazyArg: rebuilt from their source
+    for n in code.co_cellvars:  # cells are rebuilt by the resume's MAKE_CELL from these
+        cell = frame.cells.get(n)
+        if isinstance(cell, V.CellValue) and cell.value is not None:
+            locals_[n] = cell.value
+    names = code.co_varnames + tuple(c for c in code.co_cellvars if c not in code.co_varnames)
+    local_names = tuple(n for n in names if n in locals_)
     for v in stack:
         cg.need(v)
     for n in local_names:
@@ -248,6 +271,13 @@ def _compile_break(fn, code, frame, ctx, ns, info: BreakInfo):
         lines, rest, results, targets = _native_call(frame, inst, stack, cg, ctx)
     else:
         lines, rest, results, targets = _native_jump(frame, inst, stack, cg)
+    if exits:
+        # inside `with torch.no_grad()`: run the step in the block's grad mode and, if it
+        # raises, leave the mode as the with-statement would
+        entry_mode = exits[0].ctx.prev
+        lines = [f"__torch._C._set_grad_enabled({out.grad_enabled})", "try:"] + \
+                ["    " + ln for ln in lines] + \
+                ["except BaseException:", f"    __torch._C._set_grad_enabled({entry_mode})", "    raise"]
     body = cg.lines
     cg.lines = []
     stack_exprs = [None if v is V.NULL else cg.expr(v) for v in rest]

@@ -560,7 +560,7 @@ class ObjectValue(Value):
         return object_unpack(tx, self)
 
     def __repr__(self):
-        return f"Object({type(self.obj).__qualname__})"
+        return f"Object({self.python_type().__qualname__})"
 
 
 class NewObjectValue(ObjectValue):

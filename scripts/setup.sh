@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv at the repository root with everything kiln and its tests need.
+# torch/torchvision come from this machine's local wheel store (pip's cap); the rest
+# from PyPI. Safe to run again: it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+PY=.venv/bin/python
+if ! $PY -c "import torch, torchvision" >/dev/null 2>&1; then
+  $PY -m pip install -q torch==2.14.1 torchvision==0.29.1
+fi
+$PY -m pip install -q bytecode networkx sympy numpy scipy pytest transformers timm matplotlib tabulate
+$PY -c "import torch, bytecode, transformers; print('kiln setup: torch', torch.__version__, '| bytecode', bytecode.__version__, '| transformers', transformers.__version__)"
