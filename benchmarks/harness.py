@@ -258,16 +258,21 @@ def run(workloads: list[Workload], opts: Options) -> dict:
             continue
         eager_ms = None
         for b in backends:
+            if opts.budget_s and time.monotonic() - t_start > main_budget:
+                result["skipped"].append({"workload": w.key, "backend": b.name,
+                                          "reason": "time budget spent"})
+                continue
             cache_dir = os.path.join(cache_root, _slug(b.name), _slug(w.key))
             os.makedirs(cache_dir, exist_ok=True)
             t0 = time.monotonic()
             cell = run_cell(w, b, opts, cache_dir, ref, explain_cache, result["ceilings"])
+            cell["cell_wall_s"] = time.monotonic() - t0
             if b.name == "eager":
                 eager_ms = cell.get("median_ms")
             if eager_ms and cell.get("median_ms"):
                 cell["speedup"] = eager_ms / cell["median_ms"]
             result["cells"].append(cell)
-            log(_one_line(cell, time.monotonic() - t0))
+            log(_one_line(cell, cell["cell_wall_s"]))
         del ref
         _cleanup(opts.device)
     if opts.warm_compile:
@@ -357,7 +362,9 @@ def _meta(opts: Options) -> dict:
     meta = {"device": opts.device, "torch": torch.__version__, "python": platform.python_version(),
             "backends": [b if isinstance(b, str) else b.name for b in opts.backends], "quick": opts.quick, "min_runs": opts.min_runs,
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host_cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "load_avg_at_start": os.getloadavg()[0],
+            "torch_threads": torch.get_num_threads(),
+            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+            "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32, "load_avg_at_start": os.getloadavg()[0],
             "error_metric": "max|got-ref| / max|ref| per tensor, worst tensor; "
                             "training: loss and every parameter gradient after the first step"}
     if opts.device == "cuda":

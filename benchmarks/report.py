@@ -59,7 +59,7 @@ def table(result: dict) -> str:
         row = "  ".join(str(get(c)).ljust(w)[: max(w, len(str(get(c))))] for _, w, get in COLUMNS)
         lines.append(row.rstrip()[:240])
     for s in result.get("skipped", []):
-        lines.append(f"{s['workload']:<32}  skipped: {s['reason']}")
+        lines.append(f"{s['workload']:<32}  {s.get('backend', '(all)'):<15}  skipped: {s['reason']}")
     return "\n".join(lines)
 
 
@@ -70,7 +70,8 @@ def markdown(result: dict) -> str:
     for c in result["cells"]:
         out.append("| " + " | ".join(str(get(c)).replace("|", "/")[:80] for _, _, get in COLUMNS) + " |")
     for s in result.get("skipped", []):
-        out.append(f"| {s['workload']} | skipped: {s['reason']} |" + " |" * (len(heads) - 2))
+        out.append(f"| {s['workload']} | {s.get('backend', '(all)')} | skipped: {s['reason']} |"
+                   + " |" * (len(heads) - 3))
     return "\n".join(out)
 
 

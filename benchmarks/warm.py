@@ -18,6 +18,13 @@ def main(spec_path: str, out_path: str) -> int:
     from benchmarks.harness import first_call, short_error
     from benchmarks.workloads import find
 
+    import os
+
+    import torch
+
+    tf32 = os.environ.get("KILN_BENCH_TF32")
+    if tf32 in ("on", "off"):  # the same numerics as the main process
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = tf32 == "on"
     backend = make_backend(spec["backend"])
     _import_everything(backend, spec["device"])
     for item in spec["items"]:

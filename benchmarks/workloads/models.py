@@ -132,22 +132,27 @@ class ModelSpec:
     make: Callable          # sizes -> nn.Module
     kind: str               # "image" | "lm" | "s2s": which inputs and sizes
     needs: tuple[str, ...]
+    #: training-mode BatchNorm divides by small batch statistics and amplifies rounding
+    #: differences: on an H100 with TF32 off, torch.compile's own resnet18 gradients are
+    #: 3e-2 (scaled) away from eager's, eager's run-to-run 2e-5. Such models get this
+    #: fp32 training tolerance instead of TOL's.
+    bn_train_tol: float | None = None
 
 
 _INPUTS = {"image": _image_inputs, "lm": _lm_inputs, "s2s": _s2s_inputs}
 
 #: in priority order: under a time budget the later rows are the ones skipped
 MODELS = [
-    ModelSpec("resnet18", _tv("resnet18"), "image", ("torchvision",)),
+    ModelSpec("resnet18", _tv("resnet18"), "image", ("torchvision",), 5e-2),
     ModelSpec("gpt2", _gpt2, "lm", ("transformers",)),
     ModelSpec("bert", _bert, "lm", ("transformers",)),
     ModelSpec("llama", _llama, "lm", ("transformers",)),
-    ModelSpec("resnet50", _tv("resnet50"), "image", ("torchvision",)),
+    ModelSpec("resnet50", _tv("resnet50"), "image", ("torchvision",), 5e-2),
     ModelSpec("vit_b_16", _tv("vit_b_16"), "image", ("torchvision",)),
     ModelSpec("t5", _t5, "s2s", ("transformers",)),
-    ModelSpec("mobilenet_v3_small", _tv("mobilenet_v3_small"), "image", ("torchvision",)),
+    ModelSpec("mobilenet_v3_small", _tv("mobilenet_v3_small"), "image", ("torchvision",), 5e-2),
     ModelSpec("timm_convnext_tiny", _timm("convnext_tiny"), "image", ("timm",)),
-    ModelSpec("timm_efficientnet_b0", _timm("efficientnet_b0"), "image", ("timm",)),
+    ModelSpec("timm_efficientnet_b0", _timm("efficientnet_b0"), "image", ("timm",), 5e-2),
     ModelSpec("timm_vit_small", _timm("vit_small_patch16_224"), "image", ("timm",)),
 ]
 
@@ -172,6 +177,12 @@ _ROWS = {
     "cpu-quick": lambda name: [("train", F32)] if name == "gpt2" else [],
 }
 TOL = {("infer", F32): 1e-4, ("train", F32): 1e-3, ("infer", BF16): 5e-2, ("train", BF16): 1e-1}
+
+
+def _tol(spec: ModelSpec, mode, dtype) -> float:
+    if spec.bn_train_tol is not None and mode == "train" and dtype == F32:
+        return spec.bn_train_tol
+    return TOL[(mode, dtype)]
 
 
 def _sizes(profile, spec):
@@ -216,5 +227,7 @@ def workloads(device: str, quick: bool) -> list[Workload]:
         sz = _sizes(profile, spec)
         for mode, dtype in _ROWS[profile](spec.name):
             out.append(Workload(spec.name, "models", mode, dtype, _build(spec, sz, mode, dtype),
-                                tol=TOL[(mode, dtype)], needs=spec.needs))
-    return out
+                                tol=_tol(spec, mode, dtype), needs=spec.needs))
+    # every model's inference (cheap to compile) before any training step, so a time
+    # budget cuts training rows first; sort is stable, so MODELS' order holds within each
+    return sorted(out, key=lambda w: w.mode != "infer")
