@@ -100,7 +100,7 @@ def wrap(tx, obj, source, module_member=False):
     if isinstance(obj, torch.nn.Module):
         if g:
             g.type_is(source, t)
-        return tx.output.module_value(obj, source)
+        return tx.output.object_value(obj, source, V.ModuleValue)
     if t is types.ModuleType:
         if g:
             g.identity(source, obj)

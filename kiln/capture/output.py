@@ -66,21 +66,10 @@ class OutputGraph:
         self._names.add(name)
         return name
 
-    def module_value(self, mod, source):
-        v = self._objects.get(id(mod))
-        if v is None:
-            v = V.ModuleValue(mod, source)
-            self._objects[id(mod)] = v
-            self._keepalive.append(mod)
-        return v
-
-    def object_value(self, obj, source):
+    def object_value(self, obj, source, cls=V.ObjectValue):
+        """The one Value of a real object (a module, a user object) in this trace."""
         v = self._objects.get(id(obj))
-        if v is None:
-            v = V.ObjectValue(obj, source)
-            self._objects[id(obj)] = v
-            self._keepalive.append(obj)
-        return v
+        return v if v is not None else self.remember(obj, cls(obj, source))
 
     def known_value(self, obj):
         return self._objects.get(id(obj))

@@ -418,8 +418,8 @@ class MethodValue(Value):
         return self.func.getattr(tx, name)
 
 
-class BuiltinValue(Value):
-    """A builtin function or method implemented in C (len, print, math.sqrt, dict.get…)."""
+class _CallableRef(Value):
+    """A callable kept by reference (not inlined): ``fn`` and where it was read."""
 
     def __init__(self, fn, source=None):
         self.fn = fn
@@ -427,6 +427,10 @@ class BuiltinValue(Value):
 
     def python_type(self):
         return type(self.fn)
+
+
+class BuiltinValue(_CallableRef):
+    """A builtin function or method implemented in C (len, print, math.sqrt, dict.get…)."""
 
     def call(self, tx, args, kwargs):
         from kiln.capture.builtins import call_builtin
@@ -442,15 +446,8 @@ class BuiltinValue(Value):
         return f"Builtin({getattr(self.fn, '__qualname__', self.fn)!r})"
 
 
-class TorchFunctionValue(Value):
+class TorchFunctionValue(_CallableRef):
     """A PyTorch callable that becomes a graph node (torch.add, F.relu, torch.Tensor.add)."""
-
-    def __init__(self, fn, source=None):
-        self.fn = fn
-        self.source = source
-
-    def python_type(self):
-        return type(self.fn)
 
     def call(self, tx, args, kwargs):
         from kiln.capture.torch_rules import call_torch_function
