@@ -9,7 +9,7 @@ import sys
 from benchmarks.backends import DEFAULT_BACKENDS
 
 #: a cuda run of the whole suite must end within 10 minutes: cells stop starting here
-DEFAULT_CUDA_BUDGET_S = 450
+DEFAULT_CUDA_BUDGET_S = 520
 
 
 def parse(argv=None):

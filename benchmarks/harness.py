@@ -50,7 +50,7 @@ class Options:
     #: measurements get what is left of it
     budget_s: float = 0.0
     #: the part of the budget kept back for the warm-cache subprocesses
-    warm_share: float = 0.25
+    warm_share: float = 0.3
     keep_cache: bool = False
     log: object = print
 
