@@ -91,6 +91,8 @@ CONST_FOLD = {
     torch._C._has_torch_function_unary: lambda tx, a, k: _const(False),
     torch._C._has_torch_function_variadic: lambda tx, a, k: _const(False),
     torch.overrides.has_torch_function: lambda tx, a, k: _const(False),
+    # no dispatch mode surrounds the user's code while kiln traces it
+    torch._C._len_torch_dispatch_stack: lambda tx, a, k: _const(0),
     torch.overrides.has_torch_function_unary: lambda tx, a, k: _const(False),
     torch.overrides.has_torch_function_variadic: lambda tx, a, k: _const(False),
     torch.cuda.is_available: lambda tx, a, k: _const(torch.cuda.is_available()),
