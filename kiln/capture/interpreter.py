@@ -709,9 +709,26 @@ def LIST_TO_TUPLE(tx, inst):
     tx.push(V.TupleValue(tx.pop().items))
 
 
+# CPython 3.12's numbering (Include/internal/pycore_intrinsics.h); `dis` exposes the
+# names only as a private table, and the bytecode package may hand us an enum.
+_INTRINSIC1_NAMES = {1: "INTRINSIC_PRINT", 2: "INTRINSIC_IMPORT_STAR",
+                     3: "INTRINSIC_STOPITERATION_ERROR", 4: "INTRINSIC_ASYNC_GEN_WRAP",
+                     5: "INTRINSIC_UNARY_POSITIVE", 6: "INTRINSIC_LIST_TO_TUPLE"}
+
+
+def _intrinsic1_name(arg):
+    if hasattr(arg, "name"):
+        name = arg.name
+        return name if name.startswith("INTRINSIC_") else "INTRINSIC_" + name
+    descs = getattr(dis, "_intrinsic1_descs", None)
+    if descs is not None and 0 <= int(arg) < len(descs):
+        return descs[int(arg)]
+    return _INTRINSIC1_NAMES.get(int(arg), f"intrinsic {int(arg)}")
+
+
 @handles("CALL_INTRINSIC_1")
 def CALL_INTRINSIC_1(tx, inst):
-    kind = dis._intrinsic1_descs[inst.arg] if hasattr(dis, "_intrinsic1_descs") else str(inst.argval)
+    kind = _intrinsic1_name(inst.arg)
     if kind == "INTRINSIC_LIST_TO_TUPLE":
         tx.push(V.TupleValue(tx.pop().items))
     elif kind == "INTRINSIC_UNARY_POSITIVE":
