@@ -109,7 +109,7 @@ def wrap(tx, obj, source, module_member=False):
         if g and not module_member:
             g.identity(source, obj)
         return V.ClassValue(obj, source)
-    if is_torch_callable(obj):
+    if is_torch_callable(obj) or _const_folded(obj):
         if g and not module_member:
             g.identity(source, obj)
         return V.TorchFunctionValue(obj, source)
@@ -198,6 +198,18 @@ def _true():
     return True
 
 
+def _const_folded(obj) -> bool:
+    """A PyTorch function whose answer the trace folds to a constant (torch_rules'
+    CONST_FOLD), even when it is Python code outside the graph modules, like
+    ``torch.jit.is_tracing`` (which would otherwise be inlined down to a C call)."""
+    from kiln.capture.torch_rules import CONST_FOLD
+
+    try:
+        return obj in CONST_FOLD
+    except TypeError:  # unhashable
+        return False
+
+
 def _wrap_object(tx, obj, source):
     if source is None:
         # the same real object, read-only: writes to it need a source and will break
@@ -229,7 +241,7 @@ def wrap_static(obj):
         return V.PythonModuleValue(obj)
     from kiln.capture.torch_rules import is_torch_callable
 
-    if is_torch_callable(obj):
+    if is_torch_callable(obj) or _const_folded(obj):
         return V.TorchFunctionValue(obj)
     if t is types.FunctionType:
         return V.UserFunctionValue(obj)

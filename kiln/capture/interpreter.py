@@ -101,6 +101,10 @@ class Frame:
             handler(self, inst)
         except UserException as e:
             self.raise_user(e)
+        except Unsupported as e:
+            if getattr(e, "_kiln_stack", None) is None:
+                e._kiln_stack = self.user_stack()  # name the innermost line, not just the root's
+            raise
 
     def raise_user(self, e: UserException):
         """Route an exception raised by the traced program to its handler in this frame,

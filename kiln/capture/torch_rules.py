@@ -82,6 +82,7 @@ CONST_FOLD = {
     torch._C._get_tracing_state: lambda tx, a, k: _const(None),
     torch.jit.is_scripting: lambda tx, a, k: _const(False),
     torch.jit.is_tracing: lambda tx, a, k: _const(False),
+    torch._C._is_tracing: lambda tx, a, k: _const(False),
     torch.set_grad_enabled: _set_grad_enabled,
     torch._C._set_grad_enabled: _set_grad_enabled,
     torch.is_inference_mode_enabled: lambda tx, a, k: _const(False),

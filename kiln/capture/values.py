@@ -357,6 +357,8 @@ class UserFunctionValue(FunctionValue):
 
         if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__"):
             return ConstantValue(getattr(self.fn, name))
+        if name == "__class__":
+            return ClassValue(types.FunctionType)
         if name in ("__defaults__", "__kwdefaults__"):
             from kiln.capture.builder import wrap_static
 
@@ -390,6 +392,8 @@ class NestedFunctionValue(FunctionValue):
     def getattr(self, tx, name):
         if name in ("__name__", "__qualname__"):
             return ConstantValue(self.qualname.rsplit(".", 1)[-1] if name == "__name__" else self.qualname)
+        if name == "__class__":
+            return ClassValue(types.FunctionType)
         raise Unsupported(f"attribute {name!r} of a nested function")
 
     def __repr__(self):
@@ -440,6 +444,8 @@ class BuiltinValue(_CallableRef):
     def getattr(self, tx, name):
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantValue(getattr(self.fn, name, None))
+        if name == "__class__":
+            return ClassValue(type(self.fn))
         raise Unsupported(f"attribute {name!r} of builtin {self.fn!r}")
 
     def __repr__(self):
@@ -512,6 +518,8 @@ class ClassValue(Value):
 
         if name in ("__name__", "__qualname__", "__module__", "__mro__", "__bases__", "__doc__"):
             return wrap_static(getattr(self.cls, name))
+        if name == "__class__":  # the metaclass (not object's __class__ descriptor)
+            return ClassValue(type(self.cls))
         return wrap_class_attr(tx, None, self.cls, name, source=self.source)
 
     def __repr__(self):
