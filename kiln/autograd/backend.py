@@ -2,6 +2,9 @@
 
 It tests capture + autograd without the kernel compiler: the forward and backward aten
 graphs ``aot_compile`` derives are executed as they are (each a ``GraphModule``).
+No kernel compiler fuses decomposed ops afterwards here, so the graphs use the "eager"
+op set: functional, but batch norm, layer norm, softmax, GELU, convolution and
+attention keep their efficient aten kernels (``ops.EAGER``).
 """
 from __future__ import annotations
 
@@ -10,4 +13,4 @@ from kiln.autograd.runtime import aot_compile
 
 def aot_eager(gm, example_inputs):
     """``backend(gm, example_inputs) -> callable``, torch.compile's contract."""
-    return aot_compile(gm, example_inputs)
+    return aot_compile(gm, example_inputs, decompositions="eager")

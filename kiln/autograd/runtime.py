@@ -20,12 +20,14 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from kiln.autograd.ops import op_set
 from kiln.autograd.partition import partition
 from kiln.autograd.trace import TraceResult, _meta_copy, _replay, trace_joint
 from kiln.debug.logs import enabled, log_for
 from kiln.debug.timing import timed
 
 _log = log_for("aot_graphs")
+_fallback_log = log_for("fallbacks")
 
 
 def _default_compiler(gm: fx.GraphModule, example_inputs):
@@ -139,13 +141,17 @@ class _Inference:
 class AotFunction:
     """What ``aot_compile`` returns: call it like the torch-level graph."""
 
-    def __init__(self, gm, example_inputs, fw_compiler, bw_compiler, inference_compiler):
+    def __init__(self, gm, example_inputs, fw_compiler, bw_compiler, inference_compiler,
+                 decompositions=None, devices=None):
         self.gm = gm
+        self.ops = op_set(decompositions)
         # Meta stand-ins and devices only: the real examples are not kept alive.
         self.examples = [_meta_copy(a) if isinstance(a, torch.Tensor) else a
                          for a in example_inputs]
-        self.devices = [a.device if isinstance(a, torch.Tensor) else None
-                        for a in example_inputs]
+        self.devices = list(devices) if devices is not None else [
+            a.device if isinstance(a, torch.Tensor) else None for a in example_inputs]
+        #: calls run eagerly because inputs shared storage with a mutated input
+        self.eager_calls = 0
         self.fw_compiler = fw_compiler or _default_compiler
         self.bw_compiler = bw_compiler or _default_compiler
         self.inference_compiler = inference_compiler or self.fw_compiler
@@ -163,7 +169,8 @@ class AotFunction:
             if entry is None:
                 with timed("aot_trace"):
                     tr = trace_joint(self.gm, self.examples, train=True,
-                                     requires_grad=pattern, devices=self.devices)
+                                     requires_grad=pattern, devices=self.devices,
+                                     ops=self.ops)
                 if not tr.grad_inputs:
                     return self._inference_entry(), tr
                 entry = _Training(tr, self.fw_compiler, self.bw_compiler)
@@ -175,12 +182,15 @@ class AotFunction:
         if self._inference is None:
             with timed("aot_trace"):
                 self._inference_trace = trace_joint(
-                    self.gm, self.examples, train=False, devices=self.devices)
+                    self.gm, self.examples, train=False, devices=self.devices,
+                    ops=self.ops)
             self._inference = _Inference(self._inference_trace, self.inference_compiler)
         return self._inference
 
     def __call__(self, *args):
         entry, tr = self._entry(args)
+        if tr.mutations and _shares_storage_with_mutated(args, tr.mutations):
+            return self._run_eagerly(args)
         if isinstance(entry, _Inference):
             # no output needs a gradient (no_grad, or grad-free regions): none gets one
             with torch.no_grad():
@@ -208,9 +218,44 @@ class AotFunction:
         return tuple(result)
 
 
+    def _run_eagerly(self, args):
+        """The graphs were traced with every input in its own storage; when an input
+        the graph writes shares storage with another input, the write must be seen
+        through the other one, mid-graph, which the functional graphs cannot express.
+        Such calls run the torch-level graph eagerly: exactly eager's semantics."""
+        if self.eager_calls == 0:
+            _fallback_log.warning(
+                "kiln: inputs of a compiled graph share storage with an input the graph "
+                "mutates in place; running this graph eagerly for such calls")
+        self.eager_calls += 1
+        out = self.gm(*args)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _shares_storage_with_mutated(args, mutations) -> bool:
+    """Does a tensor argument the graph mutates share its storage with another one?"""
+    owners: dict[int, int] = {}
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            st = a.untyped_storage()
+            if st.nbytes():
+                key = st.data_ptr()
+                owners[key] = owners.get(key, 0) + 1
+    for i, _ in mutations:
+        st = args[i].untyped_storage()
+        if st.nbytes() and owners.get(st.data_ptr(), 0) > 1:
+            return True
+    return False
+
+
 def aot_compile(gm: fx.GraphModule, example_inputs, fw_compiler=None, bw_compiler=None,
-                inference_compiler=None):
+                inference_compiler=None, decompositions=None, devices=None):
     """Ahead-of-time autograd for a torch-level graph: see the module docstring.
     Each compiler is ``compiler(aten_gm, example_inputs) -> callable`` (default: run
-    the aten graph as it is)."""
-    return AotFunction(gm, example_inputs, fw_compiler, bw_compiler, inference_compiler)
+    the aten graph as it is). ``decompositions``: the op set profile, "core" (the
+    default: core aten, what the kernel compiler lowers) or "eager" (ops with efficient
+    aten kernels kept whole, for running the graphs op by op; ``ops.OpSet``).
+    ``devices``: the real device of each input when ``example_inputs`` are meta
+    stand-ins (tracing a CUDA program on a machine without a GPU)."""
+    return AotFunction(gm, example_inputs, fw_compiler, bw_compiler, inference_compiler,
+                       decompositions, devices)

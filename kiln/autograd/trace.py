@@ -19,13 +19,16 @@ While recording, the mode makes the graph functional:
 * outputs aliasing an input or each other are described as view chains
   (``TraceResult.output_specs``) that the runtime replays on real tensors.
 
-Decompositions (``ops.DECOMPOSITIONS``) are applied inside the mode, so the graph holds
-the core op set only. Devices: ops run on ``meta``; each node records the real device
+Decompositions are applied inside the mode, as the op set profile (``ops.OpSet``) says:
+"core" (``ops.DECOMPOSITIONS``: the core op set only, for the kernel compiler) or
+"eager" (for ``aot_eager``: ops with efficient aten kernels such as batch norm, layer
+norm, softmax and attention stay whole; see ``ops.EAGER`` and ``sdpa.py``). Devices: ops run on ``meta``; each node records the real device
 in ``node.meta["device"]`` and factory ops get it back in their ``device=`` argument,
 so a CUDA program traces on a machine without a GPU.
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,8 +150,9 @@ def _has_device_arg(op) -> bool:
 class _TraceMode(TorchDispatchMode):
     """Records aten ops on meta tensors into ``self.graph``, functionalizing as it goes."""
 
-    def __init__(self, default_device: torch.device):
+    def __init__(self, default_device: torch.device, ops: opinfo.OpSet = opinfo.CORE):
         super().__init__()
+        self.ops = ops
         self.graph = fx.Graph()
         self.infos: dict[int, _Info] = {}
         self.keep: list[torch.Tensor] = []      # keeps ids stable
@@ -223,12 +227,17 @@ class _TraceMode(TorchDispatchMode):
                 aten.clone.default, args, kwargs)
         if opinfo.is_mutation(func):
             return self._mutate(func, args, kwargs)
-        if func in opinfo.DECOMPOSITIONS:
+        table = self.ops.table
+        if func in table:
             with self:
-                r = opinfo.DECOMPOSITIONS[func](*args, **kwargs)
+                r = table[func](*args, **kwargs)
             if r is not NotImplemented:
                 return r
-        if func not in opinfo.KEEP_WHOLE and torch._C._dispatch_has_kernel_for_dispatch_key(
+        if func in _HIDDEN_WRITES:
+            r = _HIDDEN_WRITES[func](self, *args, **kwargs)
+            if r is not NotImplemented:
+                return r
+        if func not in self.ops.keep_whole and torch._C._dispatch_has_kernel_for_dispatch_key(
                 func.name(), torch._C.DispatchKey.CompositeImplicitAutograd):
             with self:
                 r = func.decompose(*args, **kwargs)
@@ -371,6 +380,27 @@ class _TraceMode(TorchDispatchMode):
                                                base.storage_offset())
 
 
+def _batch_norm_with_stats(mode, input, weight, bias, running_mean, running_var,
+                           training, momentum, eps):
+    """``native_batch_norm`` in training mode writes its running statistics although
+    its schema does not say so: record ``_native_batch_norm_legit_functional`` (the
+    same kernel, returning the new statistics) and write them like any mutation."""
+    if not training or running_mean is None or running_var is None:
+        return NotImplemented
+    with mode:
+        out, mean, rstd, new_mean, new_var = \
+            aten._native_batch_norm_legit_functional.default(
+                input, weight, bias, running_mean, running_var, training, momentum, eps)
+    mode._write(running_mean, new_mean)
+    mode._write(running_var, new_var)
+    return out, mean, rstd
+
+
+#: Ops whose kernels write an argument their schema does not mark as written, and how
+#: to record them functionally (reached only when the op set does not decompose them).
+_HIDDEN_WRITES = {aten.native_batch_norm.default: _batch_norm_with_stats}
+
+
 class _Runner(fx.Interpreter):
     """Runs the torch-level graph, telling the mode which user node each op comes from."""
 
@@ -388,11 +418,13 @@ def _meta_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=None,
-                devices=None) -> TraceResult:
+                devices=None, ops=None) -> TraceResult:
     """Trace ``gm`` on meta copies of ``example_inputs``; with ``train``, also the
     backward for every output that requires grad. See the module docstring.
     ``requires_grad`` and ``devices`` (per input) override the examples' own, so that
-    meta stand-ins can be traced as the real tensors they represent."""
+    meta stand-ins can be traced as the real tensors they represent. ``ops``: the op
+    set profile (``ops.OpSet`` or "core" / "eager"; default "core")."""
+    ops = opinfo.op_set(ops)
     if devices is None:
         devices = [a.device if isinstance(a, torch.Tensor) else None
                    for a in example_inputs]
@@ -401,7 +433,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                          for a in example_inputs]
     tensor_devices = [d for d in devices if d is not None]
     default_device = tensor_devices[0] if tensor_devices else torch.get_default_device()
-    mode = _TraceMode(default_device)
+    mode = _TraceMode(default_device, ops)
     graph = mode.graph
 
     leaves, metas, grad_inputs = [], [], []
@@ -423,7 +455,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
         info = mode.register(m, ph, device=devices[i])
         info.storage.input_index = i
 
-    with torch.set_grad_enabled(train), mode:
+    with torch.set_grad_enabled(train), mode, _attention_mode(mode):
         outs = _Runner(gm, mode).run(*metas)
     mode.source = None
     flat_outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
@@ -496,6 +528,17 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     graph.eliminate_dead_code()
     return TraceResult(graph, mode.constants, len(example_inputs), len(fw_nodes), specs,
                        mutations, differentiable, grad_inputs)
+
+
+def _attention_mode(mode: _TraceMode):
+    if not mode.ops.whole_attention:
+        return contextlib.nullcontext()
+    from kiln.autograd.sdpa import AttentionMode
+
+    def device_of(t):
+        info = mode.infos.get(id(t))
+        return info.device if info is not None else None
+    return AttentionMode(device_of)
 
 
 def _drop_aliases(graph: fx.Graph) -> None:

@@ -13,10 +13,10 @@ from tests.autograd.helpers import assert_close, clone_inputs, compare_module, g
 
 def _verify_all(fn):
     for entry in fn._training.values():
-        verify_aten_graph(entry.fw_module)
-        verify_aten_graph(entry.bw_module)
+        verify_aten_graph(entry.fw_module, fn.ops)
+        verify_aten_graph(entry.bw_module, fn.ops)
     if fn._inference is not None:
-        verify_aten_graph(fn._inference.module)
+        verify_aten_graph(fn._inference.module, fn.ops)
 
 
 def _compare_fn(f, inputs, rtol=1e-5, atol=1e-5):

@@ -21,8 +21,8 @@ def test_resnet18_training_step():
     fn = compare_module(m, [torch.randn(2, 3, 64, 64, dtype=torch.float64)], aot_eager,
                         rtol=1e-7, atol=1e-8)
     for entry in fn._training.values():
-        verify_aten_graph(entry.fw_module)
-        verify_aten_graph(entry.bw_module)
+        verify_aten_graph(entry.fw_module, fn.ops)
+        verify_aten_graph(entry.bw_module, fn.ops)
 
 
 def test_gpt2_blocks_training_step():
@@ -42,5 +42,5 @@ def test_gpt2_blocks_training_step():
     for a, b in zip(grads_of([out], [*state, xa]), grads_of([ref], [*m.parameters(), xb])):
         assert_close(a, b, rtol=1e-7, atol=1e-8)
     for entry in fn._training.values():
-        verify_aten_graph(entry.fw_module)
-        verify_aten_graph(entry.bw_module)
+        verify_aten_graph(entry.fw_module, fn.ops)
+        verify_aten_graph(entry.bw_module, fn.ops)
