@@ -64,6 +64,8 @@ class EntryCodegen:
         elif isinstance(v, V.DictValue):
             for i in v.items.values():
                 self.need(i, seen)
+            for i in getattr(v, "attrs", {}).values():  # dataclass dicts
+                self.need(i, seen)
         elif isinstance(v, V.ObjectValue):
             for i in v.attrs.values():
                 if isinstance(i, V.ConstantValue) and type(i.value) is object:
@@ -116,6 +118,8 @@ class EntryCodegen:
                 return v.source.expr()
             items = ", ".join(self.expr(i) for i in v.items)
             return f"({items},)" if v.items else "()"
+        if hasattr(v, "rebuild_kwargs"):
+            return self._new_dataclass_dict(v)
         if isinstance(v, (V.ListValue, V.DictValue, V.SetValue)):
             if v.source is not None:
                 return v.source.expr()
@@ -182,6 +186,16 @@ class EntryCodegen:
             inner = "{" + ", ".join(f"{self.key(k)}: {self.expr(i)}" for k, i in v.items.items()) + "}"
             body = inner if v.cls is dict else f"{self.ref(v.cls, 'cls')}({inner})"
         self.lines.append(f"{name} = {body}")
+        return name
+
+    def _new_dataclass_dict(self, v):
+        kw = v.rebuild_kwargs()
+        if kw is None:
+            raise Unsupported(f"rebuilding {v}: its items and attributes no longer agree")
+        name = self.temp()
+        self._temps[id(v)] = name
+        args = ", ".join(f"{k}={self.expr(a)}" for k, a in kw.items())
+        self.lines.append(f"{name} = {self.ref(v.cls, 'cls')}({args})")
         return name
 
     def key(self, k):

@@ -178,7 +178,14 @@ class Frame:
                 child.cells[name] = cell
             else:
                 child.cells[name] = RealCell(cell, FuncCellSource(fsrc, i) if fsrc is not None else None)
-        result = child.run()
+        try:
+            result = child.run()
+        except Unsupported as e:
+            # remember the deepest frame's stack: errors name the line that could not
+            # be traced, with every inlined call leading to it
+            if getattr(e, "_kiln_stack", None) is None:
+                e._kiln_stack = child.user_stack()
+            raise
         if child.is_generator:
             return V.IteratorValue(child.yielded)
         return result
