@@ -1,0 +1,211 @@
+"""Op-set profiles: aot_eager keeps ops with efficient aten kernels whole (batch norm,
+layer norm, softmax, attention) while the kernel compiler's "core" profile decomposes
+them; both give eager's results. Attention is one ``kiln.sdpa`` op with a fused
+backward under aot_eager."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kiln.autograd import aot_compile, verify_aten_graph
+from kiln.autograd.backend import aot_eager
+from tests.autograd.helpers import (assert_close, clone_inputs, compare_module,
+                                    grads_of, lift)
+from tests.autograd.test_aot_eager import ConvBN, MLP
+
+aten = torch.ops.aten
+
+
+def _ops(gm):
+    return collections.Counter(n.target for n in gm.graph.nodes if n.op == "call_function")
+
+
+def _graphs(fn):
+    gms = []
+    for e in fn._training.values():
+        gms += [e.fw_module, e.bw_module]
+    if fn._inference is not None:
+        gms.append(fn._inference.module)
+    return gms
+
+
+def _core(gm, ex):
+    return aot_compile(gm, ex, decompositions="core")
+
+
+BATCH_NORMS = {aten.native_batch_norm.default, aten._native_batch_norm_legit_functional.default,
+               aten._native_batch_norm_legit_no_training.default,
+               aten.native_batch_norm_backward.default}
+
+
+def test_aot_eager_keeps_batch_norm_whole_in_eval():
+    torch.manual_seed(0)
+    m = ConvBN().eval()
+    with torch.no_grad():
+        fn = compare_module(m, [torch.randn(2, 3, 10, 10)], aot_eager, rtol=1e-4)
+    ops = _ops(fn._inference.module)
+    assert ops[aten.native_batch_norm.default] == 2
+    assert ops[aten.convolution.default] == 2
+    # no decomposed pieces: batch norm eval is one op, not sub/mul/rsqrt/add
+    assert aten.rsqrt.default not in ops and aten.sub.Tensor not in ops
+
+
+def test_aot_eager_keeps_batch_norm_whole_in_training():
+    torch.manual_seed(0)
+    fn = compare_module(ConvBN().train(), [torch.randn(4, 3, 10, 10)], aot_eager,
+                        rtol=1e-4, atol=1e-5)
+    entry, = fn._training.values()
+    fw, bw = _ops(entry.fw_module), _ops(entry.bw_module)
+    # the running-stat update is the functional twin's extra outputs
+    assert fw[aten._native_batch_norm_legit_functional.default] == 2
+    assert bw[aten.native_batch_norm_backward.default] == 2
+    assert bw[aten.convolution_backward.default] == 2
+    for g in (entry.fw_module, entry.bw_module):
+        verify_aten_graph(g, "eager")
+
+
+def test_core_profile_still_decomposes_batch_norm():
+    torch.manual_seed(0)
+    for train in (True, False):
+        m = ConvBN().train(train)
+        with torch.set_grad_enabled(train):
+            fn = compare_module(m, [torch.randn(4, 3, 10, 10)], _core, rtol=1e-4, atol=1e-5)
+        for g in _graphs(fn):
+            verify_aten_graph(g)            # the core op set
+            assert not BATCH_NORMS & set(_ops(g))
+
+
+class Block(nn.Module):
+    """LayerNorm, attention through F.scaled_dot_product_attention, GELU, softmax."""
+
+    def __init__(self, d=32, heads=4, causal=True):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.heads, self.causal = heads, causal
+
+    def forward(self, x):
+        b, l, d = x.shape
+        q, k, v = self.qkv(self.ln(x)).split(d, dim=2)
+        q, k, v = (t.view(b, l, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        a = a.transpose(1, 2).reshape(b, l, d)
+        h = x + self.proj(a)
+        return F.gelu(h) + F.softmax(h, dim=-1)
+
+
+@pytest.mark.parametrize("compiler", [aot_eager, _core], ids=["eager", "core"])
+def test_block_matches_eager(compiler):
+    torch.manual_seed(0)
+    m = Block().double()
+    x = torch.randn(2, 8, 32, dtype=torch.float64, requires_grad=True)
+    fn = compare_module(m, [x], compiler, rtol=1e-7, atol=1e-8)
+    for g in _graphs(fn):
+        verify_aten_graph(g, fn.ops)
+
+
+def test_aot_eager_keeps_attention_layer_norm_gelu_softmax_whole():
+    torch.manual_seed(0)
+    fn = compare_module(Block(), [torch.randn(2, 8, 32, requires_grad=True)], aot_eager,
+                        rtol=1e-5, atol=1e-5)
+    entry, = fn._training.values()
+    fw, bw = _ops(entry.fw_module), _ops(entry.bw_module)
+    assert fw[torch.ops.kiln.sdpa.default] == 1
+    assert bw[torch.ops.kiln.sdpa_backward.default] == 1
+    assert aten.bmm.default not in fw and aten.bmm.default not in bw   # no math path
+    assert fw[aten.native_layer_norm.default] == 1
+    assert bw[aten.native_layer_norm_backward.default] == 1
+    assert fw[aten._softmax.default] == 1 and fw[aten.gelu.default] == 1
+    assert bw[aten._softmax_backward_data.default] == 1
+    assert bw[aten.gelu_backward.default] == 1
+    # nothing of size L x S is saved for the backward
+    assert all(n.meta["val"].shape[-2:] != (8, 8) for n in entry.bw_module.graph.nodes
+               if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor))
+
+
+def _attention_case(mask, gqa=False, causal=False, scale=None):
+    def f(q, k, v, m):
+        kw = {"enable_gqa": True} if gqa else {}
+        return (F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal,
+                                               scale=scale, **kw) * 2,)
+    return f
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "bool_mask", "float_mask_grad",
+                                  "scale", "gqa"])
+def test_whole_attention_values_and_gradients(case):
+    torch.manual_seed(0)
+    b, h, l, s, e = 2, 4, 6, 7, 8
+    hk = 2 if case == "gqa" else h
+    q = torch.randn(b, h, l, e, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(b, hk, s, e, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(b, hk, s, e + 2, dtype=torch.float64, requires_grad=True)
+    mask = None
+    if case == "bool_mask":
+        mask = torch.rand(l, s) > 0.3
+        mask[:, 0] = True
+    elif case == "float_mask_grad":
+        mask = torch.randn(b, 1, l, s, dtype=torch.float64, requires_grad=True)
+    f = _attention_case(mask, gqa=case == "gqa", causal=case == "causal",
+                        scale=0.3 if case == "scale" else None)
+    gm = fx.symbolic_trace(f)
+    args = [q, k, v, mask]
+    a, r = clone_inputs(args), clone_inputs(args)
+    fn = aot_eager(gm, a)
+    out, ref = fn(*a), f(*r)
+    assert_close(out[0], ref[0], rtol=1e-10, atol=1e-10)
+    for x, y in zip(grads_of(out, a), grads_of(ref, r)):
+        assert_close(x, y, rtol=1e-9, atol=1e-10)
+    entry, = fn._training.values()
+    assert _ops(entry.fw_module)[torch.ops.kiln.sdpa.default] == 1
+    assert _ops(entry.bw_module)[torch.ops.kiln.sdpa_backward.default] == 1
+    with torch.no_grad():                        # and the inference graph
+        out2 = fn(*a)
+    assert_close(out2[0], ref[0], rtol=1e-10, atol=1e-10)
+    assert _ops(fn._inference.module)[torch.ops.kiln.sdpa.default] == 1
+
+
+def test_attention_with_dropout_takes_the_math_path():
+    # Recomputing attention in the backward would draw a new dropout mask: with
+    # dropout_p > 0 the math path is traced instead (one recorded random draw).
+    def f(q):
+        return (F.scaled_dot_product_attention(q, q, q, dropout_p=0.5),)
+    q = torch.randn(2, 2, 5, 4, requires_grad=True)
+    fn = aot_eager(fx.symbolic_trace(f), [q])
+    torch.manual_seed(1)
+    out, = fn(q)
+    out.sum().backward()
+    entry, = fn._training.values()
+    assert torch.ops.kiln.sdpa.default not in _ops(entry.fw_module)
+
+
+def test_attention_output_layout_is_the_recorded_one():
+    # kiln.sdpa fixes its output strides at trace time, whatever kernel runs, so the
+    # view ops recorded after it stay valid.
+    from kiln.autograd.sdpa import BLHE, CONTIGUOUS
+    q = torch.randn(2, 3, 5, 4)
+    for layout in (BLHE, CONTIGUOUS):
+        out = torch.ops.kiln.sdpa(q, q, q, None, 0.0, False, None, False, layout)
+        meta = torch.ops.kiln.sdpa(q.to("meta"), q.to("meta"), q.to("meta"), None, 0.0,
+                                   False, None, False, layout)
+        assert out.stride() == meta.stride()
+        assert_close(out, F.scaled_dot_product_attention(q, q, q))
+    assert torch.ops.kiln.sdpa(q, q, q, layout=BLHE).transpose(1, 2).is_contiguous()
+
+
+def test_mlp_both_profiles():
+    torch.manual_seed(0)
+    for compiler in (aot_eager, _core):
+        compare_module(MLP(), [torch.randn(8, 16, requires_grad=True)], compiler)
+
+
+def test_unknown_profile_is_an_error():
+    gm, state = lift(MLP())
+    with pytest.raises(ValueError, match="unknown decomposition profile"):
+        aot_compile(gm, [*state, torch.randn(2, 16)], decompositions="nope")
