@@ -1,0 +1,163 @@
+"""PYTEST_DONT_REWRITE
+
+Idioms of real library code (transformers, torch.utils) that must trace whole:
+ModelOutput dataclass-dicts, configs with their own ``__getattribute__``,
+``torch.compiler.is_compiling()``, ``inspect.signature`` of a forward, ``torch.finfo``,
+``@torch.no_grad()``-decorated helpers, abstract base classes, ``hasattr`` on modules.
+"""
+import abc
+import dataclasses
+import inspect
+from typing import Optional
+
+import pytest
+import torch
+
+import kiln
+
+from .harness import T, check, shapes
+
+
+def _model_output_class():
+    transformers = pytest.importorskip("transformers")
+
+    @dataclasses.dataclass
+    class LMOutput(transformers.utils.ModelOutput):
+        loss: Optional[torch.Tensor] = None
+        logits: Optional[torch.Tensor] = None
+        hidden: Optional[tuple] = None
+
+    return LMOutput
+
+
+def test_model_output_reads_and_rebuild():
+    LMOutput = _model_output_class()
+
+    def f(x):
+        out = LMOutput(logits=x * 2)
+        first = out[0]  # ints index the tuple of non-None fields
+        keys = list(out.keys())
+        n = len(out)
+        out.hidden = (x + 1,)  # a field set later becomes an item too
+        return out, first, keys, n, "loss" in out, out.loss is None, out["logits"] + out.to_tuple()[1][0]
+    check(f, shapes((3,)), graphs=1, breaks=0, fullgraph=True)
+
+
+def test_model_output_positional_and_missing_key():
+    LMOutput = _model_output_class()
+
+    def f(x):
+        out = LMOutput(x.sum(), x)
+        try:
+            out["hidden"]
+        except KeyError:
+            x = x + 1
+        return out.to_tuple(), x
+    check(f, shapes((4,)), graphs=1, breaks=0, fullgraph=True)
+
+
+class AliasConfig:
+    """Reads of ``layers`` go to ``n_layer`` (transformers' attribute_map)."""
+    attribute_map = {"layers": "n_layer"}
+
+    def __init__(self):
+        self.n_layer = 3
+        self.scale = 0.5
+
+    def __getattribute__(self, key):
+        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        return super().__getattribute__(key)
+
+
+def test_config_with_getattribute():
+    cfg = AliasConfig()
+
+    def f(x):
+        for _ in range(cfg.layers):
+            x = x * cfg.scale
+        return x, getattr(cfg, "missing", 7), hasattr(cfg, "n_layer")
+    check(f, shapes((3,)), graphs=1, breaks=0, fullgraph=True)
+
+
+def test_is_compiling_reads_true_inside_library_helpers():
+    def helper():
+        return torch.compiler.is_compiling()
+
+    def f(x):
+        return x + 1 if helper() else x - 1
+    x = torch.randn(3)
+    out = kiln.compile(f, backend="eager", fullgraph=True)(x)
+    torch.testing.assert_close(out, x + 1)
+    assert not helper()
+
+
+def test_inspect_signature_of_a_forward():
+    class Block(torch.nn.Module):
+        def chunk(self, a):
+            return a * 2
+
+        def forward(self, x):
+            fn = self.chunk
+            n = len(inspect.signature(fn).parameters)
+            return fn(x) if n == 1 else x
+    m = Block()
+    check(m, shapes((3,)), graphs=1, breaks=0, fullgraph=True)
+
+
+def test_finfo_min_mask():
+    def f(x, mask):
+        return x.masked_fill(mask, torch.finfo(x.dtype).min), torch.iinfo(torch.int32).max
+    check(f, lambda i: (T(2, 3), T(2, 3) > 0), graphs=1, breaks=0, fullgraph=True)
+
+
+@torch.no_grad()
+def _no_grad_helper(x):
+    return x * 3
+
+
+def test_no_grad_decorated_helper():
+    def f(x):
+        y = _no_grad_helper(x)
+        return y.requires_grad, y + x
+    check(f, lambda i: (T(3).requires_grad_(),), graphs=1, breaks=0, fullgraph=True)
+
+
+class Shape(abc.ABC):
+    @abc.abstractmethod
+    def area(self, x): ...
+
+
+class Square(Shape):
+    def __init__(self, k):
+        self.k = k
+
+    def area(self, x):
+        return x * self.k
+
+
+def test_abstract_base_class_instances():
+    def f(x):
+        return Square(2).area(x)
+    check(f, shapes((3,)), graphs=1, breaks=0, fullgraph=True)
+
+
+def test_hasattr_on_module_missing_attribute():
+    lin = torch.nn.Linear(3, 3)
+
+    def f(x):
+        g = 2 if hasattr(lin, "num_key_value_groups") and lin.num_key_value_groups > 1 else 1
+        return lin(x) * g, hasattr(lin, "weight")
+    check(f, shapes((2, 3)), graphs=1, breaks=0, fullgraph=True)
+
+
+def test_fullgraph_error_names_every_inlined_line():
+    def inner(x):
+        return x.tolist()  # the line kiln cannot trace
+
+    def f(x):
+        return inner(x + 1)
+    with pytest.raises(kiln.Unsupported) as e:
+        kiln.compile(f, backend="eager", fullgraph=True)(torch.randn(3))
+    msg = str(e.value)
+    assert "return inner(x + 1)" in msg and "return x.tolist()" in msg, msg
