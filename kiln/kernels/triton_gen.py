@@ -367,6 +367,8 @@ def _numel(sizes) -> int:
 #: A reduced extent up to this (rounded to a power of two) stays whole in registers: one
 #: pass over memory however many loops the group has (softmax, LayerNorm).
 PERSISTENT_MAX = 8192
+#: Reduced elements per step of a looped (non-persistent) row reduction.
+LOOP_RBLOCK = 2048
 #: Elements per program block the heuristics aim at.
 BLOCK_ELEMS = 4096
 #: Split a reduction into partial results when it would have fewer programs than this...
@@ -423,7 +425,7 @@ def plan_reduction(g, interpret: bool = False) -> Plan:
         p = Plan(xb, rb, rb >= rnum, True)
     else:
         persistent = r2 <= PERSISTENT_MAX
-        rb = r2 if persistent else 2048
+        rb = r2 if persistent else LOOP_RBLOCK
         xb = 1
         if rb < 1024:
             xb = max(1, min(_pow2(onum), 1024 // rb, 64))
@@ -715,10 +717,17 @@ def _interpreting() -> bool:
 
 def generate(sched: Schedule, buffers: list):
     """The module source, and per segment (launcher name, params)."""
-    interpret = _interpreting()
+    source, entries, _ = generate_detailed(sched, buffers)
+    return source, entries
+
+
+def generate_detailed(sched: Schedule, buffers: list, interpret: bool | None = None):
+    """``generate`` plus, per kernel, (name, params, param dtypes, constexprs, num_warps):
+    what compiling a kernel ahead of time needs (``tests/kernels/test_triton_compile.py``)."""
+    interpret = _interpreting() if interpret is None else interpret
     dtypes = {b.name: b.dtype for b in buffers}
     parts = [PRELUDE]
-    segments, cur = [], None
+    segments, cur, kinfo = [], None, []
     for gi, g in enumerate(sched.groups):
         if g.extern is not None:
             cur = None
@@ -735,6 +744,11 @@ def generate(sched: Schedule, buffers: list):
             src, params, grid, consts, nw, tune = kern.source()
             parts.append(src)
             cur[1].append((kern.name, params, grid, consts, nw, tune, allocs))
+            pd = dict(dtypes)
+            pd.update({ws: dt for ws, _, dt in allocs})
+            for k2, a2 in kernels:
+                pd.update({ws: dt for ws, _, dt in a2})
+            kinfo.append((kern.name, params, [pd[q] for q in params], consts, nw))
     entries = []
     for name, kernels in segments:
         params = []
@@ -752,7 +766,7 @@ def generate(sched: Schedule, buffers: list):
             lines.append(f"    launch(rt, {kname}, {grid}, ({', '.join(ps)},), dict({kw}))")
         parts.append(f"def {name}(rt, launch, {', '.join(params)}):\n" + "\n".join(lines))
         entries.append((name, params))
-    return "\n\n\n".join(parts) + "\n", entries
+    return "\n\n\n".join(parts) + "\n", entries, kinfo
 
 
 class Launcher:
