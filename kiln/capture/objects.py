@@ -79,6 +79,10 @@ def object_getattr(tx, ov, name):
         return V.ClassValue(cls)
     if name == "__dict__":
         raise Unsupported("reading obj.__dict__")
+    from kiln.capture.environ import EnvironRead, is_environ
+
+    if is_environ(getattr(ov, "obj", None)) and name in ("get", "__getitem__", "__contains__"):
+        return EnvironRead(name)
     if not isinstance(ov, V.NewObjectValue) and ov.source is not None and _custom_getattribute(cls):
         # a Python __getattribute__ (transformers' configs map aliases through one):
         # read through it for real; the guard re-reads the same way at run time
@@ -156,6 +160,10 @@ def has_dunder(ov, name) -> bool:
 
 
 def call_dunder(tx, ov, name, args, kwargs):
+    from kiln.capture.environ import environ_read, is_environ
+
+    if is_environ(getattr(ov, "obj", None)):
+        return environ_read(tx, name, args, kwargs)
     cls = ov.python_type()
     owner, attr = lookup_class_attr(cls, name)
     if owner is None or owner is object:

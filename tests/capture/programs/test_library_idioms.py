@@ -161,3 +161,46 @@ def test_fullgraph_error_names_every_inlined_line():
         kiln.compile(f, backend="eager", fullgraph=True)(torch.randn(3))
     msg = str(e.value)
     assert "return inner(x + 1)" in msg and "return x.tolist()" in msg, msg
+
+
+def test_environ_switch_is_guarded(monkeypatch):
+    import os
+
+    def f(x):
+        if os.environ.get("KILN_TEST_SWITCH", "0") == "1":
+            return x + 1
+        return x - 1, "KILN_TEST_SWITCH" in os.environ
+    x = torch.randn(3)
+    cf = kiln.compile(f, backend="eager", fullgraph=True)
+    monkeypatch.delenv("KILN_TEST_SWITCH", raising=False)
+    torch.testing.assert_close(cf(x), f(x))
+    monkeypatch.setenv("KILN_TEST_SWITCH", "1")  # the guard sees the change: recompiles
+    torch.testing.assert_close(cf(x), x + 1)
+
+
+class _Cube(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 * x * x + 1  # deliberately not the true derivative: it must be used
+
+
+def test_autograd_function_apply_is_one_node():
+    def f(x):
+        return _Cube.apply(x * 2).sum()
+    check(f, lambda i: (T(4).requires_grad_(),), graphs=1, breaks=0, fullgraph=True, backward=True)
+
+
+def test_autograd_function_backward_under_aot_eager():
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    f = lambda x: _Cube.apply(x.sin()).sum()  # noqa: E731
+    f(x).backward()
+    ref = x.grad.clone()
+    x.grad = None
+    kiln.compile(f, backend="aot_eager", fullgraph=True)(x).backward()
+    torch.testing.assert_close(x.grad, ref)
