@@ -1,8 +1,11 @@
 """The callable a compiled graph becomes: allocate, launch, call libraries, return.
 
 Everything that can be decided at compile time is: the list of steps, which buffer
-lives in which memory slot, which tensors each launch takes. Per call we allocate the
-slots (``torch.empty_strided``), take data pointers and run the steps in order.
+lives in which memory slot, which tensors each launch takes, when each slot is first
+written and last read, how each library call's arguments are built. Per call a slot is
+allocated (``torch.empty_strided``) just before the first step that writes it and
+dropped after the last step that reads it, as are library results, so the peak memory
+is that of the live buffers, not of all of them.
 """
 from __future__ import annotations
 
@@ -13,6 +16,14 @@ from . import ir
 from .lowering import View
 
 
+def _step_names(step, buffers) -> set:
+    """Buffer names a step reads or writes."""
+    if isinstance(step, ExternStep):
+        b = step.b
+        return set(b.reads()) | {b.name} | set(b.outputs)
+    return set(getattr(step, "params", ()))
+
+
 class Runtime:
     def __init__(self, lowering, sched, launch_segment, device):
         self.lo, self.sched, self.device = lowering, sched, device
@@ -20,9 +31,7 @@ class Runtime:
         self.inputs = [(b.position, b.name) for b in lowering.buffers if isinstance(b, ir.Input)]
         self.slot_specs = [(sizes, strides, dtype) for _, dtype, sizes, strides in sched.slot_specs]
         self.slot_of = list(sched.slots.items())
-        self.steps = []
-        for seg in launch_segment:
-            self.steps.append(seg)
+        self.steps = list(launch_segment)
         out_flat, self.out_spec = pytree.tree_flatten(lowering.outputs,
                                                       is_leaf=lambda x: isinstance(x, View))
         self.out_flat = out_flat
@@ -42,6 +51,39 @@ class Runtime:
             else:
                 self.out_plan.append(("view", v))
         self.plain_tuple = self.out_spec == pytree.tree_flatten(tuple(out_flat))[1]
+        self._plan_lifetimes()
+        for s in self.steps:
+            if isinstance(s, ExternStep):
+                s.prepare(self)
+
+    def _plan_lifetimes(self):
+        """Per step: the slots to allocate before it, the names to drop after it."""
+        n = len(self.steps)
+        names_of = [_step_names(s, self.buffers) for s in self.steps]
+        keep = {v if k == "buf" else v.buf for k, v in self.out_plan if k != "const"}
+        keep |= {name for _, name in self.inputs}
+        slot_members = {}
+        for name, s in self.slot_of:
+            slot_members.setdefault(s, []).append(name)
+        first, last = {}, {}
+        for i, names in enumerate(names_of):
+            for name in names:
+                first.setdefault(name, i)
+                last[name] = i
+        self.alloc_at = [[] for _ in range(n + 1)]
+        self.drop_at = [[] for _ in range(n)]
+        for s, members in slot_members.items():
+            used = [first[m] for m in members if m in first]
+            start = min(used) if used else n
+            self.alloc_at[start].append((s, members))
+            if not any(m in keep for m in members) and used:
+                end = max(last[m] for m in members if m in last)
+                self.drop_at[end].extend(members)
+        in_slots = {name for name, _ in self.slot_of}
+        for name, i in last.items():
+            if name not in in_slots and name not in keep and name in self.buffers \
+                    and not isinstance(self.buffers[name], ir.Input):
+                self.drop_at[i].append(name)
 
     def tensor_of(self, tensors, buf, sizes, strides, offset):
         t = tensors[buf]
@@ -49,16 +91,25 @@ class Runtime:
             return t
         return torch.as_strided(t, sizes, strides, t.storage_offset() + offset)
 
+    def _alloc(self, tensors, todo):
+        device = self.device
+        for s, members in todo:
+            sz, st, dt = self.slot_specs[s]
+            t = torch.empty_strided(sz, st, dtype=dt, device=device)
+            for name in members:
+                tensors[name] = t
+
     def __call__(self, *args):
         tensors = {name: args[pos] for pos, name in self.inputs}
-        if self.slot_specs:
-            device = self.device
-            slots = [torch.empty_strided(sz, st, dtype=dt, device=device)
-                     for sz, st, dt in self.slot_specs]
-            for name, s in self.slot_of:
-                tensors[name] = slots[s]
-        for step in self.steps:
+        alloc_at, drop_at = self.alloc_at, self.drop_at
+        for i, step in enumerate(self.steps):
+            if alloc_at[i]:
+                self._alloc(tensors, alloc_at[i])
             step(self, tensors)
+            for name in drop_at[i]:
+                tensors.pop(name, None)
+        if alloc_at[-1]:
+            self._alloc(tensors, alloc_at[-1])
         out = []
         for kind, v in self.out_plan:
             if kind == "buf":
@@ -78,16 +129,43 @@ class ExternStep:
     def __init__(self, b: ir.Extern, buffers):
         self.b = b
         self.outputs = [buffers[o] for o in b.outputs]
+        self.build = None
+
+    def prepare(self, rt: Runtime):
+        """Argument builders decided once: a plain read of the buffer's tensor where its
+        layout is the argument's (known at compile time), ``as_strided`` otherwise."""
+        def getter(a: ir.ExternArg):
+            b = rt.buffers.get(a.buf)
+            layout = None
+            if isinstance(b, (ir.Extern, ir.MultiOutput, ir.Input)):
+                layout = (tuple(b.sizes), tuple(b.strides))
+            elif a.buf in rt.sched.slots:
+                sz, st, _ = rt.slot_specs[rt.sched.slots[a.buf]]
+                layout = (tuple(sz), tuple(st))
+            if layout is not None and a.offset == 0 and layout == (tuple(a.sizes), tuple(a.strides)):
+                return lambda tensors, n=a.buf: tensors[n]
+            return lambda tensors, a=a: rt.tensor_of(tensors, a.buf, a.sizes, a.strides, a.offset)
+
+        def builder(x):
+            if isinstance(x, ir.ExternArg):
+                return getter(x)
+            if isinstance(x, (list, tuple)) and any(_has_arg(y) for y in x):
+                parts = [builder(y) for y in x]
+                typ = type(x)
+                return lambda tensors: typ(p(tensors) for p in parts)
+            return lambda tensors, x=x: x
+        args = [builder(a) for a in self.b.args]
+        kwargs = [(k, builder(v)) for k, v in self.b.kwargs.items()]
+
+        def build(tensors):
+            return ([f(tensors) for f in args], {k: f(tensors) for k, f in kwargs})
+        self.build = build
 
     def __call__(self, rt, tensors):
         b = self.b
-
-        def mat(a):
-            if isinstance(a, ir.ExternArg):
-                return rt.tensor_of(tensors, a.buf, a.sizes, a.strides, a.offset)
-            return a
-        args, kwargs = pytree.tree_map(mat, (b.args, b.kwargs),
-                                       is_leaf=lambda x: isinstance(x, ir.ExternArg))
+        if self.build is None:
+            self.prepare(rt)
+        args, kwargs = self.build(tensors)
         r = b.op(*args, **kwargs)
         if not self.outputs:
             tensors[b.name] = _fix_layout(r, b)
@@ -95,6 +173,14 @@ class ExternStep:
         leaves = pytree.tree_leaves(r)
         for o in self.outputs:
             tensors[o.name] = _fix_layout(leaves[o.path[0]], o)
+
+
+def _has_arg(x) -> bool:
+    if isinstance(x, ir.ExternArg):
+        return True
+    if isinstance(x, (list, tuple)):
+        return any(_has_arg(y) for y in x)
+    return False
 
 
 def _fix_layout(t, b):
