@@ -162,9 +162,10 @@ class AotFunction:
         self._entry(example_inputs)
 
     def _entry(self, args):
-        pattern = tuple(bool(isinstance(a, torch.Tensor) and a.requires_grad)
-                        for a in args)
-        if torch.is_grad_enabled() and any(pattern):
+        if not torch.is_grad_enabled():
+            return self._inference or self._inference_entry(), self._inference_trace
+        pattern = tuple([isinstance(a, torch.Tensor) and a.requires_grad for a in args])
+        if any(pattern):
             entry = self._training.get(pattern)
             if entry is None:
                 with timed("aot_trace"):
@@ -172,7 +173,7 @@ class AotFunction:
                                      requires_grad=pattern, devices=self.devices,
                                      ops=self.ops)
                 if not tr.grad_inputs:
-                    return self._inference_entry(), tr
+                    return self._inference_entry(), self._inference_trace
                 entry = _Training(tr, self.fw_compiler, self.bw_compiler)
                 self._training[pattern] = entry
             return entry, entry.trace
@@ -191,19 +192,26 @@ class AotFunction:
         entry, tr = self._entry(args)
         if tr.mutations and _shares_storage_with_mutated(args, tr.mutations):
             return self._run_eagerly(args)
-        if isinstance(entry, _Inference):
-            # no output needs a gradient (no_grad, or grad-free regions): none gets one
-            with torch.no_grad():
+        if entry is self._inference:
+            if torch.is_grad_enabled():
+                # no output needs a gradient (grad-free regions): none gets one
+                with torch.no_grad():
+                    outs = entry(args)
+            else:
                 outs = entry(args)
         else:
             outs = entry(args)
-        with torch.no_grad():
+        if tr.mutations:
+            with torch.no_grad():
+                for i, k in tr.mutations:
+                    if not outs[k].requires_grad:
+                        args[i].copy_(outs[k])
             for i, k in tr.mutations:
-                if not outs[k].requires_grad:
+                if outs[k].requires_grad:
                     args[i].copy_(outs[k])
-        for i, k in tr.mutations:
-            if outs[k].requires_grad:
-                args[i].copy_(outs[k])
+        n = tr.plain_outputs
+        if n is not None:       # outputs are the graph's first n results, nothing to build
+            return outs if len(outs) == n else outs[:n]
         result = []
         for spec in tr.output_specs:
             kind = spec[0]
@@ -216,7 +224,6 @@ class AotFunction:
             else:
                 result.append(spec[1])
         return tuple(result)
-
 
     def _run_eagerly(self, args):
         """The graphs were traced with every input in its own storage; when an input

@@ -29,6 +29,7 @@ so a CUDA program traces on a machine without a GPU.
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +83,13 @@ class TraceResult:
     differentiable: list
     #: input indices whose gradient the backward returns, in order
     grad_inputs: list = field(default_factory=list)
+
+    @functools.cached_property
+    def plain_outputs(self) -> int | None:
+        """n when the user outputs are simply the graph's first n results."""
+        if all(s[0] == "fn" and s[1] == k for k, s in enumerate(self.output_specs)):
+            return len(self.output_specs)
+        return None
 
 
 def _replay(chain, t):

@@ -209,3 +209,29 @@ def test_unknown_profile_is_an_error():
     gm, state = lift(MLP())
     with pytest.raises(ValueError, match="unknown decomposition profile"):
         aot_compile(gm, [*state, torch.randn(2, 16)], decompositions="nope")
+
+
+def test_eager_calls_use_eager_bindings_for_the_same_op():
+    from kiln.autograd.eager_calls import eager_calls
+    torch.manual_seed(0)
+    m = ConvBN().eval()
+    gm, state = lift(m)
+    x = torch.randn(2, 3, 10, 10)
+    with torch.no_grad():
+        fn = aot_eager(gm, [*state, x])
+        fast = fn._inference.fn
+        assert fast is not fn._inference.module          # the aten graph is kept
+        kinds = {n.target: n.op for n in fast.graph.nodes if n.op.startswith("call")}
+        assert torch._C._VariableFunctions.convolution in kinds
+        assert torch._C._VariableFunctions.native_batch_norm in kinds
+        assert not any(isinstance(t, torch._ops.OpOverload) for t in kinds)
+        assert_close(fn(*state, x)[0], m(x), rtol=1e-5, atol=1e-6)
+    # A binding that reaches another op (reshape decomposes to view) is not used.
+    g = fx.Graph()
+    p = g.placeholder("x")
+    p.meta["val"] = torch.empty(2, 3, device="meta")
+    r = g.call_function(aten.reshape.default, (p, [6]))
+    g.output((r,))
+    out = eager_calls(fx.GraphModule(torch.nn.Module(), g))
+    node, = [n for n in out.graph.nodes if n.op.startswith("call")]
+    assert node.target is aten.reshape.default
