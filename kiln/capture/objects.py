@@ -83,14 +83,21 @@ def object_getattr(tx, ov, name):
 
     if is_environ(getattr(ov, "obj", None)) and name in ("get", "__getitem__", "__contains__"):
         return EnvironRead(name)
-    if not isinstance(ov, V.NewObjectValue) and ov.source is not None and _custom_getattribute(cls):
+    from kiln.capture.pure_methods import PureMethodValue, is_pure_method
+
+    _, method = lookup_class_attr(cls, name)
+    if isinstance(method, types.FunctionType) and is_pure_method(method) \
+            and name not in getattr(getattr(ov, "obj", None), "__dict__", {}):
+        return PureMethodValue(ov, method)
+    if not isinstance(ov, V.NewObjectValue) and _custom_getattribute(cls):
         # a Python __getattribute__ (transformers' configs map aliases through one):
         # read through it for real; the guard re-reads the same way at run time
         try:
             real = getattr(ov.obj, name)
         except AttributeError:
-            tx.output.guards.expression(f"not hasattr({ov.source.expr()}, {name!r})",
-                                        f"{ov.source.pretty()} has no attribute {name!r}")
+            if ov.source is not None:
+                tx.output.guards.expression(f"not hasattr({ov.source.expr()}, {name!r})",
+                                            f"{ov.source.pretty()} has no attribute {name!r}")
             raise _attr_error(cls, name) from None
         return wrap(tx, real, _attr_src(ov, name))
     owner, attr = lookup_class_attr(cls, name)

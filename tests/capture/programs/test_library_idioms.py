@@ -204,3 +204,18 @@ def test_autograd_function_backward_under_aot_eager():
     x.grad = None
     kiln.compile(f, backend="aot_eager", fullgraph=True)(x).backward()
     torch.testing.assert_close(x.grad, ref)
+
+
+def test_config_get_text_config_is_evaluated_and_guarded():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.T5Config(num_layers=2, num_decoder_layers=3, d_model=8, num_heads=2, d_kv=4, d_ff=16)
+
+    def f(x):
+        dec = cfg.get_text_config(decoder=True)  # deep-copies and renames keys
+        return x * dec.num_hidden_layers
+    cf = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    torch.testing.assert_close(cf(x), f(x))
+    cfg.num_decoder_layers = 5  # a changed config must not reuse the traced answer
+    torch.testing.assert_close(cf(x), f(x))
+    torch.testing.assert_close(cf(x), x * 5)
