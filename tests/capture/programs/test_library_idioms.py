@@ -216,6 +216,7 @@ def test_config_get_text_config_is_evaluated_and_guarded():
     cf = kiln.compile(f, backend="eager", fullgraph=True)
     x = torch.randn(3)
     torch.testing.assert_close(cf(x), f(x))
-    cfg.num_decoder_layers = 5  # a changed config must not reuse the traced answer
+    before = f(x)
+    cfg.num_layers = 5  # a changed config must not reuse the traced answer
+    assert not torch.equal(f(x), before)
     torch.testing.assert_close(cf(x), f(x))
-    torch.testing.assert_close(cf(x), x * 5)
