@@ -404,9 +404,24 @@ def _batch_norm_with_stats(mode, input, weight, bias, running_mean, running_var,
     return out, mean, rstd
 
 
-#: Ops whose kernels write an argument their schema does not mark as written, and how
-#: to record them functionally (reached only when the op set does not decompose them).
-_HIDDEN_WRITES = {aten.native_batch_norm.default: _batch_norm_with_stats}
+def _batch_norm_backward_in_training(mode, grad_out, input, weight, running_mean,
+                                     running_var, save_mean, save_invstd, train, eps,
+                                     output_mask):
+    """In training the backward reads the saved batch statistics only: pass no running
+    statistics, so that their new values are not kept alive for the backward."""
+    if not train or (running_mean is None and running_var is None):
+        return NotImplemented
+    return mode._record(aten.native_batch_norm_backward.default,
+                        (grad_out, input, weight, None, None, save_mean, save_invstd,
+                         train, eps, output_mask), {})
+
+
+#: Ops recorded by a rule of their own (reached only when the op set does not
+#: decompose them): kernels that write an argument their schema does not mark as
+#: written, recorded functionally; arguments an op does not read, dropped.
+_HIDDEN_WRITES = {aten.native_batch_norm.default: _batch_norm_with_stats,
+                  aten.native_batch_norm_backward.default:
+                      _batch_norm_backward_in_training}
 
 
 class _Runner(fx.Interpreter):
