@@ -349,6 +349,19 @@ def _decompose(vars_, sizes, flat: str) -> list:
     return lines
 
 
+def _memory_order(g, sizes, writes) -> list:
+    """Dims from outermost to innermost in memory of the group's first stored buffer
+    (a channels-last result walks channels fastest, so lanes stay coalesced)."""
+    n = len(sizes)
+    for node in g.nodes:
+        if node.name in writes and tuple(node.sizes) == tuple(sizes):
+            st = [int(s) for s in node.strides]
+            if st == list(ir.contiguous_strides(sizes)):
+                break
+            return sorted(range(n), key=lambda i: (-st[i] if int(sizes[i]) != 1 else 0, i))
+    return list(range(n))
+
+
 def _pow2(n: int) -> int:
     p = 1
     while p < n:
@@ -495,7 +508,9 @@ class TritonKernel:
             out.append(f"    xmask = xindex < {numel}")
             mask = "xmask"
         vars_ = ir.loop_vars(sizes)
-        out += ["    " + l for l in _decompose(vars_, sizes, "xindex")]
+        perm = _memory_order(g, sizes, writes)
+        out += ["    " + l for l in _decompose([vars_[i] for i in perm],
+                                               [sizes[i] for i in perm], "xindex")]
         body = TBody({}, "    ", self.counter, mask,
                      {f"x{i}" for i in range(len(sizes))}, "xzero")
         out.append("    xzero = xindex * 0")
@@ -769,15 +784,29 @@ def generate_detailed(sched: Schedule, buffers: list, interpret: bool | None = N
     return "\n\n\n".join(parts) + "\n", entries, kinfo
 
 
+def _hook_set(h) -> bool:
+    """Triton's launch hooks: None, or (3.5+) a HookChain that may be empty."""
+    if h is None:
+        return False
+    calls = getattr(h, "calls", None)
+    return calls is None or len(calls) > 0
+
+
 class Launcher:
     """Launches one kernel. The first launch goes through Triton (compiling, autotuning);
     later ones call the compiled kernel directly while the arguments' 16-byte alignment
     (what Triton specialises pointers on) is unchanged: Triton's own dispatch costs tens
-    of microseconds of Python per launch."""
+    of microseconds of Python per launch. ``why``: reasons the direct path was not taken
+    (diagnostics)."""
+
+    why: dict = {}
 
     def __init__(self):
-        self.fast = {}          # id(kernel) -> (alignment, compiled, grid, constexprs)
+        self.fast = {}          # id(kernel) -> (alignment, compiled, grid, constexprs) | None
         self.disabled = False
+
+    def _note(self, reason):
+        Launcher.why[reason] = Launcher.why.get(reason, 0) + 1
 
     def __call__(self, rt, kernel, grid, args, kw):
         key = id(kernel)
@@ -792,21 +821,30 @@ class Launcher:
                     ck.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, ck.function,
                            ck.packed_metadata, None, None, None, *args, *consts)
                     return
-                except Exception:
+                except Exception as e:       # noqa: BLE001
+                    self._note(f"direct launch failed: {type(e).__name__}: {e}")
                     self.disabled = True
                     self.fast.clear()
+            else:
+                self._note("alignment changed")
         ck = kernel[grid](*args, **kw)
-        if self.disabled or ent is not None or _interpreting() or ck is None:
+        if self.disabled or key in self.fast or _interpreting():
             return
+        self.fast[key] = None           # one attempt per kernel
         try:
             from triton import knobs
-            if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+            if _hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook):
+                self._note("launch hooks installed")
+                return
+            if ck is None or not hasattr(ck, "packed_metadata"):
+                self._note(f"no compiled kernel returned ({type(ck).__name__})")
                 return
             names = list(getattr(kernel, "arg_names", None) or kernel.fn.arg_names)
             consts = tuple(kw[n] for n in names[len(args):])
             ck.run   # initialises the handles
             self.fast[key] = (tuple(a.data_ptr() % 16 == 0 for a in args), ck, grid, consts)
-        except Exception:        # an unexpected Triton version: keep its own dispatch
+        except Exception as e:        # an unexpected Triton version: keep its own dispatch
+            self._note(f"setup failed: {type(e).__name__}: {e}")
             self.disabled = True
 
 

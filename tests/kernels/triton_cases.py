@@ -149,3 +149,45 @@ def test_low_precision_computes_in_fp32(dtype):
     for line in src.splitlines():
         if "acc_" in line and "tl.full([XBLOCK, RBLOCK]" in line:
             assert "bfloat16" not in line and "float16" not in line.replace("float32", "")
+
+
+def _conv_block(x, w1, w2, g, b):
+    y = aten.convolution.default(x, w1, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    y = aten.relu.default(aten.add.Tensor(aten.mul.Tensor(y, g), b))
+    p = aten.max_pool2d_with_indices.default(y, [3, 3], [2, 2], [1, 1])[0]
+    z = aten.convolution.default(p, w2, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    z = aten.relu.default(aten.add.Tensor(z, p))
+    return (z, aten.mean.dim(z, [-1, -2]))
+
+
+def test_bf16_convolutions_run_channels_last():
+    """bf16 convolution chains stay channels-last (no cuDNN transposes around each call):
+    our kernels write the NHWC inputs, walk memory in NHWC order, and outputs come back
+    in eager's layout."""
+    from kiln.kernels import ir, runtime
+    dt = torch.bfloat16
+    ins = [torch.randn(2, 3, 16, 16), torch.randn(8, 3, 3, 3) / 3, torch.randn(8, 8, 3, 3) / 8,
+           torch.randn(1, 8, 1, 1), torch.randn(1, 8, 1, 1)]
+    ins = [t.to(dt) for t in ins]
+    copies = []
+    orig = runtime._fix_layout
+
+    def spy(t, b):
+        r = orig(t, b)
+        copies.append(r is not t)
+        return r
+    runtime._fix_layout = spy
+    try:
+        rt, art = _check(_conv_block, ins, tol=(2e-2, 2e-2), ref_dtype=torch.float32)
+    finally:
+        runtime._fix_layout = orig
+    convs = [b for b in rt.lo.buffers if isinstance(b, ir.Extern)
+             and b.op is aten.convolution.default]
+    assert len(convs) == 2 and all(b.strides[1] == 1 for b in convs)
+    for c in convs:
+        src = rt.lo.by_name[c.args[0].buf]
+        assert c.args[0].strides[1] == 1, src
+    assert not any(copies)          # the library agreed with the layouts we planned
+    got = rt(*ins)
+    assert got[0].stride() == _conv_block(*ins)[0].stride()
+    assert "x1 = xindex % 8" in art["source"]      # channels fastest in the pointwise kernels
