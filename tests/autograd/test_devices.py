@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from kiln.autograd import aot_compile, verify_aten_graph
+from kiln.autograd.eager_calls import eager_calls
 from kiln.autograd.lift import lift
 from tests.autograd.helpers import assert_close, grads_of
 from tests.autograd.test_aot_eager import ConvBN
@@ -49,7 +50,9 @@ def _compile_for_cuda(module, shape, profile):
     gm, state = lift(module)
     x = torch.randn(shape, requires_grad=True)
     examples = [_meta_like(t) for t in [*state, x]]
-    fn = aot_compile(gm, examples, decompositions=profile,
+    # as the backends do: aot_eager calls ops through eager's bindings (eager_calls)
+    compiler = eager_calls if profile == "eager" else None
+    fn = aot_compile(gm, examples, compiler, compiler, compiler, decompositions=profile,
                      devices=[CUDA] * len(examples))
     return fn
 
