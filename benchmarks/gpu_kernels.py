@@ -128,7 +128,7 @@ def kernel_rows(only):
               f"{err:.1e}  (cold {cold:.2f}s)", flush=True)
 
 
-def profile_model(name, calls):
+def profile_model(name, calls, with_tc=True):
     import torchvision
 
     import kiln
@@ -158,7 +158,7 @@ def profile_model(name, calls):
     with torch.no_grad():
         err = (compiled(x).float() - model(x).float()).abs().max() / model(x).float().abs().max()
     te, tk = wall(model), wall(compiled)
-    tc = wall(torch.compile(model))
+    tc = wall(torch.compile(model)) if with_tc else float("nan")
     torch.cuda.reset_peak_memory_stats()
     wall(model)
     pe = torch.cuda.max_memory_allocated() / 2**20
@@ -181,6 +181,8 @@ def profile_model(name, calls):
         host_e = (time.perf_counter() - t0) / calls * 1e3
         torch.cuda.synchronize()
     print(f"host-side ms per call (no sync): kiln {host:.3f}, eager {host_e:.3f}")
+    from kiln.kernels import triton_gen
+    print("direct-launch misses:", dict(triton_gen.Launcher.why))
     pr = cProfile.Profile()
     with torch.no_grad():
         pr.enable()
@@ -209,10 +211,11 @@ def main():
     p.add_argument("--only", default="")
     p.add_argument("--profile", default="")
     p.add_argument("--calls", type=int, default=50)
+    p.add_argument("--no-tc", action="store_true", help="--profile: skip torch.compile")
     a = p.parse_args()
     if a.profile:
         for m in a.profile.split(","):
-            profile_model(m, a.calls)
+            profile_model(m, a.calls, not a.no_tc)
     else:
         kernel_rows([s for s in a.only.split(",") if s])
 

@@ -189,22 +189,37 @@ def schedule(buffers: list, output_names: set) -> Schedule:
 
 
 def _split_loops(g: Group) -> None:
-    """Consecutive members share one inner loop until one needs a finished reduction."""
+    """Consecutive members share one inner loop until one needs a finished reduction.
+    A member that needs nothing from the group beyond per-element values of the first
+    inner loop joins that loop instead (one pass; and on a GPU the loop can be split
+    across programs): e.g. the toy example's ``a / (|a| + 1)`` next to ``b.sum() < 0``."""
     loops = []
     cur_inner, cur_reds = None, set()
+    first, avail0 = None, set()
+    names = g.names
     for n in g.nodes:
         lvl = g.level(n)
         if lvl == "outer":
             loops.append(("outer", [n]))
             cur_inner, cur_reds = None, set()
             continue
+        internal = n.reads() & names
+        if first is not None and cur_inner is not first and internal <= avail0:
+            first.append(n)
+            if lvl == "inner":
+                avail0.add(n.name)
+            continue
         needs = n.reads() & cur_reds
         if cur_inner is None or needs:
             cur_inner, cur_reds = [], set()
             loops.append(("inner", cur_inner))
+            if first is None:
+                first = cur_inner
         cur_inner.append(n)
         if lvl == "reduction":
             cur_reds.add(n.name)
+        elif cur_inner is first:
+            avail0.add(n.name)
     g.loops = loops
 
 

@@ -568,6 +568,8 @@ class TritonKernel:
         if p.persistent:
             out += r_lines(ind, "0")
         for li, (kind, nodes) in enumerate(g.loops):
+            if li and not p.persistent:
+                out.append(f"{ind}tl.debug_barrier()")   # earlier loops' stores, visible
             if kind == "outer":
                 top.lines = []
                 for n in nodes:

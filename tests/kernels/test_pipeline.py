@@ -186,3 +186,25 @@ def test_runtime_frees_dead_buffers_and_allocates_late():
     assert max(live) <= 3, live
     # and the same answer twice (slots re-allocated on every call)
     torch.testing.assert_close(rt(x, w)[0], _mlp_chain(x, w)[0])
+
+
+def _toy_graph(a, b):
+    s = aten.sum.dim_IntList(b, [])
+    lt = aten.lt.Scalar(s, 0)
+    x = aten.div.Tensor(a, aten.add.Tensor(aten.abs.default(a), 1))
+    return (lt, x)
+
+
+def test_independent_member_joins_the_first_loop():
+    """The toy example's graph order (sum, compare, then an unrelated pointwise) gives one
+    pass: the pointwise joins the reduction's loop rather than a second loop after the
+    comparison, so on a GPU the whole loop can be split across programs."""
+    a, b = torch.randn(1000), torch.randn(1000)
+    rt, _ = build(fx.symbolic_trace(_toy_graph), [a, b], "cpp")
+    g, = rt.sched.groups
+    assert [k for k, _ in g.loops] == ["inner", "outer"]
+    got = rt(a, b)
+    for x, y in zip(got, _toy_graph(a, b)):
+        assert torch.equal(x, y) if x.dtype == torch.bool else torch.allclose(x, y)
+    from kiln.kernels import triton_gen
+    assert triton_gen._splittable(g)
