@@ -183,6 +183,12 @@ def profile_model(name, calls, with_tc=True):
     print(f"host-side ms per call (no sync): kiln {host:.3f}, eager {host_e:.3f}")
     from kiln.kernels import triton_gen
     print("direct-launch misses:", dict(triton_gen.Launcher.why))
+    import gc
+    from kiln.kernels import runtime
+    for o in gc.get_objects():
+        if isinstance(o, runtime.GraphReplay):
+            print(f"cuda graph: calls {o.calls}, recorded {o.graph is not None}, "
+                  f"moving inputs {sorted(o.moving)}, disabled {o.disabled} ({o.reason})")
     pr = cProfile.Profile()
     with torch.no_grad():
         pr.enable()
