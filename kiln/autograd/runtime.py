@@ -150,8 +150,11 @@ class AotFunction:
                          for a in example_inputs]
         self.devices = list(devices) if devices is not None else [
             a.device if isinstance(a, torch.Tensor) else None for a in example_inputs]
-        #: calls run eagerly because inputs shared storage with a mutated input
+        #: calls run eagerly because inputs shared storage with a mutated input in a way
+        #: the tracer does not model (see ``_alias_key``)
         self.eager_calls = 0
+        #: paths traced for inputs sharing storage: alias key -> {pattern: entry}
+        self._aliased: dict[tuple, dict] = {}
         self.fw_compiler = fw_compiler or _default_compiler
         self.bw_compiler = bw_compiler or _default_compiler
         self.inference_compiler = inference_compiler or self.fw_compiler
@@ -188,11 +191,35 @@ class AotFunction:
             self._inference = _Inference(self._inference_trace, self.inference_compiler)
         return self._inference
 
+    def _aliased_entry(self, args, key):
+        """The path for inputs sharing storage as ``key`` says, traced on first use."""
+        paths = self._aliased.setdefault(key, {})
+        train = torch.is_grad_enabled() and any(
+            isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        pattern = tuple([isinstance(a, torch.Tensor) and a.requires_grad for a in args]) \
+            if train else None
+        if pattern not in paths:
+            aliases = {m: (b, g) for b, m, g in key}
+            with timed("aot_trace"):
+                tr = trace_joint(self.gm, self.examples, train=train, requires_grad=pattern,
+                                 devices=self.devices, ops=self.ops, aliases=aliases)
+            if train and tr.grad_inputs:
+                paths[pattern] = _Training(tr, self.fw_compiler, self.bw_compiler), tr
+            else:
+                if train:
+                    tr = trace_joint(self.gm, self.examples, train=False,
+                                     devices=self.devices, ops=self.ops, aliases=aliases)
+                paths[pattern] = _Inference(tr, self.inference_compiler), tr
+        return paths[pattern]
+
     def __call__(self, *args):
         entry, tr = self._entry(args)
         if tr.mutations and _shares_storage_with_mutated(args, tr.mutations):
-            return self._run_eagerly(args)
-        if entry is self._inference:
+            key = _alias_key(args, tr.mutations)
+            if key is None:
+                return self._run_eagerly(args)
+            entry, tr = self._aliased_entry(args, key)
+        if isinstance(entry, _Inference):
             if torch.is_grad_enabled():
                 # no output needs a gradient (grad-free regions): none gets one
                 with torch.no_grad():
@@ -226,10 +253,8 @@ class AotFunction:
         return tuple(result)
 
     def _run_eagerly(self, args):
-        """The graphs were traced with every input in its own storage; when an input
-        the graph writes shares storage with another input, the write must be seen
-        through the other one, mid-graph, which the functional graphs cannot express.
-        Such calls run the torch-level graph eagerly: exactly eager's semantics."""
+        """Inputs share storage with an input the graph writes, in a way ``_alias_key``
+        does not model: run the torch-level graph eagerly (exactly eager's semantics)."""
         if self.eager_calls == 0:
             _fallback_log.warning(
                 "kiln: inputs of a compiled graph share storage with an input the graph "
@@ -253,6 +278,55 @@ def _shares_storage_with_mutated(args, mutations) -> bool:
         if st.nbytes() and owners.get(st.data_ptr(), 0) > 1:
             return True
     return False
+
+
+def _alias_key(args, mutations):
+    """How tensor arguments share storage with the inputs the graph writes, as a
+    hashable key ``((base, member, geometry), ...)`` for ``trace_joint(aliases=...)``,
+    or None when the tracer cannot model it (the call then runs eagerly).
+
+    Modelled: in each group of arguments sharing a storage with a written input, one
+    *base* (contiguous, storage offset 0) holds every other member's elements (same
+    dtype, within its numel), and no member requires grad (a member traced as a view
+    of the base would route its gradient into the base's). A member with the base's
+    very geometry is the same tensor (geometry None)."""
+    groups: dict[int, list[int]] = {}
+    for j, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            st = a.untyped_storage()
+            if st.nbytes():
+                groups.setdefault(st.data_ptr(), []).append(j)
+    key = []
+    done = set()
+    for i, _ in mutations:
+        ptr = args[i].untyped_storage().data_ptr()
+        members = groups.get(ptr, [])
+        if len(members) < 2 or ptr in done:
+            continue
+        done.add(ptr)
+        ts = [args[j] for j in members]
+        if any(t.requires_grad for t in ts) or len({t.dtype for t in ts}) > 1:
+            return None
+        bases = [j for j in members if args[j].is_contiguous()
+                 and args[j].storage_offset() == 0]
+        if not bases:
+            return None
+        base = max(bases, key=lambda j: args[j].numel())
+        b = args[base]
+        for j in members:
+            if j == base:
+                continue
+            t = args[j]
+            if t.size() == b.size() and t.stride() == b.stride() and \
+                    t.storage_offset() == b.storage_offset():
+                key.append((base, j, None))
+                continue
+            extent = 1 + sum((n - 1) * st for n, st in zip(t.size(), t.stride()) if n)
+            if t.numel() == 0 or min(t.stride(), default=0) < 0 or \
+                    t.storage_offset() + extent > b.numel():
+                return None
+            key.append((base, j, (tuple(t.size()), tuple(t.stride()), t.storage_offset())))
+    return tuple(key) if key else None
 
 
 def aot_compile(gm: fx.GraphModule, example_inputs, fw_compiler=None, bw_compiler=None,

@@ -441,12 +441,17 @@ def _meta_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=None,
-                devices=None, ops=None) -> TraceResult:
+                devices=None, ops=None, aliases=None) -> TraceResult:
     """Trace ``gm`` on meta copies of ``example_inputs``; with ``train``, also the
     backward for every output that requires grad. See the module docstring.
     ``requires_grad`` and ``devices`` (per input) override the examples' own, so that
     meta stand-ins can be traced as the real tensors they represent. ``ops``: the op
-    set profile (``ops.OpSet`` or "core" / "eager"; default "core")."""
+    set profile (``ops.OpSet`` or "core" / "eager"; default "core"). ``aliases``:
+    inputs that share storage with another input, ``{member: (base, geometry)}``; the
+    member is traced as a view of the base input — ``alias`` when ``geometry`` is None
+    (the same tensor), else ``as_strided(base, *geometry)`` (the base is contiguous,
+    at storage offset 0, and neither requires grad) — so that a write through either
+    is seen through the other (see ``runtime._alias_key``)."""
     ops = opinfo.op_set(ops)
     if devices is None:
         devices = [a.device if isinstance(a, torch.Tensor) else None
@@ -459,6 +464,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     mode = _TraceMode(default_device, ops)
     graph = mode.graph
 
+    aliases = aliases or {}
     leaves, metas, grad_inputs = [], [], []
     for i, a in enumerate(example_inputs):
         ph = graph.placeholder(f"primals_{i + 1}")
@@ -466,6 +472,11 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
         if not isinstance(a, torch.Tensor):
             ph.meta["val"] = a
             metas.append(a)
+            continue
+        if i in aliases:               # made from its base below; this input unused
+            ph.meta["val"] = _meta_copy(a)
+            ph.meta["device"] = devices[i]
+            metas.append(None)
             continue
         m = _meta_copy(a)
         if train and requires_grad[i]:
@@ -477,6 +488,12 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
         metas.append(m)
         info = mode.register(m, ph, device=devices[i])
         info.storage.input_index = i
+    for i, (base, geometry) in sorted(aliases.items()):
+        with mode:
+            if geometry is None:
+                metas[i] = aten.alias.default(metas[base])
+            else:
+                metas[i] = aten.as_strided.default(metas[base], *geometry)
 
     with torch.set_grad_enabled(train), mode, _attention_mode(mode):
         outs = _Runner(gm, mode).run(*metas)
@@ -499,7 +516,14 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
         info = mode.infos[id(o)]
         st = info.storage
         if st.input_index is not None:
-            specs.append(("input_view", st.input_index, info.chain))
+            # relative to an aliased member where the output is (a view of) it
+            owner, chain, best = st.input_index, info.chain, 0
+            for i in aliases:
+                member = mode.infos[id(metas[i])]
+                n = len(member.chain)
+                if member.storage is st and n > best and info.chain[:n] == member.chain:
+                    owner, chain, best = i, info.chain[n:], n
+            specs.append(("input_view", owner, chain))
         elif storage_users[id(st)] > 1:
             if id(st) not in bases:
                 bases[id(st)] = -1   # filled below, after mutations
