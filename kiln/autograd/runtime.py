@@ -14,6 +14,13 @@ After either, new values of mutated inputs are copied into the real inputs (once
 and outputs that alias inputs or each other are rebuilt as views by replaying their
 view chains on real tensors, so aliasing is exactly eager's.
 Paths are compiled on first use and cached by the inputs' requires_grad pattern.
+
+Inputs sharing storage: graphs are traced with each input in its own storage, which
+is exact as long as no input the graph writes shares storage with another. When one
+does (checked per call, for graphs that write inputs only), the call takes a path
+traced with the sharing made explicit (``_alias_key``: the other inputs become views
+of a base input inside the graph), or, where that cannot be modelled, runs the
+torch-level graph eagerly (``AotFunction.eager_calls``, logged under "fallbacks").
 """
 from __future__ import annotations
 
