@@ -8,12 +8,13 @@ tensor packed for backward while the step runs — by eager ops, by kiln's compi
 between graphs — each storage once; "activations" leaves out the model's parameters
 and buffers and the user inputs (alive anyway).
 
-Models: torchvision resnet18 (batch 8, 3x224x224) and a transformers
-``GPT2LMHeadModel`` from a small config (2 layers, width 256, 4 heads, sequence 128,
-batch 4; next-token cross-entropy on the logits, computed outside the model), each with dropout off (so eager and kiln draw nothing
-random and compute the same thing) and, for GPT-2, also with its default dropout 0.1.
-Rows: kiln with ``backend="aot_eager"`` (the "eager" op set) and with the "core" op
-set the kernel compiler gets (``aot_compile(decompositions="core")``).
+Models: torchvision resnet18 (batch 8, 3x224x224) and a transformers ``GPT2LMHeadModel``
+from a small config (2 layers, width 256, 4 heads, sequence 128, batch 4; next-token
+cross-entropy on the logits, computed outside the model), each with dropout off (so
+eager and kiln draw nothing random and compute the same thing) and, for GPT-2, also with
+its default dropout 0.1. Rows: kiln with ``backend="aot_eager"`` (the "eager" op set)
+and with the "core" op set the kernel compiler gets
+(``aot_compile(decompositions="core")``).
 """
 from __future__ import annotations
 

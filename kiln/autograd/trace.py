@@ -22,9 +22,10 @@ While recording, the mode makes the graph functional:
 Decompositions are applied inside the mode, as the op set profile (``ops.OpSet``) says:
 "core" (``ops.DECOMPOSITIONS``: the core op set only, for the kernel compiler) or
 "eager" (for ``aot_eager``: ops with efficient aten kernels such as batch norm, layer
-norm, softmax and attention stay whole; see ``ops.EAGER`` and ``sdpa.py``). Devices: ops run on ``meta``; each node records the real device
-in ``node.meta["device"]`` and factory ops get it back in their ``device=`` argument,
-so a CUDA program traces on a machine without a GPU.
+norm, softmax and attention stay whole; see ``ops.EAGER`` and ``sdpa.py``). Devices: ops
+run on ``meta``; each node records the real device in ``node.meta["device"]`` and
+factory ops get it back in their ``device=`` argument, so a CUDA program traces on a
+machine without a GPU.
 """
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 
 Tests run it on every forward, backward and inference graph; the kernel compiler may
 rely on what it checks: only ops of ``ops.CORE_OPS`` (and ``getitem`` of their tuple
-results; any op overload for graphs of the "eager" op set), no mutating op, and ``val`` (a meta tensor) plus ``device`` (the real device)
-in every tensor-producing node's metadata.
+results; any op overload for graphs of the "eager" op set), no mutating op, and ``val``
+(a meta tensor) plus ``device`` (the real device) in every tensor-producing node's
+metadata.
 """
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
 """Inference speed of aot_eager vs eager, through ``kiln.compile``. A script, not a
 test: ``python -m tests.autograd.bench_inference [--device cuda] [--models resnet18,...]``.
 
-For each model (eval, no_grad): eager; ``kiln.compile(backend="eager")`` (capture
-only); ``kiln.compile(backend="aot_eager")`` (the "eager" op set: batch norm & co.
-kept whole, ops called through eager's bindings); the "eager" op set with ops called
-as ``OpOverload``s (no ``eager_calls``); and the "core" op set (everything decomposed,
-OpOverload calls: what aot_eager did before op-set profiles). Median of N timed calls (CUDA events on GPU).
+For each model (eval, no_grad): eager; ``kiln.compile(backend="eager")`` (capture only);
+``kiln.compile(backend="aot_eager")`` (the "eager" op set: batch norm & co. kept whole,
+ops called through eager's bindings); the "eager" op set with ops called as
+``OpOverload``s (no ``eager_calls``); and the "core" op set (everything decomposed,
+OpOverload calls: what aot_eager did before op-set profiles). Median of N timed calls
+(CUDA events on GPU). ``--train``: a training step (train mode, forward + backward).
 """
 from __future__ import annotations
 
