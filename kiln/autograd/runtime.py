@@ -125,11 +125,16 @@ class _Training:
         self.function = _CompiledFunction
 
     def __call__(self, args):
-        # Empty tensors whose grad_fn leads to each differentiable input (holding no
-        # data): with create_graph=True the gradients hang from them, so a double
-        # backward reaches _RefuseDoubleBackward instead of silently missing a term.
-        anchors = [args[i].as_strided((0,), (1,)).clone() for i in self.trace.grad_inputs
-                   if args[i].requires_grad]
+        # Tensors whose grad_fn leads to each differentiable input: with
+        # create_graph=True the gradients hang from them, so a double backward reaches
+        # _RefuseDoubleBackward instead of silently missing a term. A leaf (a parameter)
+        # is its own anchor; other inputs get an empty view-copy holding no data, so the
+        # backward graph does not keep their values alive.
+        anchors = []
+        for i in self.trace.grad_inputs:
+            a = args[i]
+            if a.requires_grad:
+                anchors.append(a if a.is_leaf else a.as_strided((0,), (1,)).clone())
         return self.function.apply(*args, *anchors)
 
 
