@@ -241,10 +241,15 @@ class AotFunction:
         else:
             outs = entry(args)
         if tr.mutations:
-            with torch.no_grad():
-                for i, k in tr.mutations:
-                    if not outs[k].requires_grad:
-                        args[i].copy_(outs[k])
+            # one multi-tensor copy for the plain ones (BatchNorm's running stats…)
+            dst, src = [], []
+            for i, k in tr.mutations:
+                if not outs[k].requires_grad:
+                    dst.append(args[i])
+                    src.append(outs[k])
+            if dst:
+                with torch.no_grad():
+                    torch._foreach_copy_(dst, src)
             for i, k in tr.mutations:
                 if outs[k].requires_grad:
                     args[i].copy_(outs[k])
