@@ -235,3 +235,24 @@ def test_eager_calls_use_eager_bindings_for_the_same_op():
     out = eager_calls(fx.GraphModule(torch.nn.Module(), g))
     node, = [n for n in out.graph.nodes if n.op.startswith("call")]
     assert node.target is aten.reshape.default
+
+
+def test_core_op_set_with_whole_attention():
+    # What a kernel backend can ask for: the core op set, attention left to the
+    # library (kiln.sdpa / kiln.sdpa_backward added to the verifier's set).
+    import dataclasses
+
+    from kiln.autograd import CORE, CORE_OPS
+    from kiln.autograd.sdpa import SDPA, SDPA_BACKWARD
+    ops = dataclasses.replace(CORE, name="core+attention", whole_attention=True,
+                              allowed=CORE_OPS | {SDPA, SDPA_BACKWARD})
+    torch.manual_seed(0)
+    fn = compare_module(Block().double(),
+                        [torch.randn(2, 8, 32, dtype=torch.float64, requires_grad=True)],
+                        lambda gm, ex: aot_compile(gm, ex, decompositions=ops),
+                        rtol=1e-7, atol=1e-8)
+    entry, = fn._training.values()
+    for g in (entry.fw_module, entry.bw_module):
+        verify_aten_graph(g, ops)
+    assert _ops(entry.fw_module)[SDPA] == 1 and _ops(entry.bw_module)[SDPA_BACKWARD] == 1
+    assert aten.native_layer_norm.default not in _ops(entry.fw_module)   # decomposed
