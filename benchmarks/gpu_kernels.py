@@ -155,6 +155,7 @@ def profile_model(name, calls, with_tc=True):
         compiled(x)
     torch.cuda.synchronize()
     print(f"{name}: kiln first call {time.perf_counter() - t0:.2f} s")
+    print(kiln.compile_times() if hasattr(kiln, "compile_times") else "")
     with torch.no_grad():
         err = (compiled(x).float() - model(x).float()).abs().max() / model(x).float().abs().max()
     te, tk = wall(model), wall(compiled)

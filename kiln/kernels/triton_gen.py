@@ -13,11 +13,13 @@ imported, since ``triton.jit`` reads its source from a file. On CPU tensors it r
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
 import math
+import os
+from dataclasses import dataclass
 
 import torch
 
+from ..debug.timing import timed
 from . import cache, ir
 from .ir import Affine, Const, Index, Load
 from .ops import OPS
@@ -765,7 +767,7 @@ def generate_detailed(sched: Schedule, buffers: list, interpret: bool | None = N
             pd.update({ws: dt for ws, _, dt in allocs})
             for k2, a2 in kernels:
                 pd.update({ws: dt for ws, _, dt in a2})
-            kinfo.append((kern.name, params, [pd[q] for q in params], consts, nw))
+            kinfo.append((kern.name, params, [pd[q] for q in params], consts, nw, tune))
     entries = []
     for name, kernels in segments:
         params = []
@@ -829,7 +831,11 @@ class Launcher:
                     self.fast.clear()
             else:
                 self._note("alignment changed")
-        ck = kernel[grid](*args, **kw)
+        if key in self.fast:
+            ck = kernel[grid](*args, **kw)
+        else:
+            with timed("kernels.triton_first_launch"):
+                ck = kernel[grid](*args, **kw)
         if self.disabled or key in self.fast or _interpreting():
             return
         self.fast[key] = None           # one attempt per kernel
@@ -850,12 +856,47 @@ class Launcher:
             self.disabled = True
 
 
-def load(source: str, entries):
+#: Threads compiling a module's kernels side by side when it is loaded (Triton releases
+#: the GIL in LLVM and ptxas); 0 or 1: compile each kernel at its first launch instead.
+COMPILE_THREADS = int(os.environ.get("KILN_COMPILE_THREADS", "0") or 0) or min(16, os.cpu_count() or 1)
+
+
+def precompile(mod, kinfo) -> int:
+    """Compile every kernel of ``mod`` now, in parallel threads, through Triton's own
+    ``warmup`` (the same in-memory cache its launches use). Returns how many compiled;
+    failures are left to the first launch."""
+    if _interpreting() or COMPILE_THREADS <= 1 or not kinfo or not torch.cuda.is_available():
+        return 0
+    from concurrent.futures import ThreadPoolExecutor
+    dev = torch.cuda.current_device()
+
+    def job(k):
+        name, params, dtypes, consts, nw, tune = k
+        try:
+            torch.cuda.set_device(dev)
+            kw = dict(consts)
+            if not tune:
+                kw["num_warps"] = nw
+            getattr(mod, name).warmup(*dtypes, grid=(1,), **kw)
+            return 1
+        except Exception:         # noqa: BLE001  (compiled at its first launch instead)
+            return 0
+    with timed("kernels.triton_compile"):
+        done = job(kinfo[0])      # the first one alone: one-time LLVM/driver set-up
+        if len(kinfo) > 1:
+            with ThreadPoolExecutor(min(COMPILE_THREADS, len(kinfo) - 1)) as ex:
+                done += sum(ex.map(job, kinfo[1:]))
+    return done
+
+
+def load(source: str, entries, kinfo=None):
     """Import the module from the cache directory; one step callable per segment."""
     path = cache.write_source("triton", source, ".py")
     spec = importlib.util.spec_from_file_location(f"kiln_triton_{cache.key_of(source)}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    if kinfo:
+        precompile(mod, kinfo)
     launch = Launcher()
     steps = []
     for name, params in entries:

@@ -46,7 +46,7 @@ def compile_all(source, kinfo, tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     compiled = {}
-    for name, params, dtypes, consts, nw in kinfo:
+    for name, params, dtypes, consts, nw, _ in kinfo:
         k = getattr(mod, name)
         k = getattr(k, "fn", k) if not hasattr(k, "arg_names") or hasattr(k, "configs") else k
         sig = {p: "*" + SIG[d] for p, d in zip(params, dtypes)}

@@ -58,3 +58,27 @@ def test_cuda_graph_replay_matches_eager(mode, monkeypatch):
     else:
         assert rt.graphs is None
     assert not triton_gen.Launcher.why, triton_gen.Launcher.why
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kernels_compile_in_parallel_at_load(monkeypatch):
+    """Every kernel of a module is compiled at load time (threads), none at first launch."""
+    import torch.fx as fx
+    from kiln.kernels import triton_gen
+    done = []
+    orig = triton_gen.precompile
+
+    def spy(mod, kinfo):
+        n = orig(mod, kinfo)
+        done.append((n, len(kinfo)))
+        return n
+    monkeypatch.setattr(triton_gen, "precompile", spy)
+    monkeypatch.setattr(triton_gen, "COMPILE_THREADS", 4)
+    x = torch.randn(64, 300, device="cuda")
+    gm = fx.symbolic_trace(lambda x: tuple(torch.ops.aten.sum.dim_IntList(
+        torch.ops.aten.mul.Tensor(x, float(i)), [i % 2]) for i in range(4)) + (
+        torch.ops.aten._softmax.default(x, -1, False),))
+    c = compile_aten_graph(gm, [x])
+    assert done and done[0][0] == done[0][1] >= 2, done
+    for g, e in zip(c(x), gm(x)):
+        torch.testing.assert_close(g, e)
