@@ -87,7 +87,17 @@ def _sdpa_backward(grad, q, k, v, attn_mask, dropout_p, is_causal, scale, enable
             mask = attn_mask.detach().requires_grad_()
             ins.append(mask)
         out = _call(qq, kk, vv, mask, dropout_p, is_causal, scale, enable_gqa)
-        return list(torch.autograd.grad(out, ins, grad))
+        grads = torch.autograd.grad(out, ins, grad)
+    # the meta kernel promised empty_like(input) layouts; the fused kernels may return
+    # another, and view ops recorded after this one depend on the promise
+    return [_like(g, t) for g, t in zip(grads, ins)]
+
+
+def _like(g, t):
+    want = torch.empty_like(t)
+    if g.stride() == want.stride() or g.numel() <= 1:
+        return g
+    return want.copy_(g)
 
 
 def _sdpa_backward_meta(grad, q, k, v, attn_mask, dropout_p, is_causal, scale,

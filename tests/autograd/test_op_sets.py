@@ -256,3 +256,24 @@ def test_core_op_set_with_whole_attention():
         verify_aten_graph(g, ops)
     assert _ops(entry.fw_module)[SDPA] == 1 and _ops(entry.bw_module)[SDPA_BACKWARD] == 1
     assert aten.bmm.default not in _ops(entry.fw_module)
+
+
+def test_whole_attention_gradients_keep_the_layout_views_rely_on():
+    """q, k, v are transposed views of a projection (T5, Swin): the backward permutes
+    their gradients back and *views* them, which is only valid in the layout the meta
+    kernel promised (empty_like of the input), not in the fused kernel's own."""
+    import kiln
+
+    def f(x, w):
+        b, s, h, d = 2, 16, 2, 8
+        q = (x @ w).view(b, s, h, d).transpose(1, 2)
+        out = torch.nn.functional.scaled_dot_product_attention(q, q * 0.5, q)
+        return out.transpose(1, 2).reshape(b, s, h * d)
+
+    x = torch.randn(2, 16, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(16, 16, dtype=torch.float64, requires_grad=True)
+    f(x, w).pow(2).sum().backward()
+    ref = (x.grad.clone(), w.grad.clone())
+    x.grad = w.grad = None
+    kiln.compile(f, backend="aot_eager", fullgraph=True)(x, w).pow(2).sum().backward()
+    torch.testing.assert_close((x.grad, w.grad), ref)
