@@ -259,21 +259,26 @@ def test_core_op_set_with_whole_attention():
 
 
 def test_whole_attention_gradients_keep_the_layout_views_rely_on():
-    """q, k, v are transposed views of a projection (T5, Swin): the backward permutes
+    """q, k, v are transposed views of projections (T5, Swin): the backward permutes
     their gradients back and *views* them, which is only valid in the layout the meta
     kernel promised (empty_like of the input), not in the fused kernel's own."""
     import kiln
 
-    def f(x, w):
+    def f(x, wq, wk, wv, bias):
         b, s, h, d = 2, 16, 2, 8
-        q = (x @ w).view(b, s, h, d).transpose(1, 2)
-        out = torch.nn.functional.scaled_dot_product_attention(q, q * 0.5, q)
-        return out.transpose(1, 2).reshape(b, s, h * d)
+        q = (x @ wq).view(b, -1, h, d).transpose(1, 2)
+        k = (x @ wk).view(b, -1, h, d).transpose(1, 2)
+        v = (x @ wv).view(b, -1, h, d).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+        return out.transpose(1, 2).contiguous().view(b, s, h * d)
 
-    x = torch.randn(2, 16, 16, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(16, 16, dtype=torch.float64, requires_grad=True)
-    f(x, w).pow(2).sum().backward()
-    ref = (x.grad.clone(), w.grad.clone())
-    x.grad = w.grad = None
-    kiln.compile(f, backend="aot_eager", fullgraph=True)(x, w).pow(2).sum().backward()
-    torch.testing.assert_close((x.grad, w.grad), ref)
+    torch.manual_seed(0)
+    ins = [torch.randn(2, 16, 16, requires_grad=True)] + \
+        [torch.randn(16, 16, requires_grad=True) for _ in range(3)] + \
+        [torch.randn(1, 2, 16, 16, requires_grad=True)]
+    f(*ins).pow(2).sum().backward()
+    ref = [t.grad.clone() for t in ins]
+    for t in ins:
+        t.grad = None
+    kiln.compile(f, backend="aot_eager", fullgraph=True)(*ins).pow(2).sum().backward()
+    torch.testing.assert_close([t.grad for t in ins], ref, rtol=1e-4, atol=1e-4)
