@@ -144,6 +144,13 @@ def real_callable(v):
     raise Unsupported(f"the signature of {v}")
 
 
+import warnings  # noqa: E402
+
+from kiln.capture.logging_calls import warn_rule  # noqa: E402
+
+BUILTINS[warnings.warn] = warn_rule
+
+
 @rule(inspect.signature)
 def _signature(tx, fn, **kwargs):
     # signatures depend only on code objects and defaults, which guards already pin

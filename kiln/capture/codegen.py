@@ -224,7 +224,11 @@ class EntryCodegen:
         from kiln.capture.objects import DELETED
 
         for m in self.output.mutated:
-            if isinstance(m, tuple) and m[0] == "global":
+            if isinstance(m, tuple) and m[0] == "call":  # a deferred call (logging)
+                _, fn, args, kwargs = m
+                parts = [self.expr(a) for a in args] + [f"{k}={self.expr(a)}" for k, a in kwargs.items()]
+                apply.append(f"{self.ref(fn, 'f')}({', '.join(parts)})")
+            elif isinstance(m, tuple) and m[0] == "global":
                 v = val(self.expr(self.output.global_writes[m[1]]))
                 apply.append(f"__G[{m[1]!r}] = {v}")
             elif hasattr(m, "written"):  # RealCell
@@ -256,7 +260,10 @@ class EntryCodegen:
     def mutated_values(self):
         out = []
         for m in self.output.mutated:
-            if isinstance(m, tuple):
+            if isinstance(m, tuple) and m[0] == "call":
+                out.extend(m[2])
+                out.extend(m[3].values())
+            elif isinstance(m, tuple):
                 out.append(self.output.global_writes[m[1]])
             elif hasattr(m, "written"):
                 out.append(m.written)

@@ -80,6 +80,12 @@ def object_getattr(tx, ov, name):
     if name == "__dict__":
         raise Unsupported("reading obj.__dict__")
     from kiln.capture.environ import EnvironRead, is_environ
+    from kiln.capture.logging_calls import is_logger, logger_attr
+
+    if is_logger(getattr(ov, "obj", None)) and name not in ov.attrs:
+        found = logger_attr(ov, name)
+        if found is not None:
+            return found
 
     if is_environ(getattr(ov, "obj", None)) and name in ("get", "__getitem__", "__contains__"):
         return EnvironRead(name)

@@ -220,3 +220,41 @@ def test_config_get_text_config_is_evaluated_and_guarded():
     cfg.num_layers = 5  # a changed config must not reuse the traced answer
     assert not torch.equal(f(x), before)
     torch.testing.assert_close(cf(x), f(x))
+
+
+def test_logging_and_warnings_run_after_the_graph(caplog):
+    import logging
+    import warnings
+
+    log = logging.getLogger("kiln.test.library_idioms")
+
+    def f(x):
+        y = x * 2
+        if log.isEnabledFor(logging.DEBUG):
+            y = y + 1
+        log.warning("scaling by %d", 2)
+        warnings.warn("deprecated path", UserWarning)
+        return y + 1
+    cf = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    log.setLevel(logging.WARNING)
+    with caplog.at_level(logging.WARNING, logger="kiln.test.library_idioms"), \
+            pytest.warns(UserWarning, match="deprecated path"):
+        out = cf(x)
+    torch.testing.assert_close(out, x * 2 + 1)
+    assert "scaling by 2" in caplog.text  # the message was not lost
+    log.setLevel(logging.DEBUG)  # the guard on isEnabledFor sees the change
+    with pytest.warns(UserWarning):
+        torch.testing.assert_close(cf(x), x * 2 + 2)
+
+
+def test_logging_a_tensor_value_breaks_the_graph():
+    import logging
+
+    log = logging.getLogger("kiln.test.library_idioms")
+
+    def f(x):
+        log.info("value %s", x.sum())
+        return x + 1
+    ex = kiln.explain(f)(torch.randn(3))
+    assert ex.graph_break_count == 1
