@@ -208,3 +208,30 @@ def test_independent_member_joins_the_first_loop():
         assert torch.equal(x, y) if x.dtype == torch.bool else torch.allclose(x, y)
     from kiln.kernels import triton_gen
     assert triton_gen._splittable(g)
+
+
+def _few_long(x, t, m):
+    return (aten.sum.dim_IntList(x, [1]), aten.amax.default(x, [1]), aten.mean.dim(x, [1]),
+            aten._softmax.default(x, 1, False),
+            aten.sum.dim_IntList(t, [0]), aten.amin.default(t, [0]),
+            aten.any.dim(aten.gt.Scalar(t, 3.0), 0), aten.sum.dim_IntList(m, [0]))
+
+
+def test_cpp_column_reduction_splits_rows_across_threads(monkeypatch):
+    """Column sums with fewer output blocks than threads: the rows are split across
+    threads (OpenMP array-section reductions), not the one block of outputs."""
+    from kiln.kernels import cpp
+    monkeypatch.setattr(cpp, "FEW_OUTER", 64)
+    x = torch.randn(3, 40000)
+    x[1, 5] = float("nan")
+    t, m = torch.randn(50000, 20), torch.randn(40000, 3)
+    gm = fx.symbolic_trace(_few_long)
+    rt, art = build(gm, [x, t, m], "cpp")
+    src = art["source"]
+    assert "reduction(+:acc_" in src and "[:20])" in src     # the column kernels' array reductions
+    assert "reduction(min:acc_" in src and "reduction(||:acc_" in src
+    for g, e in zip(rt(x, t, m), gm(x.double(), t.double(), m.double())):
+        if e.dtype == torch.bool:
+            assert torch.equal(g, e)
+        else:      # float32 sums of 40000+ terms against float64
+            torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=2e-3, equal_nan=True)
