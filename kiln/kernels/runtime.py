@@ -9,11 +9,11 @@ is that of the live buffers, not of all of them.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 from torch.utils import _pytree as pytree
 
+from .. import config
 from . import ir
 from .lowering import View
 
@@ -204,7 +204,6 @@ def _fix_layout(t, b):
 #: "0" never, "1" whenever possible. Replaying a recorded graph costs one launch instead
 #: of one per kernel and library call (resnet18 at batch 16 spends ~90% of a call on the
 #: host otherwise).
-CUDAGRAPHS = os.environ.get("KILN_CUDAGRAPHS", "auto")
 GRAPH_MIN_STEPS = 8
 GRAPH_MAX_OUTPUT_BYTES = 8 << 20
 _RANDOM = ("rand", "bernoulli", "dropout", "normal", "uniform", "multinomial", "poisson",
@@ -230,7 +229,7 @@ class GraphReplay:
 
     @staticmethod
     def maybe(rt):
-        mode = CUDAGRAPHS
+        mode = config.cudagraphs
         if mode == "0" or rt.device.type != "cuda" or not torch.cuda.is_available():
             return None
         if any(k == "const" for k, _ in rt.out_plan):

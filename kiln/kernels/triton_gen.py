@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import config
 from ..debug.timing import timed
 from . import cache, ir
 from .ir import Affine, Const, Index, Load
@@ -858,14 +859,13 @@ class Launcher:
 
 #: Threads compiling a module's kernels side by side when it is loaded (Triton releases
 #: the GIL in LLVM and ptxas); 0 or 1: compile each kernel at its first launch instead.
-COMPILE_THREADS = int(os.environ.get("KILN_COMPILE_THREADS", "0") or 0) or min(16, os.cpu_count() or 1)
 
 
 def precompile(mod, kinfo) -> int:
     """Compile every kernel of ``mod`` now, in parallel threads, through Triton's own
     ``warmup`` (the same in-memory cache its launches use). Returns how many compiled;
     failures are left to the first launch."""
-    if _interpreting() or COMPILE_THREADS <= 1 or not kinfo or not torch.cuda.is_available():
+    if _interpreting() or config.compile_threads <= 1 or not kinfo or not torch.cuda.is_available():
         return 0
     from concurrent.futures import ThreadPoolExecutor
     dev = torch.cuda.current_device()
@@ -884,7 +884,7 @@ def precompile(mod, kinfo) -> int:
     with timed("kernels.triton_compile"):
         done = job(kinfo[0])      # the first one alone: one-time LLVM/driver set-up
         if len(kinfo) > 1:
-            with ThreadPoolExecutor(min(COMPILE_THREADS, len(kinfo) - 1)) as ex:
+            with ThreadPoolExecutor(min(config.compile_threads, len(kinfo) - 1)) as ex:
                 done += sum(ex.map(job, kinfo[1:]))
     return done
 
