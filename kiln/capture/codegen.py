@@ -302,14 +302,24 @@ def signature_source(code) -> str:
 
 def build_entry(code, guard_codes: list[str], body_lines: list[str], namespace: dict, name: str):
     """exec the entry function's source; returns (function, source text)."""
+    from kiln.capture.guard_cse import cse_statements
+
     sig = signature_source(code)
-    cond = " and ".join(f"({g})" for g in guard_codes) or "True"
+    body_lines = list(body_lines)
+    # the graph call, when it comes first, reads its inputs right after the guards
+    tail = body_lines[0] if body_lines and body_lines[0].startswith("__o = __graph") else None
+    checks, new_tail = cse_statements(list(guard_codes), tail)
+    if tail is not None:
+        # the call's inputs are gathered inside the try (a failed read there is a miss);
+        # the call itself runs outside it, so the graph's own errors reach the caller
+        callee, args = new_tail[len("__o = "):].split("(", 1)
+        checks.append(f"        __a = ({args[:-1]}{',' if args[:-1].strip() else ''})")
+        body_lines[0] = f"__o = {callee}(*__a)"
     src = [f"def {name}({sig}):",
-           "    try:",
-           f"        if not ({cond}):",
-           "            return __MISS",
-           "    except Exception:",
-           "        return __MISS"]
+           "    try:"]
+    src += checks or ["        pass"]
+    src += ["    except Exception:",
+            "        return __MISS"]
     src += ["    " + ln for ln in body_lines]
     text = "\n".join(src) + "\n"
     namespace["__MISS"] = MISS
