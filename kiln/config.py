@@ -57,8 +57,12 @@ cache_dir: str = _env_str(
 #: Run random ops through PyTorch so results match eager bit for bit
 #: (KILN_FALLBACK_RANDOM).
 fallback_random: bool = _env_bool("KILN_FALLBACK_RANDOM", False)
-#: Worker processes used to compile kernels in parallel (KILN_COMPILE_THREADS).
-compile_threads: int = _env_int("KILN_COMPILE_THREADS", max(1, (os.cpu_count() or 1)))
+#: Threads that compile a graph's Triton kernels in parallel (Triton releases the GIL
+#: in LLVM and ptxas) (KILN_COMPILE_THREADS).
+compile_threads: int = _env_int("KILN_COMPILE_THREADS", min(16, os.cpu_count() or 1))
+#: Replay launch-bound CUDA graphs as CUDA graphs: "auto" (graphs of >= 8 steps with
+#: small outputs), "1" (always) or "0" (never) (KILN_CUDAGRAPHS).
+cudagraphs: str = _env_str("KILN_CUDAGRAPHS", "auto")
 
 #: Which code generator compiles kernels: "auto" (Triton for CUDA tensors, C++ for CPU
 #: ones), "cpp" or "triton" — the latter on CPU tensors needs TRITON_INTERPRET=1

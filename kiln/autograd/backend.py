@@ -2,12 +2,19 @@
 
 It tests capture + autograd without the kernel compiler: the forward and backward aten
 graphs ``aot_compile`` derives are executed as they are (each a ``GraphModule``).
+No kernel compiler fuses decomposed ops afterwards here, so the graphs use the "eager"
+op set: functional, but batch norm, layer norm, softmax, GELU, convolution and
+attention keep their efficient aten kernels (``ops.EAGER``), and each op is called
+through eager's own binding where that reaches the same overload (``eager_calls``:
+the ``OpOverload`` call path costs several times more CPU per op).
 """
 from __future__ import annotations
 
+from kiln.autograd.eager_calls import eager_calls
 from kiln.autograd.runtime import aot_compile
 
 
 def aot_eager(gm, example_inputs):
     """``backend(gm, example_inputs) -> callable``, torch.compile's contract."""
-    return aot_compile(gm, example_inputs)
+    return aot_compile(gm, example_inputs, fw_compiler=eager_calls, bw_compiler=eager_calls,
+                       inference_compiler=eager_calls, decompositions="eager")

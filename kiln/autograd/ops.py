@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from dataclasses import dataclass, field
 
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table
@@ -141,6 +142,10 @@ _FUNCTIONAL_SPECIAL = {
         *zip(_ops("copy_.default"), _ops("copy.default")),
         *zip(_ops("uniform_.default"), _ops("uniform.default")),
         *zip(_ops("normal_.default"), _ops("normal_functional.default")),
+        *zip(_ops("_native_batch_norm_legit.default"),
+             _ops("_native_batch_norm_legit_functional.default")),
+        *zip(_ops("_batch_norm_with_update.default"),
+             _ops("_batch_norm_with_update_functional.default")),
     ]
 }
 
@@ -204,3 +209,55 @@ def is_recomputable(target) -> bool:
 #: The final op set of kiln's aten graphs: core-tagged aten ops the decomposition
 #: table leaves whole, plus ``KEEP_WHOLE`` and a few extras; never a mutating op.
 CORE_OPS = _build_core_ops()
+
+
+# --- op-set profiles: how much the tracer decomposes, chosen by the backend -------
+
+
+@dataclass(frozen=True)
+class OpSet:
+    """What the tracer does to the ops it records, for one kind of consumer.
+
+    ``table``: op -> Python decomposition applied while recording; ``keep_whole``: ops
+    never decomposed (not even CompositeImplicitAutograd ones); ``allowed``: the op set
+    the verifier accepts (None: any functional op overload); ``whole_attention``:
+    record ``F.scaled_dot_product_attention`` as one op (``kiln.sdpa``) with a fused
+    backward, so the device's flash/efficient kernels run, instead of the math path
+    that tracing on meta tensors would take.
+    """
+    name: str
+    table: dict = field(hash=False, compare=False)
+    keep_whole: frozenset = frozenset()
+    allowed: frozenset | None = None
+    whole_attention: bool = False
+
+
+#: For the kernel compiler: the core aten set (few ops to lower; matmuls, convolutions
+#: and fused attention stay whole).
+CORE = OpSet("core", DECOMPOSITIONS, KEEP_WHOLE, CORE_OPS)
+
+#: For ``aot_eager``, whose graphs PyTorch runs op by op: no decomposition beyond what
+#: functionalization needs, so batch norm, layer norm, softmax, GELU, convolution and
+#: attention keep their efficient aten kernels (and their fused backward formulas).
+#: Ops that hide a write (``native_batch_norm`` updating running stats) are handled by
+#: the tracer (``trace._HIDDEN_WRITES``). View ops are still decomposed as in "core"
+#: (free: views of views), so that writes through them scatter back by the tracer's
+#: few rules; ``detach`` becomes ``alias``, later dropped.
+EAGER = OpSet("eager", {**{op: fn for op, fn in DECOMPOSITIONS.items() if is_view(op)},
+                        aten.detach.default: lambda x: aten.alias.default(x)},
+              frozenset(), None, whole_attention=True)
+
+PROFILES = {"core": CORE, "eager": EAGER}
+
+
+def op_set(choice) -> OpSet:
+    """An ``OpSet`` from a profile name ("core", "eager") or an ``OpSet`` itself."""
+    if isinstance(choice, OpSet):
+        return choice
+    if choice is None:
+        return CORE
+    try:
+        return PROFILES[choice]
+    except KeyError:
+        raise ValueError(f"unknown decomposition profile {choice!r}; "
+                         f"known: {', '.join(PROFILES)}") from None

@@ -14,18 +14,27 @@ After either, new values of mutated inputs are copied into the real inputs (once
 and outputs that alias inputs or each other are rebuilt as views by replaying their
 view chains on real tensors, so aliasing is exactly eager's.
 Paths are compiled on first use and cached by the inputs' requires_grad pattern.
+
+Inputs sharing storage: graphs are traced with each input in its own storage, which
+is exact as long as no input the graph writes shares storage with another. When one
+does (checked per call, for graphs that write inputs only), the call takes a path
+traced with the sharing made explicit (``_alias_key``: the other inputs become views
+of a base input inside the graph), or, where that cannot be modelled, runs the
+torch-level graph eagerly (``AotFunction.eager_calls``, logged under "fallbacks").
 """
 from __future__ import annotations
 
 import torch
 import torch.fx as fx
 
+from kiln.autograd.ops import op_set
 from kiln.autograd.partition import partition
 from kiln.autograd.trace import TraceResult, _meta_copy, _replay, trace_joint
 from kiln.debug.logs import enabled, log_for
 from kiln.debug.timing import timed
 
 _log = log_for("aot_graphs")
+_fallback_log = log_for("fallbacks")
 
 
 def _default_compiler(gm: fx.GraphModule, example_inputs):
@@ -116,11 +125,16 @@ class _Training:
         self.function = _CompiledFunction
 
     def __call__(self, args):
-        # Empty tensors whose grad_fn leads to each differentiable input (holding no
-        # data): with create_graph=True the gradients hang from them, so a double
-        # backward reaches _RefuseDoubleBackward instead of silently missing a term.
-        anchors = [args[i].as_strided((0,), (1,)).clone() for i in self.trace.grad_inputs
-                   if args[i].requires_grad]
+        # Tensors whose grad_fn leads to each differentiable input: with
+        # create_graph=True the gradients hang from them, so a double backward reaches
+        # _RefuseDoubleBackward instead of silently missing a term. A leaf (a parameter)
+        # is its own anchor; other inputs get an empty view-copy holding no data, so the
+        # backward graph does not keep their values alive.
+        anchors = []
+        for i in self.trace.grad_inputs:
+            a = args[i]
+            if a.requires_grad:
+                anchors.append(a if a.is_leaf else a.as_strided((0,), (1,)).clone())
         return self.function.apply(*args, *anchors)
 
 
@@ -139,13 +153,20 @@ class _Inference:
 class AotFunction:
     """What ``aot_compile`` returns: call it like the torch-level graph."""
 
-    def __init__(self, gm, example_inputs, fw_compiler, bw_compiler, inference_compiler):
+    def __init__(self, gm, example_inputs, fw_compiler, bw_compiler, inference_compiler,
+                 decompositions=None, devices=None):
         self.gm = gm
+        self.ops = op_set(decompositions)
         # Meta stand-ins and devices only: the real examples are not kept alive.
         self.examples = [_meta_copy(a) if isinstance(a, torch.Tensor) else a
                          for a in example_inputs]
-        self.devices = [a.device if isinstance(a, torch.Tensor) else None
-                        for a in example_inputs]
+        self.devices = list(devices) if devices is not None else [
+            a.device if isinstance(a, torch.Tensor) else None for a in example_inputs]
+        #: calls run eagerly because inputs shared storage with a mutated input in a way
+        #: the tracer does not model (see ``_alias_key``)
+        self.eager_calls = 0
+        #: paths traced for inputs sharing storage: alias key -> {pattern: entry}
+        self._aliased: dict[tuple, dict] = {}
         self.fw_compiler = fw_compiler or _default_compiler
         self.bw_compiler = bw_compiler or _default_compiler
         self.inference_compiler = inference_compiler or self.fw_compiler
@@ -156,16 +177,18 @@ class AotFunction:
         self._entry(example_inputs)
 
     def _entry(self, args):
-        pattern = tuple(bool(isinstance(a, torch.Tensor) and a.requires_grad)
-                        for a in args)
-        if torch.is_grad_enabled() and any(pattern):
+        if not torch.is_grad_enabled():
+            return self._inference or self._inference_entry(), self._inference_trace
+        pattern = tuple([isinstance(a, torch.Tensor) and a.requires_grad for a in args])
+        if any(pattern):
             entry = self._training.get(pattern)
             if entry is None:
                 with timed("aot_trace"):
                     tr = trace_joint(self.gm, self.examples, train=True,
-                                     requires_grad=pattern, devices=self.devices)
+                                     requires_grad=pattern, devices=self.devices,
+                                     ops=self.ops)
                 if not tr.grad_inputs:
-                    return self._inference_entry(), tr
+                    return self._inference_entry(), self._inference_trace
                 entry = _Training(tr, self.fw_compiler, self.bw_compiler)
                 self._training[pattern] = entry
             return entry, entry.trace
@@ -175,25 +198,64 @@ class AotFunction:
         if self._inference is None:
             with timed("aot_trace"):
                 self._inference_trace = trace_joint(
-                    self.gm, self.examples, train=False, devices=self.devices)
+                    self.gm, self.examples, train=False, devices=self.devices,
+                    ops=self.ops)
             self._inference = _Inference(self._inference_trace, self.inference_compiler)
         return self._inference
 
+    def _aliased_entry(self, args, key):
+        """The path for inputs sharing storage as ``key`` says, traced on first use."""
+        paths = self._aliased.setdefault(key, {})
+        train = torch.is_grad_enabled() and any(
+            isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        pattern = tuple([isinstance(a, torch.Tensor) and a.requires_grad for a in args]) \
+            if train else None
+        if pattern not in paths:
+            aliases = {m: (b, g) for b, m, g in key}
+            with timed("aot_trace"):
+                tr = trace_joint(self.gm, self.examples, train=train, requires_grad=pattern,
+                                 devices=self.devices, ops=self.ops, aliases=aliases)
+            if train and tr.grad_inputs:
+                paths[pattern] = _Training(tr, self.fw_compiler, self.bw_compiler), tr
+            else:
+                if train:
+                    tr = trace_joint(self.gm, self.examples, train=False,
+                                     devices=self.devices, ops=self.ops, aliases=aliases)
+                paths[pattern] = _Inference(tr, self.inference_compiler), tr
+        return paths[pattern]
+
     def __call__(self, *args):
         entry, tr = self._entry(args)
+        if tr.mutations and _shares_storage_with_mutated(args, tr.mutations):
+            key = _alias_key(args, tr.mutations)
+            if key is None:
+                return self._run_eagerly(args)
+            entry, tr = self._aliased_entry(args, key)
         if isinstance(entry, _Inference):
-            # no output needs a gradient (no_grad, or grad-free regions): none gets one
-            with torch.no_grad():
+            if torch.is_grad_enabled():
+                # no output needs a gradient (grad-free regions): none gets one
+                with torch.no_grad():
+                    outs = entry(args)
+            else:
                 outs = entry(args)
         else:
             outs = entry(args)
-        with torch.no_grad():
+        if tr.mutations:
+            # one multi-tensor copy for the plain ones (BatchNorm's running stats…)
+            dst, src = [], []
             for i, k in tr.mutations:
                 if not outs[k].requires_grad:
+                    dst.append(args[i])
+                    src.append(outs[k])
+            if dst:
+                with torch.no_grad():
+                    torch._foreach_copy_(dst, src)
+            for i, k in tr.mutations:
+                if outs[k].requires_grad:
                     args[i].copy_(outs[k])
-        for i, k in tr.mutations:
-            if outs[k].requires_grad:
-                args[i].copy_(outs[k])
+        n = tr.plain_outputs
+        if n is not None:       # outputs are the graph's first n results, nothing to build
+            return outs if len(outs) == n else outs[:n]
         result = []
         for spec in tr.output_specs:
             kind = spec[0]
@@ -207,10 +269,91 @@ class AotFunction:
                 result.append(spec[1])
         return tuple(result)
 
+    def _run_eagerly(self, args):
+        """Inputs share storage with an input the graph writes, in a way ``_alias_key``
+        does not model: run the torch-level graph eagerly (exactly eager's semantics)."""
+        if self.eager_calls == 0:
+            _fallback_log.warning(
+                "kiln: inputs of a compiled graph share storage with an input the graph "
+                "mutates in place; running this graph eagerly for such calls")
+        self.eager_calls += 1
+        out = self.gm(*args)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _shares_storage_with_mutated(args, mutations) -> bool:
+    """Does a tensor argument the graph mutates share its storage with another one?"""
+    owners: dict[int, int] = {}
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            st = a.untyped_storage()
+            if st.nbytes():
+                key = st.data_ptr()
+                owners[key] = owners.get(key, 0) + 1
+    for i, _ in mutations:
+        st = args[i].untyped_storage()
+        if st.nbytes() and owners.get(st.data_ptr(), 0) > 1:
+            return True
+    return False
+
+
+def _alias_key(args, mutations):
+    """How tensor arguments share storage with the inputs the graph writes, as a
+    hashable key ``((base, member, geometry), ...)`` for ``trace_joint(aliases=...)``,
+    or None when the tracer cannot model it (the call then runs eagerly).
+
+    Modelled: in each group of arguments sharing a storage with a written input, one
+    *base* (contiguous, storage offset 0) holds every other member's elements (same
+    dtype, within its numel), and no member requires grad (a member traced as a view
+    of the base would route its gradient into the base's). A member with the base's
+    very geometry is the same tensor (geometry None)."""
+    groups: dict[int, list[int]] = {}
+    for j, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            st = a.untyped_storage()
+            if st.nbytes():
+                groups.setdefault(st.data_ptr(), []).append(j)
+    key = []
+    done = set()
+    for i, _ in mutations:
+        ptr = args[i].untyped_storage().data_ptr()
+        members = groups.get(ptr, [])
+        if len(members) < 2 or ptr in done:
+            continue
+        done.add(ptr)
+        ts = [args[j] for j in members]
+        if any(t.requires_grad for t in ts) or len({t.dtype for t in ts}) > 1:
+            return None
+        bases = [j for j in members if args[j].is_contiguous()
+                 and args[j].storage_offset() == 0]
+        if not bases:
+            return None
+        base = max(bases, key=lambda j: args[j].numel())
+        b = args[base]
+        for j in members:
+            if j == base:
+                continue
+            t = args[j]
+            if t.size() == b.size() and t.stride() == b.stride() and \
+                    t.storage_offset() == b.storage_offset():
+                key.append((base, j, None))
+                continue
+            extent = 1 + sum((n - 1) * st for n, st in zip(t.size(), t.stride()) if n)
+            if t.numel() == 0 or min(t.stride(), default=0) < 0 or \
+                    t.storage_offset() + extent > b.numel():
+                return None
+            key.append((base, j, (tuple(t.size()), tuple(t.stride()), t.storage_offset())))
+    return tuple(key) if key else None
+
 
 def aot_compile(gm: fx.GraphModule, example_inputs, fw_compiler=None, bw_compiler=None,
-                inference_compiler=None):
+                inference_compiler=None, decompositions=None, devices=None):
     """Ahead-of-time autograd for a torch-level graph: see the module docstring.
     Each compiler is ``compiler(aten_gm, example_inputs) -> callable`` (default: run
-    the aten graph as it is)."""
-    return AotFunction(gm, example_inputs, fw_compiler, bw_compiler, inference_compiler)
+    the aten graph as it is). ``decompositions``: the op set profile, "core" (the
+    default: core aten, what the kernel compiler lowers) or "eager" (ops with efficient
+    aten kernels kept whole, for running the graphs op by op; ``ops.OpSet``).
+    ``devices``: the real device of each input when ``example_inputs`` are meta
+    stand-ins (tracing a CUDA program on a machine without a GPU)."""
+    return AotFunction(gm, example_inputs, fw_compiler, bw_compiler, inference_compiler,
+                       decompositions, devices)

@@ -19,13 +19,18 @@ While recording, the mode makes the graph functional:
 * outputs aliasing an input or each other are described as view chains
   (``TraceResult.output_specs``) that the runtime replays on real tensors.
 
-Decompositions (``ops.DECOMPOSITIONS``) are applied inside the mode, so the graph holds
-the core op set only. Devices: ops run on ``meta``; each node records the real device
-in ``node.meta["device"]`` and factory ops get it back in their ``device=`` argument,
-so a CUDA program traces on a machine without a GPU.
+Decompositions are applied inside the mode, as the op set profile (``ops.OpSet``) says:
+"core" (``ops.DECOMPOSITIONS``: the core op set only, for the kernel compiler) or
+"eager" (for ``aot_eager``: ops with efficient aten kernels such as batch norm, layer
+norm, softmax and attention stay whole; see ``ops.EAGER`` and ``sdpa.py``). Devices: ops
+run on ``meta``; each node records the real device in ``node.meta["device"]`` and
+factory ops get it back in their ``device=`` argument, so a CUDA program traces on a
+machine without a GPU.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +84,13 @@ class TraceResult:
     differentiable: list
     #: input indices whose gradient the backward returns, in order
     grad_inputs: list = field(default_factory=list)
+
+    @functools.cached_property
+    def plain_outputs(self) -> int | None:
+        """n when the user outputs are simply the graph's first n results."""
+        if all(s[0] == "fn" and s[1] == k for k, s in enumerate(self.output_specs)):
+            return len(self.output_specs)
+        return None
 
 
 def _replay(chain, t):
@@ -147,8 +159,9 @@ def _has_device_arg(op) -> bool:
 class _TraceMode(TorchDispatchMode):
     """Records aten ops on meta tensors into ``self.graph``, functionalizing as it goes."""
 
-    def __init__(self, default_device: torch.device):
+    def __init__(self, default_device: torch.device, ops: opinfo.OpSet = opinfo.CORE):
         super().__init__()
+        self.ops = ops
         self.graph = fx.Graph()
         self.infos: dict[int, _Info] = {}
         self.keep: list[torch.Tensor] = []      # keeps ids stable
@@ -223,12 +236,17 @@ class _TraceMode(TorchDispatchMode):
                 aten.clone.default, args, kwargs)
         if opinfo.is_mutation(func):
             return self._mutate(func, args, kwargs)
-        if func in opinfo.DECOMPOSITIONS:
+        table = self.ops.table
+        if func in table:
             with self:
-                r = opinfo.DECOMPOSITIONS[func](*args, **kwargs)
+                r = table[func](*args, **kwargs)
             if r is not NotImplemented:
                 return r
-        if func not in opinfo.KEEP_WHOLE and torch._C._dispatch_has_kernel_for_dispatch_key(
+        if func in _HIDDEN_WRITES:
+            r = _HIDDEN_WRITES[func](self, *args, **kwargs)
+            if r is not NotImplemented:
+                return r
+        if func not in self.ops.keep_whole and torch._C._dispatch_has_kernel_for_dispatch_key(
                 func.name(), torch._C.DispatchKey.CompositeImplicitAutograd):
             with self:
                 r = func.decompose(*args, **kwargs)
@@ -371,6 +389,42 @@ class _TraceMode(TorchDispatchMode):
                                                base.storage_offset())
 
 
+def _batch_norm_with_stats(mode, input, weight, bias, running_mean, running_var,
+                           training, momentum, eps):
+    """``native_batch_norm`` in training mode writes its running statistics although
+    its schema does not say so: record ``_native_batch_norm_legit_functional`` (the
+    same kernel, returning the new statistics) and write them like any mutation."""
+    if not training or running_mean is None or running_var is None:
+        return NotImplemented
+    with mode:
+        out, mean, rstd, new_mean, new_var = \
+            aten._native_batch_norm_legit_functional.default(
+                input, weight, bias, running_mean, running_var, training, momentum, eps)
+    mode._write(running_mean, new_mean)
+    mode._write(running_var, new_var)
+    return out, mean, rstd
+
+
+def _batch_norm_backward_in_training(mode, grad_out, input, weight, running_mean,
+                                     running_var, save_mean, save_invstd, train, eps,
+                                     output_mask):
+    """In training the backward reads the saved batch statistics only: pass no running
+    statistics, so that their new values are not kept alive for the backward."""
+    if not train or (running_mean is None and running_var is None):
+        return NotImplemented
+    return mode._record(aten.native_batch_norm_backward.default,
+                        (grad_out, input, weight, None, None, save_mean, save_invstd,
+                         train, eps, output_mask), {})
+
+
+#: Ops recorded by a rule of their own (reached only when the op set does not
+#: decompose them): kernels that write an argument their schema does not mark as
+#: written, recorded functionally; arguments an op does not read, dropped.
+_HIDDEN_WRITES = {aten.native_batch_norm.default: _batch_norm_with_stats,
+                  aten.native_batch_norm_backward.default:
+                      _batch_norm_backward_in_training}
+
+
 class _Runner(fx.Interpreter):
     """Runs the torch-level graph, telling the mode which user node each op comes from."""
 
@@ -388,11 +442,18 @@ def _meta_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=None,
-                devices=None) -> TraceResult:
+                devices=None, ops=None, aliases=None) -> TraceResult:
     """Trace ``gm`` on meta copies of ``example_inputs``; with ``train``, also the
     backward for every output that requires grad. See the module docstring.
     ``requires_grad`` and ``devices`` (per input) override the examples' own, so that
-    meta stand-ins can be traced as the real tensors they represent."""
+    meta stand-ins can be traced as the real tensors they represent. ``ops``: the op
+    set profile (``ops.OpSet`` or "core" / "eager"; default "core"). ``aliases``:
+    inputs that share storage with another input, ``{member: (base, geometry)}``; the
+    member is traced as a view of the base input — ``alias`` when ``geometry`` is None
+    (the same tensor), else ``as_strided(base, *geometry)`` (the base is contiguous,
+    at storage offset 0, and neither requires grad) — so that a write through either
+    is seen through the other (see ``runtime._alias_key``)."""
+    ops = opinfo.op_set(ops)
     if devices is None:
         devices = [a.device if isinstance(a, torch.Tensor) else None
                    for a in example_inputs]
@@ -401,9 +462,10 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                          for a in example_inputs]
     tensor_devices = [d for d in devices if d is not None]
     default_device = tensor_devices[0] if tensor_devices else torch.get_default_device()
-    mode = _TraceMode(default_device)
+    mode = _TraceMode(default_device, ops)
     graph = mode.graph
 
+    aliases = aliases or {}
     leaves, metas, grad_inputs = [], [], []
     for i, a in enumerate(example_inputs):
         ph = graph.placeholder(f"primals_{i + 1}")
@@ -411,6 +473,11 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
         if not isinstance(a, torch.Tensor):
             ph.meta["val"] = a
             metas.append(a)
+            continue
+        if i in aliases:               # made from its base below; this input unused
+            ph.meta["val"] = _meta_copy(a)
+            ph.meta["device"] = devices[i]
+            metas.append(None)
             continue
         m = _meta_copy(a)
         if train and requires_grad[i]:
@@ -422,8 +489,14 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
         metas.append(m)
         info = mode.register(m, ph, device=devices[i])
         info.storage.input_index = i
+    for i, (base, geometry) in sorted(aliases.items()):
+        with mode:
+            if geometry is None:
+                metas[i] = aten.alias.default(metas[base])
+            else:
+                metas[i] = aten.as_strided.default(metas[base], *geometry)
 
-    with torch.set_grad_enabled(train), mode:
+    with torch.set_grad_enabled(train), mode, _attention_mode(mode):
         outs = _Runner(gm, mode).run(*metas)
     mode.source = None
     flat_outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
@@ -444,7 +517,14 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
         info = mode.infos[id(o)]
         st = info.storage
         if st.input_index is not None:
-            specs.append(("input_view", st.input_index, info.chain))
+            # relative to an aliased member where the output is (a view of) it
+            owner, chain, best = st.input_index, info.chain, 0
+            for i in aliases:
+                member = mode.infos[id(metas[i])]
+                n = len(member.chain)
+                if member.storage is st and n > best and info.chain[:n] == member.chain:
+                    owner, chain, best = i, info.chain[n:], n
+            specs.append(("input_view", owner, chain))
         elif storage_users[id(st)] > 1:
             if id(st) not in bases:
                 bases[id(st)] = -1   # filled below, after mutations
@@ -496,6 +576,17 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     graph.eliminate_dead_code()
     return TraceResult(graph, mode.constants, len(example_inputs), len(fw_nodes), specs,
                        mutations, differentiable, grad_inputs)
+
+
+def _attention_mode(mode: _TraceMode):
+    if not mode.ops.whole_attention:
+        return contextlib.nullcontext()
+    from kiln.autograd.sdpa import AttentionMode
+
+    def device_of(t):
+        info = mode.infos.get(id(t))
+        return info.device if info is not None else None
+    return AttentionMode(device_of)
 
 
 def _drop_aliases(graph: fx.Graph) -> None:

@@ -109,7 +109,7 @@ def wrap(tx, obj, source, module_member=False):
         if g and not module_member:
             g.identity(source, obj)
         return V.ClassValue(obj, source)
-    if is_torch_callable(obj) or _const_folded(obj):
+    if is_torch_callable(obj):
         if g and not module_member:
             g.identity(source, obj)
         return V.TorchFunctionValue(obj, source)
@@ -167,6 +167,15 @@ class _BreakingFunction(V.Value):
         raise Unsupported(self.why)
 
 
+class _GradModeFactory(V.Value):
+    def __init__(self, fn, enabled):
+        self.fn = fn
+        self.enabled = enabled
+
+    def call(self, tx, args, kwargs):
+        return V.GradModeValue(self.enabled)
+
+
 class _AllowedFunction(V.Value):
     def __init__(self, fn):
         self.fn = fn
@@ -181,8 +190,18 @@ def _special(obj):
     try:
         if obj is api.graph_break:
             return _BreakingFunction(obj, "kiln.graph_break() called")
+        if type(obj) is types.MethodType and isinstance(obj.__self__, (torch.no_grad, torch.enable_grad)) \
+                and obj.__func__.__name__ == "clone":
+            # the factory inside @torch.no_grad()-decorated functions: a fresh manager
+            return _GradModeFactory(obj, isinstance(obj.__self__, torch.enable_grad))
         if obj is api.is_compiling:
             return V.BuiltinValue(_true)
+        if isinstance(obj, types.FunctionType) and obj in _builtin_rules():  # inspect.signature…
+            return V.BuiltinValue(obj)
+        if obj in _const_fold():
+            # folded at trace time (torch.compiler.is_compiling and friends are Python
+            # functions outside torch's graph modules: inlining them would read False)
+            return V.TorchFunctionValue(obj)
         if getattr(obj, "_kiln_disabled", False):
             return _BreakingFunction(obj, f"{getattr(obj, '__qualname__', obj)} is marked kiln.disable")
         if obj in api._disallowed_in_graph:
@@ -198,16 +217,16 @@ def _true():
     return True
 
 
-def _const_folded(obj) -> bool:
-    """A PyTorch function whose answer the trace folds to a constant (torch_rules'
-    CONST_FOLD), even when it is Python code outside the graph modules, like
-    ``torch.jit.is_tracing`` (which would otherwise be inlined down to a C call)."""
+def _builtin_rules():
+    from kiln.capture.builtins import BUILTINS
+
+    return BUILTINS
+
+
+def _const_fold():
     from kiln.capture.torch_rules import CONST_FOLD
 
-    try:
-        return obj in CONST_FOLD
-    except TypeError:  # unhashable
-        return False
+    return CONST_FOLD
 
 
 def _wrap_object(tx, obj, source):
@@ -223,6 +242,9 @@ def wrap_static(obj):
     t = type(obj)
     if t in _CONST_TYPES or t in _TORCH_CONST_TYPES or obj is Ellipsis:
         return V.ConstantValue(obj)
+    special = _special(obj)
+    if special is not None:
+        return special
     if t is tuple:
         return V.TupleValue([wrap_static(x) for x in obj])
     if isinstance(obj, tuple) and hasattr(t, "_fields"):
@@ -241,7 +263,7 @@ def wrap_static(obj):
         return V.PythonModuleValue(obj)
     from kiln.capture.torch_rules import is_torch_callable
 
-    if is_torch_callable(obj) or _const_folded(obj):
+    if is_torch_callable(obj):
         return V.TorchFunctionValue(obj)
     if t is types.FunctionType:
         return V.UserFunctionValue(obj)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import inspect
 import itertools
 import math
 import operator
@@ -126,6 +127,37 @@ from kiln.capture import builder as _builder  # noqa: E402
 BUILTINS[_builder._true] = _kiln_true
 
 
+def real_callable(v):
+    """The real Python callable a Value stands for (signatures are read from it)."""
+    import types
+
+    if isinstance(v, (V.UserFunctionValue, V._CallableRef)):
+        return v.fn
+    if isinstance(v, V.MethodValue):
+        self_v = v.self_value
+        real_self = getattr(self_v, "mod", None) if isinstance(self_v, V.ModuleValue) else getattr(self_v, "obj", None)
+        if real_self is None or isinstance(self_v, V.NewObjectValue):
+            raise Unsupported("the signature of a method of an object made inside the trace")
+        return types.MethodType(real_callable(v.func), real_self)
+    if isinstance(v, V.ClassValue):
+        return v.cls
+    raise Unsupported(f"the signature of {v}")
+
+
+import warnings  # noqa: E402
+
+from kiln.capture.logging_calls import warn_rule  # noqa: E402
+
+BUILTINS[warnings.warn] = warn_rule
+
+
+@rule(inspect.signature)
+def _signature(tx, fn, **kwargs):
+    # signatures depend only on code objects and defaults, which guards already pin
+    ckw = {k: a.const() for k, a in kwargs.items()}
+    return C(fold(inspect.signature, real_callable(fn), **ckw))
+
+
 @rule(print)
 def _print(tx, *a, **k):
     raise Unsupported("print() has a side effect outside the graph")
@@ -150,8 +182,13 @@ def _len(tx, x):
     if isinstance(x, V.ObjectValue):
         from kiln.capture.objects import call_dunder
 
+        if x.source is None and not x.attrs and x.obj is not None and type(x.obj) in _READ_ONLY_SIZED:
+            return C(len(x.obj))
         return call_dunder(tx, x, "__len__", [], {})
     raise Unsupported(f"len of {x}")
+
+
+_READ_ONLY_SIZED = (type(type.__dict__),)  # mappingproxy (Signature.parameters)
 
 
 def _isinstance_check(tx, v, cls) -> bool:

@@ -3,6 +3,7 @@ managers, exceptions, namedtuples, and user classes (a new object whose ``__init
 inlined)."""
 from __future__ import annotations
 
+import abc
 import types
 
 import torch
@@ -19,7 +20,7 @@ def construct(tx, cv, args, kwargs):
     h = BUILTINS.get(cls)
     if h is not None:
         return h(tx, *args, **kwargs)
-    if cls in (torch.Size, torch.device, torch.dtype):
+    if cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo):
         try:
             return V.ConstantValue(cls(*[a.const() for a in args], **{k: v.const() for k, v in kwargs.items()}))
         except Unsupported:
@@ -48,13 +49,19 @@ def construct(tx, cv, args, kwargs):
             else:
                 raise Unsupported(f"namedtuple {cls.__name__} missing {f}")
         return V.NamedTupleValue(cls, vals)
+    from kiln.capture import dataclass_dicts
+
+    if dataclass_dicts.is_dataclass_dict(cls):
+        return dataclass_dicts.construct(tx, cls, args, kwargs)
     if issubclass(cls, torch.nn.Module):
         raise Unsupported(f"creating an nn.Module ({cls.__qualname__}) inside a compiled region")
     if issubclass(cls, torch.Tensor):
         raise Unsupported(f"constructing {cls.__qualname__} directly")
     if cls.__module__ in ("builtins",) or cls.__module__.startswith("torch"):
         raise Unsupported(f"constructing {cls.__qualname__}")
-    if type(cls) is not type:
+    if type(cls) is abc.ABCMeta and cls.__abstractmethods__:
+        raise Unsupported(f"instantiating abstract class {cls.__qualname__}")
+    if type(cls) not in (type, abc.ABCMeta):  # ABCMeta only adds the abstract-method check
         raise Unsupported(f"a class with metaclass {type(cls).__qualname__}")
     if cls.__new__ is not object.__new__:
         raise Unsupported(f"{cls.__qualname__} defines __new__")

@@ -64,6 +64,8 @@ class EntryCodegen:
         elif isinstance(v, V.DictValue):
             for i in v.items.values():
                 self.need(i, seen)
+            for i in getattr(v, "attrs", {}).values():  # dataclass dicts
+                self.need(i, seen)
         elif isinstance(v, V.ObjectValue):
             for i in v.attrs.values():
                 if isinstance(i, V.ConstantValue) and type(i.value) is object:
@@ -116,6 +118,8 @@ class EntryCodegen:
                 return v.source.expr()
             items = ", ".join(self.expr(i) for i in v.items)
             return f"({items},)" if v.items else "()"
+        if hasattr(v, "rebuild_kwargs"):
+            return self._new_dataclass_dict(v)
         if isinstance(v, (V.ListValue, V.DictValue, V.SetValue)):
             if v.source is not None:
                 return v.source.expr()
@@ -184,6 +188,16 @@ class EntryCodegen:
         self.lines.append(f"{name} = {body}")
         return name
 
+    def _new_dataclass_dict(self, v):
+        kw = v.rebuild_kwargs()
+        if kw is None:
+            raise Unsupported(f"rebuilding {v}: its items and attributes no longer agree")
+        name = self.temp()
+        self._temps[id(v)] = name
+        args = ", ".join(f"{k}={self.expr(a)}" for k, a in kw.items())
+        self.lines.append(f"{name} = {self.ref(v.cls, 'cls')}({args})")
+        return name
+
     def key(self, k):
         return repr(k) if type(k) in _LITERAL_TYPES else self.ref(k, "k")
 
@@ -210,7 +224,11 @@ class EntryCodegen:
         from kiln.capture.objects import DELETED
 
         for m in self.output.mutated:
-            if isinstance(m, tuple) and m[0] == "global":
+            if isinstance(m, tuple) and m[0] == "call":  # a deferred call (logging)
+                _, fn, args, kwargs = m
+                parts = [self.expr(a) for a in args] + [f"{k}={self.expr(a)}" for k, a in kwargs.items()]
+                apply.append(f"{self.ref(fn, 'f')}({', '.join(parts)})")
+            elif isinstance(m, tuple) and m[0] == "global":
                 v = val(self.expr(self.output.global_writes[m[1]]))
                 apply.append(f"__G[{m[1]!r}] = {v}")
             elif hasattr(m, "written"):  # RealCell
@@ -242,7 +260,10 @@ class EntryCodegen:
     def mutated_values(self):
         out = []
         for m in self.output.mutated:
-            if isinstance(m, tuple):
+            if isinstance(m, tuple) and m[0] == "call":
+                out.extend(m[2])
+                out.extend(m[3].values())
+            elif isinstance(m, tuple):
                 out.append(self.output.global_writes[m[1]])
             elif hasattr(m, "written"):
                 out.append(m.written)
@@ -281,14 +302,24 @@ def signature_source(code) -> str:
 
 def build_entry(code, guard_codes: list[str], body_lines: list[str], namespace: dict, name: str):
     """exec the entry function's source; returns (function, source text)."""
+    from kiln.capture.guard_cse import cse_statements
+
     sig = signature_source(code)
-    cond = " and ".join(f"({g})" for g in guard_codes) or "True"
+    body_lines = list(body_lines)
+    # the graph call, when it comes first, reads its inputs right after the guards
+    tail = body_lines[0] if body_lines and body_lines[0].startswith("__o = __graph") else None
+    checks, new_tail = cse_statements(list(guard_codes), tail)
+    if tail is not None:
+        # the call's inputs are gathered inside the try (a failed read there is a miss);
+        # the call itself runs outside it, so the graph's own errors reach the caller
+        callee, args = new_tail[len("__o = "):].split("(", 1)
+        checks.append(f"        __a = ({args[:-1]}{',' if args[:-1].strip() else ''})")
+        body_lines[0] = f"__o = {callee}(*__a)"
     src = [f"def {name}({sig}):",
-           "    try:",
-           f"        if not ({cond}):",
-           "            return __MISS",
-           "    except Exception:",
-           "        return __MISS"]
+           "    try:"]
+    src += checks or ["        pass"]
+    src += ["    except Exception:",
+            "        return __MISS"]
     src += ["    " + ln for ln in body_lines]
     text = "\n".join(src) + "\n"
     namespace["__MISS"] = MISS

@@ -117,6 +117,11 @@ def fake_dispatch(func, args, kwargs):
             return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=_META)
         return x
 
+    key = _memo_key(func, args, kwargs)
+    if key is not None:
+        hit = _MEMO.get(key)
+        if hit is not None:
+            return tree_map(lambda m: FakeTensor(m.fresh(), device) if isinstance(m, _MetaDesc) else m, hit)
     u_args = tree_map(unwrap, args)
     u_kwargs = tree_map(unwrap, kwargs)
     try:
@@ -145,7 +150,85 @@ def fake_dispatch(func, args, kwargs):
             return FakeTensor(x, device)
         return x
 
-    return tree_map(wrap, out)
+    result = tree_map(wrap, out)
+    if key is not None and len(_MEMO) < _MEMO_LIMIT:
+        described = _describe_out(out)
+        if described is not None:
+            _MEMO[key] = described
+    return result
+
+
+# --- memoized meta computations --------------------------------------------------------
+# Meta kernels are mostly Python reference implementations: the dominant cost of tracing
+# a transformer is running them again for every identical layer. For functional ops
+# (no mutation, no aliasing outputs) the result's metadata depends only on the inputs'
+# metadata and the constant arguments, so it is computed once per distinct call.
+_MEMO: dict = {}
+_MEMO_LIMIT = 50_000
+_HASHABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+             torch.memory_format)
+_functional_cache: dict = {}
+
+
+def _is_functional(func) -> bool:
+    ok = _functional_cache.get(func)
+    if ok is None:
+        schema = getattr(func, "_schema", None)
+        ok = schema is not None and not schema.is_mutable and all(
+            r.alias_info is None for r in schema.returns) and not any(
+            a.alias_info is not None for a in schema.arguments)
+        if func in _DATA_DEPENDENT or "rand" in str(getattr(func, "__name__", "")):
+            ok = False
+        _functional_cache[func] = ok
+    return ok
+
+
+def _describe_arg(x):
+    if isinstance(x, FakeTensor):
+        return ("T", tuple(x.shape), x.stride(), x.dtype, x.fake_device, x.storage_offset())
+    if isinstance(x, torch.Tensor):
+        raise TypeError  # a real constant tensor: not memoized
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__,) + tuple(_describe_arg(i) for i in x)
+    if isinstance(x, _HASHABLE):
+        return (type(x).__name__, x)
+    raise TypeError
+
+
+def _memo_key(func, args, kwargs):
+    if not _is_functional(func):
+        return None
+    try:
+        return (func, _describe_arg(list(args)), tuple(sorted((k, _describe_arg(v)) for k, v in kwargs.items())))
+    except TypeError:
+        return None
+
+
+def _describe_out(out):
+    if isinstance(out, torch.Tensor):
+        if out.device.type != "meta":
+            return None
+        return _MetaDesc(tuple(out.shape), out.stride(), out.dtype, out.storage_offset())
+    if isinstance(out, (list, tuple)):
+        items = [_describe_out(o) for o in out]
+        if any(i is None for i, o in zip(items, out) if isinstance(o, torch.Tensor)):
+            return None
+        return type(out)(items) if type(out) in (list, tuple) else None
+    if isinstance(out, _HASHABLE):
+        return out
+    return None
+
+
+class _MetaDesc:
+    """The metadata of one memoized meta result (a leaf to tree_map)."""
+    __slots__ = ("shape", "stride", "dtype", "offset")
+
+    def __init__(self, shape, stride, dtype, offset):
+        self.shape, self.stride, self.dtype, self.offset = shape, stride, dtype, offset
+
+    def fresh(self):
+        t = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=_META)
+        return t if self.offset == 0 else t.as_strided(self.shape, self.stride, self.offset)
 
 
 class FakeMode(TorchDispatchMode):

@@ -101,10 +101,6 @@ class Frame:
             handler(self, inst)
         except UserException as e:
             self.raise_user(e)
-        except Unsupported as e:
-            if getattr(e, "_kiln_stack", None) is None:
-                e._kiln_stack = self.user_stack()  # name the innermost line, not just the root's
-            raise
 
     def raise_user(self, e: UserException):
         """Route an exception raised by the traced program to its handler in this frame,
@@ -182,7 +178,14 @@ class Frame:
                 child.cells[name] = cell
             else:
                 child.cells[name] = RealCell(cell, FuncCellSource(fsrc, i) if fsrc is not None else None)
-        result = child.run()
+        try:
+            result = child.run()
+        except Unsupported as e:
+            # remember the deepest frame's stack: errors name the line that could not
+            # be traced, with every inlined call leading to it
+            if getattr(e, "_kiln_stack", None) is None:
+                e._kiln_stack = child.user_stack()
+            raise
         if child.is_generator:
             return V.IteratorValue(child.yielded)
         return result

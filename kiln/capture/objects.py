@@ -79,6 +79,33 @@ def object_getattr(tx, ov, name):
         return V.ClassValue(cls)
     if name == "__dict__":
         raise Unsupported("reading obj.__dict__")
+    from kiln.capture.environ import EnvironRead, is_environ
+    from kiln.capture.logging_calls import is_logger, logger_attr
+
+    if is_logger(getattr(ov, "obj", None)) and name not in ov.attrs:
+        found = logger_attr(ov, name)
+        if found is not None:
+            return found
+
+    if is_environ(getattr(ov, "obj", None)) and name in ("get", "__getitem__", "__contains__"):
+        return EnvironRead(name)
+    from kiln.capture.pure_methods import PureMethodValue, is_pure_method
+
+    _, method = lookup_class_attr(cls, name)
+    if isinstance(method, types.FunctionType) and is_pure_method(method) \
+            and name not in getattr(getattr(ov, "obj", None), "__dict__", {}):
+        return PureMethodValue(ov, method)
+    if not isinstance(ov, V.NewObjectValue) and _custom_getattribute(cls):
+        # a Python __getattribute__ (transformers' configs map aliases through one):
+        # read through it for real; the guard re-reads the same way at run time
+        try:
+            real = getattr(ov.obj, name)
+        except AttributeError:
+            if ov.source is not None:
+                tx.output.guards.expression(f"not hasattr({ov.source.expr()}, {name!r})",
+                                            f"{ov.source.pretty()} has no attribute {name!r}")
+            raise _attr_error(cls, name) from None
+        return wrap(tx, real, _attr_src(ov, name))
     owner, attr = lookup_class_attr(cls, name)
     is_data_descr = owner is not None and (isinstance(attr, property) or (
         hasattr(type(attr), "__set__") and not isinstance(attr, (types.FunctionType,))))
@@ -104,12 +131,18 @@ def object_getattr(tx, ov, name):
             return wrap(tx, getattr(obj, name), _attr_src(ov, name))
         return wrap_class_attr(tx, ov, cls, name)
     ga_owner, ga = lookup_class_attr(cls, "__getattr__")
-    if ga_owner is not None and ga_owner is not object and isinstance(ga, types.FunctionType):
+    if ga_owner is not None and ga_owner is not object and isinstance(ga, types.FunctionType) \
+            and ga is not torch.nn.Module.__getattr__:  # the module tables were searched above
         return V.UserFunctionValue(ga).call(tx, [ov, V.ConstantValue(name)], {})
     if ov.source is not None:
         tx.output.guards.expression(f"not hasattr({ov.source.expr()}, {name!r})",
                                     f"{ov.source.pretty()} has no attribute {name!r}")
     raise _attr_error(cls, name)
+
+
+def _custom_getattribute(cls) -> bool:
+    owner, attr = lookup_class_attr(cls, "__getattribute__")
+    return owner not in (None, object, torch.nn.Module) and isinstance(attr, types.FunctionType)
 
 
 def object_setattr(tx, ov, name, value):
@@ -140,6 +173,10 @@ def has_dunder(ov, name) -> bool:
 
 
 def call_dunder(tx, ov, name, args, kwargs):
+    from kiln.capture.environ import environ_read, is_environ
+
+    if is_environ(getattr(ov, "obj", None)):
+        return environ_read(tx, name, args, kwargs)
     cls = ov.python_type()
     owner, attr = lookup_class_attr(cls, name)
     if owner is None or owner is object:

@@ -520,10 +520,57 @@ class ClassValue(Value):
             return wrap_static(getattr(self.cls, name))
         if name == "__class__":  # the metaclass (not object's __class__ descriptor)
             return ClassValue(type(self.cls))
+        if name == "apply" and isinstance(self.cls, type) and issubclass(self.cls, torch.autograd.Function) \
+                and _defined_by_torch(self.cls, "apply"):
+            return AutogradFunctionApply(self.cls)
         return wrap_class_attr(tx, None, self.cls, name, source=self.source)
 
     def __repr__(self):
         return f"Class({self.cls.__qualname__})"
+
+
+def _defined_by_torch(cls, name) -> bool:
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return (klass.__module__ or "").startswith("torch")
+    return False
+
+
+class AutogradFunctionApply(Value):
+    """``MyFunction.apply``: one graph node. Its fake result comes from running the
+    user's forward on fake tensors; eager backends call it for real, and the autograd
+    stage traces the user's backward through PyTorch's engine like any other op."""
+
+    _targets: dict = {}
+
+    def __init__(self, cls):
+        self.cls = cls
+        self.fn = self._target(cls)
+
+    @classmethod
+    def _target(cls_, fn_cls):
+        """A named Python function for the graph node (FX cannot name a builtin
+        classmethod of a user class)."""
+        fn = cls_._targets.get(fn_cls)
+        if fn is None:
+            def apply(*args, **kwargs):
+                return fn_cls.apply(*args, **kwargs)
+            apply.__name__ = f"{fn_cls.__name__}_apply"
+            apply.__qualname__ = apply.__name__
+            apply.__module__ = fn_cls.__module__
+            fn = cls_._targets[fn_cls] = apply
+        return fn
+
+    def python_type(self):
+        return type(self.fn)
+
+    def call(self, tx, args, kwargs):
+        if any(not isinstance(a, (TensorValue, ConstantValue)) for a in list(args) + list(kwargs.values())):
+            raise Unsupported(f"{self.cls.__qualname__}.apply with non-tensor, non-constant arguments")
+        return tx.output.op("call_function", self.fn, list(args), dict(kwargs))
+
+    def __repr__(self):
+        return f"AutogradFunctionApply({self.cls.__qualname__})"
 
 
 class ObjectValue(Value):

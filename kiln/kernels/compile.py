@@ -56,7 +56,7 @@ def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
             source, entries = cpp.generate(sched, lo.buffers)
         else:
             from . import triton_gen
-            source, entries = triton_gen.generate(sched, lo.buffers)
+            source, entries, kinfo = triton_gen.generate_detailed(sched, lo.buffers)
     arte["source"] = source
     _code_log.info("kernels: %s source for graph\n%s\n%s", target, arte["ir"], source)
     steps = []
@@ -64,7 +64,7 @@ def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
         lib = ctypes.CDLL(cache.compile_cpp(source)) if entries else None
         entry_iter = iter(entries)
     else:
-        launchers = triton_gen.load(source, entries)
+        launchers = triton_gen.load(source, entries, kinfo)
         entry_iter = iter(launchers)
     seg_open = False
     for g in sched.groups:

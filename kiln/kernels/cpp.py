@@ -10,6 +10,7 @@ entry point ``kiln_segN`` so one ctypes call runs them all.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -211,6 +212,19 @@ _RED_CLAUSE = {"sum": "+", "prod": "*", "any": "||", "max": "max", "min": "min"}
 
 SCRATCH_BYTES = 64 * 1024
 COLUMN_BLOCK = 256
+#: A column reduction (sum over rows) with fewer blocks of outputs than this (the CPUs:
+#: some would idle), each reducing at least LONG_REDUCTION rows, splits the rows across
+#: threads (OpenMP array-section reductions): a bias gradient over a large batch. (Row
+#: reductions already run one output per thread, full reductions split their loop.)
+FEW_OUTER = os.cpu_count() or 1
+LONG_REDUCTION = 16384
+
+
+def _numel(sizes) -> int:
+    n = 1
+    for s_ in sizes:
+        n *= int(s_)
+    return n
 
 
 def _column_reduction(g) -> bool:
@@ -322,7 +336,9 @@ class CppKernel:
         work = 1
         for s_ in tuple(g.outer) + red:
             work *= int(s_)
-        if work >= PARALLEL_WORK:
+        blocks = _numel(g.outer[:-1]) * -(-last // B)
+        split = blocks < FEW_OUTER and _numel(red) >= LONG_REDUCTION and work >= PARALLEL_WORK
+        if work >= PARALLEL_WORK and not split:
             out.append(f"{ind}#pragma omp parallel for collapse({k})")
         for i, s_ in enumerate(g.outer[:-1]):
             out.append(f"{ind}for (int64_t x{i} = 0; x{i} < {int(s_)}; ++x{i}) {{")
@@ -340,6 +356,15 @@ class CppKernel:
                 out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) nan_{n.name}[i] = 0;")
             out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}[i] = {init};")
         li = ind
+        if split:
+            # few blocks of outputs: threads share the reduced rows, each with private
+            # accumulator arrays combined at the end (OpenMP array-section reductions)
+            cl = []
+            for n in nodes:
+                cl.append(f"reduction({_RED_CLAUSE[n.red_type]}:acc_{n.name}[:{B}])")
+                if n.red_type in ("max", "min") and n.dtype.is_floating_point:
+                    cl.append(f"reduction(|:nan_{n.name}[:{B}])")
+            out.append(f"{li}#pragma omp parallel for collapse({len(red)}) " + " ".join(cl))
         for j, s_ in enumerate(red):
             out.append(f"{li}for (int64_t x{k + j} = 0; x{k + j} < {int(s_)}; ++x{k + j}) {{")
             li += "  "

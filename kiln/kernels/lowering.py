@@ -88,6 +88,9 @@ class Lazy:
     sizes: tuple
     dtype: torch.dtype
     fn: Callable
+    #: strides to store it with when realized (None: contiguous); pointwise results
+    #: follow a channels-last operand so that convolution chains stay channels-last
+    layout: tuple | None = None
 
     def load(self, idx: list) -> ir.Expr:
         return self.fn(idx)
@@ -143,6 +146,7 @@ class GraphLowering:
         self.meta: dict[fx.Node, object] = {}
         self.outputs = None            # pytree of boxes / python values
         self.fallbacks: list[str] = []
+        self.relaid: set = set()       # buffers whose layout differs from eager's
         tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
         self.device = tensors[0].device if tensors else torch.device("cpu")
         self._n = 0
@@ -180,12 +184,16 @@ class GraphLowering:
         if isinstance(box, View):
             return box
         sizes = tuple(box.sizes)
+        if strides is None and box.layout is not None:
+            strides = box.layout
         strides = tuple(strides) if strides is not None else ir.contiguous_strides(sizes)
         body = box.load(loop_vars(sizes))
         if body.dtype != box.dtype:
             body = cast(body, box.dtype)
         b = self.add(ir.Pointwise(self.new_name(), sizes, strides, box.dtype, body=body,
                                   origin=origin))
+        if box.layout is not None and strides == tuple(box.layout):
+            self.relaid.add(b.name)
         return View(b.name, sizes, strides, 0, box.dtype)
 
     # --- the walk ---
@@ -291,10 +299,25 @@ class GraphLowering:
             return a
         args, kwargs = pytree.tree_map(to_arg, (args, kwargs), is_leaf=is_box)
         m = self.meta[node]
+        relaid = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, ir.ExternArg)
+                  and a.buf in self.relaid]
+        if relaid and isinstance(m, torch.Tensor):
+            m2 = self._meta_run(node.target, args, kwargs)
+            if isinstance(m2, torch.Tensor) and m2.shape == m.shape and m2.dtype == m.dtype:
+                m = m2
+        elif relaid and isinstance(m, (tuple, list)):
+            m2 = self._meta_run(node.target, args, kwargs)
+            if isinstance(m2, (tuple, list)) and len(m2) == len(m) and all(
+                    not isinstance(a, torch.Tensor) or (isinstance(b, torch.Tensor)
+                                                       and a.shape == b.shape)
+                    for a, b in zip(m, m2)):
+                m = type(m)(m2)
         name = self.new_name()
         if isinstance(m, torch.Tensor):
             self.add(ir.Extern(name, tuple(m.shape), tuple(m.stride()), m.dtype, op=node.target,
                                args=args, kwargs=kwargs, origin=node.name))
+            if relaid and m.stride() != self.meta[node].stride():
+                self.relaid.add(name)
             return View(name, tuple(m.shape), tuple(m.stride()), 0, m.dtype)
         ext = self.add(ir.Extern(name, (), (), torch.uint8, op=node.target, args=args,
                                  kwargs=kwargs, origin=node.name))
@@ -305,10 +328,26 @@ class GraphLowering:
                 o = self.add(ir.MultiOutput(self.new_name(), tuple(t.shape), tuple(t.stride()),
                                             t.dtype, source=name, path=(i,)))
                 ext.outputs.append(o.name)
+                if relaid:
+                    self.relaid.add(o.name)
                 outs.append(View(o.name, tuple(t.shape), tuple(t.stride()), 0, t.dtype))
             else:
                 outs.append(t)
         return pytree.tree_unflatten(outs, spec)
+
+    def _meta_run(self, op, args, kwargs):
+        """The op on meta tensors laid out as its arguments will be (output strides)."""
+        def meta(a):
+            if isinstance(a, ir.ExternArg):
+                return torch.empty_strided(a.sizes, a.strides, dtype=self.by_name[a.buf].dtype,
+                                           device="meta")
+            return a
+        try:
+            margs, mkw = pytree.tree_map(meta, (args, kwargs),
+                                         is_leaf=lambda x: isinstance(x, ir.ExternArg))
+            return op(*margs, **mkw)
+        except Exception:        # noqa: BLE001  (no meta kernel: keep eager's layout)
+            return None
 
     def _outputs(self, node):
         def fix(a):
@@ -318,6 +357,12 @@ class GraphLowering:
                 if m is not None and _dense(m):
                     strides = tuple(m.stride())
                 return self.realize(a, strides=strides, origin="output")
+            if isinstance(a, View) and a.buf in self.relaid:
+                # stored in a layout of our choosing (channels-last): outputs keep eager's
+                m = self.meta_of_output(node, a)
+                if m is not None and _dense(m) and tuple(m.stride()) != tuple(a.strides):
+                    return self.realize(Lazy(a.sizes, a.dtype, a.load), strides=tuple(m.stride()),
+                                        origin="output")
             return a
         out = pytree.tree_map(lambda a: self.env[a] if isinstance(a, fx.Node) else a,
                               node.args[0])
@@ -385,7 +430,36 @@ def pointwise(lo: GraphLowering, node, inputs, fn, compute_dtype=None) -> Lazy:
     def body(idx):
         e = fn(*[_as_expr(x, idx, sizes, cdt) for x in inputs])
         return cast(e, dtype)
-    return Lazy(sizes, dtype, body)
+    return Lazy(sizes, dtype, body, layout_hint(inputs, sizes))
+
+
+def channels_last_strides(sizes) -> tuple:
+    n, c, h, w = (int(s) for s in sizes)
+    return (h * w * c, 1, w * c, c)
+
+
+def is_channels_last(sizes, strides) -> bool:
+    """A dense 4-d layout with channels innermost (and not also contiguous)."""
+    if len(sizes) != 4 or int(sizes[1]) == 1:
+        return False
+    want = channels_last_strides(sizes)
+    return all(int(s) == 1 or int(a) == int(b) for s, a, b in zip(sizes, strides, want)) \
+        and tuple(strides) != ir.contiguous_strides(sizes)
+
+
+def layout_hint(inputs, sizes):
+    """Channels-last strides for a result over ``sizes`` when an operand of the same
+    sizes is channels-last (stored or itself hinted), else None."""
+    if len(sizes) != 4:
+        return None
+    for x in inputs:
+        if not is_box(x) or tuple(x.sizes) != tuple(sizes):
+            continue
+        if isinstance(x, View) and is_channels_last(x.sizes, x.strides):
+            return channels_last_strides(sizes)
+        if isinstance(x, Lazy) and x.layout is not None:
+            return x.layout
+    return None
 
 
 def affine_view(box, sizes, remap) -> object:
@@ -994,3 +1068,30 @@ def _layer_norm(lo, node, x, normalized_shape, weight=None, bias=None, eps=1e-5)
             e = op("add", e, _as_expr(bias, idx, sizes, dtype))
         return e
     return (Lazy(sizes, dtype, body), mean, rstd)
+
+
+# --- library calls with a layout of our choosing ---------------------------------------
+#: dtypes whose 2-d convolutions run channels-last on the Triton (GPU) path: cuDNN's
+#: tensor-core kernels are NHWC; given NCHW it transposes in and out around each call
+#: (two extra kernels, and their launch cost, per convolution).
+CHANNELS_LAST_DTYPES = {torch.bfloat16, torch.float16}
+
+
+@register(aten.convolution.default)
+def _convolution(lo, node, x, w, b, stride, padding, dilation, transposed, output_padding,
+                 groups):
+    if (lo.target != "triton" or not is_box(x) or len(x.sizes) != 4 or transposed
+            or x.dtype not in CHANNELS_LAST_DTYPES):
+        raise Unsupported("convolution stays as the graph has it")
+    cl = channels_last_strides(x.sizes)
+    if not (isinstance(x, View) and is_channels_last(x.sizes, x.strides)):
+        lazy = x if isinstance(x, Lazy) else Lazy(x.sizes, x.dtype, x.load)
+        x = lo.realize(Lazy(lazy.sizes, lazy.dtype, lazy.fn, cl), strides=cl, origin=node.name)
+    out = lo.fallback(node, (x, w, b, stride, padding, dilation, transposed, output_padding,
+                             groups), {}, "library call")
+    # cuDNN (and oneDNN) give a channels-last result for a channels-last input; the meta
+    # kernel does not say so. Should a library disagree, the runtime copies (_fix_layout).
+    ext = lo.by_name[out.buf]
+    ext.strides = channels_last_strides(ext.sizes)
+    lo.relaid.add(ext.name)
+    return View(out.buf, out.sizes, ext.strides, 0, out.dtype)

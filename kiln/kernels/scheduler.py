@@ -117,6 +117,7 @@ def _span(b) -> int:
 
 
 def schedule(buffers: list, output_names: set) -> Schedule:
+    squeeze_unit_dims(buffers)
     groups: list[Group] = []
     cur = None
     for b in buffers:
@@ -188,22 +189,37 @@ def schedule(buffers: list, output_names: set) -> Schedule:
 
 
 def _split_loops(g: Group) -> None:
-    """Consecutive members share one inner loop until one needs a finished reduction."""
+    """Consecutive members share one inner loop until one needs a finished reduction.
+    A member that needs nothing from the group beyond per-element values of the first
+    inner loop joins that loop instead (one pass; and on a GPU the loop can be split
+    across programs): e.g. the toy example's ``a / (|a| + 1)`` next to ``b.sum() < 0``."""
     loops = []
     cur_inner, cur_reds = None, set()
+    first, avail0 = None, set()
+    names = g.names
     for n in g.nodes:
         lvl = g.level(n)
         if lvl == "outer":
             loops.append(("outer", [n]))
             cur_inner, cur_reds = None, set()
             continue
+        internal = n.reads() & names
+        if first is not None and cur_inner is not first and internal <= avail0:
+            first.append(n)
+            if lvl == "inner":
+                avail0.add(n.name)
+            continue
         needs = n.reads() & cur_reds
         if cur_inner is None or needs:
             cur_inner, cur_reds = [], set()
             loops.append(("inner", cur_inner))
+            if first is None:
+                first = cur_inner
         cur_inner.append(n)
         if lvl == "reduction":
             cur_reds.add(n.name)
+        elif cur_inner is first:
+            avail0.add(n.name)
     g.loops = loops
 
 
@@ -219,3 +235,43 @@ def format_schedule(s: Schedule) -> str:
                 n.name + (" (local)" if n.name in s.locals else f" (slot {s.slots.get(n.name)})")
                 for n in nodes))
     return "\n".join(lines)
+
+
+def _rename(e, mapping: dict, memo: dict):
+    """``e`` with loop variables renamed (``mapping``: old name -> new name)."""
+    if e in memo:
+        return memo[e]
+
+    def ra(a: Affine) -> Affine:
+        return Affine(tuple(sorted((mapping[v], c) for v, c in a.terms)), a.const)
+    if isinstance(e, Load):
+        r = Load(e.buf, ra(e.index), e.dtype,
+                 None if e.mask is None else _rename(e.mask, mapping, memo))
+    elif isinstance(e, ir.Index):
+        r = ir.Index(ra(e.index), e.dtype)
+    elif isinstance(e, ir.Op):
+        r = ir.Op(e.name, tuple(_rename(a, mapping, memo) for a in e.args), e.dtype)
+    else:
+        r = e
+    memo[e] = r
+    return r
+
+
+def squeeze_unit_dims(buffers: list) -> None:
+    """Drop size-1 dims from computed buffers' iteration spaces, in place: (N, 1) stats
+    then fuse with the (N,)-outer reductions that make them (LayerNorm's mean and rstd).
+    Their bodies never use a size-1 dim's variable (``loop_vars`` makes it 0); readers
+    keep their own views' strides, so only the store side changes."""
+    for b in buffers:
+        if not isinstance(b, (ir.Pointwise, ir.Reduction)):
+            continue
+        keep = [i for i, s in enumerate(b.sizes) if int(s) != 1]
+        if len(keep) == len(b.sizes):
+            continue
+        mapping = {f"x{i}": f"x{j}" for j, i in enumerate(keep)}
+        k, k2 = len(b.sizes), len(keep)
+        if isinstance(b, ir.Reduction):
+            mapping.update({f"x{k + j}": f"x{k2 + j}" for j in range(len(b.red_sizes))})
+        b.body = _rename(b.body, mapping, {})
+        b.sizes = tuple(b.sizes[i] for i in keep)
+        b.strides = tuple(b.strides[i] for i in keep)

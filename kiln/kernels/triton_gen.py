@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
+from dataclasses import dataclass
 
 import torch
 
+from .. import config
+from ..debug.timing import timed
 from . import cache, ir
 from .ir import Affine, Const, Index, Load
 from .ops import OPS
@@ -245,11 +249,32 @@ def tindex(a: Affine) -> str:
     return "(" + " + ".join(parts) + ")"
 
 
+#: Low-precision floats are loaded into float32, computed in float32 and rounded once at
+#: the store (what libraries do; Triton's math functions have no bf16/fp16 versions).
+_COMPUTE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return _COMPUTE.get(dtype, dtype)
+
+
+def acc_dtype(n) -> torch.dtype:
+    """The dtype of a reduction's accumulator: fixed for the whole loop."""
+    if n.red_type == "any":
+        return torch.int8
+    return compute_dtype(n.dtype)
+
+
 class TBody:
-    def __init__(self, values, indent, counter, mask, block_vars=(), zero=""):
-        self.lines, self.memo = [], {}
+    """One scope's lines. ``two_d``: a reduction kernel's [XBLOCK, RBLOCK] block, where
+    loads broadcast naturally (an index without reduced variables loads [XBLOCK, 1])."""
+
+    def __init__(self, values, indent, counter, mask, block_vars=(), zero="", two_d=None,
+                 memo=None):
+        self.lines, self.memo = [], dict(memo or {})
         self.values, self.indent, self.counter, self.mask = values, indent, counter, mask
         self.block_vars, self.zero = set(block_vars), zero
+        self.two_d = two_d          # None, or (xmask, full mask, reduced var names)
 
     def ptr(self, buf, index: Affine) -> str:
         """``buf + index``, broadcast to the block when the index is the same for all lanes."""
@@ -264,31 +289,52 @@ class TBody:
         self.lines.append(f"{self.indent}{name} = {rhs}")
         return name
 
+    def load_mask(self, index: Affine):
+        if self.two_d is None:
+            return self.mask
+        xmask, full, rvars = self.two_d
+        return full if index.vars() & rvars else xmask
+
     def render(self, e) -> str:
         if e in self.memo:
             return self.memo[e]
+        cdt = compute_dtype(e.dtype)
         if isinstance(e, Const):
-            s = self.tmp(f"tl.full([], {tconst(e.value, e.dtype)}, {TL[e.dtype]})")
+            s = self.tmp(f"tl.full([], {tconst(e.value, cdt)}, {TL[cdt]})")
         elif isinstance(e, Index):
-            s = self.tmp(f"{tindex(e.index)}.to(tl.int64)")
+            if e.index.terms:
+                s = self.tmp(f"{tindex(e.index)}.to(tl.int64)")
+            else:
+                s = self.tmp(f"tl.full([], {e.index.const}, tl.int64)")
         elif isinstance(e, Load):
             if e.buf in self.values and e.mask is None:
                 s = self.values[e.buf]
             else:
-                masks = [m for m in (self.mask, self.render(e.mask) if e.mask is not None else None)
-                         if m]
+                masks = [m for m in (self.load_mask(e.index),
+                                     self.render(e.mask) if e.mask is not None else None) if m]
                 mk = f", mask={' & '.join(masks)}, other=0" if masks else ""
-                s = self.tmp(f"tl.load({self.ptr(e.buf, e.index)}{mk})")
+                p = f"{e.buf} + {tindex(e.index)}" if self.two_d else self.ptr(e.buf, e.index)
+                s = self.tmp(f"tl.load({p}{mk})")
                 if e.dtype == torch.bool:
                     s = self.tmp(f"{s} != 0")
+                elif cdt != e.dtype:
+                    s = self.tmp(f"{s}.to({TL[cdt]})")
         else:
             tpl = _TRITON_OVERRIDES.get(e.name, OPS[e.name][1])
-            if e.dtype == torch.float32 and e.name in _IEEE:
+            if cdt == torch.float32 and e.name in _IEEE:
                 tpl = _IEEE[e.name]      # fp32 / and sqrt are approximate on GPUs; fp64 is IEEE
-            args = [self.render(a) for a in e.args]
-            s = self.tmp(tpl.format(*args, t=TL[e.dtype]))
+            if e.name == "cast" and cdt != e.dtype:
+                tpl = "{0}.to({t}).to(tl.float32)"     # round to the narrow type, then widen
+                s = self.tmp(tpl.format(self.render(e.args[0]), t=TL[e.dtype]))
+            else:
+                args = [self.render(a) for a in e.args]
+                s = self.tmp(tpl.format(*args, t=TL[cdt]))
         self.memo[e] = s
         return s
+
+
+def store_value(v: str, dtype) -> str:
+    return f"{v}.to({TL[dtype]})" if compute_dtype(dtype) != dtype else v
 
 
 def _decompose(vars_, sizes, flat: str) -> list:
@@ -299,10 +345,24 @@ def _decompose(vars_, sizes, flat: str) -> list:
         strides.append(stride)
         stride *= int(s)
     strides.reverse()
-    for v, s, st in zip(vars_, sizes, strides):
+    for i, (v, s, st) in enumerate(zip(vars_, sizes, strides)):
         if v.terms:
-            lines.append(f"{v.terms[0][0]} = ({flat} // {st}) % {int(s)}")
+            q = flat if st == 1 else f"({flat} // {st})"
+            lines.append(f"{v.terms[0][0]} = {q}" if i == 0 else f"{v.terms[0][0]} = {q} % {int(s)}")
     return lines
+
+
+def _memory_order(g, sizes, writes) -> list:
+    """Dims from outermost to innermost in memory of the group's first stored buffer
+    (a channels-last result walks channels fastest, so lanes stay coalesced)."""
+    n = len(sizes)
+    for node in g.nodes:
+        if node.name in writes and tuple(node.sizes) == tuple(sizes):
+            st = [int(s) for s in node.strides]
+            if st == list(ir.contiguous_strides(sizes)):
+                break
+            return sorted(range(n), key=lambda i: (-st[i] if int(sizes[i]) != 1 else 0, i))
+    return list(range(n))
 
 
 def _pow2(n: int) -> int:
@@ -312,152 +372,318 @@ def _pow2(n: int) -> int:
     return p
 
 
+def _numel(sizes) -> int:
+    n = 1
+    for s in sizes:
+        n *= int(s)
+    return n
+
+
+# --- how a reduction group maps onto programs ------------------------------------------
+#: A reduced extent up to this (rounded to a power of two) stays whole in registers: one
+#: pass over memory however many loops the group has (softmax, LayerNorm).
+PERSISTENT_MAX = 8192
+#: Reduced elements per step of a looped (non-persistent) row reduction.
+LOOP_RBLOCK = 2048
+#: Elements per program block the heuristics aim at.
+BLOCK_ELEMS = 4096
+#: Split a reduction into partial results when it would have fewer programs than this...
+SPLIT_MAX_PROGRAMS = 256
+#: ...and each output reduces at least this many elements.
+SPLIT_MIN_RNUM = 32768
+#: Programs a split reduction aims at (an H100 has 132 multiprocessors).
+SPLIT_TARGET_PROGRAMS = 1024
+#: Kernels over at least this many elements try a few num_warps on first use (GPU only).
+AUTOTUNE_MIN_NUMEL = 1 << 24
+_COMBINE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "any": "any"}
+
+
+@dataclass
+class Plan:
+    xb: int                  # outputs per program (XBLOCK)
+    rb: int                  # reduced elements per step (RBLOCK)
+    persistent: bool         # the whole reduced extent in one block, no loop
+    column: bool             # the kept dim is the contiguous one
+    split: int = 1           # programs per output (partial results), 1: none
+    chunk: int = 0           # reduced elements per split program
+    num_warps: int = 4
+    tune: tuple = ()         # num_warps candidates for the autotuner
+
+
+def _column(g) -> bool:
+    """Loads contiguous along the last kept dim and not along the innermost reduced one
+    (sum over rows, over channels of NCHW): lanes should walk the kept dim."""
+    if not g.outer or not g.red or int(g.outer[-1]) < 8:
+        return False
+    k = len(g.outer)
+    last, inner = f"x{k - 1}", f"x{k + len(g.red) - 1}"
+    loads = [e for n in g.nodes for e in ir.walk(n.body) if isinstance(e, Load)]
+    return (any(e.index.coef(last) == 1 for e in loads)
+            and not any(e.index.coef(inner) == 1 for e in loads))
+
+
+def _splittable(g) -> bool:
+    """One loop of plain reductions (and stored pointwise values), then per-output code."""
+    if not g.loops or g.loops[0][0] != "inner":
+        return False
+    if any(kind != "outer" for kind, _ in g.loops[1:]):
+        return False
+    reds = [n for n in g.loops[0][1] if isinstance(n, ir.Reduction)]
+    return bool(reds) and all(n.red_type in _COMBINE for n in reds)
+
+
+def plan_reduction(g, interpret: bool = False) -> Plan:
+    onum, rnum = _numel(g.outer), _numel(g.red)
+    r2 = _pow2(max(rnum, 1))
+    if _column(g):
+        xb = min(_pow2(onum), 128)
+        rb = max(1, min(r2, BLOCK_ELEMS // xb))
+        p = Plan(xb, rb, rb >= rnum, True)
+    else:
+        persistent = r2 <= PERSISTENT_MAX
+        rb = r2 if persistent else LOOP_RBLOCK
+        xb = 1
+        if rb < 1024:
+            xb = max(1, min(_pow2(onum), 1024 // rb, 64))
+        p = Plan(xb, rb, persistent, False)
+    nprog = -(-onum // p.xb)
+    if (not p.persistent and rnum >= SPLIT_MIN_RNUM and nprog < SPLIT_MAX_PROGRAMS
+            and _splittable(g)):
+        s = max(2, SPLIT_TARGET_PROGRAMS // nprog)
+        s = min(s, max(2, rnum // (4 * p.rb)))
+        chunk = -(-(-(-rnum // s)) // p.rb) * p.rb
+        p.split, p.chunk = -(-rnum // chunk), chunk
+    elems = p.xb * p.rb
+    p.num_warps = max(2, min(16, elems // 256))
+    if not interpret and onum * rnum >= AUTOTUNE_MIN_NUMEL and p.split == 1:
+        p.tune = (4, 8, 16) if elems >= 2048 else (2, 4, 8)
+    return p
+
+
 class TritonKernel:
-    def __init__(self, gi, g: Group, sched: Schedule):
+    def __init__(self, gi, g: Group, sched: Schedule, name=None, plan=None, partials=None,
+                 interpret=False):
         self.gi, self.g, self.s = gi, g, sched
+        self.name = name or f"kernel{gi}"
         self.counter = [0]
+        self.interpret = interpret
+        self.plan = plan
+        self.partials = partials or {}     # reduction name -> workspace name (split stage 1)
 
     def params(self):
         names = self.g.names
         reads, writes = set(), set()
         for n in self.g.nodes:
             reads |= {r for r in n.reads() if r not in names}
-            if n.name not in self.s.locals:
+            if n.name in self.partials:
+                writes.add(self.partials[n.name])
+            elif n.name not in self.s.locals:
                 writes.add(n.name)
         return sorted(reads) + sorted(writes), writes
 
     def source(self):
+        """(source, params, grid, constexprs, num_warps, autotune candidates)."""
         params, writes = self.params()
         origin = ", ".join(n.origin for n in self.g.nodes if getattr(n, "origin", ""))
-        head = [f"# kernel {self.gi}: outer {list(self.g.outer)}, inner "
-                f"{list(self.g.red or ())}; from {origin}", "@triton.jit"]
+        head = [f"# {self.name}: outer {list(self.g.outer)}, inner "
+                f"{list(self.g.red or ())}; from {origin}"]
         if self.g.red is None:
             src, grid, consts = self._pointwise(params, writes)
-        else:
-            src, grid, consts = self._reduction(params, writes)
-        return "\n".join(head + src), params, grid, consts
+            return "\n".join(head + ["@triton.jit"] + src), params, grid, consts, 4, ()
+        p = self.plan or plan_reduction(self.g, self.interpret)
+        self.plan = p
+        src, grid, consts = self._reduction(params, writes)
+        deco = ["@triton.jit"]
+        if p.tune:
+            cfgs = ", ".join(f"triton.Config({{}}, num_warps={w})" for w in p.tune)
+            deco = [f"@triton.autotune(configs=[{cfgs}], key=[])"] + deco
+        return "\n".join(head + deco + src), params, grid, consts, p.num_warps, p.tune
 
     def _pointwise(self, params, writes):
         g = self.g
         sizes = tuple(g.outer)
-        numel = 1
-        for s in sizes:
-            numel *= int(s)
+        numel = _numel(sizes)
         xb = min(XBLOCK, _pow2(max(numel, 16)))
-        out = [f"def kernel{self.gi}({', '.join(params)}, XBLOCK: tl.constexpr):",
-               "    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)",
-               f"    xmask = xindex < {numel}"]
+        out = [f"def {self.name}({', '.join(params)}, XBLOCK: tl.constexpr):",
+               "    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)"]
+        mask = None
+        if numel % xb:
+            out.append(f"    xmask = xindex < {numel}")
+            mask = "xmask"
         vars_ = ir.loop_vars(sizes)
-        out += ["    " + l for l in _decompose(vars_, sizes, "xindex")]
-        body = TBody({}, "    ", self.counter, "xmask",
+        perm = _memory_order(g, sizes, writes)
+        out += ["    " + l for l in _decompose([vars_[i] for i in perm],
+                                               [sizes[i] for i in perm], "xindex")]
+        body = TBody({}, "    ", self.counter, mask,
                      {f"x{i}" for i in range(len(sizes))}, "xzero")
         out.append("    xzero = xindex * 0")
+        mk = f", mask={mask}" if mask else ""
         for n in g.nodes:
             v = body.render(n.body)
             body.values[n.name] = v
             if n.name in writes:
                 body.lines.append(f"    tl.store({body.ptr(n.name, n.store_index(vars_))}, "
-                                  f"{v}, mask=xmask)")
+                                  f"{store_value(v, n.dtype)}{mk})")
         out += body.lines
         grid = f"(triton.cdiv({numel}, {xb}),)"
         return out, grid, {"XBLOCK": xb}
 
     def _reduction(self, params, writes):
-        g = self.g
+        g, p = self.g, self.plan
         outer, red = tuple(g.outer), tuple(g.red)
         k = len(outer)
-        onum = 1
-        for s in outer:
-            onum *= int(s)
-        rnum = 1
-        for s in red:
-            rnum *= int(s)
-        rb = min(MAX_RBLOCK, _pow2(max(rnum, 16)))
-        out = [f"def kernel{self.gi}({', '.join(params)}, RBLOCK: tl.constexpr):",
-               "    xo = tl.program_id(0)"]
-        all_vars = g.all_vars()
-        out += ["    " + l for l in _decompose(all_vars[:k], outer, "xo")]
-        scope = {}
+        onum, rnum = _numel(outer), _numel(red)
         ind = "    "
+        out = [f"def {self.name}({', '.join(params)}, XBLOCK: tl.constexpr, "
+               "RBLOCK: tl.constexpr):",
+               f"{ind}xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]"]
+        xmask = None
+        if onum % p.xb:
+            out.append(f"{ind}xmask = xindex < {onum}")
+            xmask = "xmask"
+        all_vars = g.all_vars()
+        out += [ind + l for l in _decompose(all_vars[:k], outer, "xindex")]
+        out.append(f"{ind}xzero = xindex * 0")
+        out.append(f"{ind}rbase = tl.arange(0, RBLOCK)[None, :]")
+        out.append(f"{ind}xrzero = xzero + rbase * 0")
+        if p.split > 1:
+            out.append(f"{ind}rstart = tl.program_id(1) * {p.chunk}")
+            rmask_needed = rnum % p.chunk != 0
+        else:
+            rmask_needed = rnum % p.rb != 0
+        rvars = {f"x{i}" for i in range(k, k + len(red))}
+        full = " & ".join(m for m in (xmask, "rmask" if rmask_needed else None) if m) or None
+        if xmask and rmask_needed:
+            full = "xrmask"
+        two_d = (xmask, full, rvars)
+        top = TBody({}, ind, self.counter, xmask, two_d=two_d)
+        scope = top.values
+
+        def r_lines(bi, start):
+            ls = [f"{bi}rindex = {start} + rbase"]
+            if rmask_needed:
+                ls.append(f"{bi}rmask = rindex < {rnum}")
+                if xmask:
+                    ls.append(f"{bi}xrmask = xmask & rmask")
+            ls += [bi + l for l in _decompose(all_vars[k:], red, "rindex")]
+            return ls
+
+        if p.persistent:
+            out += r_lines(ind, "0")
         for li, (kind, nodes) in enumerate(g.loops):
-            if li:
-                out.append(f"{ind}tl.debug_barrier()")
+            if li and not p.persistent:
+                out.append(f"{ind}tl.debug_barrier()")   # earlier loops' stores, visible
             if kind == "outer":
-                body = TBody(dict(scope), ind, self.counter, None)
+                top.lines = []
                 for n in nodes:
-                    v = body.render(n.body)
+                    v = top.render(n.body)
                     scope[n.name] = v
-                    body.values[n.name] = v
                     if n.name in writes:
-                        body.lines.append(f"{ind}tl.store({n.name} + "
-                                          f"{tindex(n.store_index(g.outer_vars()))}, {v})")
-                out += body.lines
+                        top.lines.append(f"{ind}tl.store({self._optr(n, g)}, "
+                                         f"{store_value(v, n.dtype)}{_mk(xmask)})")
+                out += top.lines
                 continue
             reds = [n for n in nodes if isinstance(n, ir.Reduction)]
             for n in reds:
                 a = f"acc_{n.name}"
+                at = TL[acc_dtype(n)]
                 if n.red_type in ("argmax", "argmin"):
-                    vt = n.body.dtype
+                    vt = compute_dtype(n.body.dtype)
                     init = _init("max" if n.red_type == "argmax" else "min", vt)
-                    out.append(f"{ind}{a}_v = tl.full([RBLOCK], {init}, {TL[vt]})")
-                    out.append(f"{ind}{a}_i = tl.zeros([RBLOCK], tl.int64)")
+                    out.append(f"{ind}{a}_v = tl.full([XBLOCK, RBLOCK], {init}, {TL[vt]})")
+                    out.append(f"{ind}{a}_i = tl.zeros([XBLOCK, RBLOCK], tl.int64)")
                 else:
-                    dt = n.dtype if n.red_type != "any" else torch.int8
-                    out.append(f"{ind}{a} = tl.full([RBLOCK], {_init(n.red_type, n.dtype)}, {TL[dt]})")
-            out.append(f"{ind}for roffset in range(0, {rnum}, RBLOCK):")
-            bi = ind + "    "
-            out.append(f"{bi}rindex = roffset + tl.arange(0, RBLOCK)")
-            out.append(f"{bi}rmask = rindex < {rnum}")
-            out += [bi + l for l in _decompose(all_vars[k:], red, "rindex")]
-            out.append(f"{bi}rzero = rindex * 0")
-            body = TBody(dict(scope), bi, self.counter, "rmask",
-                         {f"x{i}" for i in range(k, k + len(red))}, "rzero")
+                    out.append(f"{ind}{a} = tl.full([XBLOCK, RBLOCK], "
+                               f"{_init(n.red_type, n.dtype)}, {at})")
+            if p.persistent:
+                bi = ind
+                body = top
+                body.lines = []
+            else:
+                if p.split > 1:
+                    out.append(f"{ind}for roffset in range(rstart, rstart + {p.chunk}, RBLOCK):")
+                else:
+                    out.append(f"{ind}for roffset in range(0, {rnum}, RBLOCK):")
+                bi = ind + "    "
+                out += r_lines(bi, "roffset")
+                body = TBody(dict(scope), bi, self.counter, xmask, two_d=two_d, memo=top.memo)
+            fm = full
             for n in nodes:
                 v = body.render(n.body)
                 a = f"acc_{n.name}"
                 rt = getattr(n, "red_type", None)
+                L = body.lines.append
                 if rt is None:
                     body.values[n.name] = v
                     if n.name in writes:
-                        body.lines.append(f"{bi}tl.store({body.ptr(n.name, n.store_index(all_vars))}, "
-                                          f"{v}, mask=rmask)")
-                elif rt == "sum":
-                    body.lines.append(f"{bi}{a} = {a} + tl.where(rmask, {v}, 0)")
+                        idx = n.store_index(all_vars)
+                        zero = "" if (idx.vars() & rvars and (idx.vars() - rvars or k == 0)) \
+                            else " + xrzero"
+                        L(f"{bi}tl.store({n.name} + {tindex(idx)}{zero}, "
+                          f"{store_value(v, n.dtype)}{_mk(fm)})")
+                    continue
+                at = TL[acc_dtype(n)]
+                if rt == "sum":
+                    upd = f"{a} + {_where(fm, v, '0')}"
                 elif rt == "prod":
-                    body.lines.append(f"{bi}{a} = {a} * tl.where(rmask, {v}, 1)")
+                    upd = f"{a} * {_where(fm, v, '1')}"
                 elif rt == "any":
-                    body.lines.append(f"{bi}{a} = {a} | tl.where(rmask, {v}, 0).to(tl.int8)")
+                    upd = f"{a} | {_where(fm, v, '0')}.to(tl.int8)"
                 elif rt in ("max", "min"):
                     fn = "kiln_maximum" if rt == "max" else "kiln_minimum"
-                    body.lines.append(f"{bi}{a} = tl.where(rmask, {fn}({a}, {v}), {a})")
+                    upd = _where(fm, f"{fn}({a}, {v})", a)
                 else:
                     cmp = ">" if rt == "argmax" else "<"
+                    vt = TL[compute_dtype(n.body.dtype)]
                     nan = (f" | (({v} != {v}) & ({a}_v == {a}_v))"
                            if n.body.dtype.is_floating_point else "")
-                    body.lines.append(f"{bi}take = rmask & (({v} {cmp} {a}_v){nan})")
-                    body.lines.append(f"{bi}{a}_v = tl.where(take, {v}, {a}_v)")
-                    body.lines.append(f"{bi}{a}_i = tl.where(take, rindex.to(tl.int64), {a}_i)")
+                    take = f"(({v} {cmp} {a}_v){nan})"
+                    L(f"{bi}take = {fm} & {take}" if fm else f"{bi}take = {take}")
+                    L(f"{bi}{a}_v = tl.where(take, {v}, {a}_v).to({vt})")
+                    L(f"{bi}{a}_i = tl.where(take, rindex.to(tl.int64), {a}_i)")
+                    continue
+                L(f"{bi}{a} = ({upd}).to({at})")
             out += body.lines
+            if p.persistent:
+                top.lines = []
             for n in reds:
                 a = f"acc_{n.name}"
                 rt = n.red_type
                 if rt == "sum":
-                    fin = f"tl.sum({a}, 0)"
+                    fin = f"tl.sum({a}, 1)"
                 elif rt == "prod":
-                    fin = f"tl.reduce({a}, 0, kiln_prod_combine)"
+                    fin = f"tl.reduce({a}, 1, kiln_prod_combine)"
                 elif rt == "any":
-                    fin = f"tl.max({a}, 0) != 0"
+                    fin = f"tl.max({a}, 1) != 0"
                 elif rt in ("max", "min"):
-                    fin = f"tl.reduce({a}, 0, kiln_{'maximum' if rt == 'max' else 'minimum'})"
+                    fin = f"tl.reduce({a}, 1, kiln_{'maximum' if rt == 'max' else 'minimum'})"
                 else:
-                    out.append(f"{ind}_, {a}_r = tl.reduce(({a}_v, {a}_i), 0, kiln_{rt}_combine)")
+                    out.append(f"{ind}_, {a}_r = tl.reduce(({a}_v, {a}_i), 1, kiln_{rt}_combine)")
                     fin = f"{a}_r"
-                out.append(f"{ind}{a}_s = {fin}")
+                if rt in ("sum", "prod") and acc_dtype(n) != compute_dtype(n.dtype):
+                    fin = f"{fin}.to({TL[compute_dtype(n.dtype)]})"
+                out.append(f"{ind}{a}_s = ({fin})[:, None]")
                 scope[n.name] = f"{a}_s"
-                if n.name in writes:
-                    out.append(f"{ind}tl.store({n.name} + {tindex(n.store_index(g.outer_vars()))}, "
-                               f"{a}_s)")
-        return out, f"({onum},)", {"RBLOCK": rb}
+                if n.name in self.partials:
+                    out.append(f"{ind}tl.store({self.partials[n.name]} + xindex * {p.split} + "
+                               f"tl.program_id(1), {a}_s{_mk(xmask)})")
+                elif n.name in writes:
+                    out.append(f"{ind}tl.store({self._optr(n, g)}, "
+                               f"{store_value(f'{a}_s', n.dtype)}{_mk(xmask)})")
+        grid = f"({-(-onum // p.xb)}, {p.split})" if p.split > 1 else f"({-(-onum // p.xb)},)"
+        return out, grid, {"XBLOCK": p.xb, "RBLOCK": p.rb}
+
+    def _optr(self, n, g):
+        idx = n.store_index(g.outer_vars())
+        return f"{n.name} + {tindex(idx)}" + ("" if idx.vars() else " + xzero")
+
+
+def _mk(mask):
+    return f", mask={mask}" if mask else ""
+
+
+def _where(mask, v, other):
+    return f"tl.where({mask}, {v}, {other})" if mask else v
 
 
 def _init(red_type, dtype) -> str:
@@ -473,45 +699,211 @@ def _init(red_type, dtype) -> str:
     return str(info.min if red_type == "max" else info.max)
 
 
+def split_group(gi, g: Group, sched: Schedule, plan: Plan):
+    """Stage 1: the group's first loop over ``plan.split`` chunks per output, reductions
+    storing partial results to workspaces; stage 2: the partials combined, then the
+    group's per-output code. Returns [(kernel, workspace allocations)]."""
+    inner = g.loops[0][1]
+    reds = [n for n in inner if isinstance(n, ir.Reduction)]
+    outer = tuple(g.outer)
+    onum = _numel(outer)
+    s = plan.split
+    partials, allocs, stage2 = {}, [], []
+    ovars = ir.loop_vars(outer)
+    flat = ir.linear_index(ovars, ir.contiguous_strides(outer))
+    rvar = Affine.var(f"x{len(outer)}") if s > 1 else Affine.c(0)
+    for n in reds:
+        ws = f"ws{gi}_{n.name}"
+        pdt = acc_dtype(n) if n.red_type != "any" else torch.bool
+        partials[n.name] = ws
+        allocs.append((ws, onum * s, pdt))
+        stage2.append(ir.Reduction(n.name, n.sizes, n.strides, n.dtype, red_sizes=(s,),
+                                   red_type=_COMBINE[n.red_type],
+                                   body=Load(ws, flat * s + rvar, pdt), origin=n.origin))
+    g1 = Group(outer, tuple(g.red), list(inner), loops=[("inner", list(inner))])
+    rest = [n for _, ns in g.loops[1:] for n in ns]
+    g2 = Group(outer, (s,), stage2 + rest, loops=[("inner", stage2)] + list(g.loops[1:]))
+    k1 = TritonKernel(gi, g1, sched, name=f"kernel{gi}_split", plan=plan, partials=partials)
+    p2 = Plan(min(_pow2(onum), max(1, 1024 // _pow2(s))), _pow2(s), True, False)
+    p2.num_warps = max(2, min(8, p2.xb * p2.rb // 256))
+    k2 = TritonKernel(gi, g2, sched, name=f"kernel{gi}", plan=p2)
+    return [(k1, allocs), (k2, [])]
+
+
+def _interpreting() -> bool:
+    import os
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def generate(sched: Schedule, buffers: list):
     """The module source, and per segment (launcher name, params)."""
+    source, entries, _ = generate_detailed(sched, buffers)
+    return source, entries
+
+
+def generate_detailed(sched: Schedule, buffers: list, interpret: bool | None = None):
+    """``generate`` plus, per kernel, (name, params, param dtypes, constexprs, num_warps):
+    what compiling a kernel ahead of time needs (``tests/kernels/test_triton_compile.py``)."""
+    interpret = _interpreting() if interpret is None else interpret
+    dtypes = {b.name: b.dtype for b in buffers}
     parts = [PRELUDE]
-    segments, cur = [], None
+    segments, cur, kinfo = [], None, []
     for gi, g in enumerate(sched.groups):
         if g.extern is not None:
             cur = None
             continue
-        src, params, grid, consts = TritonKernel(gi, g, sched).source()
-        parts.append(src)
+        kernels = [(TritonKernel(gi, g, sched, interpret=interpret), [])]
+        if g.red is not None:
+            plan = plan_reduction(g, interpret)
+            if plan.split > 1:
+                kernels = split_group(gi, g, sched, plan)
         if cur is None:
             cur = (f"kiln_seg{len(segments)}", [])
             segments.append(cur)
-        cur[1].append((gi, params, grid, consts))
+        for kern, allocs in kernels:
+            src, params, grid, consts, nw, tune = kern.source()
+            parts.append(src)
+            cur[1].append((kern.name, params, grid, consts, nw, tune, allocs))
+            pd = dict(dtypes)
+            pd.update({ws: dt for ws, _, dt in allocs})
+            for k2, a2 in kernels:
+                pd.update({ws: dt for ws, _, dt in a2})
+            kinfo.append((kern.name, params, [pd[q] for q in params], consts, nw, tune))
     entries = []
     for name, kernels in segments:
         params = []
-        for _, ps, _, _ in kernels:
-            params += [p for p in ps if p not in params]
-        calls = "\n".join(
-            f"    kernel{gi}[{grid}]({', '.join(ps)}, "
-            + ", ".join(f"{k}={v}" for k, v in consts.items()) + ")"
-            for gi, ps, grid, consts in kernels)
-        parts.append(f"def {name}({', '.join(params)}):\n{calls}")
+        local = {ws for *_, allocs in kernels for ws, _, _ in allocs}
+        for _, ps, *_ in kernels:
+            params += [q for q in ps if q not in params and q not in local]
+        lines = []
+        for kname, ps, grid, consts, nw, tune, allocs in kernels:
+            for ws, numel, dt in allocs:
+                lines.append(f"    {ws} = torch.empty({numel}, dtype={dt}, "
+                             f"device={params[0]}.device)")
+            kw = ", ".join(f"{k}={v}" for k, v in consts.items())
+            if not tune:
+                kw += f", num_warps={nw}"
+            lines.append(f"    launch(rt, {kname}, {grid}, ({', '.join(ps)},), dict({kw}))")
+        parts.append(f"def {name}(rt, launch, {', '.join(params)}):\n" + "\n".join(lines))
         entries.append((name, params))
-    return "\n\n\n".join(parts) + "\n", entries
+    return "\n\n\n".join(parts) + "\n", entries, kinfo
 
 
-def load(source: str, entries):
+def _hook_set(h) -> bool:
+    """Triton's launch hooks: None, or (3.5+) a HookChain that may be empty."""
+    if h is None:
+        return False
+    calls = getattr(h, "calls", None)
+    return calls is None or len(calls) > 0
+
+
+class Launcher:
+    """Launches one kernel. The first launch goes through Triton (compiling, autotuning);
+    later ones call the compiled kernel directly while the arguments' 16-byte alignment
+    (what Triton specialises pointers on) is unchanged: Triton's own dispatch costs tens
+    of microseconds of Python per launch. ``why``: reasons the direct path was not taken
+    (diagnostics)."""
+
+    why: dict = {}
+
+    def __init__(self):
+        self.fast = {}          # id(kernel) -> (alignment, compiled, grid, constexprs) | None
+        self.disabled = False
+
+    def _note(self, reason):
+        Launcher.why[reason] = Launcher.why.get(reason, 0) + 1
+
+    def __call__(self, rt, kernel, grid, args, kw):
+        key = id(kernel)
+        ent = self.fast.get(key)
+        if ent is not None:
+            align = tuple(a.data_ptr() % 16 == 0 for a in args)
+            if align == ent[0]:
+                ck, consts = ent[1], ent[3]
+                dev = args[0].device.index if args else 0
+                stream = torch._C._cuda_getCurrentRawStream(dev)
+                try:
+                    ck.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, ck.function,
+                           ck.packed_metadata, None, None, None, *args, *consts)
+                    return
+                except Exception as e:       # noqa: BLE001
+                    self._note(f"direct launch failed: {type(e).__name__}: {e}")
+                    self.disabled = True
+                    self.fast.clear()
+            else:
+                self._note("alignment changed")
+        if key in self.fast:
+            ck = kernel[grid](*args, **kw)
+        else:
+            with timed("kernels.triton_first_launch"):
+                ck = kernel[grid](*args, **kw)
+        if self.disabled or key in self.fast or _interpreting():
+            return
+        self.fast[key] = None           # one attempt per kernel
+        try:
+            from triton import knobs
+            if _hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook):
+                self._note("launch hooks installed")
+                return
+            if ck is None or not hasattr(ck, "packed_metadata"):
+                self._note(f"no compiled kernel returned ({type(ck).__name__})")
+                return
+            names = list(getattr(kernel, "arg_names", None) or kernel.fn.arg_names)
+            consts = tuple(kw[n] for n in names[len(args):])
+            ck.run   # initialises the handles
+            self.fast[key] = (tuple(a.data_ptr() % 16 == 0 for a in args), ck, grid, consts)
+        except Exception as e:        # an unexpected Triton version: keep its own dispatch
+            self._note(f"setup failed: {type(e).__name__}: {e}")
+            self.disabled = True
+
+
+#: Threads compiling a module's kernels side by side when it is loaded (Triton releases
+#: the GIL in LLVM and ptxas); 0 or 1: compile each kernel at its first launch instead.
+
+
+def precompile(mod, kinfo) -> int:
+    """Compile every kernel of ``mod`` now, in parallel threads, through Triton's own
+    ``warmup`` (the same in-memory cache its launches use). Returns how many compiled;
+    failures are left to the first launch."""
+    if _interpreting() or config.compile_threads <= 1 or not kinfo or not torch.cuda.is_available():
+        return 0
+    from concurrent.futures import ThreadPoolExecutor
+    dev = torch.cuda.current_device()
+
+    def job(k):
+        name, params, dtypes, consts, nw, tune = k
+        try:
+            torch.cuda.set_device(dev)
+            kw = dict(consts)
+            if not tune:
+                kw["num_warps"] = nw
+            getattr(mod, name).warmup(*dtypes, grid=(1,), **kw)
+            return 1
+        except Exception:         # noqa: BLE001  (compiled at its first launch instead)
+            return 0
+    with timed("kernels.triton_compile"):
+        done = job(kinfo[0])      # the first one alone: one-time LLVM/driver set-up
+        if len(kinfo) > 1:
+            with ThreadPoolExecutor(min(config.compile_threads, len(kinfo) - 1)) as ex:
+                done += sum(ex.map(job, kinfo[1:]))
+    return done
+
+
+def load(source: str, entries, kinfo=None):
     """Import the module from the cache directory; one step callable per segment."""
     path = cache.write_source("triton", source, ".py")
     spec = importlib.util.spec_from_file_location(f"kiln_triton_{cache.key_of(source)}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    if kinfo:
+        precompile(mod, kinfo)
+    launch = Launcher()
     steps = []
     for name, params in entries:
         fn = getattr(mod, name)
 
         def step(rt, tensors, fn=fn, params=params):
-            fn(*[tensors[p] for p in params])
+            fn(rt, launch, *[tensors[p] for p in params])
+        step.params = params
         steps.append(step)
     return steps

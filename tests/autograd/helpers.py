@@ -32,7 +32,7 @@ def grads_of(outs, inputs, seed=0):
     """Backward through the outputs with fixed random tangents; input grads."""
     g = torch.Generator().manual_seed(seed)
     tensors = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
-    total = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum()
+    total = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype).to(o.device)).sum()
                 for o in tensors)
     total.backward()
     return [x.grad for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]

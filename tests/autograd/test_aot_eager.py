@@ -13,10 +13,10 @@ from tests.autograd.helpers import assert_close, clone_inputs, compare_module, g
 
 def _verify_all(fn):
     for entry in fn._training.values():
-        verify_aten_graph(entry.fw_module)
-        verify_aten_graph(entry.bw_module)
+        verify_aten_graph(entry.fw_module, fn.ops)
+        verify_aten_graph(entry.bw_module, fn.ops)
     if fn._inference is not None:
-        verify_aten_graph(fn._inference.module)
+        verify_aten_graph(fn._inference.module, fn.ops)
 
 
 def _compare_fn(f, inputs, rtol=1e-5, atol=1e-5):
@@ -255,3 +255,22 @@ def test_cuda_device_recorded_on_meta():
     assert devs == {torch.device("cuda", 0)}
     factory = [n for n in tr.graph.nodes if n.kwargs.get("device") is not None]
     assert factory and all(n.kwargs["device"] == torch.device("cuda", 0) for n in factory)
+
+
+def test_double_backward_refused_for_non_leaf_inputs_mixed_with_eager_terms():
+    # The compiled gradient flows into an eager term with its own second derivative:
+    # differentiating the sum again must raise, never drop kiln's term silently.
+    gm = fx.symbolic_trace(lambda x, w: ((x * w).pow(3).sum(),))
+    w = torch.randn(4, requires_grad=True)
+    base = torch.randn(4, requires_grad=True)
+    fn = aot_eager(gm, [base * 2, w])
+    x = base * 2
+    out, = fn(x, w)
+    total = out + (base ** 3).sum()
+    g, = torch.autograd.grad(total, base, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(g.sum(), [base, w])
+    # first-order gradients are right
+    x2, w2 = (base * 2).detach().requires_grad_(), w.detach().requires_grad_()
+    ref, = torch.autograd.grad(((x2 * w2).pow(3).sum()), x2)
+    assert_close(g, ref * 2 + 3 * base.detach() ** 2)

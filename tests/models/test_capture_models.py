@@ -66,13 +66,9 @@ def test_gpt2_small_config_runs_correctly():
     cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=128,
                                   n_positions=64, bos_token_id=0, eos_token_id=0)
     m = transformers.GPT2LMHeadModel(cfg).eval()
-    opt = kiln.compile(m, backend="eager")
+    opt = kiln.compile(m, backend="eager", fullgraph=True)
     for _ in range(2):
         ids = torch.randint(0, 128, (2, 16))
         torch.testing.assert_close(opt(ids).logits, m(ids).logits, rtol=0, atol=0)
     ex = kiln.explain(m)(torch.randint(0, 128, (2, 16)))
-    # Breaks are allowed here (issue 6 drives them to zero): today transformers'
-    # output-capturing wrapper sets a ContextVar inside a try block, and that frame
-    # runs eagerly; every break is explained with the library's own line.
-    assert ex.graph_count >= 1
-    assert all(b.user_stack for b in ex.break_reasons)
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), str(ex)

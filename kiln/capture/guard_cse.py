@@ -1,0 +1,118 @@
+"""Common access paths of an entry's guards, read once.
+
+A module's guards all start from the same roots: resnet18's 1,151 guards walk
+``self._modules['layer1']._modules['0']._modules['conv1']._parameters['weight']`` again
+for each of the tensor's dtype, device, shape, stride and requires_grad checks. This
+pass turns the guard chain into statements: before the first guard that needs an access
+path used more than once, the path is read into a local; later guards (and the graph
+call's arguments, evaluated right after with nothing in between) use the local. Guards
+still run in their order and stop at the first failure, so a path is only read where
+the original ``and`` chain would have read it.
+"""
+from __future__ import annotations
+
+import functools
+import io
+import re
+import tokenize
+from collections import Counter
+
+# an access path: a name followed by .attr and ['key'] / [int] steps (no calls)
+_PATH = re.compile(
+    r"(?<![\w.'\"\]])([A-Za-z_]\w*)((?:\.[A-Za-z_]\w*|\['[^'\\\]]*'\]|\[-?\d+\])+)")
+_STEP = re.compile(r"\.[A-Za-z_]\w*|\['[^'\\\]]*'\]|\[-?\d+\]")
+
+
+def _prefixes(m):
+    """Every proper access prefix of a matched path (at least one step), shortest
+    first; a step followed by '(' is a method lookup and is not cached."""
+    root, rest = m.group(1), m.group(2)
+    steps = _STEP.findall(rest)
+    end = m.end()
+    follows_call = m.string[end:end + 1] == "("
+    out, cur = [], root
+    for i, s in enumerate(steps):
+        cur += s
+        if i == len(steps) - 1 and follows_call:
+            break
+        out.append(cur)
+    return out
+
+
+def _string_spans(code):
+    """Character spans of string literals (a path never starts inside one)."""
+    spans = []
+    try:
+        lines = code.splitlines(keepends=True)
+        starts = [0]
+        for ln in lines:
+            starts.append(starts[-1] + len(ln))
+        for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+            if tok.type == tokenize.STRING:
+                (r0, c0), (r1, c1) = tok.start, tok.end
+                spans.append((starts[r0 - 1] + c0, starts[r1 - 1] + c1))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return None
+    return spans
+
+
+@functools.lru_cache(maxsize=4096)
+def _matches(code):
+    spans = _string_spans(code)
+    if spans is None:  # not tokenizable: leave this guard as it is
+        return []
+    return tuple(m for m in _PATH.finditer(code) if not any(a <= m.start() < b for a, b in spans))
+
+
+def _paths(code):
+    found = []
+    for m in _matches(code):
+        found.extend(_prefixes(m))
+    return found
+
+
+def cse_statements(guard_codes: list[str], tail: str | None = None, indent: str = "        "):
+    """(statements for the guard checks, rewritten ``tail`` line or None).
+
+    Each statement is either ``__pN = <path>`` or ``if not (<guard>): return __MISS``.
+    """
+    uses = Counter()
+    for code in guard_codes + ([tail] if tail else []):
+        for p in set(_paths(code)):
+            uses[p] += 1
+    shared = {p for p, n in uses.items() if n > 1}
+    names: dict[str, str] = {}
+    lines: list[str] = []
+
+    def rewrite(code):
+        # longest shared prefixes first, so a deeper local wins over a shallower one
+        valid = {m.start() for m in _matches(code)}
+
+        def sub(m):
+            full = m.group(0)
+            if m.start() not in valid:
+                return full
+            best = None
+            for p in _prefixes(m):
+                if p in names:
+                    best = p
+            if best is None:
+                return full
+            return names[best] + full[len(best):]
+        return _PATH.sub(sub, code)
+
+    def define(code):
+        for m in _matches(code):
+            for p in _prefixes(m):
+                if p in shared and p not in names:
+                    expr = rewrite(p)
+                    name = f"__p{len(names)}"
+                    lines.append(f"{indent}{name} = {expr}")
+                    names[p] = name
+
+    for code in guard_codes:
+        define(code)
+        lines.append(f"{indent}if not ({rewrite(code)}):")
+        lines.append(f"{indent}    return __MISS")
+    new_tail = rewrite(tail) if tail else None
+    return lines, new_tail
