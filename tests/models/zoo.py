@@ -294,7 +294,8 @@ _TRANSFORMERS = [
     ("electra", "ElectraModel", "ElectraConfig", dict(_ENC, embedding_size=32), _tokens()),
     ("deberta_v2", "DebertaV2Model", "DebertaV2Config", dict(_ENC), _tokens()),
     ("gpt2", "GPT2LMHeadModel", "GPT2Config",
-     dict(vocab_size=_VOCAB, n_embd=64, n_layer=2, n_head=2, n_positions=64, use_cache=False), _tokens()),
+     dict(vocab_size=_VOCAB, n_embd=64, n_layer=2, n_head=2, n_positions=64, use_cache=False,
+          bos_token_id=0, eos_token_id=0), _tokens()),
     ("gpt_neo", "GPTNeoForCausalLM", "GPTNeoConfig",
      dict(vocab_size=_VOCAB, hidden_size=64, num_layers=2, num_heads=2, attention_types=[[["global", "local"], 1]],
           window_size=4, max_position_embeddings=64, use_cache=False), _tokens()),
@@ -328,7 +329,7 @@ _TRANSFORMERS = [
           patch_size=8), lambda i: ((), {"pixel_values": _images(32)(i)[0][0]})),
     ("clip_text", "CLIPTextModel", "CLIPTextConfig",
      dict(vocab_size=_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-          max_position_embeddings=64), _tokens()),
+          max_position_embeddings=64, bos_token_id=0, eos_token_id=2), _tokens()),
     ("mobilebert", "MobileBertModel", "MobileBertConfig",
      dict(_ENC, embedding_size=32, intra_bottleneck_size=32, num_feedforward_networks=2), _tokens()),
 ]
