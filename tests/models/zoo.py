@@ -10,10 +10,11 @@ with eager on identically seeded deep copies:
   as the loss, backward), comparing the loss, every parameter's gradient and every
   buffer afterwards (BatchNorm running statistics, ``num_batches_tracked``).
 
-Models run in float64 so that aot_eager's decompositions (different reduction orders)
-can be held to tight tolerances; the eager backend runs the same ops and must match
-exactly.  Dropout and stochastic depth are set to p=0 (the training step is compared
-without randomness).  Sizes are small (batch 2, 32-64 px images, 2-layer transformers
+On the eager backend (the captured graph run as it is) models run in float32 and must
+match bit for bit; on aot_eager they run in float64, so that its decompositions
+(different reduction orders) can be held to tight normwise tolerances (``rtol``/``atol``
+per spec, loosened only with a stated reason).  Dropout, drop-path and stochastic depth
+are set to p=0 (the training step is compared without randomness).  Sizes are small (batch 2, 32-64 px images, 2-layer transformers
 of width 64) so that the whole zoo runs on two CPU cores in minutes; where a torchvision
 family's smallest member is large, the family's own class is built from a reduced
 config (same code, fewer/narrower layers), as the notes say.
