@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from kiln import config
 from kiln.kernels import compile_aten_graph
 
 from .cases import CASES, run_case
@@ -35,7 +36,7 @@ def test_cuda_graph_replay_matches_eager(mode, monkeypatch):
     new input values and addresses; a moved parameter falls back to plain calls."""
     import torch.fx as fx
     from kiln.kernels import runtime, triton_gen
-    monkeypatch.setattr(runtime, "CUDAGRAPHS", mode)
+    monkeypatch.setattr(config, "cudagraphs", mode)
     dt, dev = torch.bfloat16, "cuda"
     w1 = (torch.randn(16, 16, 3, 3, device=dev) / 12).to(dt)
     w2 = (torch.randn(16, 16, 3, 3, device=dev) / 12).to(dt)
@@ -73,7 +74,7 @@ def test_kernels_compile_in_parallel_at_load(monkeypatch):
         done.append((n, len(kinfo)))
         return n
     monkeypatch.setattr(triton_gen, "precompile", spy)
-    monkeypatch.setattr(triton_gen, "COMPILE_THREADS", 4)
+    monkeypatch.setattr(config, "compile_threads", 4)
     x = torch.randn(64, 300, device="cuda")
     gm = fx.symbolic_trace(lambda x: tuple(torch.ops.aten.sum.dim_IntList(
         torch.ops.aten.mul.Tensor(x, float(i)), [i % 2]) for i in range(4)) + (
