@@ -11,10 +11,8 @@ the original ``and`` chain would have read it.
 """
 from __future__ import annotations
 
-import functools
-import io
+import bisect
 import re
-import tokenize
 from collections import Counter
 
 # an access path: a name followed by .attr and ['key'] / [int] steps (no calls)
@@ -39,29 +37,34 @@ def _prefixes(m):
     return out
 
 
+_STRING = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
+
+
 def _string_spans(code):
-    """Character spans of string literals (a path never starts inside one)."""
-    spans = []
-    try:
-        lines = code.splitlines(keepends=True)
-        starts = [0]
-        for ln in lines:
-            starts.append(starts[-1] + len(ln))
-        for tok in tokenize.generate_tokens(io.StringIO(code).readline):
-            if tok.type == tokenize.STRING:
-                (r0, c0), (r1, c1) = tok.start, tok.end
-                spans.append((starts[r0 - 1] + c0, starts[r1 - 1] + c1))
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        return None
-    return spans
+    """Start and end offsets of the string literals in ``code`` (guards hold only
+    simple quoted reprs: no triple quotes, no f-strings); a path never starts inside
+    one."""
+    starts, ends = [], []
+    for m in _STRING.finditer(code):
+        starts.append(m.start())
+        ends.append(m.end())
+    return starts, ends
 
 
-@functools.lru_cache(maxsize=4096)
-def _matches(code):
-    spans = _string_spans(code)
-    if spans is None:  # not tokenizable: leave this guard as it is
-        return []
-    return tuple(m for m in _PATH.finditer(code) if not any(a <= m.start() < b for a, b in spans))
+def _matches(code, _memo={}):
+    found = _memo.get(code)
+    if found is None:
+        starts, ends = _string_spans(code)
+        found = []
+        for m in _PATH.finditer(code):
+            k = bisect.bisect_right(starts, m.start()) - 1
+            if k >= 0 and m.start() < ends[k]:
+                continue  # inside a string literal
+            found.append(m)
+        if len(_memo) > 20000:
+            _memo.clear()
+        _memo[code] = found
+    return found
 
 
 def _paths(code):
