@@ -21,6 +21,9 @@ def parse(argv=None):
     p.add_argument("--quick", action="store_true", help="small sizes, 30 runs: < 3 min on a 2-core CPU")
     p.add_argument("--out", default="benchmark-results", help="folder for results.json, table, chart")
     p.add_argument("--only", default="", help="comma-separated substrings of workload keys to keep")
+    p.add_argument("--all-dtypes", action="store_true",
+                   help="every model in inference and training at both fp32 and bf16 (default: the "
+                        "rows that fit the 10-minute GPU run: bf16 inference, fp32 training)")
     p.add_argument("--runs", type=int, default=30, help="minimum timed runs per cell (>= 30)")
     p.add_argument("--no-warm", action="store_true", help="skip the warm-cache subprocess")
     p.add_argument("--budget-s", type=float, default=None,
@@ -65,7 +68,8 @@ def main(argv=None) -> int:
                            budget_s=budget, keep_cache=a.keep_cache,
                            target_s=0.5 if a.device == "cuda" else 1.0,
                            log=lambda s: print(s, flush=True))
-    workloads = select(a.device, a.suite, a.quick, [s for s in a.only.split(",") if s] or None)
+    workloads = select(a.device, a.suite, a.quick, [s for s in a.only.split(",") if s] or None,
+                       all_dtypes=a.all_dtypes)
     result = harness.run(workloads, opts)
     paths = report.write_all(result, a.out)
     print()

@@ -50,23 +50,25 @@ class Workload:
         return [p for p in self.needs if importlib.util.find_spec(p) is None]
 
 
-def select(device: str, suite: str, quick: bool, only: list[str] | None = None) -> list[Workload]:
+def select(device: str, suite: str, quick: bool, only: list[str] | None = None,
+           all_dtypes: bool = False) -> list[Workload]:
     """The workloads of ``suite`` ("micro", "models" or "all") sized for ``device``;
-    ``only`` keeps those whose key contains one of the given substrings."""
+    ``only`` keeps those whose key contains one of the given substrings; ``all_dtypes``
+    gives every model both modes at fp32 and bf16 (not only the default rows)."""
     from benchmarks.workloads import micro, models
 
     out: list[Workload] = []
     if suite in ("micro", "all"):
         out += micro.workloads(device, quick)
     if suite in ("models", "all"):
-        out += models.workloads(device, quick)
+        out += models.workloads(device, quick, all_dtypes)
     if only:
         out = [w for w in out if any(s in w.key for s in only)]
     return out
 
 
 def find(key: str, device: str, quick: bool) -> Workload:
-    for w in select(device, "all", quick):
+    for w in select(device, "all", quick, all_dtypes=True):
         if w.key == key:
             return w
     raise KeyError(key)

@@ -223,12 +223,15 @@ def _build(spec: ModelSpec, sz, mode, dtype):
     return build
 
 
-def workloads(device: str, quick: bool) -> list[Workload]:
+def workloads(device: str, quick: bool, all_dtypes: bool = False) -> list[Workload]:
     profile = "cuda" if device == "cuda" else ("cpu-quick" if quick else "cpu")
     out = []
     for spec in MODELS:
         sz = _sizes(profile, spec)
-        for mode, dtype in _ROWS[profile](spec.name):
+        rows = _ROWS[profile](spec.name)
+        if all_dtypes and not quick:
+            rows = [(m, d) for m in ("infer", "train") for d in (F32, BF16)]
+        for mode, dtype in rows:
             out.append(Workload(spec.name, "models", mode, dtype, _build(spec, sz, mode, dtype),
                                 tol=_tol(spec, mode, dtype), needs=spec.needs))
     # under a time budget: both modes of the first FULL_FIRST models, then the other
