@@ -8,6 +8,7 @@ frames sharing the same OutputGraph; whatever cannot be understood raises
 from __future__ import annotations
 
 import dis
+import functools
 import operator
 import types
 
@@ -272,24 +273,9 @@ def _globals_dict_source(output, f_globals):
     return RefSource(output.guards.const(f_globals, "g"))
 
 
-_decode_cache: dict = {}
-
-
-def _decoded(code):
-    d = _decode_cache.get(code)
-    if d is None:
-        d = _decode_cache[code] = decode(code)
-    return d
-
-
-_exc_cache: dict = {}
-
-
-def _exc_table(code):
-    t = _exc_cache.get(code)
-    if t is None:
-        t = _exc_cache[code] = exception_table(code)
-    return t
+# code objects are immutable: decode each once per process
+_decoded = functools.lru_cache(maxsize=None)(decode)
+_exc_table = functools.lru_cache(maxsize=None)(exception_table)
 
 
 def _index_of(insts, offset):

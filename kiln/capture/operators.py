@@ -197,13 +197,8 @@ def subscr(tx, o, k):
         if isinstance(key, slice):
             return V.ListValue(r) if isinstance(o, V.ListValue) else V.TupleValue(r)
         return r
-    if hasattr(o, "getitem"):  # a dataclass dict (ModelOutput): ints index its tuple
-        return o.getitem(tx, k)
     if isinstance(o, V.DictValue):
-        key = k.const()
-        if key not in o.items:
-            raise UserException(V.ExceptionValue(KeyError, [k]))
-        return o.items[key]
+        return o.getitem(tx, k)
     if isinstance(o, V.ConstantValue):
         return V.ConstantValue(fold(operator.getitem, o.value, k.const()))
     if isinstance(o, V.ModuleValue):
@@ -235,13 +230,8 @@ def store_subscr(tx, o, k, v):
         if o.source is not None:
             tx.output.mark_mutated(o)
         return
-    if hasattr(o, "setitem"):  # a dataclass dict (ModelOutput)
-        o.setitem(tx, k, v)
-        return
     if isinstance(o, V.DictValue):
-        o.items[k.const()] = v
-        if o.source is not None:
-            tx.output.mark_mutated(o)
+        o.setitem(tx, k, v)
         return
     if isinstance(o, V.ObjectValue):
         from kiln.capture.objects import call_dunder

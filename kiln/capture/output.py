@@ -187,16 +187,19 @@ def _target_name(t):
     return t if isinstance(t, str) else getattr(t, "__name__", repr(t))
 
 
-def _to_fake(v):
+def _unwrap(v, tensor):
+    """The Python value a PyTorch op receives for ``v``: ``tensor(v)`` for each tensor
+    (its fake for propagation, its node for the graph), containers rebuilt around them."""
     if isinstance(v, V.TensorValue):
-        return v.fake
+        return tensor(v)
     if isinstance(v, V.ConstantValue):
         return v.value
-    if isinstance(v, (V.TupleValue, V.ListValue)):
-        items = [_to_fake(i) for i in v.items]
-        return tuple(items) if isinstance(v, V.TupleValue) else items
+    if isinstance(v, V.TupleValue):  # named tuples too: ops take them as plain tuples
+        return tuple(_unwrap(i, tensor) for i in v.items)
+    if isinstance(v, V.ListValue):
+        return [_unwrap(i, tensor) for i in v.items]
     if isinstance(v, V.DictValue):
-        return {k: _to_fake(i) for k, i in v.items.items()}
+        return {k: _unwrap(i, tensor) for k, i in v.items.items()}
     if isinstance(v, V.ClassValue):
         return v.cls
     if isinstance(v, V.TorchFunctionValue):
@@ -204,28 +207,14 @@ def _to_fake(v):
     if isinstance(v, V.SetValue):
         return set(v.items)
     raise Unsupported(f"passing {v} to a PyTorch op")
+
+
+def _to_fake(v):
+    return _unwrap(v, lambda t: t.fake)
 
 
 def _to_arg(v):
-    if isinstance(v, V.TensorValue):
-        return v.node
-    if isinstance(v, V.ConstantValue):
-        return v.value
-    if isinstance(v, V.NamedTupleValue):
-        return tuple(_to_arg(i) for i in v.items)
-    if isinstance(v, V.TupleValue):
-        return tuple(_to_arg(i) for i in v.items)
-    if isinstance(v, V.ListValue):
-        return [_to_arg(i) for i in v.items]
-    if isinstance(v, V.DictValue):
-        return {k: _to_arg(i) for k, i in v.items.items()}
-    if isinstance(v, V.ClassValue):
-        return v.cls
-    if isinstance(v, V.TorchFunctionValue):
-        return v.fn
-    if isinstance(v, V.SetValue):
-        return set(v.items)
-    raise Unsupported(f"passing {v} to a PyTorch op")
+    return _unwrap(v, lambda t: t.node)
 
 
 del tree_map

@@ -275,6 +275,18 @@ class DictValue(Value):
 
         return dict_method(tx, self, name, args, kwargs)
 
+    def getitem(self, tx, k):
+        """``d[k]`` (subclasses with their own item protocol override this)."""
+        key = k.const()
+        if key not in self.items:
+            raise UserException(ExceptionValue(KeyError, [k]))
+        return self.items[key]
+
+    def setitem(self, tx, k, v):
+        self.items[k.const()] = v
+        if self.source is not None:
+            tx.output.mark_mutated(self)
+
     getattr = _container_getattr
 
     def __repr__(self):
