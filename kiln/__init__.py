@@ -4,6 +4,8 @@ The public API, nothing else: ``kiln.compile`` and friends mirror ``torch.compil
 semantics; the machinery lives in ``kiln.capture``, ``kiln.autograd`` and
 ``kiln.kernels``.
 """
+# Names torch.compile only as the reference for the contract and semantics kiln
+# follows (DESIGN.md); nothing here imports or calls torch's compiler stack.
 from __future__ import annotations
 
 from kiln import config

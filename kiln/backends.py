@@ -6,6 +6,8 @@ callable taking the graph's inputs positionally and returning what ``gm`` return
 Built-in backends that live in heavier packages are registered by a dotted path and
 imported on first use, so ``import kiln`` stays cheap.
 """
+# Names torch.compile only as the reference for the contract and semantics kiln
+# follows (DESIGN.md); nothing here imports or calls torch's compiler stack.
 from __future__ import annotations
 
 import importlib

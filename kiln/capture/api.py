@@ -1,5 +1,7 @@
 """The public capture API: ``kiln.compile``, ``optimize``, ``explain``, ``export`` and
 the small switches around them, with torch.compile's semantics."""
+# Names torch.compile only as the reference for the contract and semantics kiln
+# follows (DESIGN.md); nothing here imports or calls torch's compiler stack.
 from __future__ import annotations
 
 import functools

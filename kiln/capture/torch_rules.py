@@ -80,6 +80,8 @@ CONST_FOLD = {
     torch.get_default_dtype: lambda tx, a, k: _const(torch.get_default_dtype()),
     torch.is_autocast_enabled: lambda tx, a, k: _const(False),
     torch._C._get_tracing_state: lambda tx, a, k: _const(None),
+    # library code asks whether TorchScript is scripting/tracing it: names read only to
+    # answer False, for compatibility (DESIGN.md allows reading names); torch.jit is not used
     torch.jit.is_scripting: lambda tx, a, k: _const(False),
     torch.jit.is_tracing: lambda tx, a, k: _const(False),
     torch._C._is_tracing: lambda tx, a, k: _const(False),

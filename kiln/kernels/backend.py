@@ -4,6 +4,8 @@
 autograd stage (``kiln.autograd.aot_compile``) derives functional, core-aten forward
 and backward graphs and hands each to ``compile_aten_graph``.
 """
+# Names torch.compile only as the reference for the contract and semantics kiln
+# follows (DESIGN.md); nothing here imports or calls torch's compiler stack.
 from __future__ import annotations
 
 from .compile import compile_aten_graph
