@@ -4,7 +4,10 @@ Each group becomes a loop nest: the outer dims ``#pragma omp parallel for collap
 then, per outer index, its loops one after another, each innermost loop ``#pragma omp
 simd`` (with ``reduction(...)`` clauses for the accumulators) when it has no guarded
 loads. ``float`` ``exp`` is a vectorisable polynomial (``kiln_exp``) since glibc's is
-scalar without -ffast-math. Consecutive groups between library calls share one exported
+scalar without -ffast-math (``kiln_tanh`` likewise). fp32 outputs of STREAM_BYTES or more
+are written with streaming stores (from a small block buffer) and madvised for huge pages
+before the first touch: on a fresh 64 MiB output the 4 KiB page faults otherwise cost as
+much as the softmax itself. Consecutive groups between library calls share one exported
 entry point ``kiln_segN`` so one ctypes call runs them all.
 """
 from __future__ import annotations
@@ -17,12 +20,13 @@ import torch
 from . import ir
 from .ir import Affine, Const, Index, Load, Op
 from .ops import OPS
-from .scheduler import Group, Schedule
+from .scheduler import Group, Schedule, _span
 
 CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
           torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
           torch.uint8: "uint8_t", torch.bool: "bool"}
 PARALLEL_WORK = 32768
+
 
 PRELUDE = r"""
 #include <cmath>
@@ -31,10 +35,14 @@ PRELUDE = r"""
 #include <limits>
 #include <algorithm>
 #include <type_traits>
+#include <sys/mman.h>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 static inline float kiln_exp(float x) {
   // Cephes-style expf: exact range reduction, degree-6 polynomial, 2^n in two halves
-  // so that denormal results stay right. NaN passes through the arithmetic.
+  // so that denormal results stay right. NaN passes through the clamp and the arithmetic.
   float xc = std::min(std::max(x, -104.0f), 89.0f);
   float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
@@ -52,10 +60,22 @@ static inline float kiln_exp(float x) {
   float s1, s2;
   std::memcpy(&s1, &b1, 4);
   std::memcpy(&s2, &b2, 4);
-  float res = p * s1 * s2;
-  return x != x ? x : res;
+  return p * s1 * s2;
 }
 static inline double kiln_exp(double x) { return std::exp(x); }
+static inline float kiln_tanh(float x) {
+  // Cephes tanhf: an odd polynomial below 0.625, 1 - 2 / (exp(2|x|) + 1) above.
+  float z = x * x;
+  float p = (((-5.70498872745E-3f * z + 2.06390887954E-2f) * z - 5.37397155531E-2f) * z
+             + 1.33314422036E-1f) * z - 3.33332819422E-1f;
+  float small = p * z * x + x;
+  float a = std::min(std::fabs(x), 9.5f);
+  float big = 1.0f - 2.0f / (kiln_exp(a + a) + 1.0f);
+  return std::copysign(std::fabs(x) < 0.625f ? small : big, x);   // odd, and tanh(-0) = -0
+}
+static inline double kiln_tanh(double x) { return std::tanh(x); }
+template <class T, class = std::enable_if_t<std::is_integral<T>::value>>
+static inline double kiln_tanh(T x) { return std::tanh(double(x)); }
 template <class T> static inline T kiln_sigmoid(T x) { return T(1) / (T(1) + kiln_exp(-x)); }
 template <class T> static inline T kiln_abs(T a) {
   if constexpr (std::is_floating_point<T>::value) return std::fabs(a);
@@ -122,7 +142,43 @@ template <class T> static inline bool kiln_isinf(T a) {
   return a == std::numeric_limits<T>::infinity() || a == -std::numeric_limits<T>::infinity();
 }
 template <class T> static inline T kiln_bitnot(T a) { return T(~a); }
+
+static inline void kiln_stream(float* __restrict__ d, const float* __restrict__ s, int64_t n) {
+  // Stores that bypass the cache (no read-for-ownership of lines about to be overwritten
+  // whole) for outputs far larger than the caches; the caller fences.
+#if defined(__AVX__)
+  int64_t i = 0;
+  for (; i < n && (reinterpret_cast<uintptr_t>(d + i) & 31); ++i) d[i] = s[i];
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(d + i, _mm256_loadu_ps(s + i));
+  for (; i < n; ++i) d[i] = s[i];
+#else
+  std::memcpy(d, s, n * sizeof(float));
+#endif
+}
+static inline void kiln_fence() {
+#if defined(__AVX__)
+  _mm_sfence();
+#endif
+}
+static inline void kiln_hugepages(void* p, int64_t bytes) {
+  // A large output is a fresh allocation (its own mmap) about to be written whole: let its
+  // first touch take 2 MiB pages (one fault and one clear per 512 small pages).
+#if defined(MADV_HUGEPAGE)
+  const uintptr_t H = uintptr_t(2) << 20;
+  uintptr_t a = (reinterpret_cast<uintptr_t>(p) + H - 1) & ~(H - 1);
+  uintptr_t e = (reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes)) & ~(H - 1);
+  if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
+#endif
+}
 """
+
+
+#: C++ spellings that differ from ops.py's: libm's tanhf is a scalar call that keeps a loop
+#: from vectorising (no libmvec without -ffast-math); the prelude's float version
+#: vectorises (the double overload still calls libm). sin/cos stay libm calls: a
+#: full-range vector reduction needs a table gather, which GCC does not emit for every
+#: -march (znver1's tuning turns gathers off), and scalar it is slower than libm.
+_CPP_OVERRIDES = {"tanh": "kiln_tanh({0})"}
 
 
 def ctype(dtype: torch.dtype) -> str:
@@ -194,7 +250,8 @@ class Body:
                     self.hoist.append(line)
                 s = self.tmp(ctype(e.dtype), f"({args[0]} * {inv})")
             else:
-                s = self.tmp(ctype(e.dtype), OPS[e.name][0].format(*args, t=ctype(e.dtype)))
+                tpl = _CPP_OVERRIDES.get(e.name, OPS[e.name][0])
+                s = self.tmp(ctype(e.dtype), tpl.format(*args, t=ctype(e.dtype)))
         self.memo[e] = s
         return s
 
@@ -211,6 +268,10 @@ _RED_CLAUSE = {"sum": "+", "prod": "*", "any": "||", "max": "max", "min": "min"}
 
 
 SCRATCH_BYTES = 64 * 1024
+#: Outputs of at least this many bytes (far beyond the last-level cache; and glibc always
+#: gives them their own mmap) are written with streaming stores and get huge pages.
+STREAM_BYTES = 32 << 20
+STREAM_BLOCK = 256
 COLUMN_BLOCK = 256
 #: A column reduction (sum over rows) with fewer blocks of outputs than this (the CPUs:
 #: some would idle), each reducing at least LONG_REDUCTION rows, splits the rows across
@@ -439,6 +500,20 @@ class CppKernel:
                 seen.setdefault(e, li)
         return plan
 
+    def _streamed(self, g, nodes, writes) -> dict:
+        """fp32 outputs of STREAM_BYTES or more that this (single-dim, reduction-free)
+        loop stores contiguously: name -> block buffer name."""
+        k = len(g.outer)
+        xv = f"x{k}"
+        res = {}
+        for n in nodes:
+            if (n.name not in writes or isinstance(n, ir.Reduction) or n.dtype != torch.float32
+                    or _numel(n.sizes) * 4 < STREAM_BYTES):
+                continue
+            if n.store_index(g.all_vars()).coef(xv) == 1:
+                res[n.name] = f"st_{n.name}"
+        return res
+
     def _inner_loop(self, g, nodes, scope_values, writes, ind, parallel, loop_index=None,
                     plan=None):
         out = []
@@ -466,6 +541,16 @@ class CppKernel:
         header_at = len(out)
         li = ind
         m = len(red)
+        stream = {} if (reds or parallel or m != 1 or not simd) else self._streamed(g, nodes, writes)
+        if stream:
+            # a block of results goes to a small aligned buffer, then out with stores that
+            # skip the cache: the output row is never read back by this kernel
+            rn = int(red[0])
+            out.append(f"{li}for (int64_t xb = 0; xb < {rn}; xb += {STREAM_BLOCK}) {{")
+            li += "  "
+            out.append(f"{li}const int64_t xe = std::min<int64_t>(xb + {STREAM_BLOCK}, {rn});")
+            for name, st in stream.items():
+                out.append(f"{li}alignas(64) float {st}[{STREAM_BLOCK}];")
         if m == 0:
             out.append(f"{li}{{")
         par_done = False
@@ -478,7 +563,10 @@ class CppKernel:
                 par_done = True
             elif innermost and simd and not par_done:
                 out.append(f"{li}#pragma omp simd " + " ".join(clauses))
-            out.append(f"{li}for (int64_t x{k + j} = 0; x{k + j} < {int(s)}; ++x{k + j}) {{")
+            if stream:
+                out.append(f"{li}for (int64_t x{k} = xb; x{k} < xe; ++x{k}) {{")
+            else:
+                out.append(f"{li}for (int64_t x{k + j} = 0; x{k + j} < {int(s)}; ++x{k + j}) {{")
             li += "  "
         if m == 0:
             li += "  "
@@ -512,7 +600,9 @@ class CppKernel:
                     body.lines.append(f"{li}if ({v} {cmp} {a}_v{nan}) {{ {a}_v = {v}; {a} = {ridx}; }}")
             else:
                 body.values[n.name] = v
-                if n.name in writes:
+                if n.name in stream:
+                    body.lines.append(f"{li}{stream[n.name]}[x{k} - xb] = {v};")
+                elif n.name in writes:
                     body.lines.append(f"{li}{n.name}[{cindex(n.store_index(all_vars))}] = {v};")
         for e, (owner, name) in plan.items():
             if owner == loop_index:
@@ -522,6 +612,16 @@ class CppKernel:
         for _ in range(max(m, 1)):
             li = li[:-2]
             out.append(f"{li}}}")
+        if stream:
+            for n in nodes:
+                if n.name in stream:
+                    a = n.store_index(all_vars)
+                    base = Affine(tuple(sorted(("xb" if v == f"x{k}" else v, c) for v, c in a.terms)),
+                                  a.const)
+                    out.append(f"{li}kiln_stream(&{n.name}[{cindex(base)}], {stream[n.name]}, xe - xb);")
+            li = li[:-2]
+            out.append(f"{li}}}")
+            out.append(f"{li}kiln_fence();")
         for n in reds:
             a = f"acc_{n.name}"
             if n.red_type in ("max", "min") and n.dtype.is_floating_point:
@@ -547,17 +647,25 @@ def generate(sched: Schedule, buffers: list) -> tuple[str, list]:
             cur = (f"kiln_seg{len(segments)}", [], [])
             segments.append(cur)
         cur[1].append((gi, params))
+        cur[2].extend(n.name for n in g.nodes if n.name not in sched.locals)
+    by_name = {b.name: b for b in buffers}
     entries = []
-    for name, kernels, _ in segments:
+    for name, kernels, written in segments:
         params = []
         for _, ps in kernels:
             for p in ps:
                 if p not in params:
                     params.append(p)
         sig = ", ".join(f"void* {p}" for p in params)
+        big = []
+        for p in dict.fromkeys(written):
+            b = by_name[p]
+            nbytes = _span(b) * torch.empty((), dtype=b.dtype).element_size()
+            if nbytes >= STREAM_BYTES:
+                big.append(f"  kiln_hugepages({p}, {nbytes});\n")
         calls = "\n".join(
             f"  kernel{gi}(" + ", ".join(f"({ctype(dtypes[p])}*){p}" for p in ps) + ");"
             for gi, ps in kernels)
-        parts.append(f'extern "C" void {name}({sig}) {{\n{calls}\n}}')
+        parts.append(f'extern "C" void {name}({sig}) {{\n{"".join(big)}{calls}\n}}')
         entries.append((name, params))
     return "\n\n".join(parts) + "\n", entries
