@@ -54,6 +54,10 @@ partition_recompute: bool = _env_bool("KILN_PARTITION_RECOMPUTE", True)
 cache_dir: str = _env_str(
     "KILN_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "kiln")
 )
+#: Remember each graph's lowering, schedule and generated source on disk, under
+#: cache_dir, so that a second process compiling the same graph skips all of it
+#: (KILN_GRAPH_CACHE).
+graph_cache: bool = _env_bool("KILN_GRAPH_CACHE", True)
 #: Run random ops through PyTorch so results match eager bit for bit
 #: (KILN_FALLBACK_RANDOM).
 fallback_random: bool = _env_bool("KILN_FALLBACK_RANDOM", False)

@@ -73,8 +73,21 @@ def write_source(kind: str, source: str, suffix: str) -> str:
     key = key_of(source)
     path = cache_path(kind, key, suffix)
     if not os.path.exists(path):
-        fd, tmp = tempfile.mkstemp(suffix=suffix, dir=os.path.dirname(path))
-        with os.fdopen(fd, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)
+        write_text(path, source)
     return path
+
+
+def write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temporary name, then rename)."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary name, then rename)."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)

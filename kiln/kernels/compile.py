@@ -1,7 +1,8 @@
 """``compile_aten_graph``: an aten FX graph and real example inputs → a fast callable.
 
 lower (``lowering.py``) → verify → schedule (``scheduler.py``) → C++ (``cpp.py``) or
-Triton (``triton_gen.py``) source → cached build (``cache.py``) → ``Runtime``.
+Triton (``triton_gen.py``) source — all of which the graph cache (``graph_cache.py``)
+remembers — → cached build (``cache.py``) → ``Runtime``.
 The callable is specialised to the sizes, strides and dtypes of the example inputs; a
 call with others compiles again for those (kept side by side).
 """
@@ -15,12 +16,13 @@ import torch.fx as fx
 from .. import config
 from ..debug.logs import log_for
 from ..debug.timing import timed
-from . import cache, cpp, ir
+from . import cache, cpp, graph_cache, ir
 from .lowering import GraphLowering, View
 from .runtime import ExternStep, Runtime
 from .scheduler import format_schedule, schedule
 
 _code_log = log_for("output_code")
+_fallback_log = log_for("fallbacks")
 
 
 def _signature(args):
@@ -39,8 +41,17 @@ def pick_target(example_inputs, target=None) -> str:
     return "cpp"
 
 
-def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
-    """One specialisation: returns (Runtime, artefacts dict for tests and logs)."""
+def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache.Plan:
+    """Lower, schedule and generate source — or find all of it in the graph cache."""
+    with timed("kernels.graph_cache"):
+        key = graph_cache.key_of(gm, example_inputs, target)
+        p = graph_cache.load(key)
+    if p is not None:
+        for op, reason in p.fallback_messages:
+            _fallback_log.info("kernels: %s falls back to aten (%s)", op, reason)
+        _code_log.info("kernels: %s source for graph (cached)\n%s\n%s", target,
+                       p.artefacts["ir"], p.source)
+        return p
     with timed("kernels.lowering"):
         lo = GraphLowering(gm, example_inputs, target).run()
         ir.verify(lo.buffers)
@@ -49,8 +60,7 @@ def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
         sched = schedule(lo.buffers, out_names)
     arte = {"ir": ir.format_program(lo.buffers), "schedule": format_schedule(sched),
             "fallbacks": list(lo.fallbacks), "target": target}
-    by_name = {b.name: b for b in lo.buffers}
-    device = lo.device
+    kinfo = None
     with timed("kernels.codegen"):
         if target == "cpp":
             source, entries = cpp.generate(sched, lo.buffers)
@@ -58,13 +68,30 @@ def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
             from . import triton_gen
             source, entries, kinfo = triton_gen.generate_detailed(sched, lo.buffers)
     arte["source"] = source
+    arte["kinfo"] = kinfo
     _code_log.info("kernels: %s source for graph\n%s\n%s", target, arte["ir"], source)
+    p = graph_cache.Plan(lo, sched, source, entries, kinfo, arte,
+                         list(lo.fallback_messages))
+    if key is not None:
+        with timed("kernels.graph_cache"):
+            graph_cache.store(key, graph_cache.Plan(
+                graph_cache.Lowered(lo.buffers, lo.outputs, lo.device, list(lo.fallbacks)),
+                sched, source, entries, kinfo, arte, list(lo.fallback_messages)))
+    return p
+
+
+def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
+    """One specialisation: returns (Runtime, artefacts dict for tests and logs)."""
+    p = plan(gm, example_inputs, target)
+    lo, sched, arte = p.lowered, p.sched, p.artefacts
+    by_name = {b.name: b for b in lo.buffers}
     steps = []
     if target == "cpp":
-        lib = ctypes.CDLL(cache.compile_cpp(source)) if entries else None
-        entry_iter = iter(entries)
+        lib = ctypes.CDLL(cache.compile_cpp(p.source)) if p.entries else None
+        entry_iter = iter(p.entries)
     else:
-        launchers = triton_gen.load(source, entries, kinfo)
+        from . import triton_gen
+        launchers = triton_gen.load(p.source, p.entries, p.kinfo)
         entry_iter = iter(launchers)
     seg_open = False
     for g in sched.groups:
@@ -83,7 +110,9 @@ def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
             steps.append(_cpp_step(fn, params))
         else:
             steps.append(next(entry_iter))
-    return Runtime(lo, sched, steps, device), arte
+    with timed("kernels.runtime"):
+        rt = Runtime(lo, sched, steps, lo.device)
+    return rt, arte
 
 
 def _cpp_step(fn, params):
@@ -115,6 +144,10 @@ class CompiledGraph:
 
     def _build(self, args):
         target = pick_target(args, self.requested_target)
+        if target == "triton" and any(isinstance(a, torch.Tensor) and a.device.type == "cuda"
+                                      for a in args):
+            from . import triton_setup
+            triton_setup.start()          # overlaps this graph's lowering
         rt, self.artefacts = build(self.gm, list(args), target)
         self.variants[_signature(args)] = rt
         return rt

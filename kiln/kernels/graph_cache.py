@@ -1,0 +1,223 @@
+"""The whole-graph cache: lowering, scheduling and code generation, remembered on disk.
+
+The kernel cache (``cache.py``) already spares a second process the C++ and Triton
+compilers; what remained per graph was kiln's own Python work — running the graph for
+its metadata, lowering every node, fusing, generating source — about as long as the
+compilers on a warm cache. This cache keeps the result of all of it, the ``Plan``.
+
+The key is everything a plan depends on: the aten graph's code and the values of its
+constants; the sizes, strides, dtypes and devices of the inputs; the target; the
+settings and module-level tuning constants of the kernel compiler and the hash of its
+sources (so editing kiln, or a test patching a block size, never reuses a stale plan);
+the torch and Triton versions and the GPU's compute capability.
+
+Plans are pickled, aten operators by name (``torch.ops`` objects do not pickle). A plan
+that cannot be pickled (an extern calling a lambda, a large constant) is simply not
+cached; an unreadable entry is rebuilt. ``KILN_GRAPH_CACHE=0`` switches it off.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import hashlib
+import io
+import os
+import pickle
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import config
+from ..debug.logs import log_for
+from . import cache, ir
+
+_log = log_for("cache")
+#: Constant tensors above this many bytes make a graph uncacheable (their bytes would
+#: have to be hashed on every compile and stored in the entry).
+MAX_CONSTANT_BYTES = 1 << 20
+#: Bumped when the pickled layout of a plan changes.
+FORMAT = 1
+
+stats = {"hits": 0, "misses": 0, "stored": 0, "uncacheable": 0}
+
+
+@dataclass
+class Lowered:
+    """What the runtime needs of a lowering: the buffers, the outputs (a pytree of
+    views and constants) and the device — a ``GraphLowering`` on a miss, this on a hit."""
+    buffers: list
+    outputs: object
+    device: torch.device
+    fallbacks: list = field(default_factory=list)
+
+    @property
+    def by_name(self):
+        return {b.name: b for b in self.buffers}
+
+
+@dataclass
+class Plan:
+    """A graph compiled up to, not including, loading its kernels."""
+    lowered: object               # Lowered | GraphLowering
+    sched: object                 # scheduler.Schedule
+    source: str
+    entries: list
+    kinfo: list | None
+    artefacts: dict
+    fallback_messages: list = field(default_factory=list)   # (op, reason) to re-log
+
+
+# --- the key --------------------------------------------------------------------------
+@functools.lru_cache(None)
+def _sources_hash() -> str:
+    """Hash of the kernel compiler's own sources and of kiln/config.py."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    files = sorted(f for f in os.listdir(here) if f.endswith(".py"))
+    for f in files + [os.path.join("..", "config.py")]:
+        with open(os.path.join(here, f), "rb") as fh:
+            h.update(f.encode() + b"\0" + fh.read())
+    return h.hexdigest()
+
+
+def _module_constants() -> str:
+    """Module-level UPPER_CASE tuning constants of the kernel compiler (tests patch them)."""
+    from . import cpp, ir, lowering, scheduler, triton_gen
+    parts = []
+    for mod in (cpp, ir, lowering, scheduler, triton_gen):
+        for k, v in sorted(vars(mod).items()):
+            if k.isupper() and isinstance(v, (int, float, str, bool, tuple)):
+                parts.append(f"{mod.__name__}.{k}={v!r}")
+    return ";".join(parts)
+
+
+@functools.lru_cache(None)
+def _versions(target: str, device: str) -> str:
+    parts = [torch.__version__, sys.version.split()[0], str(FORMAT)]
+    if target == "triton":
+        try:
+            import triton
+            parts.append(triton.__version__)
+        except ImportError:
+            parts.append("no-triton")
+        parts.append(os.environ.get("TRITON_INTERPRET", "0"))
+    if device.startswith("cuda") and torch.cuda.is_available():
+        parts.append(str(torch.cuda.get_device_capability(torch.device(device))))
+    return "|".join(parts)
+
+
+def _constants(gm) -> str | None:
+    """Digest of the graph's get_attr tensors; None when one is too large to cache."""
+    h = hashlib.sha256()
+    for node in gm.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        val = gm
+        for a in node.target.split("."):
+            val = getattr(val, a)
+        if isinstance(val, torch.Tensor):
+            if val.numel() * val.element_size() > MAX_CONSTANT_BYTES:
+                return None
+            t = val.detach().cpu().contiguous()
+            h.update(f"{node.target}{tuple(t.shape)}{t.dtype}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        else:
+            h.update(f"{node.target}={val!r}".encode())
+    return h.hexdigest()
+
+
+def key_of(gm, example_inputs, target: str) -> str | None:
+    """The cache key of compiling ``gm`` for these inputs, or None (do not cache)."""
+    if not config.graph_cache:
+        return None
+    consts = _constants(gm)
+    if consts is None:
+        return None
+    sig = []
+    device = "cpu"
+    for a in example_inputs:
+        if isinstance(a, torch.Tensor):
+            sig.append(f"T{tuple(a.shape)}{a.stride()}{a.dtype}{a.device}")
+            device = str(a.device) if a.device.type != "cpu" else device
+        else:
+            sig.append(f"V{type(a).__name__}:{a!r}")
+    return cache.key_of(gm.code, consts, ";".join(sig), target, _sources_hash(),
+                        _module_constants(), _versions(target, device),
+                        f"fallback_random={config.fallback_random}")
+
+
+# --- pickling -------------------------------------------------------------------------
+def _op_by_name(namespace: str, name: str, overload: str | None):
+    packet = getattr(getattr(torch.ops, namespace), name)
+    return packet if overload is None else getattr(packet, overload)
+
+
+def _buffer(cls, state):
+    return cls(**state)
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        if type(obj) in (ir.Pointwise, ir.Reduction) and obj.body is not None:
+            # the loop bodies went into the generated source; the runtime needs only
+            # names, sizes, strides and dtypes (and unpickling a graph's expression
+            # trees would cost more than the rest of a hit)
+            return _buffer, (type(obj), {f.name: getattr(obj, f.name)
+                                         for f in dataclasses.fields(obj) if f.name != "body"})
+        if isinstance(obj, torch._ops.OpOverload):
+            return _op_by_name, (obj.namespace, obj._schema.name.split("::")[-1],
+                                 obj._overloadname)
+        if isinstance(obj, torch._ops.OpOverloadPacket):
+            return _op_by_name, (obj._qualified_op_name.split("::")[0],
+                                 obj._qualified_op_name.split("::")[-1], None)
+        return NotImplemented
+
+
+def _path(key: str) -> str:
+    return cache.cache_path("graphs", key, ".pkl")
+
+
+def load(key: str | None) -> Plan | None:
+    if key is None:
+        return None
+    path = _path(key)
+    if not os.path.exists(path):
+        stats["misses"] += 1
+        return None
+    enabled = gc.isenabled()
+    gc.disable()          # many small objects at once: no collection passes meanwhile
+    try:
+        with open(path, "rb") as f:
+            plan = pickle.load(f)
+    except Exception as e:             # noqa: BLE001  (a stale or torn entry: rebuild)
+        _log.info("kernels: graph cache entry %s unreadable (%s: %s); rebuilding",
+                  key, type(e).__name__, e)
+        stats["misses"] += 1
+        return None
+    finally:
+        if enabled:
+            gc.enable()
+    stats["hits"] += 1
+    return plan
+
+
+def store(key: str | None, plan: Plan) -> bool:
+    if key is None:
+        return False
+    buf = io.BytesIO()
+    try:
+        _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(plan)
+    except Exception as e:             # noqa: BLE001  (e.g. an extern calling a lambda)
+        stats["uncacheable"] += 1
+        _log.info("kernels: graph not cached (%s: %s)", type(e).__name__, e)
+        return False
+    path = _path(key)
+    fd, tmp = tempfile.mkstemp(suffix=".pkl", dir=os.path.dirname(path))
+    with os.fdopen(fd, "wb") as f:
+        f.write(buf.getvalue())
+    os.replace(tmp, path)
+    stats["stored"] += 1
+    return True
