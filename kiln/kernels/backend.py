@@ -19,5 +19,9 @@ def kiln_backend(gm, example_inputs):
             "the 'kiln' backend needs kiln.autograd.aot_compile (the autograd stage), "
             f"which could not be imported ({e}); use backend='eager', or call "
             "kiln.kernels.compile_aten_graph on an aten graph directly") from e
+    if any(getattr(t, "device", None) is not None and t.device.type == "cuda"
+           for t in example_inputs):
+        from . import triton_setup
+        triton_setup.start()              # overlaps the autograd stage and lowering
     return aot_compile(gm, example_inputs, fw_compiler=compile_aten_graph,
                        bw_compiler=compile_aten_graph, inference_compiler=compile_aten_graph)

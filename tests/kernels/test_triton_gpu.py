@@ -1,4 +1,6 @@
 """The shared cases on a real GPU through Triton (skipped without CUDA)."""
+import os
+
 import pytest
 import torch
 
@@ -62,7 +64,7 @@ def test_cuda_graph_replay_matches_eager(mode, monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_kernels_compile_in_parallel_at_load(monkeypatch):
+def test_kernels_compile_in_parallel_at_load(monkeypatch, tmp_path):
     """Every kernel of a module is compiled at load time (threads), none at first launch."""
     import torch.fx as fx
     from kiln.kernels import triton_gen
@@ -70,10 +72,11 @@ def test_kernels_compile_in_parallel_at_load(monkeypatch):
     orig = triton_gen.precompile
 
     def spy(mod, kinfo):
-        n = orig(mod, kinfo)
-        done.append((n, len(kinfo)))
-        return n
+        ready = orig(mod, kinfo)
+        done.append((len(ready), len(kinfo)))
+        return ready
     monkeypatch.setattr(triton_gen, "precompile", spy)
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
     monkeypatch.setattr(config, "compile_threads", 4)
     x = torch.randn(64, 300, device="cuda")
     gm = fx.symbolic_trace(lambda x: tuple(torch.ops.aten.sum.dim_IntList(
@@ -83,3 +86,46 @@ def test_kernels_compile_in_parallel_at_load(monkeypatch):
     assert done and done[0][0] == done[0][1] >= 2, done
     for g, e in zip(c(x), gm(x)):
         torch.testing.assert_close(g, e)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_second_process_launches_without_tritons_jit(tmp_path):
+    """With a warm cache, a new process loads the kept binaries: nothing goes through
+    Triton's JIT (it is made to fail there), and the results are right."""
+    import subprocess
+    import sys
+    import textwrap
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    script = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {root!r})
+        import torch, torch.fx as fx, triton.runtime.jit as jit
+        import kiln.config; kiln.config.cache_dir = {str(tmp_path)!r}
+        from kiln.kernels import compile_aten_graph, triton_binaries, triton_gen
+        if sys.argv[1] == "warm":
+            def no_jit(*a, **k):
+                raise AssertionError("went through Triton's JIT")
+            jit.JITFunction.run = no_jit
+        aten = torch.ops.aten
+        def f(x, y, z):
+            return (aten._softmax.default(aten.mul.Tensor(x, y), -1, False),
+                    aten.sum.dim_IntList(aten.relu.default(x), [0]),
+                    aten.amax.default(z, [1]))          # big enough to be autotuned
+        x, y = torch.randn(300, 257, device="cuda"), torch.randn(257, device="cuda")
+        z = torch.randn(4096, 4096, device="cuda")
+        c = compile_aten_graph(fx.symbolic_trace(f), [x, y, z])
+        assert any(k[5] for k in c.artefacts["kinfo"]), "no autotuned kernel"
+        for _ in range(2):
+            a, b, m = c(x, y, z)
+        torch.testing.assert_close(a, torch.softmax(x * y, -1))
+        torch.testing.assert_close(b, torch.relu(x).sum(0))
+        torch.testing.assert_close(m, z.amax(1))
+        assert not triton_gen.Launcher.why, triton_gen.Launcher.why
+        print(triton_binaries.stats["saved"], triton_binaries.stats["loaded"])
+    """)
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    cold, warm = (subprocess.run([sys.executable, "-c", script, mode], capture_output=True,
+                                 text=True, env=env) for mode in ("cold", "warm"))
+    assert cold.returncode == 0, cold.stderr
+    assert warm.returncode == 0, warm.stderr
+    assert cold.stdout.split() == ["1", "0"]
+    assert warm.stdout.split() == ["0", "1"]
