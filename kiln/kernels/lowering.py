@@ -1183,3 +1183,6 @@ def _convolution(lo, node, x, w, b, stride, padding, dilation, transposed, outpu
     ext.strides = channels_last_strides(ext.sizes)
     lo.relaid.add(ext.name)
     return View(out.buf, out.sizes, ext.strides, 0, out.dtype)
+
+
+from . import lowering_pool  # noqa: E402,F401  (registers pooling and copy lowerings)

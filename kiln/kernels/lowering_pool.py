@@ -1,0 +1,192 @@
+"""Lowerings of pooling and of the copies functionalization leaves behind.
+
+Registered into ``lowering.LOWERINGS`` on import (``lowering.py`` imports this module
+last). On the model zoo these were most of what fell back to aten: every training graph
+updates BatchNorm's running statistics through ``aten.copy``; CNNs pool with
+``max_pool2d_with_indices`` and ``_adaptive_avg_pool2d``; inception averages with
+``avg_pool2d``.
+
+Pooling windows are unrolled into the loop body, one masked load per tap: every index
+stays affine in the output's loop variables (the IR has no division), and a tap outside
+the input (padding, a ceil-mode edge) is masked off. The backward of a max pool scatters
+into its input and stays an aten call.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import ir
+from .ir import Index
+from .lowering import (Lazy, Unsupported, View, _as_expr, add_mask, is_box, pointwise,
+                       reduce, register)
+from .ops import cast, const, op
+
+aten = torch.ops.aten
+#: Windows with more taps than this are not unrolled (the op falls back).
+MAX_TAPS = 64
+
+
+@register(aten.copy.default)
+def _copy(lo, node, dst, src, non_blocking=False):
+    """Functional ``copy``: ``src`` broadcast to ``dst``'s shape, in ``dst``'s dtype."""
+    return pointwise(lo, node, [src], lambda a: a)
+
+
+@register(aten.empty_permuted.default)
+def _empty_permuted(lo, node, *a, **kw):
+    """Uninitialised memory in eager: zeros here, laid out as eager would lay it out."""
+    m = lo.out_meta(node)
+    return Lazy(tuple(m.shape), m.dtype, lambda idx: const(0, m.dtype), layout=tuple(m.stride()))
+
+
+def _pair(v, default=None):
+    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+        v = default
+    if isinstance(v, int):
+        return (v, v)
+    v = tuple(v)
+    return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
+
+
+def _taps(x, idx, kernel, stride, padding, dilation):
+    """For each tap of the window at output index ``idx`` (…, oh, ow): (validity, input
+    index list, flat position ih*W+iw as an affine index)."""
+    H, W = int(x.sizes[-2]), int(x.sizes[-1])
+    oh, ow = idx[-2], idx[-1]
+    out = []
+    for kh in range(kernel[0]):
+        for kw in range(kernel[1]):
+            ih = oh * stride[0] + (kh * dilation[0] - padding[0])
+            iw = ow * stride[1] + (kw * dilation[1] - padding[1])
+            conds = [op("ge", Index(ih), const(0, torch.int64)),
+                     op("lt", Index(ih), const(H, torch.int64)),
+                     op("ge", Index(iw), const(0, torch.int64)),
+                     op("lt", Index(iw), const(W, torch.int64))]
+            valid = conds[0]
+            for c in conds[1:]:
+                valid = op("and", valid, c)
+            out.append((valid, list(idx[:-2]) + [ih, iw], ih * W + iw))
+    return out
+
+
+def _window_args(kernel, stride, padding, dilation):
+    kernel = _pair(kernel)
+    return kernel, _pair(stride, kernel), _pair(padding, 0), _pair(dilation, 1)
+
+
+@register(aten.max_pool2d_with_indices.default)
+def _max_pool2d_with_indices(lo, node, x, kernel_size, stride=(), padding=0, dilation=1,
+                             ceil_mode=False):
+    if not is_box(x) or len(x.sizes) not in (3, 4) or not x.dtype.is_floating_point:
+        raise Unsupported("max_pool2d of this rank or dtype")
+    kernel, stride, padding, dilation = _window_args(kernel_size, stride, padding, dilation)
+    if kernel[0] * kernel[1] > MAX_TAPS:
+        raise Unsupported("window too large to unroll")
+    vals_m, idx_m = lo.out_meta(node)
+    sizes, dtype = tuple(vals_m.shape), vals_m.dtype
+
+    def both(idx):
+        """The window's max (NaN wins, the first of equals wins, as ATen's loop) and
+        the flat position it came from."""
+        best, where_, found = const(float("-inf"), dtype), const(0, torch.int64), None
+        for valid, sub, flat in _taps(x, idx, kernel, stride, padding, dilation):
+            v = add_mask(x.load(sub), valid)
+            better = op("or", op("gt", v, best), op("isnan", v))
+            upd = valid if found is None else \
+                op("and", valid, op("or", op("not", found), better))
+            best = op("where", upd, v, best)
+            where_ = op("where", upd, Index(flat), where_)
+            found = valid if found is None else op("or", found, valid)
+        return best, where_
+
+    return (Lazy(sizes, dtype, lambda idx: both(idx)[0]),
+            Lazy(tuple(idx_m.shape), torch.int64, lambda idx: both(idx)[1]))
+
+
+@register(aten.avg_pool2d.default)
+def _avg_pool2d(lo, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
+                count_include_pad=True, divisor_override=None):
+    if not is_box(x) or len(x.sizes) not in (3, 4):
+        raise Unsupported("avg_pool2d of this rank")
+    kernel, stride, padding, dilation = _window_args(kernel_size, stride, padding, 1)
+    if kernel[0] * kernel[1] > MAX_TAPS:
+        raise Unsupported("window too large to unroll")
+    if divisor_override is None and (ceil_mode or not count_include_pad):
+        raise Unsupported("a divisor that varies with the window")   # (ATen's edge rules)
+    divisor = divisor_override or kernel[0] * kernel[1]
+    m = lo.out_meta(node)
+    sizes, dtype = tuple(m.shape), m.dtype
+    acc_t = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+    def body(idx):
+        total = const(0, acc_t)
+        for valid, sub, _ in _taps(x, idx, kernel, stride, padding, dilation):
+            v = cast(add_mask(x.load(sub), valid), acc_t)
+            total = op("add", total, op("where", valid, v, const(0, acc_t)))
+        return cast(op("truediv", total, const(divisor, acc_t)), dtype)
+    return Lazy(sizes, dtype, body)
+
+
+def _blocks(lo, node, x, out_hw):
+    """``x`` (…, H, W) as a strided view (…, oh, kh, ow, kw) of equal windows: when oh
+    divides H (windows of H/oh rows), or H is 1 (every output row reads the one row);
+    the same for W."""
+    if not isinstance(x, View):
+        x = lo.realize(x, origin=node.name)
+    dims = []
+    for n_in, n_out, st in ((int(x.sizes[-2]), int(out_hw[0]), x.strides[-2]),
+                            (int(x.sizes[-1]), int(out_hw[1]), x.strides[-1])):
+        if n_out <= 0:
+            raise Unsupported("empty output")
+        if n_in % n_out == 0:
+            k = n_in // n_out
+            dims.append((n_out, k, st * k, st))
+        elif n_in == 1:
+            dims.append((n_out, 1, 0, st))
+        else:
+            raise Unsupported("windows of unequal sizes")
+    (oh, kh, s_oh, s_kh), (ow, kw, s_ow, s_kw) = dims
+    lead = len(x.sizes) - 2
+    return View(x.buf, tuple(x.sizes[:-2]) + (oh, kh, ow, kw),
+                tuple(x.strides[:-2]) + (s_oh, s_kh, s_ow, s_kw), x.offset, x.dtype), lead, kh * kw
+
+
+@register(aten._adaptive_avg_pool2d.default)
+def _adaptive_avg_pool2d(lo, node, x, output_size):
+    """Windows of equal size when the output size divides the input's (global pooling
+    included): a mean over two dims of a strided view."""
+    if not is_box(x) or len(x.sizes) not in (3, 4):
+        raise Unsupported("adaptive_avg_pool2d of this rank")
+    v, lead, n = _blocks(lo, node, x, _pair(output_size))
+    m = lo.out_meta(node)
+    acc_t = torch.float32 if m.dtype in (torch.float16, torch.bfloat16) else m.dtype
+    s = reduce(lo, node, v, [lead + 1, lead + 3], False, "sum", acc_t)
+    return Lazy(s.sizes, m.dtype,
+                lambda idx: cast(op("truediv", s.load(idx), const(n, acc_t)), m.dtype))
+
+
+@register(aten._adaptive_avg_pool2d_backward.default)
+def _adaptive_avg_pool2d_backward(lo, node, grad, x):
+    """Each input element gets its window's gradient over the window size: written as
+    the (…, oh, kh, ow, kw) view of a contiguous result, where that is a broadcast."""
+    if not is_box(grad) or len(grad.sizes) not in (3, 4):
+        raise Unsupported("adaptive_avg_pool2d_backward of this rank")
+    m = lo.out_meta(node)
+    if tuple(m.stride()) != ir.contiguous_strides(tuple(m.shape)):
+        raise Unsupported("non-contiguous gradient layout")
+    H, W = int(m.shape[-2]), int(m.shape[-1])
+    oh, ow = int(grad.sizes[-2]), int(grad.sizes[-1])
+    if oh <= 0 or ow <= 0 or H % oh or W % ow:
+        raise Unsupported("output size does not divide the input's")
+    kh, kw = H // oh, W // ow
+    dtype = m.dtype
+    lead = tuple(m.shape[:-2])
+    six = lead + (oh, kh, ow, kw)
+
+    def body(idx):
+        g = _as_expr(grad, list(idx[:-4]) + [idx[-4], idx[-2]], tuple(grad.sizes), dtype)
+        return op("truediv", g, const(kh * kw, dtype))
+    buf = lo.realize(Lazy(six, dtype, body), origin=node.name)
+    strides = ir.contiguous_strides(tuple(m.shape))
+    return View(buf.buf, tuple(m.shape), strides, 0, dtype)
+

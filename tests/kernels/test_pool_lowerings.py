@@ -1,0 +1,80 @@
+"""Pooling and functional-copy lowerings (``kiln/kernels/lowering_pool.py``): compared
+with eager on awkward shapes — padding, ceil mode, dilation, NaN and -inf in windows,
+non-contiguous inputs — through the C++ path (and not falling back)."""
+import pytest
+import torch
+import torch.fx as fx
+
+from kiln.kernels import compile_aten_graph
+
+aten = torch.ops.aten
+
+
+def _run(f, *args, exact=True):
+    c = compile_aten_graph(fx.symbolic_trace(f), list(args))
+    got, ref = c(*args), f(*args)
+    assert c.artefacts["fallbacks"] == [], c.artefacts["fallbacks"]
+    for g, e in zip(got, ref):
+        if exact:
+            torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True)
+        else:
+            torch.testing.assert_close(g, e, equal_nan=True)
+    return c
+
+
+@pytest.mark.parametrize("kernel,stride,padding,dilation,ceil", [
+    ([3, 3], [2, 2], [1, 1], [1, 1], False),      # resnet's stem pool
+    ([2, 2], [2, 2], [0, 0], [1, 1], False),
+    ([3, 3], [2, 2], [0, 0], [1, 1], True),       # ceil mode: windows past the edge
+    ([3, 2], [1, 2], [1, 0], [2, 1], False),      # dilation, uneven kernel
+    ([1, 1], [], [0, 0], [1, 1], False),
+])
+def test_max_pool2d_with_indices(kernel, stride, padding, dilation, ceil):
+    def f(x):
+        v, i = aten.max_pool2d_with_indices.default(x, kernel, stride, padding, dilation, ceil)
+        return (v, i)
+    x = torch.randn(2, 3, 11, 9)
+    x[0, 0, 2, 3] = float("nan")
+    x[1, 2] = float("-inf")                        # a plane of -inf: indices of first taps
+    x[1, 1, 4:6, 4:6] = 1.5                        # ties: the first one wins
+    _run(f, x)
+    _run(f, torch.randn(3, 9, 11).transpose(1, 2))  # 3-D and non-contiguous
+
+
+def test_avg_pool2d():
+    def f(x):
+        return (aten.avg_pool2d.default(x, [3, 3], [1, 1], [1, 1]),
+                aten.avg_pool2d.default(x, [2, 2], [2, 2], [0, 0], False, True, 3))
+    _run(f, torch.randn(2, 4, 7, 10), exact=False)
+
+
+@pytest.mark.parametrize("out", [[1, 1], [2, 5], [7, 10]])
+def test_adaptive_avg_pool2d_and_backward(out):
+    def f(x, g):
+        return (aten._adaptive_avg_pool2d.default(x, out),
+                aten._adaptive_avg_pool2d_backward.default(g, x))
+    x = torch.randn(2, 3, 14, 10)
+    g = torch.randn(2, 3, *out)
+    _run(f, x, g, exact=False)
+
+
+def test_adaptive_avg_pool2d_of_a_single_pixel_broadcasts():
+    def f(x):            # alexnet at small resolutions: 1x1 features pooled to 6x6
+        return (aten._adaptive_avg_pool2d.default(x, [6, 6]),)
+    _run(f, torch.randn(2, 5, 1, 1), exact=False)
+
+
+def test_functional_copy_broadcasts_and_casts():
+    def f(a, b):
+        return (aten.copy.default(a, b),
+                aten.copy.default(a, aten.select.int(aten.select.int(b, 0, 0), 0, 1)))
+    _run(f, torch.randn(4, 5), torch.randn(1, 5, dtype=torch.float64), exact=False)
+
+
+def test_adaptive_pool_that_does_not_divide_falls_back():
+    def f(x):
+        return (aten._adaptive_avg_pool2d.default(x, [3, 3]),)
+    x = torch.randn(1, 2, 7, 7)
+    c = compile_aten_graph(fx.symbolic_trace(f), [x])
+    assert c.artefacts["fallbacks"] == ["aten._adaptive_avg_pool2d.default"]
+    torch.testing.assert_close(c(x)[0], f(x)[0])
