@@ -168,6 +168,22 @@ def _nonzero(*s):
     return torch.where(t.abs() < 0.1, torch.full_like(t, 0.5), t)
 
 
+def pool_graph(x, g):
+    v, i = aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])
+    v2, i2 = aten.max_pool2d_with_indices.default(x, [2, 2], [2, 2], [0, 0], [1, 1], True)
+    return (v, i, v2, i2, aten.avg_pool2d.default(x, [3, 3], [1, 1], [1, 1]),
+            aten._adaptive_avg_pool2d.default(x, [1, 1]),
+            aten._adaptive_avg_pool2d.default(x, [3, 2]),
+            aten._adaptive_avg_pool2d_backward.default(g, x),
+            aten.copy.default(x, aten.relu.default(x)))
+
+
+def _pool_inputs():
+    x = nc(2, 3, 9, 8)
+    x[0, 1, 2, 2] = float("nan")
+    return [x, torch.randn(2, 3, 3, 2)]
+
+
 CASES = [
     # name, fn, inputs factory, (rtol, atol)
     ("unary_contig", unary_graph, lambda: [torch.randn(7, 33), _pos(7, 33)], (1e-5, 1e-6)),
@@ -196,6 +212,7 @@ CASES = [
      (1e-5, 1e-5)),
     ("full_arange", full_graph(), lambda: [torch.randn(5, 3)], (1e-6, 1e-6)),
     ("tensor_constant", const_graph, lambda: [torch.randn(4, 3)], (1e-6, 1e-6)),
+    ("pooling", pool_graph, _pool_inputs, (1e-5, 1e-6)),
     ("fallback", fallback_graph, lambda: [torch.randn(6, 4), torch.tensor([4, 0, 0, 2])],
      (1e-6, 1e-6)),
 ]
