@@ -8,8 +8,8 @@ updates BatchNorm's running statistics through ``aten.copy``; CNNs pool with
 
 Pooling windows are unrolled into the loop body, one masked load per tap: every index
 stays affine in the output's loop variables (the IR has no division), and a tap outside
-the input (padding, a ceil-mode edge) is masked off. The backward of a max pool scatters
-into its input and stays an aten call.
+the input (padding, a ceil-mode edge) is masked off. Backward passes gather by phase of
+the stride (see ``_max_pool2d_with_indices_backward``).
 """
 from __future__ import annotations
 
@@ -168,13 +168,18 @@ def _adaptive_avg_pool2d(lo, node, x, output_size):
 @register(aten._adaptive_avg_pool2d_backward.default)
 def _adaptive_avg_pool2d_backward(lo, node, grad, x):
     """Each input element gets its window's gradient over the window size: written as
-    the (…, oh, kh, ow, kw) view of a contiguous result, where that is a broadcast."""
+    the (…, oh, kh, ow, kw) view of a contiguous result, where that is a broadcast. An
+    input of one row (or column) read by every output row gets their sum."""
     if not is_box(grad) or len(grad.sizes) not in (3, 4):
         raise Unsupported("adaptive_avg_pool2d_backward of this rank")
     m = lo.out_meta(node)
     if tuple(m.stride()) != ir.contiguous_strides(tuple(m.shape)):
         raise Unsupported("non-contiguous gradient layout")
     H, W = int(m.shape[-2]), int(m.shape[-1])
+    n = len(grad.sizes)
+    for d, n_in in ((n - 2, H), (n - 1, W)):
+        if n_in == 1 and int(grad.sizes[d]) > 1:
+            grad = reduce(lo, node, grad, [d], True, "sum", grad.dtype)
     oh, ow = int(grad.sizes[-2]), int(grad.sizes[-1])
     if oh <= 0 or ow <= 0 or H % oh or W % ow:
         raise Unsupported("output size does not divide the input's")
@@ -190,3 +195,62 @@ def _adaptive_avg_pool2d_backward(lo, node, grad, x):
     strides = ir.contiguous_strides(tuple(m.shape))
     return View(buf.buf, tuple(m.shape), strides, 0, dtype)
 
+
+
+@register(aten.max_pool2d_with_indices_backward.default)
+def _max_pool2d_with_indices_backward(lo, node, grad, x, kernel_size, stride, padding,
+                                      dilation, ceil_mode, indices):
+    """The gradient gathered, not scattered: input row ``ih = a*sh + p`` is reached by
+    tap ``kh`` of output row ``oh = (ih + ph - kh*dh) / sh`` — an integer only for the
+    taps of the right phase ``p``, and then ``a`` plus a constant. So the result is
+    computed as a (…, H/sh, sh, W/sw, sw) array (the same memory as (…, H, W)), each
+    phase summing its own taps where the saved index names this input element."""
+    if not (is_box(grad) and is_box(indices)) or len(grad.sizes) not in (3, 4):
+        raise Unsupported("max_pool2d backward of this rank")
+    kernel, stride, padding, dilation = _window_args(kernel_size, stride, padding, dilation)
+    m = lo.out_meta(node)
+    sizes, dtype = tuple(m.shape), m.dtype
+    H, W = int(sizes[-2]), int(sizes[-1])
+    sh, sw = stride
+    if H % sh or W % sw or tuple(m.stride()) != ir.contiguous_strides(sizes):
+        raise Unsupported("input size not a multiple of the stride, or not contiguous")
+    if kernel[0] * kernel[1] > MAX_TAPS:
+        raise Unsupported("window too large to unroll")
+    OH, OW = int(grad.sizes[-2]), int(grad.sizes[-1])
+    acc_t = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    lead = sizes[:-2]
+    six = tuple(lead) + (H // sh, sh, W // sw, sw)
+
+    def in_range(e, hi):
+        return op("and", op("ge", Index(e), const(0, torch.int64)),
+                  op("lt", Index(e), const(hi, torch.int64)))
+
+    def body(idx):
+        pre, a, p, b, q = list(idx[:-4]), idx[-4], idx[-3], idx[-2], idx[-1]
+        result = const(0, acc_t)
+        for ph_ in range(sh):
+            for pw_ in range(sw):
+                total = const(0, acc_t)
+                flat = (a * sh + ph_) * W + (b * sw + pw_)
+                for kh in range(kernel[0]):
+                    dh = ph_ + padding[0] - kh * dilation[0]
+                    if dh % sh:
+                        continue
+                    o_h = a + dh // sh
+                    for kw in range(kernel[1]):
+                        dw = pw_ + padding[1] - kw * dilation[1]
+                        if dw % sw:
+                            continue
+                        o_w = b + dw // sw
+                        valid = op("and", in_range(o_h, OH), in_range(o_w, OW))
+                        at = pre + [o_h, o_w]
+                        hit = op("and", valid, op("eq", add_mask(indices.load(at), valid),
+                                                  Index(flat)))
+                        g = cast(add_mask(grad.load(at), valid), acc_t)
+                        total = op("add", total, op("where", hit, g, const(0, acc_t)))
+                here = op("and", op("eq", Index(p), const(ph_, torch.int64)),
+                          op("eq", Index(q), const(pw_, torch.int64)))
+                result = op("where", here, total, result)
+        return cast(result, dtype)
+    buf = lo.realize(Lazy(six, dtype, body), origin=node.name)
+    return View(buf.buf, sizes, ir.contiguous_strides(sizes), 0, dtype)

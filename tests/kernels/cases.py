@@ -168,20 +168,22 @@ def _nonzero(*s):
     return torch.where(t.abs() < 0.1, torch.full_like(t, 0.5), t)
 
 
-def pool_graph(x, g):
+def pool_graph(x, g, gv):
     v, i = aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])
+    dx = aten.max_pool2d_with_indices_backward.default(gv, x, [3, 3], [2, 2], [1, 1], [1, 1],
+                                                       False, i)
     v2, i2 = aten.max_pool2d_with_indices.default(x, [2, 2], [2, 2], [0, 0], [1, 1], True)
     return (v, i, v2, i2, aten.avg_pool2d.default(x, [3, 3], [1, 1], [1, 1]),
             aten._adaptive_avg_pool2d.default(x, [1, 1]),
-            aten._adaptive_avg_pool2d.default(x, [3, 2]),
+            aten._adaptive_avg_pool2d.default(x, [5, 2]),
             aten._adaptive_avg_pool2d_backward.default(g, x),
-            aten.copy.default(x, aten.relu.default(x)))
+            aten.copy.default(x, aten.relu.default(x)), dx)
 
 
 def _pool_inputs():
-    x = nc(2, 3, 9, 8)
+    x = nc(2, 3, 10, 8)
     x[0, 1, 2, 2] = float("nan")
-    return [x, torch.randn(2, 3, 3, 2)]
+    return [x, torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)]
 
 
 CASES = [
