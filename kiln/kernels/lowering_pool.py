@@ -212,14 +212,16 @@ def _max_pool2d_with_indices_backward(lo, node, grad, x, kernel_size, stride, pa
     sizes, dtype = tuple(m.shape), m.dtype
     H, W = int(sizes[-2]), int(sizes[-1])
     sh, sw = stride
-    if H % sh or W % sw or tuple(m.stride()) != ir.contiguous_strides(sizes):
-        raise Unsupported("input size not a multiple of the stride, or not contiguous")
+    if tuple(m.stride()) != ir.contiguous_strides(sizes):
+        raise Unsupported("not contiguous")
+    # computed over sizes rounded up to whole strides, the excess sliced off
+    Hp, Wp = -(-H // sh) * sh, -(-W // sw) * sw
     if kernel[0] * kernel[1] > MAX_TAPS:
         raise Unsupported("window too large to unroll")
     OH, OW = int(grad.sizes[-2]), int(grad.sizes[-1])
     acc_t = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     lead = sizes[:-2]
-    six = tuple(lead) + (H // sh, sh, W // sw, sw)
+    six = tuple(lead) + (Hp // sh, sh, Wp // sw, sw)
 
     def in_range(e, hi):
         return op("and", op("ge", Index(e), const(0, torch.int64)),
@@ -253,4 +255,7 @@ def _max_pool2d_with_indices_backward(lo, node, grad, x, kernel_size, stride, pa
                 result = op("where", here, total, result)
         return cast(result, dtype)
     buf = lo.realize(Lazy(six, dtype, body), origin=node.name)
-    return View(buf.buf, sizes, ir.contiguous_strides(sizes), 0, dtype)
+    strides = ir.contiguous_strides(tuple(lead) + (Hp, Wp))
+    if (Hp, Wp) != (H, W):
+        lo.relaid.add(buf.buf)          # a graph output gets eager's (contiguous) layout
+    return View(buf.buf, sizes, strides, 0, dtype)

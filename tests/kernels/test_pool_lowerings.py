@@ -83,8 +83,9 @@ def test_adaptive_pool_that_does_not_divide_falls_back():
 @pytest.mark.parametrize("kernel,stride,padding,dilation", [
     ([3, 3], [2, 2], [1, 1], [1, 1]), ([2, 2], [2, 2], [0, 0], [1, 1]),
     ([3, 3], [1, 1], [1, 1], [1, 1]), ([3, 2], [2, 1], [1, 0], [2, 1])])
-def test_max_pool2d_backward_gathers_what_eager_scatters(kernel, stride, padding, dilation):
-    x = torch.randn(2, 3, 12, 10, dtype=torch.float64)
+@pytest.mark.parametrize("hw", [(12, 10), (15, 9)])     # (15, 9): not whole strides
+def test_max_pool2d_backward_gathers_what_eager_scatters(kernel, stride, padding, dilation, hw):
+    x = torch.randn(2, 3, *hw, dtype=torch.float64)
     x[0, 0, :4, :4] = 0.5                       # ties: several windows pick one element
     v, i = torch.ops.aten.max_pool2d_with_indices.default(x, kernel, stride, padding, dilation)
     g = torch.randn_like(v)
@@ -92,7 +93,8 @@ def test_max_pool2d_backward_gathers_what_eager_scatters(kernel, stride, padding
     def f(g, x, i):
         return (aten.max_pool2d_with_indices_backward.default(
             g, x, kernel, stride, padding, dilation, False, i),)
-    _run(f, g, x, i, exact=False)
+    c = _run(f, g, x, i, exact=False)
+    assert c(g, x, i)[0].is_contiguous()
 
 
 def test_adaptive_avg_pool2d_backward_of_a_single_pixel_sums():
