@@ -232,10 +232,11 @@ class Body:
         elif isinstance(e, Index):
             s = f"((int64_t)({cindex(e.index)}))"
         elif isinstance(e, Load):
-            if e.buf in self.values and e.mask is None:
+            if e.buf in self.values and e.mask is None and not e.gather:
                 s = self.values[e.buf]
             else:
-                ld = f"{e.buf}[{cindex(e.index)}]"
+                ind = "".join(f" + (int64_t)({self.render(v)}) * {st}" for v, st in e.gather)
+                ld = f"{e.buf}[{cindex(e.index)}{ind}]"
                 if e.mask is not None:
                     ld = f"({self.render(e.mask)} ? {ld} : {ctype(e.dtype)}(0))"
                 s = self.tmp(ctype(e.dtype), ld)

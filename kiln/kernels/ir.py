@@ -100,9 +100,13 @@ class Load(Expr):
     index: Affine
     dtype: torch.dtype
     mask: Any = None          # an Expr of dtype bool, or None: read only where it holds
+    #: indirect terms ((integer Expr, stride), ...) added to ``index``: a gather
+    #: (embedding, index, gather) reads ``buf[index + sum(value * stride)]``
+    gather: tuple = ()
 
     def children(self):
-        return (self.mask,) if self.mask is not None else ()
+        own = (self.mask,) if self.mask is not None else ()
+        return own + tuple(e for e, _ in self.gather)
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,8 @@ def walk(e: Expr):
 def format_expr(e: Expr) -> str:
     if isinstance(e, Load):
         m = f" if {format_expr(e.mask)}" if e.mask is not None else ""
-        return f"{e.buf}[{e.index}{m}]"
+        g = "".join(f" + {format_expr(v)}*{st}" for v, st in e.gather)
+        return f"{e.buf}[{e.index}{g}{m}]"
     if isinstance(e, Const):
         return repr(e.value)
     if isinstance(e, Index):

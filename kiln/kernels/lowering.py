@@ -132,7 +132,7 @@ def add_mask(e: ir.Expr, mask: ir.Expr) -> ir.Expr:
             return memo[x]
         if isinstance(x, Load):
             m = mask if x.mask is None else op("and", x.mask, mask)
-            r = Load(x.buf, x.index, x.dtype, m)
+            r = Load(x.buf, x.index, x.dtype, m, x.gather)
         elif isinstance(x, ir.Op):
             r = ir.Op(x.name, tuple(go(a) for a in x.args), x.dtype)
         else:
@@ -1185,4 +1185,4 @@ def _convolution(lo, node, x, w, b, stride, padding, dilation, transposed, outpu
     return View(out.buf, out.sizes, ext.strides, 0, out.dtype)
 
 
-from . import lowering_pool  # noqa: E402,F401  (registers pooling and copy lowerings)
+from . import lowering_index, lowering_pool  # noqa: E402,F401  (register their lowerings)

@@ -78,7 +78,7 @@ def _reads_ok(g: Group, b) -> bool:
     for e in ir.walk(b.body):
         if isinstance(e, Load) and e.buf in names:
             p = next(n for n in g.nodes if n.name == e.buf)
-            if e.mask is not None or e.index != expected_read(g, p):
+            if e.mask is not None or e.gather or e.index != expected_read(g, p):
                 return False
             if g.level(b) == "outer" and g.level(p) == "inner":
                 return False
@@ -246,7 +246,8 @@ def _rename(e, mapping: dict, memo: dict):
         return Affine(tuple(sorted((mapping[v], c) for v, c in a.terms)), a.const)
     if isinstance(e, Load):
         r = Load(e.buf, ra(e.index), e.dtype,
-                 None if e.mask is None else _rename(e.mask, mapping, memo))
+                 None if e.mask is None else _rename(e.mask, mapping, memo),
+                 tuple((_rename(v, mapping, memo), st) for v, st in e.gather))
     elif isinstance(e, ir.Index):
         r = ir.Index(ra(e.index), e.dtype)
     elif isinstance(e, ir.Op):

@@ -315,13 +315,15 @@ class TBody:
             else:
                 s = self.tmp(f"tl.full([], {e.index.const}, tl.int64)")
         elif isinstance(e, Load):
-            if e.buf in self.values and e.mask is None:
+            if e.buf in self.values and e.mask is None and not e.gather:
                 s = self.values[e.buf]
             else:
                 masks = [m for m in (self.load_mask(e.index),
                                      self.render(e.mask) if e.mask is not None else None) if m]
                 mk = f", mask={' & '.join(masks)}, other=0" if masks else ""
                 p = f"{e.buf} + {tindex(e.index)}" if self.two_d else self.ptr(e.buf, e.index)
+                for v, st in e.gather:       # indirect terms: an int64 value times a stride
+                    p += f" + {self.render(v)}.to(tl.int64) * {st}"
                 s = self.tmp(f"tl.load({p}{mk})")
                 if e.dtype == torch.bool:
                     s = self.tmp(f"{s} != 0")

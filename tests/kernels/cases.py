@@ -180,6 +180,11 @@ def pool_graph(x, g, gv):
             aten.copy.default(x, aten.relu.default(x)), dx)
 
 
+def index_graph(w, ids, x, i):
+    return (aten.add.Tensor(aten.embedding.default(w, ids), 1.0),
+            aten.index.Tensor(x, [None, i]), aten.gather.default(x, 0, aten.abs.default(i)))
+
+
 def _pool_inputs():
     x = nc(2, 3, 10, 8)
     x[0, 1, 2, 2] = float("nan")
@@ -215,6 +220,8 @@ CASES = [
     ("full_arange", full_graph(), lambda: [torch.randn(5, 3)], (1e-6, 1e-6)),
     ("tensor_constant", const_graph, lambda: [torch.randn(4, 3)], (1e-6, 1e-6)),
     ("pooling", pool_graph, _pool_inputs, (1e-5, 1e-6)),
+    ("indexing", index_graph, lambda: [nc(9, 5), torch.randint(0, 9, (2, 3)), nc(4, 6),
+                                       torch.tensor([[0, -1], [2, -3]])], (0, 0)),
     ("fallback", fallback_graph, lambda: [torch.randn(6, 4), torch.tensor([4, 0, 0, 2])],
      (1e-6, 1e-6)),
 ]

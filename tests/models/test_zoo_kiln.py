@@ -1,8 +1,9 @@
 """A few zoo models through the full ``kiln`` backend (C++ kernels on the CPU): outputs,
 loss, gradients and buffers match eager in float64, and in every aten graph the kernel
 compiler receives at most 2% of the ops fall back to aten (library calls aside) — except
-indexing by tensors (embedding, gather, index), not lowered yet, which is all that may
-fall back in the transformers. ``python -m benchmarks.zoo_kiln`` runs the whole zoo."""
+in the transformers, where what may fall back is scatters (``index_put``: the backward of
+indexing) and indexing by several tensors at once; gathers (embedding, one-tensor index,
+gather) are lowered. ``python -m benchmarks.zoo_kiln`` runs the whole zoo."""
 import operator
 
 import pytest
