@@ -155,6 +155,15 @@ static inline void kiln_stream(float* __restrict__ d, const float* __restrict__ 
   std::memcpy(d, s, n * sizeof(float));
 #endif
 }
+static inline void kiln_sum_add(float& s, float& c, float v) {
+  // A block's partial sum into a running total, the rounding error kept in c (Neumaier).
+  float t = s + v;
+  c += std::fabs(s) >= std::fabs(v) ? (s - t) + v : (v - t) + s;
+  s = t;
+}
+static inline float kiln_sum_total(float s, float c) {
+  return std::isfinite(s) ? s + c : s;    // an inf or NaN total stays as plain summing gives it
+}
 static inline void kiln_fence() {
 #if defined(__AVX__)
   _mm_sfence();
@@ -282,11 +291,36 @@ FEW_OUTER = os.cpu_count() or 1
 LONG_REDUCTION = 16384
 
 
+#: fp32 sums over more than this many elements (rows, for column reductions) are
+#: accumulated in blocks: each block's partial sum (its loop nest as before, vectorised)
+#: is added into the total with a compensated (Neumaier) add, once per block. One fp32
+#: accumulator over a long reduction (a BatchNorm mean over N*H*W) loses digits as the
+#: total grows; eager PyTorch sums in cascades for the same reason.
+SUM_BLOCK = 256
+#: The same for column reductions, in rows: each column's partial is one scalar chain.
+COLUMN_SUM_ROWS = 64
+
+
 def _numel(sizes) -> int:
     n = 1
     for s_ in sizes:
         n *= int(s_)
     return n
+
+
+def _sum_blocks(red, block=SUM_BLOCK):
+    """Where a long fp32 sum over the loops ``red`` restarts its partial sum: (level,
+    chunk). The partial covers loops level..end (the largest such suffix of at most
+    ``block`` elements); chunk: the innermost loop alone is longer and is strip-mined
+    into chunks of ``block``, one partial per chunk (level is then len(red) - 1). None:
+    the whole reduction is one block, summed as before."""
+    red = [int(s_) for s_ in red]
+    if not red or _numel(red) <= block:
+        return None
+    for j in range(1, len(red)):
+        if _numel(red[j:]) <= block:
+            return j, None
+    return len(red) - 1, block
 
 
 def _column_reduction(g) -> bool:
@@ -417,6 +451,16 @@ class CppKernel:
                 out.append(f"{ind}int nan_{n.name}[{B}];")
                 out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) nan_{n.name}[i] = 0;")
             out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}[i] = {init};")
+        # long fp32 sums: each column's partial over a block of rows (acc_X_p), added
+        # compensated into acc_X / acc_X_c once per block
+        cut = _sum_blocks(red, COLUMN_SUM_ROWS)
+        casc = [n for n in nodes if n.red_type == "sum" and n.dtype == torch.float32] \
+            if cut else []
+        level, chunk = cut if casc else (None, None)
+        casc_names = {n.name for n in casc}
+        for n in casc:
+            out.append(f"{ind}float acc_{n.name}_c[{B}];")
+            out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}_c[i] = 0.0f;")
         li = ind
         if split:
             # few blocks of outputs: threads share the reduced rows, each with private
@@ -424,11 +468,27 @@ class CppKernel:
             cl = []
             for n in nodes:
                 cl.append(f"reduction({_RED_CLAUSE[n.red_type]}:acc_{n.name}[:{B}])")
+                if n.name in casc_names:
+                    cl.append(f"reduction(+:acc_{n.name}_c[:{B}])")
                 if n.red_type in ("max", "min") and n.dtype.is_floating_point:
                     cl.append(f"reduction(|:nan_{n.name}[:{B}])")
-            out.append(f"{li}#pragma omp parallel for collapse({len(red)}) " + " ".join(cl))
+            coll = level + bool(chunk) if casc else len(red)
+            out.append(f"{li}#pragma omp parallel for collapse({coll}) " + " ".join(cl))
+        flush_at = None
         for j, s_ in enumerate(red):
-            out.append(f"{li}for (int64_t x{k + j} = 0; x{k + j} < {int(s_)}; ++x{k + j}) {{")
+            if j == level and chunk:
+                out.append(f"{li}for (int64_t xc = 0; xc < {int(s_)}; xc += {chunk}) {{")
+                li += "  "
+            if j == level:
+                flush_at = li
+                for n in casc:
+                    out.append(f"{li}float acc_{n.name}_p[{B}];")
+                    out.append(f"{li}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}_p[i] = 0.0f;")
+            if j == level and chunk:
+                out.append(f"{li}for (int64_t x{k + j} = xc; x{k + j} < "
+                           f"std::min<int64_t>(xc + {chunk}, {int(s_)}); ++x{k + j}) {{")
+            else:
+                out.append(f"{li}for (int64_t x{k + j} = 0; x{k + j} < {int(s_)}; ++x{k + j}) {{")
             li += "  "
         out.append(f"{li}#pragma omp simd")
         out.append(f"{li}for (int64_t xi = 0; xi < xn; ++xi) {{")
@@ -437,7 +497,7 @@ class CppKernel:
         body = Body({}, bi, self.counter)
         for n in nodes:
             v = body.render(n.body)
-            a = f"acc_{n.name}[xi]"
+            a = f"acc_{n.name}{'_p' if n.name in casc_names else ''}[xi]"
             rt = n.red_type
             if rt == "sum":
                 body.lines.append(f"{bi}{a} += {v};")
@@ -452,13 +512,21 @@ class CppKernel:
                     body.lines.append(f"{bi}nan_{n.name}[xi] |= ({v} != {v});")
         out += body.lines
         out.append(f"{li}}}")
-        for _ in red:
+        for _ in range(len(red) + (1 if chunk else 0)):
             li = li[:-2]
             out.append(f"{li}}}")
+            if li == flush_at and casc:
+                out.append(f"{li}#pragma omp simd")
+                out.append(f"{li}for (int64_t xi = 0; xi < xn; ++xi) {{")
+                out += [f"{li}  kiln_sum_add(acc_{n.name}[xi], acc_{n.name}_c[xi], "
+                        f"acc_{n.name}_p[xi]);" for n in casc]
+                out.append(f"{li}}}")
         out.append(f"{ind}for (int64_t xi = 0; xi < xn; ++xi) {{")
         out.append(f"{ind}  const int64_t {xv} = xb + xi;")
         for n in nodes:
             a = f"acc_{n.name}[xi]"
+            if n.name in casc_names:
+                out.append(f"{ind}  {a} = kiln_sum_total({a}, acc_{n.name}_c[xi]);")
             if n.red_type in ("max", "min") and n.dtype.is_floating_point:
                 out.append(f"{ind}  if (nan_{n.name}[xi]) {a} = "
                            f"std::numeric_limits<{ctype(n.dtype)}>::quiet_NaN();")
@@ -525,6 +593,12 @@ class CppKernel:
         reds = [n for n in nodes if isinstance(n, ir.Reduction)]
         args_red = any(n.red_type in ("argmax", "argmin") for n in reds)
         clauses = []
+        # long fp32 sums: a partial per block (acc_X_p), added compensated into acc_X/acc_X_c
+        blocks = _sum_blocks(red) if red else None
+        casc = [n for n in reds if n.red_type == "sum" and n.dtype == torch.float32] \
+            if blocks else []
+        casc_names = {n.name for n in casc}
+        inner_clauses = []
         for n in reds:
             t = ctype(n.dtype)
             a = f"acc_{n.name}"
@@ -534,7 +608,13 @@ class CppKernel:
                 out.append(f"{ind}{vt} {a}_v = {init}; int64_t {a} = 0;")
                 continue
             out.append(f"{ind}{t} {a} = {_RED_INIT[n.red_type](t, n.dtype)};")
+            if n.name in casc_names:
+                out.append(f"{ind}{t} {a}_c = {_RED_INIT[n.red_type](t, n.dtype)};")
+                clauses.append(f"reduction(+:{a}) reduction(+:{a}_c)")
+                inner_clauses.append(f"reduction(+:{a}_p)")
+                continue
             clauses.append(f"reduction({_RED_CLAUSE[n.red_type]}:{a})")
+            inner_clauses.append(clauses[-1])
             if n.red_type in ("max", "min") and n.dtype.is_floating_point:
                 out.append(f"{ind}int nan_{n.name} = 0;")
                 clauses.append(f"reduction(|:nan_{n.name})")
@@ -555,8 +635,32 @@ class CppKernel:
         if m == 0:
             out.append(f"{li}{{")
         par_done = False
+        level, chunk = blocks if casc else (None, None)
+        flush_at = None     # the indentation whose loop's end flushes the partials
         for j, s in enumerate(red):
             innermost = j == m - 1
+            if casc:
+                if parallel and j == 0 and not args_red:
+                    # threads share the blocks (and the chunk loop), each with its own totals
+                    out.append(f"{li}#pragma omp parallel for collapse({level + bool(chunk)}) "
+                               + " ".join(clauses))
+                    par_done = True
+                if j == level and chunk:
+                    out.append(f"{li}for (int64_t xc = 0; xc < {int(s)}; xc += {chunk}) {{")
+                    li += "  "
+                if j == level:
+                    flush_at = li
+                    out += [f"{li}float acc_{n.name}_p = 0.0f;" for n in casc]
+                if innermost and simd:
+                    out.append(f"{li}#pragma omp simd " + " ".join(inner_clauses))
+                if j == level and chunk:
+                    out.append(f"{li}for (int64_t x{k + j} = xc; x{k + j} < "
+                               f"std::min<int64_t>(xc + {chunk}, {int(s)}); ++x{k + j}) {{")
+                else:
+                    out.append(f"{li}for (int64_t x{k + j} = 0; x{k + j} < {int(s)}; "
+                               f"++x{k + j}) {{")
+                li += "  "
+                continue
             if parallel and j == 0 and not args_red:
                 coll = f" collapse({m})" if m > 1 else ""
                 out.append(f"{li}#pragma omp parallel for{' simd' if simd else ''}{coll} "
@@ -580,7 +684,7 @@ class CppKernel:
         for n in nodes:
             v = body.render(n.body)
             if isinstance(n, ir.Reduction):
-                a = f"acc_{n.name}"
+                a = f"acc_{n.name}" + ("_p" if n.name in casc_names else "")
                 rt = n.red_type
                 if rt == "sum":
                     body.lines.append(f"{li}{a} += {v};")
@@ -610,9 +714,14 @@ class CppKernel:
                 body.lines.append(f"{li}{name}[{ridx}] = {body.render(e)};")
         out.extend(body.lines)
         out[header_at:header_at] = [ind + h for h in hoist]
-        for _ in range(max(m, 1)):
+        for _ in range(max(m, 1) + (1 if chunk else 0)):
             li = li[:-2]
             out.append(f"{li}}}")
+            if li == flush_at:
+                out += [f"{li}kiln_sum_add(acc_{n.name}, acc_{n.name}_c, acc_{n.name}_p);"
+                        for n in casc]
+        out += [f"{ind}acc_{n.name} = kiln_sum_total(acc_{n.name}, acc_{n.name}_c);"
+                for n in casc]
         if stream:
             for n in nodes:
                 if n.name in stream:
