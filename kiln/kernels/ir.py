@@ -88,14 +88,40 @@ def loop_vars(sizes, start: int = 0) -> list:
 
 # --- scalar expressions -------------------------------------------------------------
 class Expr:
+    """A scalar expression. Expressions are immutable and shared: a pooling window's
+    running max is reused by every later tap, so an expression is a DAG whose tree form
+    is exponential in its depth. Hashes are therefore cached per node (a generated
+    dataclass hash would walk the whole tree every time)."""
     dtype: torch.dtype
 
     def children(self) -> tuple:
         return ()
 
+    def __hash__(self):
+        h = self.__dict__.get("_h")
+        if h is None:
+            h = hash((type(self).__name__,)
+                     + tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_h", h)
+        return h
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if type(self) is not type(other) or hash(self) != hash(other):
+            return False
+        return all(getattr(self, f.name) == getattr(other, f.name)
+                   for f in dataclasses.fields(self))
+
+    def __getstate__(self):
+        # string hashes differ between processes: never pickle the cached one
+        return {k: v for k, v in self.__dict__.items() if k != "_h"}
+
 
 @dataclass(frozen=True)
 class Load(Expr):
+    __hash__ = Expr.__hash__
+    __eq__ = Expr.__eq__
     buf: str
     index: Affine
     dtype: torch.dtype
@@ -111,6 +137,8 @@ class Load(Expr):
 
 @dataclass(frozen=True)
 class Const(Expr):
+    __hash__ = Expr.__hash__
+    __eq__ = Expr.__eq__
     value: Any
     dtype: torch.dtype
 
@@ -118,12 +146,16 @@ class Const(Expr):
 @dataclass(frozen=True)
 class Index(Expr):
     """The integer value of an affine index (arange, argmax positions, cat bounds)."""
+    __hash__ = Expr.__hash__
+    __eq__ = Expr.__eq__
     index: Affine
     dtype: torch.dtype = torch.int64
 
 
 @dataclass(frozen=True)
 class Op(Expr):
+    __hash__ = Expr.__hash__
+    __eq__ = Expr.__eq__
     name: str
     args: tuple
     dtype: torch.dtype
@@ -148,15 +180,35 @@ def walk(e: Expr):
 
 
 def format_expr(e: Expr) -> str:
-    if isinstance(e, Load):
-        m = f" if {format_expr(e.mask)}" if e.mask is not None else ""
-        g = "".join(f" + {format_expr(v)}*{st}" for v, st in e.gather)
-        return f"{e.buf}[{e.index}{g}{m}]"
-    if isinstance(e, Const):
-        return repr(e.value)
-    if isinstance(e, Index):
-        return f"index({e.index})"
-    return f"{e.name}({', '.join(format_expr(a) for a in e.args)})"
+    """``e`` as text; sub-expressions used more than once are named once
+    (``let %0 = ...; in ...``), so a shared DAG prints in linear size."""
+    uses: dict = {}
+    for x in walk(e):
+        for c in x.children():
+            uses[c] = uses.get(c, 0) + 1
+    names: dict = {}
+    lets: list = []
+
+    def text(x):
+        if x in names:
+            return names[x]
+        if isinstance(x, Load):
+            m = f" if {text(x.mask)}" if x.mask is not None else ""
+            g = "".join(f" + {text(v)}*{st}" for v, st in x.gather)
+            r = f"{x.buf}[{x.index}{g}{m}]"
+        elif isinstance(x, Const):
+            r = repr(x.value)
+        elif isinstance(x, Index):
+            r = f"index({x.index})"
+        else:
+            r = f"{x.name}({', '.join(text(a) for a in x.args)})"
+        if isinstance(x, Op) and uses.get(x, 0) > 1:
+            names[x] = f"%{len(lets)}"
+            lets.append(f"{names[x]} = {r}")
+            return names[x]
+        return r
+    body = text(e)
+    return body if not lets else f"let {'; '.join(lets)}; in {body}"
 
 
 def op_count(e: Expr) -> int:

@@ -85,9 +85,18 @@ def _max_pool2d_with_indices(lo, node, x, kernel_size, stride=(), padding=0, dil
     vals_m, idx_m = lo.out_meta(node)
     sizes, dtype = tuple(vals_m.shape), vals_m.dtype
 
+    memo = {}
+
     def both(idx):
         """The window's max (NaN wins, the first of equals wins, as ATen's loop) and
-        the flat position it came from."""
+        the flat position it came from (built once per index: values and indices share
+        one expression DAG)."""
+        key = tuple(idx)
+        if key not in memo:
+            memo[key] = _window_max(idx)
+        return memo[key]
+
+    def _window_max(idx):
         best, where_, found = const(float("-inf"), dtype), const(0, torch.int64), None
         for valid, sub, flat in _taps(x, idx, kernel, stride, padding, dilation):
             v = add_mask(x.load(sub), valid)
