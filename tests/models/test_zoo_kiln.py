@@ -4,8 +4,6 @@ compiler receives at most 2% of the ops fall back to aten (library calls aside) 
 in the transformers, where what may fall back is scatters (``index_put``: the backward of
 indexing) and indexing by several tensors at once; gathers (embedding, one-tensor index,
 gather) are lowered. ``python -m benchmarks.zoo_kiln`` runs the whole zoo."""
-import operator
-
 import pytest
 
 from tests.models import zoo
@@ -18,25 +16,14 @@ MODELS = ["tv.alexnet", "tv.resnet18", "tv.mobilenet_v3_small", "hf.bert", "hf.g
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
-def test_zoo_model_on_the_kiln_backend(name, monkeypatch):
+def test_zoo_model_on_the_kiln_backend(name):
     spec = zoo.by_name(name)
     if spec.family in ("timm", "transformers"):
         pytest.importorskip(spec.family)
     import torch
-
-    from kiln.kernels import compile as kcompile
     torch.set_num_threads(2)
-    seen = []
-    orig = kcompile.build
-
-    def spy(gm, example_inputs, target="cpp"):
-        rt, arte = orig(gm, example_inputs, target)
-        ops = sum(n.op == "call_function" and n.target is not operator.getitem
-                  for n in gm.graph.nodes)
-        seen.append((ops, arte["fallbacks"]))
-        return rt, arte
-    monkeypatch.setattr(kcompile, "build", spy)
-    zoo.check_model(spec, "kiln", fullgraph=True)
+    with zoo.kernel_graphs() as seen:
+        zoo.check_model(spec, "kiln", fullgraph=True)
     assert len(seen) == 3, seen            # eval, training forward, backward
     for ops, fallbacks in seen:
         others = [f for f in fallbacks if f not in INDEXING]

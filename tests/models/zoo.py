@@ -24,9 +24,11 @@ config (same code, fewer/narrower layers), as the notes say.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
+import operator
 import time
 from typing import Callable
 
@@ -508,6 +510,28 @@ def check_model(spec: ModelSpec, backend: str, fullgraph: bool = True, train: bo
     finally:
         kiln.reset()
     return Result(graphs=eval_graphs, ops=eval_ops, capture_s=eval_capture)
+
+
+@contextlib.contextmanager
+def kernel_graphs():
+    """Yields a list that receives (op count, fallbacks) of each aten graph the kernel
+    compiler builds meanwhile (``getitem`` is not an op; library calls are not
+    fallbacks)."""
+    from kiln.kernels import compile as kcompile
+    seen = []
+    orig = kcompile.build
+
+    def spy(gm, example_inputs, target="cpp"):
+        rt, arte = orig(gm, example_inputs, target)
+        ops = sum(n.op == "call_function" and n.target is not operator.getitem
+                  for n in gm.graph.nodes)
+        seen.append((ops, list(arte["fallbacks"])))
+        return rt, arte
+    kcompile.build = spy
+    try:
+        yield seen
+    finally:
+        kcompile.build = orig
 
 
 def explain_model(spec: ModelSpec):
