@@ -50,6 +50,7 @@ LIBRARY_CALLS = {
     aten._scaled_dot_product_efficient_attention.default,
     aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten.scaled_dot_product_attention.default,
+    aten._native_multi_head_attention.default,
 }
 
 

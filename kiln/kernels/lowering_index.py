@@ -1,5 +1,5 @@
-"""Lowerings of indexing by tensors: ``embedding``, ``index.Tensor`` (one index tensor)
-and ``gather`` — gathers, written as loads with an indirect term (``ir.Load.gather``):
+"""Lowerings of indexing by tensors: ``embedding``, ``index.Tensor`` (one index tensor),
+``index_select`` and ``gather`` — gathers, written as loads with an indirect term (``ir.Load.gather``):
 ``buf[affine index + value * stride]``. They fuse like any load: the embedding lookup
 of a transformer becomes part of the kernel that adds the position embeddings.
 
@@ -8,14 +8,16 @@ through ``IndexCheck`` (``torch._assert_async``: an error on the CPU, a device-s
 assert on a GPU, nothing to synchronise in a CUDA graph), and the loads themselves are
 masked to the valid range so that no kernel ever reads outside its buffer.
 
-Scatters (``index_put``, ``scatter_add``, ``embedding_dense_backward``) still fall back.
+``index_select`` is a one-tensor index; ``slice_scatter`` (a slice assignment,
+functionalized) is an affine choice between two loads. Scatters by tensors
+(``index_put``, ``scatter_add``, ``embedding_dense_backward``) still fall back.
 """
 from __future__ import annotations
 
 import torch
 
 from . import ir
-from .lowering import Lazy, Unsupported, View, _dim, is_box, register
+from .lowering import Lazy, Unsupported, View, _dim, add_mask, is_box, register
 from .ops import cast, const, op
 
 aten = torch.ops.aten
@@ -96,10 +98,21 @@ def _index(lo, node, x, indices):
     pos = [i for i, t in enumerate(indices) if t is not None]
     if len(pos) != 1:
         raise Unsupported("several index tensors")
-    d = pos[0]
+    return _index_dim(lo, node, x, pos[0], indices[pos[0]], True)
+
+
+@register(aten.index_select.default)
+def _index_select(lo, node, x, dim, index):
+    if not is_box(x) or not x.sizes:
+        raise Unsupported("index_select of a 0-d tensor")
+    return _index_dim(lo, node, x, _dim(dim, len(x.sizes)), index, False)
+
+
+def _index_dim(lo, node, x, d, index, allow_negative):
+    """``x`` with dim ``d`` replaced by the dims of ``index`` (its values pick along d)."""
     xv = _stored(lo, node, x)
     n = int(xv.sizes[d])
-    ix = _checked(lo, node, indices[d], n, True)
+    ix = _checked(lo, node, index, n, allow_negative)
     k = len(ix.sizes)
     m = lo.out_meta(node)
     sizes = tuple(xv.sizes[:d]) + tuple(ix.sizes) + tuple(xv.sizes[d + 1:])
@@ -128,3 +141,29 @@ def _gather(lo, node, x, dim, index, sparse_grad=False):
         e = cast(ix.load(list(idx)), _I64)
         return _gather_load(xv, list(idx), d, e, n)
     return Lazy(tuple(m.shape), xv.dtype, body)
+
+
+@register(aten.slice_scatter.default)
+def _slice_scatter(lo, node, x, src, dim=0, start=None, end=None, step=1):
+    """``x`` with ``src`` written over ``x[start:end]`` along ``dim`` (an in-place slice
+    assignment, functionalized): a pointwise choice, ``src`` read at an affine index."""
+    if not (is_box(x) and is_box(src)) or step != 1:
+        raise Unsupported("slice_scatter with a step")
+    n = len(x.sizes)
+    d = _dim(dim, n)
+    size = int(x.sizes[d])
+    start = 0 if start is None else (start + size if start < 0 else start)
+    start = min(max(start, 0), size)
+    length = int(src.sizes[d])
+    m = lo.out_meta(node)
+    dtype = m.dtype
+
+    def body(idx):
+        pos = ir.Index(idx[d])
+        inside = op("and", op("ge", pos, const(start, _I64)),
+                    op("lt", pos, const(start + length, _I64)))
+        sub = list(idx)
+        sub[d] = idx[d] + (-start)
+        return op("where", inside, cast(add_mask(src.load(sub), inside), dtype),
+                  cast(x.load(list(idx)), dtype))
+    return Lazy(tuple(m.shape), dtype, body)

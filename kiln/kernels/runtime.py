@@ -180,7 +180,10 @@ class ExternStep:
             return
         leaves = pytree.tree_leaves(r)
         for o in self.outputs:
-            tensors[o.name] = _fix_layout(leaves[o.path[0]], o)
+            t = leaves[o.path[0]]
+            # an undefined optional result (attention weights not asked for) is None,
+            # where the meta kernel that planned the graph gave an empty tensor
+            tensors[o.name] = None if t is None else _fix_layout(t, o)
 
 
 def _has_arg(x) -> bool:

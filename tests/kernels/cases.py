@@ -182,7 +182,9 @@ def pool_graph(x, g, gv):
 
 def index_graph(w, ids, x, i):
     return (aten.add.Tensor(aten.embedding.default(w, ids), 1.0),
-            aten.index.Tensor(x, [None, i]), aten.gather.default(x, 0, aten.abs.default(i)))
+            aten.index.Tensor(x, [None, i]), aten.gather.default(x, 0, aten.abs.default(i)),
+            aten.index_select.default(w, 0, aten.select.int(ids, 0, 0)),
+            aten.slice_scatter.default(x, aten.slice.Tensor(x, 0, 0, 2), 0, 2, 4))
 
 
 def _pool_inputs():

@@ -52,3 +52,12 @@ def test_out_of_range_index_raises(bad):
     c = compile_aten_graph(fx.symbolic_trace(f), [w, ids])
     with pytest.raises(RuntimeError, match="index out of range"):
         c(w, torch.tensor([1, bad, 3]))
+
+
+def test_index_select_and_slice_scatter():
+    def f(x, i, y, z):
+        return (aten.index_select.default(x, 1, i),
+                aten.slice_scatter.default(x, y, 0, 1, 3),
+                aten.slice_scatter.default(x, z, 1, -3, None))
+    x = torch.randn(5, 4, 3).transpose(0, 1)               # (4, 5, 3), non-contiguous
+    _run(f, x, torch.tensor([4, 0, 0, 2]), torch.randn(2, 5, 3), torch.randn(4, 3, 3))
