@@ -112,6 +112,34 @@ def _max_pool2d_with_indices(lo, node, x, kernel_size, stride=(), padding=0, dil
             Lazy(tuple(idx_m.shape), torch.int64, lambda idx: both(idx)[1]))
 
 
+def _axis_count(o, stride, pad, k, lo_b, hi_b, dt):
+    """How many of a window's ``k`` taps along one axis (window at output position ``o``)
+    fall in [lo_b, hi_b), as an expression."""
+    n = const(0, dt)
+    for t in range(k):
+        i = Index(o * stride + (t - pad))
+        inside = op("and", op("ge", i, const(lo_b, torch.int64)),
+                    op("lt", i, const(hi_b, torch.int64)))
+        n = op("add", n, op("where", inside, const(1, dt), const(0, dt)))
+    return n
+
+
+def _avg_divisor(o_h, o_w, H, W, kernel, stride, padding, count_include_pad,
+                 divisor_override, dt):
+    """ATen's divisor of the window at (o_h, o_w): the override; else its taps inside
+    the padded input (count_include_pad) or inside the input itself."""
+    if divisor_override:
+        return const(divisor_override, dt)
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    bh = (-ph, H + ph) if count_include_pad else (0, H)
+    bw = (-pw, W + pw) if count_include_pad else (0, W)
+    return op("mul", _axis_count(o_h, sh, ph, kh, *bh, dt), _axis_count(o_w, sw, pw, kw, *bw, dt))
+
+
+def _acc(dtype):
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 @register(aten.avg_pool2d.default)
 def _avg_pool2d(lo, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
                 count_include_pad=True, divisor_override=None):
@@ -120,19 +148,19 @@ def _avg_pool2d(lo, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
     kernel, stride, padding, dilation = _window_args(kernel_size, stride, padding, 1)
     if kernel[0] * kernel[1] > MAX_TAPS:
         raise Unsupported("window too large to unroll")
-    if divisor_override is None and (ceil_mode or not count_include_pad):
-        raise Unsupported("a divisor that varies with the window")   # (ATen's edge rules)
-    divisor = divisor_override or kernel[0] * kernel[1]
+    H, W = int(x.sizes[-2]), int(x.sizes[-1])
     m = lo.out_meta(node)
     sizes, dtype = tuple(m.shape), m.dtype
-    acc_t = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    acc_t = _acc(dtype)
 
     def body(idx):
         total = const(0, acc_t)
         for valid, sub, _ in _taps(x, idx, kernel, stride, padding, dilation):
             v = cast(add_mask(x.load(sub), valid), acc_t)
             total = op("add", total, op("where", valid, v, const(0, acc_t)))
-        return cast(op("truediv", total, const(divisor, acc_t)), dtype)
+        div = _avg_divisor(idx[-2], idx[-1], H, W, kernel, stride, padding,
+                           count_include_pad, divisor_override, acc_t)
+        return cast(op("truediv", total, div), dtype)
     return Lazy(sizes, dtype, body)
 
 
@@ -206,29 +234,25 @@ def _adaptive_avg_pool2d_backward(lo, node, grad, x):
 
 
 
-@register(aten.max_pool2d_with_indices_backward.default)
-def _max_pool2d_with_indices_backward(lo, node, grad, x, kernel_size, stride, padding,
-                                      dilation, ceil_mode, indices):
-    """The gradient gathered, not scattered: input row ``ih = a*sh + p`` is reached by
-    tap ``kh`` of output row ``oh = (ih + ph - kh*dh) / sh`` — an integer only for the
-    taps of the right phase ``p``, and then ``a`` plus a constant. So the result is
-    computed as a (…, H/sh, sh, W/sw, sw) array (the same memory as (…, H, W)), each
-    phase summing its own taps where the saved index names this input element."""
-    if not (is_box(grad) and is_box(indices)) or len(grad.sizes) not in (3, 4):
-        raise Unsupported("max_pool2d backward of this rank")
-    kernel, stride, padding, dilation = _window_args(kernel_size, stride, padding, dilation)
+def _gather_by_phase(lo, node, grad, kernel, stride, padding, dilation, contribution):
+    """A pooling backward as a gather: input row ``ih = a*sh + p`` is reached by tap
+    ``kh`` of output row ``oh = (ih + ph - kh*dh) / sh`` — an integer only for the taps
+    of the right phase ``p``, and then ``a`` plus a constant. So the result is computed
+    as a (…, H/sh, sh, W/sw, sw) array (the same memory as (…, H, W); sizes rounded up
+    to whole strides, the excess sliced off), each phase summing
+    ``contribution(at, o_h, o_w, valid, flat)`` over its own taps (``at``: the output
+    index, ``flat``: this input element's ``ih*W + iw``)."""
     m = lo.out_meta(node)
     sizes, dtype = tuple(m.shape), m.dtype
     H, W = int(sizes[-2]), int(sizes[-1])
     sh, sw = stride
     if tuple(m.stride()) != ir.contiguous_strides(sizes):
         raise Unsupported("not contiguous")
-    # computed over sizes rounded up to whole strides, the excess sliced off
-    Hp, Wp = -(-H // sh) * sh, -(-W // sw) * sw
     if kernel[0] * kernel[1] > MAX_TAPS:
         raise Unsupported("window too large to unroll")
+    Hp, Wp = -(-H // sh) * sh, -(-W // sw) * sw
     OH, OW = int(grad.sizes[-2]), int(grad.sizes[-1])
-    acc_t = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    acc_t = _acc(dtype)
     lead = sizes[:-2]
     six = tuple(lead) + (Hp // sh, sh, Wp // sw, sw)
 
@@ -254,11 +278,8 @@ def _max_pool2d_with_indices_backward(lo, node, grad, x, kernel_size, stride, pa
                             continue
                         o_w = b + dw // sw
                         valid = op("and", in_range(o_h, OH), in_range(o_w, OW))
-                        at = pre + [o_h, o_w]
-                        hit = op("and", valid, op("eq", add_mask(indices.load(at), valid),
-                                                  Index(flat)))
-                        g = cast(add_mask(grad.load(at), valid), acc_t)
-                        total = op("add", total, op("where", hit, g, const(0, acc_t)))
+                        total = op("add", total, contribution(pre + [o_h, o_w], o_h, o_w,
+                                                              valid, flat, acc_t))
                 here = op("and", op("eq", Index(p), const(ph_, torch.int64)),
                           op("eq", Index(q), const(pw_, torch.int64)))
                 result = op("where", here, total, result)
@@ -268,3 +289,36 @@ def _max_pool2d_with_indices_backward(lo, node, grad, x, kernel_size, stride, pa
     if (Hp, Wp) != (H, W):
         lo.relaid.add(buf.buf)          # a graph output gets eager's (contiguous) layout
     return View(buf.buf, sizes, strides, 0, dtype)
+
+
+@register(aten.max_pool2d_with_indices_backward.default)
+def _max_pool2d_with_indices_backward(lo, node, grad, x, kernel_size, stride, padding,
+                                      dilation, ceil_mode, indices):
+    """Each output's gradient goes to the input element its saved index names."""
+    if not (is_box(grad) and is_box(indices)) or len(grad.sizes) not in (3, 4):
+        raise Unsupported("max_pool2d backward of this rank")
+    kernel, stride, padding, dilation = _window_args(kernel_size, stride, padding, dilation)
+
+    def contribution(at, o_h, o_w, valid, flat, acc_t):
+        hit = op("and", valid, op("eq", add_mask(indices.load(at), valid), Index(flat)))
+        g = cast(add_mask(grad.load(at), valid), acc_t)
+        return op("where", hit, g, const(0, acc_t))
+    return _gather_by_phase(lo, node, grad, kernel, stride, padding, dilation, contribution)
+
+
+@register(aten.avg_pool2d_backward.default)
+def _avg_pool2d_backward(lo, node, grad, x, kernel_size, stride, padding, ceil_mode,
+                         count_include_pad, divisor_override):
+    """Each output's gradient over its window's divisor, to every input of the window."""
+    if not is_box(grad) or len(grad.sizes) not in (3, 4):
+        raise Unsupported("avg_pool2d backward of this rank")
+    kernel, stride, padding, dilation = _window_args(kernel_size, stride, padding, 1)
+    m = lo.out_meta(node)
+    H, W = int(m.shape[-2]), int(m.shape[-1])
+
+    def contribution(at, o_h, o_w, valid, flat, acc_t):
+        g = cast(add_mask(grad.load(at), valid), acc_t)
+        div = _avg_divisor(o_h, o_w, H, W, kernel, stride, padding, count_include_pad,
+                           divisor_override, acc_t)
+        return op("where", valid, op("truediv", g, div), const(0, acc_t))
+    return _gather_by_phase(lo, node, grad, kernel, stride, padding, dilation, contribution)

@@ -41,11 +41,19 @@ def test_max_pool2d_with_indices(kernel, stride, padding, dilation, ceil):
     _run(f, torch.randn(3, 9, 11).transpose(1, 2))  # 3-D and non-contiguous
 
 
-def test_avg_pool2d():
-    def f(x):
-        return (aten.avg_pool2d.default(x, [3, 3], [1, 1], [1, 1]),
-                aten.avg_pool2d.default(x, [2, 2], [2, 2], [0, 0], False, True, 3))
-    _run(f, torch.randn(2, 4, 7, 10), exact=False)
+@pytest.mark.parametrize("ceil,include_pad,override", [
+    (False, True, None), (False, False, None), (True, True, None), (True, False, None),
+    (False, True, 3)])
+def test_avg_pool2d_and_backward(ceil, include_pad, override):
+    args = ([3, 3], [2, 2], [1, 1], ceil, include_pad, override)
+
+    def f(x, g):
+        return (aten.avg_pool2d.default(x, *args),
+                aten.avg_pool2d_backward.default(g, x, *args),
+                aten.avg_pool2d.default(x, [3, 3], [1, 1], [1, 1], False, include_pad),)
+    x = torch.randn(2, 4, 8, 11, dtype=torch.float64)
+    g = torch.randn_like(aten.avg_pool2d.default(x, *args))
+    _run(f, x, g, exact=False)
 
 
 @pytest.mark.parametrize("out", [[1, 1], [2, 5], [7, 10]])
