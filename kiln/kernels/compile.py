@@ -55,7 +55,7 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
     with timed("kernels.lowering"):
         lo = GraphLowering(gm, example_inputs, target).run()
         ir.verify(lo.buffers)
-    out_names = {v.buf for v in _leaf_views(lo.outputs)}
+    out_names = {v.buf for v in _leaf_views(lo.outputs)} | lo.pinned
     with timed("kernels.scheduling"):
         sched = schedule(lo.buffers, out_names)
     arte = {"ir": ir.format_program(lo.buffers), "schedule": format_schedule(sched),

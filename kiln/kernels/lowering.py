@@ -91,6 +91,25 @@ class Unsupported(Exception):
     """Raised by a lowering that cannot handle these arguments: the node falls back."""
 
 
+def _returns_a_view(op) -> bool:
+    """Whether an aten op's result may share memory with an argument (``Tensor(a)`` in
+    its schema: as_strided, alias, unfold, ...)."""
+    schema = getattr(op, "_schema", None)
+    return schema is not None and any(r.alias_info is not None and not r.alias_info.is_write
+                                      for r in schema.returns)
+
+
+class StorageLayoutError(RuntimeError):
+    """A storage-addressing op (``as_strided``) on a value whose eager storage the kernel
+    compiler cannot reproduce: compiling fails loudly (the frame then runs eagerly
+    unless errors are not suppressed) instead of reading the wrong elements."""
+
+
+#: Ops whose result depends on where their first argument's elements lie in its
+#: storage, not only on its values: they get it in eager's exact layout.
+STORAGE_OPS = {aten.as_strided.default, aten.as_strided_scatter.default}
+
+
 # --- boxes --------------------------------------------------------------------------
 @dataclass
 class View:
@@ -169,6 +188,7 @@ class GraphLowering:
         self.fallbacks: list[str] = []
         self.fallback_messages: list[tuple] = []     # (op, reason), re-logged on cache hits
         self.relaid: set = set()       # buffers whose layout differs from eager's
+        self.pinned: set = set()       # buffers an extern's result aliases (own memory slot)
         tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
         self.device = tensors[0].device if tensors else torch.device("cpu")
         self._n = 0
@@ -386,7 +406,16 @@ class GraphLowering:
                 v = self.realize(a, origin=node.name)
                 return ir.ExternArg(v.buf, v.sizes, v.strides, v.offset)
             return a
+        if node.target in STORAGE_OPS and args and is_box(args[0]):
+            args = (self._in_eager_storage(node, args[0]),) + tuple(args[1:])
         args, kwargs = pytree.tree_map(to_arg, (args, kwargs), is_leaf=is_box)
+        if _returns_a_view(node.target):
+            # the result shares its argument's memory: that buffer must not be handed
+            # to another buffer once its last direct reader is done
+            for a in pytree.tree_leaves((args, kwargs)):
+                if isinstance(a, ir.ExternArg) and isinstance(
+                        self.by_name.get(a.buf), (ir.Pointwise, ir.Reduction)):
+                    self.pinned.add(a.buf)
         m = self.meta[node]
         relaid = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, ir.ExternArg)
                   and a.buf in self.relaid]
@@ -423,6 +452,29 @@ class GraphLowering:
             else:
                 outs.append(t)
         return pytree.tree_unflatten(outs, spec)
+
+    def _in_eager_storage(self, node, box):
+        """``box`` laid out in memory exactly as eager's tensor is in its storage — what
+        an op that addresses the storage (``as_strided``) reads. A graph input is the
+        caller's own tensor. A computed value is stored at eager's strides, which is
+        its whole storage only when eager's tensor starts its storage and fills it;
+        anything else cannot be reproduced, and is an error rather than a wrong read."""
+        if isinstance(box, View) and isinstance(self.by_name.get(box.buf), ir.Input):
+            return box
+        m = self.meta.get(node.args[0]) if isinstance(node.args[0], fx.Node) else None
+        itemsize = torch.empty((), dtype=box.dtype).element_size()
+        if (not isinstance(m, torch.Tensor) or m.storage_offset() != 0 or not _dense(m)
+                or m.untyped_storage().nbytes() != m.numel() * itemsize):
+            raise StorageLayoutError(
+                f"kiln: {node.target} ({node.name}) addresses the storage of a tensor "
+                "that is a view into a larger one; the kernel compiler cannot reproduce "
+                "that storage")
+        strides = tuple(m.stride())
+        if isinstance(box, View) and box.offset == 0 and tuple(box.strides) == strides:
+            return box
+        lazy = box if isinstance(box, Lazy) else Lazy(box.sizes, box.dtype, box.load)
+        return self.realize(Lazy(lazy.sizes, lazy.dtype, lazy.fn), strides=strides,
+                            origin=node.name)
 
     def _meta_run(self, op, args, kwargs):
         """The op on meta tensors laid out as its arguments will be (output strides)."""
