@@ -121,8 +121,8 @@ def _constants(gm) -> str | None:
         if isinstance(val, torch.Tensor):
             if val.numel() * val.element_size() > MAX_CONSTANT_BYTES:
                 return None
-            t = val.detach().cpu().contiguous()
-            h.update(f"{node.target}{tuple(t.shape)}{t.dtype}".encode())
+            t = val.detach().cpu().contiguous().reshape(-1)       # (0-d: one element)
+            h.update(f"{node.target}{tuple(val.shape)}{t.dtype}".encode())
             h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
         else:
             h.update(f"{node.target}={val!r}".encode())

@@ -68,7 +68,8 @@ def test_constant_values_are_in_the_key(tmp_path, monkeypatch):
         def forward(self, x):
             return (aten.mul.Tensor(x, self.c),)
     x = torch.randn(5)
-    for c in (torch.full((5,), 2.0), torch.full((5,), 3.0)):
+    for c in (torch.full((5,), 2.0), torch.full((5,), 3.0), torch.tensor(4.0),
+              torch.tensor(5.0)):                  # 0-d constants too (deberta, gpt-neo)
         gm = fx.symbolic_trace(M(c))
         got = compile_aten_graph(gm, [x])(x)[0]
         torch.testing.assert_close(got, x * c)
