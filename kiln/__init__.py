@@ -1,7 +1,7 @@
 """kiln: a just-in-time compiler for PyTorch programs.
 
-The public API, nothing else: ``kiln.compile`` and friends mirror ``torch.compile``'s
-semantics; the machinery lives in ``kiln.capture``, ``kiln.autograd`` and
+The public API, nothing else: ``kiln.compile`` and friends mirror the semantics of
+PyTorch's own compile function; the machinery lives in ``kiln.capture``, ``kiln.autograd`` and
 ``kiln.kernels``.
 """
 # Names torch.compile only as the reference for the contract and semantics kiln

@@ -1,6 +1,6 @@
 """The backend registry: names to ``backend(gm, example_inputs) -> callable``.
 
-The contract is torch.compile's: a backend receives a torch-level ``fx.GraphModule`` and
+The contract is PyTorch's: a backend receives a torch-level ``fx.GraphModule`` and
 example inputs (real tensors, or the meta stand-ins capture traced with) and returns a
 callable taking the graph's inputs positionally and returning what ``gm`` returns.
 Built-in backends that live in heavier packages are registered by a dotted path and

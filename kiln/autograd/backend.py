@@ -14,9 +14,9 @@ from kiln.autograd.eager_calls import eager_calls
 from kiln.autograd.runtime import aot_compile
 
 
-# torch.compile's backend contract is followed by name only (DESIGN.md): nothing of
-# torch's compiler stack is imported or called.
+# PyTorch's backend contract is followed by its signature only (DESIGN.md): nothing
+# of torch's compiler stack is imported or called.
 def aot_eager(gm, example_inputs):
-    """``backend(gm, example_inputs) -> callable``, torch.compile's contract."""
+    """``backend(gm, example_inputs) -> callable``, PyTorch's backend contract."""
     return aot_compile(gm, example_inputs, fw_compiler=eager_calls, bw_compiler=eager_calls,
                        inference_compiler=eager_calls, decompositions="eager")

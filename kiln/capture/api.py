@@ -1,5 +1,5 @@
 """The public capture API: ``kiln.compile``, ``optimize``, ``explain``, ``export`` and
-the small switches around them, with torch.compile's semantics."""
+the small switches around them, with the semantics of PyTorch's own compile."""
 # Names torch.compile only as the reference for the contract and semantics kiln
 # follows (DESIGN.md); nothing here imports or calls torch's compiler stack.
 from __future__ import annotations
@@ -21,7 +21,7 @@ __all__ = ["Unsupported", "compile", "optimize", "explain", "export", "disable",
 
 class CompiledModule(torch.nn.Module):
     """A module whose forward runs through kiln; shares parameters and state with the
-    original (``_orig_mod``), as torch.compile's OptimizedModule does."""
+    original (``_orig_mod``), as PyTorch's compiled modules do."""
 
     def __init__(self, mod, compiled_forward):
         super().__init__()
@@ -68,8 +68,8 @@ def _call_module_fn(mod, *args, **kwargs):
 def compile(fn=None, *, backend=None, fullgraph=False, dynamic=None, mode=None,
             options=None, disable=False):
     """Compile ``fn`` (a function, method or nn.Module); usable as a decorator with or
-    without arguments. ``dynamic``/``mode``/``options`` are accepted for torch.compile
-    compatibility."""
+    without arguments. ``dynamic``/``mode``/``options`` are accepted for compatibility
+    with PyTorch's own compile function (named, never called)."""
     backend = backend if backend is not None else config.default_backend
     if fn is None:
         return lambda f: compile(f, backend=backend, fullgraph=fullgraph, dynamic=dynamic,

@@ -1,6 +1,6 @@
 """The ``kiln`` backend: autograd stage first, then the kernel compiler on its graphs.
 
-``kiln_backend(gm, example_inputs)`` follows torch.compile's backend contract. The
+``kiln_backend(gm, example_inputs)`` follows PyTorch's backend contract. The
 autograd stage (``kiln.autograd.aot_compile``) derives functional, core-aten forward
 and backward graphs and hands each to ``compile_aten_graph``.
 """
