@@ -79,10 +79,7 @@ def write_source(kind: str, source: str, suffix: str) -> str:
 
 def write_text(path: str, text: str) -> None:
     """Write ``text`` to ``path`` atomically (temporary name, then rename)."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_bytes(path, text.encode())
 
 
 def write_bytes(path: str, data: bytes) -> None:

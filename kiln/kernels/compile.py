@@ -70,13 +70,11 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
     arte["source"] = source
     arte["kinfo"] = kinfo
     _code_log.info("kernels: %s source for graph\n%s\n%s", target, arte["ir"], source)
-    p = graph_cache.Plan(lo, sched, source, entries, kinfo, arte,
-                         list(lo.fallback_messages))
+    p = graph_cache.Plan(graph_cache.Lowered(lo.buffers, lo.outputs, lo.device),
+                         sched, source, entries, kinfo, arte, list(lo.fallback_messages))
     if key is not None:
         with timed("kernels.graph_cache"):
-            graph_cache.store(key, graph_cache.Plan(
-                graph_cache.Lowered(lo.buffers, lo.outputs, lo.device, list(lo.fallbacks)),
-                sched, source, entries, kinfo, arte, list(lo.fallback_messages)))
+            graph_cache.store(key, p)
     return p
 
 

@@ -47,11 +47,10 @@ stats = {"hits": 0, "misses": 0, "stored": 0, "uncacheable": 0}
 @dataclass
 class Lowered:
     """What the runtime needs of a lowering: the buffers, the outputs (a pytree of
-    views and constants) and the device — a ``GraphLowering`` on a miss, this on a hit."""
+    views and constants) and the device."""
     buffers: list
     outputs: object
     device: torch.device
-    fallbacks: list = field(default_factory=list)
 
     @property
     def by_name(self):
@@ -61,7 +60,7 @@ class Lowered:
 @dataclass
 class Plan:
     """A graph compiled up to, not including, loading its kernels."""
-    lowered: object               # Lowered | GraphLowering
+    lowered: Lowered
     sched: object                 # scheduler.Schedule
     source: str
     entries: list

@@ -18,7 +18,7 @@ import torch
 
 from . import ir
 from .lowering import Lazy, Unsupported, View, _dim, add_mask, is_box, register
-from .ops import cast, const, op
+from .ops import cast, const, op, within
 
 aten = torch.ops.aten
 _I64 = torch.int64
@@ -64,17 +64,13 @@ def _stored(lo, node, x) -> View:
     return x if isinstance(x, View) else lo.realize(x, origin=node.name)
 
 
-def _in_range(e, n):
-    return op("and", op("ge", e, const(0, _I64)), op("lt", e, const(n, _I64)))
-
-
 def _gather_load(src: View, idx, d, e, n):
     """``src`` at index ``idx`` with dim ``d`` replaced by the value ``e`` (masked)."""
     index = ir.Affine.c(src.offset)
     for k, (i, st) in enumerate(zip(idx, src.strides)):
         if k != d:
             index = index + i * st
-    return ir.Load(src.buf, index, src.dtype, _in_range(e, n), ((e, src.strides[d]),))
+    return ir.Load(src.buf, index, src.dtype, within(e, 0, n), ((e, src.strides[d]),))
 
 
 @register(aten.embedding.default)
@@ -159,9 +155,7 @@ def _slice_scatter(lo, node, x, src, dim=0, start=None, end=None, step=1):
     dtype = m.dtype
 
     def body(idx):
-        pos = ir.Index(idx[d])
-        inside = op("and", op("ge", pos, const(start, _I64)),
-                    op("lt", pos, const(start + length, _I64)))
+        inside = within(ir.Index(idx[d]), start, start + length)
         sub = list(idx)
         sub[d] = idx[d] + (-start)
         return op("where", inside, cast(add_mask(src.load(sub), inside), dtype),

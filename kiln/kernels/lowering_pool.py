@@ -19,7 +19,7 @@ from . import ir
 from .ir import Index
 from .lowering import (Lazy, Unsupported, View, _as_expr, add_mask, is_box, pointwise,
                        reduce, register)
-from .ops import cast, const, op
+from .ops import cast, const, op, within
 
 aten = torch.ops.aten
 #: Windows with more taps than this are not unrolled (the op falls back).
@@ -65,13 +65,7 @@ def _taps(x, idx, kernel, stride, padding, dilation):
         for kw in range(kernel[1]):
             ih = oh * stride[0] + (kh * dilation[0] - padding[0])
             iw = ow * stride[1] + (kw * dilation[1] - padding[1])
-            conds = [op("ge", Index(ih), const(0, torch.int64)),
-                     op("lt", Index(ih), const(H, torch.int64)),
-                     op("ge", Index(iw), const(0, torch.int64)),
-                     op("lt", Index(iw), const(W, torch.int64))]
-            valid = conds[0]
-            for c in conds[1:]:
-                valid = op("and", valid, c)
+            valid = op("and", within(Index(ih), 0, H), within(Index(iw), 0, W))
             out.append((valid, list(idx[:-2]) + [ih, iw], ih * W + iw))
     return out
 
@@ -124,9 +118,7 @@ def _axis_count(o, stride, pad, k, lo_b, hi_b, dt):
     fall in [lo_b, hi_b), as an expression."""
     n = const(0, dt)
     for t in range(k):
-        i = Index(o * stride + (t - pad))
-        inside = op("and", op("ge", i, const(lo_b, torch.int64)),
-                    op("lt", i, const(hi_b, torch.int64)))
+        inside = within(Index(o * stride + (t - pad)), lo_b, hi_b)
         n = op("add", n, op("where", inside, const(1, dt), const(0, dt)))
     return n
 
@@ -263,10 +255,6 @@ def _gather_by_phase(lo, node, grad, kernel, stride, padding, dilation, contribu
     lead = sizes[:-2]
     six = tuple(lead) + (Hp // sh, sh, Wp // sw, sw)
 
-    def in_range(e, hi):
-        return op("and", op("ge", Index(e), const(0, torch.int64)),
-                  op("lt", Index(e), const(hi, torch.int64)))
-
     def body(idx):
         pre, a, p, b, q = list(idx[:-4]), idx[-4], idx[-3], idx[-2], idx[-1]
         result = const(0, acc_t)
@@ -284,7 +272,7 @@ def _gather_by_phase(lo, node, grad, kernel, stride, padding, dilation, contribu
                         if dw % sw:
                             continue
                         o_w = b + dw // sw
-                        valid = op("and", in_range(o_h, OH), in_range(o_w, OW))
+                        valid = op("and", within(Index(o_h), 0, OH), within(Index(o_w), 0, OW))
                         total = op("add", total, contribution(pre + [o_h, o_w], o_h, o_w,
                                                               valid, flat, acc_t))
                 here = op("and", op("eq", Index(p), const(ph_, torch.int64)),

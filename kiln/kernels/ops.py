@@ -101,6 +101,11 @@ def cast(e: Expr, dtype: torch.dtype) -> Expr:
     return Op("cast", (e,), dtype)
 
 
+def within(e: Expr, lo: int, hi: int) -> Expr:
+    """``lo <= e < hi`` for an integer expression (bounds checks, masks of windows)."""
+    return op("and", op("ge", e, const(lo, e.dtype)), op("lt", e, const(hi, e.dtype)))
+
+
 def const(value, dtype: torch.dtype) -> Const:
     if dtype == torch.bool:
         return Const(bool(value), dtype)

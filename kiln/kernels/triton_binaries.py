@@ -68,11 +68,7 @@ def save(source: str, kinfo, compiled: dict) -> bool:
                 dst = os.path.join(d, fname)
                 if not os.path.exists(dst):
                     with open(src_path, "rb") as f:
-                        data = f.read()
-                    tmp = dst + f".tmp{os.getpid()}"
-                    with open(tmp, "wb") as f:
-                        f.write(data)
-                    os.replace(tmp, dst)
+                        cache.write_bytes(dst, f.read())
                 files.append(fname)
             src = ck.src
             entries[name] = {
