@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
+from ..dispatch_mode import KilnDispatchMode
 
 _VARIABLE_FUNCTIONS = torch._C._VariableFunctions
 _NN = torch._C._nn
 
 
-class _Seen(TorchDispatchMode):
+class _Seen(KilnDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops = []

@@ -37,10 +37,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln.autograd import ops as opinfo
+from ..dispatch_mode import KilnDispatchMode
 
 aten = torch.ops.aten
 _META = torch.device("meta")
@@ -156,7 +156,7 @@ def _has_device_arg(op) -> bool:
     return any(a.name == "device" for a in op._schema.arguments)
 
 
-class _TraceMode(TorchDispatchMode):
+class _TraceMode(KilnDispatchMode):
     """Records aten ops on meta tensors into ``self.graph``, functionalizing as it goes."""
 
     def __init__(self, default_device: torch.device, ops: opinfo.OpSet = opinfo.CORE):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 from torch.utils._pytree import tree_map
-from torch.utils._python_dispatch import TorchDispatchMode
+from ..dispatch_mode import KilnDispatchMode
 
 aten = torch.ops.aten
 
@@ -231,7 +231,7 @@ class _MetaDesc:
         return t if self.offset == 0 else t.as_strided(self.shape, self.stride, self.offset)
 
 
-class FakeMode(TorchDispatchMode):
+class FakeMode(KilnDispatchMode):
     """Routes every op, factories included, through ``fake_dispatch``."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

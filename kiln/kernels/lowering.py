@@ -28,6 +28,7 @@ from torch.utils import _pytree as pytree
 
 from ..debug.logs import log_for
 from . import ir
+from ..dispatch_mode import spare_compiler_import
 from .ir import Affine, Const, Index, Load, linear_index, loop_vars
 from .ops import cast, const, op
 
@@ -143,14 +144,17 @@ def is_box(x) -> bool:
     return isinstance(x, Box)
 
 
-def add_mask(e: ir.Expr, mask: ir.Expr) -> ir.Expr:
-    """The same expression with every load guarded by ``mask`` (for cat and pad)."""
+def add_mask(e: ir.Expr, mask: ir.Expr, keep=frozenset()) -> ir.Expr:
+    """The same expression with every load guarded by ``mask`` (for cat and pad), but
+    for the loads in ``keep`` (known to be in bounds wherever ``e`` is evaluated)."""
     memo = {}
 
     def go(x):
         if x in memo:
             return memo[x]
-        if isinstance(x, Load):
+        if x in keep:
+            r = x
+        elif isinstance(x, Load):
             m = mask if x.mask is None else op("and", x.mask, mask)
             r = Load(x.buf, x.index, x.dtype, m, x.gather)
         elif isinstance(x, ir.Op):
@@ -205,6 +209,7 @@ class GraphLowering:
         kiln then never calls (0.5 s for resnet18), and consumes random numbers."""
         if self._meta_from_trace(example_inputs):
             return
+        spare_compiler_import()
         try:
             self._run_recorder([_to_meta(t) for t in example_inputs],
                                [t.device if isinstance(t, torch.Tensor) else None
