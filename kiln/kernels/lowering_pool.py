@@ -55,19 +55,66 @@ def _pair(v, default=None):
     return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
 
 
-def _taps(x, idx, kernel, stride, padding, dilation):
-    """For each tap of the window at output index ``idx`` (…, oh, ow): (validity, input
-    index list, flat position ih*W+iw as an affine index)."""
+def _side_checks(pos, first: int, step: int, n_out: int, size: int):
+    """``0 <= pos < size`` for ``pos = o*step + first``, o in [0, n_out), keeping only
+    the sides that can fail (None: always in range). A consumer that reads the pool
+    outside its own range (pad, cat) masks every load itself, so only ``o``'s own range
+    matters; each dropped check is a compare and an ``and`` less in the kernel, which on
+    resnet18's stem pool halves its compile time."""
+    checks = []
+    if first < 0:
+        checks.append(op("ge", Index(pos), const(0, torch.int64)))
+    if (n_out - 1) * step + first >= size:
+        checks.append(op("lt", Index(pos), const(size, torch.int64)))
+    return checks
+
+
+def _taps(x, idx, kernel, stride, padding, dilation, out_hw):
+    """For each tap of the window at output index ``idx`` (…, oh, ow): (validity or None
+    when the tap is always inside the input, input index list, flat position ih*W+iw
+    as an affine index)."""
     H, W = int(x.sizes[-2]), int(x.sizes[-1])
     oh, ow = idx[-2], idx[-1]
     out = []
     for kh in range(kernel[0]):
         for kw in range(kernel[1]):
-            ih = oh * stride[0] + (kh * dilation[0] - padding[0])
-            iw = ow * stride[1] + (kw * dilation[1] - padding[1])
-            valid = op("and", within(Index(ih), 0, H), within(Index(iw), 0, W))
+            fh, fw = kh * dilation[0] - padding[0], kw * dilation[1] - padding[1]
+            ih, iw = oh * stride[0] + fh, ow * stride[1] + fw
+            checks = (_side_checks(ih, fh, stride[0], out_hw[0], H)
+                      + _side_checks(iw, fw, stride[1], out_hw[1], W))
+            valid = None
+            for c in checks:
+                valid = c if valid is None else op("and", valid, c)
             out.append((valid, list(idx[:-2]) + [ih, iw], ih * W + iw))
     return out
+
+
+_PROBE = ("kiln_ph", "kiln_pw")
+
+
+def _position_free_loads(x, idx) -> frozenset:
+    """The loads in ``x``'s expression at (…, h, w) whose address does not depend on h
+    or w (a BatchNorm's per-channel statistics under a pool): they are in bounds for
+    every tap, so a tap's mask need not cover them, and one copy serves every tap
+    (masked copies differ, and each would redo their arithmetic — an rsqrt a tap)."""
+    probe = x.load(list(idx[:-2]) + [ir.Affine.var(v) for v in _PROBE])
+    tainted = set()
+    free = set()
+    for e in ir.walk(probe):
+        own = ((isinstance(e, Index) and set(_PROBE) & e.index.vars())
+               or (isinstance(e, ir.Load) and set(_PROBE) & e.index.vars()))
+        if own or any(c in tainted for c in e.children()):
+            tainted.add(e)
+        elif isinstance(e, ir.Load):
+            free.add(e)
+    return frozenset(free)
+
+
+def _guarded(x, sub, valid, free=frozenset()):
+    """``x`` at ``sub``, its loads masked by ``valid`` unless the tap is always inside
+    (``free``: loads left unmasked, see ``_position_free_loads``)."""
+    v = x.load(sub)
+    return v if valid is None else add_mask(v, valid, free)
 
 
 def _window_args(kernel, stride, padding, dilation):
@@ -98,15 +145,28 @@ def _max_pool2d_with_indices(lo, node, x, kernel_size, stride=(), padding=0, dil
         return memo[key]
 
     def _window_max(idx):
+        # The value needs no "first valid tap" rule: a -inf start gives the same max.
+        # The index does (ATen starts at the first valid tap), so only the index chain
+        # carries ``found`` (True once a tap that is always inside has been seen), and
+        # a graph that drops the indices (inference) keeps the short value chain.
         best, where_, found = const(float("-inf"), dtype), const(0, torch.int64), None
-        for valid, sub, flat in _taps(x, idx, kernel, stride, padding, dilation):
-            v = add_mask(x.load(sub), valid)
+        free = _position_free_loads(x, idx)
+        for valid, sub, flat in _taps(x, idx, kernel, stride, padding, dilation,
+                                      sizes[-2:]):
+            v = _guarded(x, sub, valid, free)
             better = op("or", op("gt", v, best), op("isnan", v))
-            upd = valid if found is None else \
-                op("and", valid, op("or", op("not", found), better))
-            best = op("where", upd, v, best)
-            where_ = op("where", upd, Index(flat), where_)
-            found = valid if found is None else op("or", found, valid)
+            take = better if valid is None else op("and", valid, better)
+            if found is True:
+                take_i = take
+            elif found is None:
+                take_i = valid
+            else:
+                first = op("or", op("not", found), better)
+                take_i = first if valid is None else op("and", valid, first)
+            best = op("where", take, v, best)
+            where_ = Index(flat) if take_i is None else op("where", take_i, Index(flat), where_)
+            found = True if (valid is None or found is True) else \
+                (valid if found is None else op("or", found, valid))
         return best, where_
 
     return (Lazy(sizes, dtype, lambda idx: both(idx)[0]),
@@ -154,9 +214,11 @@ def _avg_pool2d(lo, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
 
     def body(idx):
         total = const(0, acc_t)
-        for valid, sub, _ in _taps(x, idx, kernel, stride, padding, dilation):
-            v = cast(add_mask(x.load(sub), valid), acc_t)
-            total = op("add", total, op("where", valid, v, const(0, acc_t)))
+        free = _position_free_loads(x, idx)
+        for valid, sub, _ in _taps(x, idx, kernel, stride, padding, dilation, sizes[-2:]):
+            v = cast(_guarded(x, sub, valid, free), acc_t)
+            total = op("add", total, v if valid is None else
+                       op("where", valid, v, const(0, acc_t)))
         div = _avg_divisor(idx[-2], idx[-1], H, W, kernel, stride, padding,
                            count_include_pad, divisor_override, acc_t)
         return cast(op("truediv", total, div), dtype)

@@ -116,7 +116,21 @@ def _span(b) -> int:
     return 1 + sum((int(s) - 1) * int(st) for s, st in zip(b.sizes, b.strides))
 
 
+def live_buffers(buffers: list, output_names: set) -> list:
+    """``buffers`` without computed ones that nothing needs: a max pool's indices in an
+    inference graph, say, whose lowering builds them beside the values. Library calls
+    and fallbacks are always kept (they may write to their arguments)."""
+    live = set(output_names)
+    for b in reversed(buffers):
+        if isinstance(b, (ir.Input, ir.Extern, ir.MultiOutput)):
+            live.add(b.name)
+        if b.name in live:
+            live |= b.reads()
+    return [b for b in buffers if b.name in live]
+
+
 def schedule(buffers: list, output_names: set) -> Schedule:
+    buffers = live_buffers(buffers, output_names)
     squeeze_unit_dims(buffers)
     groups: list[Group] = []
     cur = None

@@ -41,6 +41,26 @@ def test_max_pool2d_with_indices(kernel, stride, padding, dilation, ceil):
     _run(f, torch.randn(3, 9, 11).transpose(1, 2))  # 3-D and non-contiguous
 
 
+def test_max_pool_over_fused_normalisation_stays_small():
+    """resnet's stem: a pool over BatchNorm+ReLU, its indices unused (inference). The
+    kernel must mask only the taps that can fall outside (5 of 9 for a 3x3/2 window
+    with padding 1), load the per-channel statistics once rather than once per masked
+    tap, and not compute the indices nobody reads: each was seconds of Triton compile
+    time on resnet18."""
+    def f(x, mean, w):
+        y = aten.relu.default(aten.mul.Tensor(aten.sub.Tensor(x, mean), w))
+        v, _ = aten.max_pool2d_with_indices.default(y, [3, 3], [2, 2], [1, 1])
+        return (v,)
+    x = torch.randn(2, 3, 8, 8)
+    x[0, 1, 0, 0] = float("nan")
+    c = _run(f, x, torch.randn(3, 1, 1), torch.randn(3, 1, 1))
+    src = c.artefacts["source"]
+    assert src.count("? in0[") == 5, src
+    assert src.count("in1[") == 1 and src.count("in2[") == 1, src
+    import re
+    assert re.findall(r"buf\d+", c.artefacts["schedule"]) == ["buf0"], c.artefacts["schedule"]
+
+
 @pytest.mark.parametrize("ceil,include_pad,override", [
     (False, True, None), (False, False, None), (True, True, None), (True, False, None),
     (False, True, 3)])

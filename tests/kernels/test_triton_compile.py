@@ -124,3 +124,20 @@ def test_persistent_softmax_loads_its_row_once(tmp_path):
     ck = compile_all(source, kinfo, tmp_path)
     ptx = next(iter(ck.values())).asm["ptx"]
     assert "ld.global.v4" in ptx            # 16-byte loads
+
+
+def _stem(x, mean, w):
+    y = aten.relu.default(aten.mul.Tensor(aten.sub.Tensor(x, mean), w))
+    return (aten.max_pool2d_with_indices.default(y, [3, 3], [2, 2], [1, 1])[0],
+            aten.add.Tensor(x, 1))
+
+
+def test_heavy_pointwise_kernels_get_more_warps(tmp_path):
+    """A pool over a fused normalisation has many ops: 8 warps (4 elements a thread),
+    which halves its compile time; a light kernel keeps 4."""
+    args = [torch.randn(2, 8, 32, 32, dtype=torch.bfloat16), torch.randn(8, 1, 1),
+            torch.randn(8, 1, 1)]
+    source, _, kinfo = generated(_stem, args)
+    warps = sorted(k[4] for k in kinfo)
+    assert warps == [4, 8], kinfo
+    compile_all(source, kinfo, tmp_path)
