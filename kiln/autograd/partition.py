@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import networkx as nx
 import torch
 import torch.fx as fx
 
@@ -51,6 +50,7 @@ def choose_saved(joint: fx.Graph, recompute: bool | None = None) -> list[fx.Node
     """The joint-graph nodes to save for the backward: a minimum cut (see module doc)."""
     if recompute is None:
         recompute = config.partition_recompute
+    import networkx as nx     # here, not at import: 0.3 s, and inference never needs it
     out = next(n for n in reversed(joint.nodes) if n.op == "output")
     g = nx.DiGraph()
     for n in joint.nodes:
