@@ -18,7 +18,7 @@ import operator
 from dataclasses import dataclass, field
 
 import torch
-from torch._decomp import core_aten_decompositions, decomposition_table
+from torch._decomp import decomposition_table
 
 aten = torch.ops.aten
 
@@ -85,7 +85,8 @@ _OWN_DECOMPOSITIONS = {aten.var_mean.correction: _var_mean}
 
 
 def _build_decompositions():
-    table = dict(core_aten_decompositions())
+    from kiln.autograd.decomp_table import core_aten_table
+    table = core_aten_table()
     for op in _EXTRA_DECOMPOSE:
         if op in decomposition_table:
             table[op] = decomposition_table[op]
