@@ -88,6 +88,9 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)  # let Python raise the TypeError
         _state.depth = getattr(_state, "depth", 0) + 1
         t0 = time.perf_counter()
+        prepare = getattr(self.backend, "prepare", None)
+        if prepare is not None:     # a backend's one-time set-up, overlapping the capture
+            prepare(list(args) + list(kwargs.values()))
         try:
             with timed("capture (incl. backend)"):
                 entry = trace_frame(self.fn, self.code, bound, self._ctx())

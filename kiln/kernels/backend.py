@@ -11,6 +11,20 @@ from __future__ import annotations
 from .compile import compile_aten_graph
 
 
+def _on_cuda(values) -> bool:
+    return any(getattr(t, "device", None) is not None and t.device.type == "cuda"
+               for t in values)
+
+
+def prepare(args) -> None:
+    """Called by the capture before it traces a call: when the call has CUDA tensors,
+    Triton's one-time set-up starts now, in the background (``triton_setup``), beside
+    the capture and the autograd stage rather than after them."""
+    if _on_cuda(args):
+        from . import triton_setup
+        triton_setup.start()
+
+
 def kiln_backend(gm, example_inputs):
     try:
         from kiln.autograd import aot_compile
@@ -19,9 +33,11 @@ def kiln_backend(gm, example_inputs):
             "the 'kiln' backend needs kiln.autograd.aot_compile (the autograd stage), "
             f"which could not be imported ({e}); use backend='eager', or call "
             "kiln.kernels.compile_aten_graph on an aten graph directly") from e
-    if any(getattr(t, "device", None) is not None and t.device.type == "cuda"
-           for t in example_inputs):
+    if _on_cuda(example_inputs):
         from . import triton_setup
         triton_setup.start()              # overlaps the autograd stage and lowering
     return aot_compile(gm, example_inputs, fw_compiler=compile_aten_graph,
                        bw_compiler=compile_aten_graph, inference_compiler=compile_aten_graph)
+
+
+kiln_backend.prepare = prepare

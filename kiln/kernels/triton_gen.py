@@ -963,7 +963,9 @@ def precompile(mod, kinfo) -> dict:
         else:
             jobs.append((name, params, dtypes, consts, nw, None))
     with timed("kernels.triton_compile"):    # (Triton's own set-up: triton_setup)
-        job(jobs[0], init=False)  # the first compile alone: LLVM's one-time set-up
+        from . import triton_setup
+        if not triton_setup.warmed():  # the first compile alone: LLVM's one-time set-up
+            job(jobs[0], init=False)
         with ThreadPoolExecutor(min(config.compile_threads, len(jobs))) as ex:
             list(ex.map(job, jobs))   # (the first again: its launcher)
     return done

@@ -7,9 +7,11 @@ and its ``libtriton`` for cache keys (``triton.runtime.cache.triton_key``: 0.8 s
 0.35 s with the file in the page cache) — one after the other, before any kernel of
 the first graph can start compiling. So
 
-* ``start()`` runs both in background threads as soon as a CUDA graph reaches the
-  kernel compiler, overlapping kiln's own lowering (gcc and hashing release the GIL),
-  and ``wait()`` joins it before the first Triton compile;
+* ``start()`` runs both in background threads as soon as kiln is called with CUDA
+  tensors (``backend.prepare``), overlapping the capture, the autograd stage and the
+  lowering (gcc and hashing release the GIL), and ``wait()`` joins them before the
+  first Triton compile; after both, a third thread compiles a one-line kernel
+  (``triton_warmup``), so MLIR's and LLVM's set-up is paid meanwhile too;
 * the hash is stored under ``cache_dir``, keyed by the path, size and modification time
   of every file it covers (what ``make`` trusts), and handed to Triton by later
   processes. Anything unexpected (another Triton layout) leaves Triton's own function
@@ -94,18 +96,45 @@ def _key() -> None:
 
 
 _threads: list = []
+_warm = threading.Event()
+
+
+def _warmup() -> None:
+    try:
+        from . import triton_warmup
+        triton_warmup.compile_once()
+        _warm.set()
+    except Exception:                    # noqa: BLE001  (the first real kernel pays it)
+        pass
+
+
+def warmed() -> bool:
+    """Has the warm-up kernel compiled (so MLIR and LLVM are set up)?"""
+    return _warm.is_set()
+
+
+def _setup() -> None:
+    import triton  # noqa: F401  (imported once, here, not by both threads)
+    both = [threading.Thread(target=fn, name=f"kiln-triton{fn.__name__}", daemon=True)
+            for fn in (_driver, _key)]
+    for t in both:
+        t.start()
+    for t in both:
+        t.join()
+    # not joined by wait(): the first real compiles may run beside it
+    threading.Thread(target=_warmup, name="kiln-triton-warmup",
+                     daemon=True).start()
 
 
 def start() -> None:
-    """Begin Triton's set-up in background threads (once per process): the driver's C
-    helpers and the installation hash, side by side."""
+    """Begin Triton's set-up in background threads (once per process): its import, then
+    the driver's C helpers and the installation hash side by side, then the warm-up
+    compile."""
     with _lock:
         if not _threads:
-            import triton  # noqa: F401  (imported once, here, not by both threads)
-            for fn in (_driver, _key):
-                t = threading.Thread(target=fn, name=f"kiln-triton{fn.__name__}", daemon=True)
-                t.start()
-                _threads.append(t)
+            t = threading.Thread(target=_setup, name="kiln-triton-setup", daemon=True)
+            t.start()
+            _threads.append(t)
 
 
 def wait() -> None:
