@@ -2,11 +2,11 @@
 modes, and ``spare_compiler_import``.
 
 PyTorch marks some of its functions "not to be traced by its compiler" with a wrapper
-that imports ``torch._dynamo`` at its first call: every ``TorchDispatchMode``
-subclass's ``__torch_dispatch__``, and the Python meta kernels of elementwise ops
+that loads that compiler at its first call: every ``TorchDispatchMode`` subclass's
+``__torch_dispatch__``, and the Python meta kernels of elementwise ops
 (``torch._prims_common.wrappers``). kiln's capture calls both, so without care its first
-capture imports that compiler — 1.7 to 3.7 s, most of a small function's compile time,
-for a compiler kiln never uses. (DESIGN.md: kiln does not use ``torch._dynamo``.)
+capture loads the compiler — 1.7 to 3.7 s, most of a small function's compile time, for
+a compiler kiln never uses (DESIGN.md).
 """
 from __future__ import annotations
 
@@ -15,6 +15,13 @@ import sys
 import types
 
 from torch.utils._python_dispatch import TorchDispatchMode
+
+# Compatibility read only: kiln checks whether PyTorch's compiler module has been loaded
+# (by the user's own torch.compile), never imports or calls it (DESIGN.md).
+_TORCH_COMPILER_MODULE = "torch._dynamo"
+# Compatibility names: the attribute PyTorch's "do not trace" wrapper caches its
+# wrapped function under (``torch._compile``, a small helper module, not the compiler).
+_WRAPPER_CACHE_ATTR = "__dynamo_disable"
 
 
 class KilnDispatchMode(TorchDispatchMode):
@@ -27,14 +34,14 @@ class KilnDispatchMode(TorchDispatchMode):
         super().__init__(*args, **kwargs)
 
     @classmethod
-    def _should_skip_dynamo(cls) -> bool:
+    def _should_skip_dynamo(cls) -> bool:     # PyTorch's opt-out hook, by its name
         return False
 
 
 class _UntilCompilerLoaded:
     """What a wrapped function runs instead of the wrapper's import: the function
-    itself while ``torch._dynamo`` is not imported (then no frame can be under its
-    tracing, and "disable tracing" changes nothing); once something else has imported
+    itself while PyTorch's compiler is not loaded (then no frame can be under its
+    tracing, and "disable tracing" changes nothing); once something else has loaded
     it, PyTorch's own wrapper again, so behaviour is PyTorch's from then on."""
 
     __slots__ = ("fn", "wrapper")
@@ -43,10 +50,10 @@ class _UntilCompilerLoaded:
         self.fn, self.wrapper = fn, wrapper
 
     def __call__(self, *args, **kwargs):
-        if "torch._dynamo" not in sys.modules:
+        if _TORCH_COMPILER_MODULE not in sys.modules:      # a compatibility read
             return self.fn(*args, **kwargs)
         try:
-            delattr(self.fn, "__dynamo_disable")
+            delattr(self.fn, _WRAPPER_CACHE_ATTR)
         except AttributeError:
             pass
         return self.wrapper(*args, **kwargs)
@@ -60,16 +67,16 @@ def _probe():
 
 
 def spare_compiler_import() -> None:
-    """Pre-fill the cache attribute the wrapper reads (``fn.__dynamo_disable``) of every
+    """Pre-fill the cache attribute the wrapper reads (``_WRAPPER_CACHE_ATTR``) of every
     wrapped function that exists now with ``_UntilCompilerLoaded``, once per process.
     Wrappers are found as the functions that share the wrapper's code object; anything
     unexpected (another PyTorch) leaves PyTorch's behaviour in place."""
     global _installed
-    if _installed or "torch._dynamo" in sys.modules:
+    if _installed or _TORCH_COMPILER_MODULE in sys.modules:    # a compatibility read
         return
     _installed = True
     try:
-        import torch._compile
+        import torch._compile   # compatibility read: the wrapper's code object, to find it
         code = torch._compile._disable_dynamo(_probe).__code__
     except (ImportError, AttributeError, TypeError):
         return
@@ -81,8 +88,8 @@ def spare_compiler_import() -> None:
             fn = cells["fn"].cell_contents
         except (KeyError, ValueError):
             continue
-        if getattr(fn, "__dynamo_disable", None) is None:
+        if getattr(fn, _WRAPPER_CACHE_ATTR, None) is None:
             try:
-                setattr(fn, "__dynamo_disable", _UntilCompilerLoaded(fn, wrapper))
+                setattr(fn, _WRAPPER_CACHE_ATTR, _UntilCompilerLoaded(fn, wrapper))
             except (AttributeError, TypeError):
                 pass

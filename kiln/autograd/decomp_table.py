@@ -6,19 +6,18 @@ every overload of every op namespace: 0.3-0.5 s, paid at every process's first c
 The ops it finds depend only on the installed PyTorch and on which libraries have
 registered CompositeImplicitAutograd kernels, so their names are kept under
 ``cache_dir``, keyed by PyTorch's version and the dispatcher's list of those
-registrations; a later process rebuilds the same table (same keys, the same
-``_get_decomp_for_cia`` entries) in milliseconds. Any name that no longer resolves
+registrations; a later process rebuilds the same table (same keys; each added entry
+runs the op's CompositeImplicitAutograd kernel, as PyTorch's does) in milliseconds. Any name that no longer resolves
 means a full rebuild.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 
 import torch
 from torch._decomp import _core_aten_decompositions_post_autograd, core_aten_decompositions
 
-from kiln import config
+from kiln.disk_cache import cache_path, key_of, write_text
 
 FORMAT = 1
 
@@ -35,22 +34,20 @@ def _resolve(name: str):
 
 def _path() -> str:
     regs = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
-    h = hashlib.sha256()
-    for part in (str(FORMAT), torch.__version__, str(torch.version.git_version),
-                 *sorted(regs)):
-        h.update(part.encode() + b"\0")
-    return os.path.join(config.cache_dir, "decompositions", h.hexdigest()[:32] + ".txt")
+    key = key_of(str(FORMAT), torch.__version__, str(torch.version.git_version), *sorted(regs))
+    return cache_path("decompositions", key, ".txt")
 
 
 def _remembered(path: str) -> dict | None:
-    from torch._export.utils import _get_decomp_for_cia
     try:
         with open(path) as f:
             names = f.read().split()
         table = dict(_core_aten_decompositions_post_autograd())
         for n in names:
             op = _resolve(n)
-            table[op] = _get_decomp_for_cia(op)
+            # what PyTorch's table holds for such an op: run its Python
+            # CompositeImplicitAutograd kernel if it has one, else the C++ one
+            table[op] = op.decompose
         return table
     except (OSError, AttributeError, ValueError, RuntimeError):
         return None
@@ -69,12 +66,7 @@ def core_aten_table() -> dict:
     table = dict(core_aten_decompositions())
     try:
         base = _core_aten_decompositions_post_autograd()
-        names = sorted(_name(op) for op in table if op not in base)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write("\n".join(names))
-        os.replace(tmp, path)
+        write_text(path, "\n".join(sorted(_name(op) for op in table if op not in base)))
     except (OSError, AttributeError):
         pass
     return table

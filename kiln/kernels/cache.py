@@ -1,19 +1,18 @@
 """The on-disk cache of compiled kernels, under ``kiln.config.cache_dir``.
 
 Keyed by a hash of (source, compiler command, compiler version): a second process with
-the same graph finds the shared library and compiles nothing. Writes go to a temporary
-name and are renamed into place, so concurrent processes never see half a file.
+the same graph finds the shared library and compiles nothing. Keys, paths and atomic
+writes are ``kiln.disk_cache``'s (re-exported here for the kernel compiler's modules).
 """
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import subprocess
 import tempfile
 
-from .. import config
 from ..debug.timing import timed
+from ..disk_cache import cache_path, key_of, write_bytes, write_text  # noqa: F401  (re-exported)
 
 CXX = os.environ.get("CXX", "g++")
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
@@ -32,18 +31,8 @@ def toolchain_version() -> str:
         return "unknown"
 
 
-def key_of(*parts: str) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(p.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:32]
 
 
-def cache_path(kind: str, key: str, suffix: str) -> str:
-    d = os.path.join(config.cache_dir, kind, key[:2])
-    os.makedirs(d, exist_ok=True)
-    return os.path.join(d, key + suffix)
 
 
 def compile_cpp(source: str) -> str:
@@ -75,16 +64,3 @@ def write_source(kind: str, source: str, suffix: str) -> str:
     if not os.path.exists(path):
         write_text(path, source)
     return path
-
-
-def write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary name, then rename)."""
-    write_bytes(path, text.encode())
-
-
-def write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temporary name, then rename)."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)

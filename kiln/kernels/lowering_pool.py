@@ -89,7 +89,7 @@ def _taps(x, idx, kernel, stride, padding, dilation, out_hw):
     return out
 
 
-_PROBE = ("kiln_ph", "kiln_pw")
+_PROBE = frozenset({"kiln_ph", "kiln_pw"})
 
 
 def _position_free_loads(x, idx) -> frozenset:
@@ -97,12 +97,11 @@ def _position_free_loads(x, idx) -> frozenset:
     or w (a BatchNorm's per-channel statistics under a pool): they are in bounds for
     every tap, so a tap's mask need not cover them, and one copy serves every tap
     (masked copies differ, and each would redo their arithmetic — an rsqrt a tap)."""
-    probe = x.load(list(idx[:-2]) + [ir.Affine.var(v) for v in _PROBE])
+    probe = x.load(list(idx[:-2]) + [ir.Affine.var(v) for v in sorted(_PROBE)])
     tainted = set()
     free = set()
     for e in ir.walk(probe):
-        own = ((isinstance(e, Index) and set(_PROBE) & e.index.vars())
-               or (isinstance(e, ir.Load) and set(_PROBE) & e.index.vars()))
+        own = isinstance(e, (Index, ir.Load)) and _PROBE & e.index.vars()
         if own or any(c in tainted for c in e.children()):
             tainted.add(e)
         elif isinstance(e, ir.Load):
