@@ -41,6 +41,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln.autograd import ops as opinfo
 from ..dispatch_mode import KilnDispatchMode
+from ..fast_meta import meta_result
 
 aten = torch.ops.aten
 _META = torch.device("meta")
@@ -268,7 +269,9 @@ class _TraceMode(KilnDispatchMode):
                     torch.get_default_device()
             if device is not None:
                 kwargs = {**kwargs, "device": _META}
-        out = func(*args, **kwargs)
+        out = meta_result(func, args, kwargs)
+        if out is None:
+            out = func(*args, **kwargs)
         if device is None:
             device = self._device_of(func, args, kwargs)
         rec_kwargs = dict(kwargs)

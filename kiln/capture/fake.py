@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_map
 from ..dispatch_mode import KilnDispatchMode
+from ..fast_meta import meta_result
 
 aten = torch.ops.aten
 
@@ -125,7 +126,9 @@ def fake_dispatch(func, args, kwargs):
     u_args = tree_map(unwrap, args)
     u_kwargs = tree_map(unwrap, kwargs)
     try:
-        out = func(*u_args, **u_kwargs)
+        out = meta_result(func, u_args, u_kwargs)
+        if out is None:
+            out = func(*u_args, **u_kwargs)
     except NotImplementedError as e:
         raise NoMetaKernel(f"{func} has no meta kernel ({e})") from None
     except RuntimeError as e:

@@ -87,7 +87,8 @@ def save(source: str, kinfo, compiled: dict) -> bool:
 
 
 def load(source: str, kinfo) -> dict | None:
-    """Kernel name -> ready CompiledKernel for every kernel of the module, or None."""
+    """Kernel name -> (CompiledKernel, its ``cuda_launch`` kernel or None), loaded for
+    launching, for every kernel of the module; or None."""
     try:
         path = _manifest_path(source, kinfo)
         if not os.path.exists(path):
@@ -95,6 +96,9 @@ def load(source: str, kinfo) -> dict | None:
         with open(path, "rb") as f:
             entries = pickle.load(f)
         from triton.compiler.compiler import CompiledKernel
+
+        from .cuda_launch import ready
+        n_args = {k[0]: len(k[1]) for k in kinfo}
         out = {}
         for name, e in entries.items():
             d = _bin_dir(e["hash"])
@@ -102,9 +106,7 @@ def load(source: str, kinfo) -> dict | None:
             src = SimpleNamespace(signature=e["signature"], constants=e["constants"],
                                   attrs=e["attrs"],
                                   fn=SimpleNamespace(arg_names=e["arg_names"]))
-            ck = CompiledKernel(src, group, e["hash"])
-            ck._init_handles()
-            out[name] = ck
+            out[name] = ready(CompiledKernel(src, group, e["hash"]), n_args[name])
         stats["loaded"] += 1
         return out
     except Exception as e:                 # noqa: BLE001  (fall back to Triton's JIT)

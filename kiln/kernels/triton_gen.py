@@ -835,16 +835,20 @@ def _hook_set(h) -> bool:
 
 
 class Launcher:
-    """Launches one kernel. The first launch goes through Triton (compiling, autotuning);
-    later ones call the compiled kernel directly while the arguments' 16-byte alignment
-    (what Triton specialises pointers on) is unchanged: Triton's own dispatch costs tens
-    of microseconds of Python per launch. ``why``: reasons the direct path was not taken
-    (diagnostics)."""
+    """Launches one kernel. The first launch goes through Triton (compiling, autotuning)
+    unless ``load`` handed the kernel over compiled; later ones call the compiled kernel
+    directly while the arguments' 16-byte alignment (what Triton specialises pointers
+    on) is unchanged: Triton's own dispatch costs tens of microseconds of Python per
+    launch. Where ``cuda_launch`` can launch a kernel it does so (no C launcher to
+    build), and it also times the candidates of an autotuned kernel at its first launch.
+    ``why``: reasons the direct path was not taken (diagnostics)."""
 
     why: dict = {}
 
     def __init__(self, source=None, kinfo=None, mod=None):
-        self.fast = {}          # id(kernel) -> (alignment, compiled, grid, constexprs) | None
+        # id(kernel) -> (alignment, compiled, grid, constexprs, DriverKernel | None) | None
+        self.fast = {}
+        self.tuned = {}         # id(kernel) -> [(compiled, DriverKernel)], one per config
         self.disabled = False
         # for triton_binaries: each kernel's compiled form, once all have one
         self.source, self.kinfo = source, kinfo
@@ -863,29 +867,64 @@ class Launcher:
             triton_binaries.save(self.source, self.kinfo, self.compiled)
             self.names = {}
 
-    def preload(self, kernel, ck, n_args, consts):
-        """Launch ``kernel`` through ``ck`` (compiled for aligned pointers) from the
-        first call on, without Triton's JIT."""
+    def preload(self, kernel, ck, n_args, consts, drv=None):
+        """Launch ``kernel`` through ``ck`` (compiled for aligned pointers; ``drv``: its
+        driver launch, if any) from the first call on, without Triton's JIT."""
         names = list(getattr(kernel, "arg_names", None) or kernel.fn.arg_names)
         self.fast[id(kernel)] = ((True,) * n_args, ck, None,
-                                 tuple(consts[n] for n in names[n_args:]))
+                                 tuple(consts[n] for n in names[n_args:]), drv)
         self._keep(id(kernel), ck)
+
+    def preload_candidates(self, kernel, candidates):
+        """An autotuned ``kernel`` whose every config is compiled and driver-launchable
+        (``candidates``: (compiled, DriverKernel) in config order): its first aligned
+        launch times them and keeps the fastest."""
+        self.tuned[id(kernel)] = candidates
 
     def _note(self, reason):
         Launcher.why[reason] = Launcher.why.get(reason, 0) + 1
 
+    @staticmethod
+    def _fastest(candidates, gx, gy, stream, ptrs):
+        """The candidate with the least time for a few launches (after two warm ones),
+        timed with CUDA events on the launch stream; the kernels only write their
+        outputs, so running them again is harmless (as in Triton's autotuner)."""
+        spans = []
+        for _, drv in candidates:
+            for _ in range(2):
+                drv.launch(gx, gy, stream, ptrs)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(5):
+                drv.launch(gx, gy, stream, ptrs)
+            end.record()
+            spans.append((start, end))
+        end.synchronize()
+        times = [a.elapsed_time(b) for a, b in spans]
+        return candidates[times.index(min(times))]
+
     def __call__(self, rt, kernel, grid, args, kw):
         key = id(kernel)
         ent = self.fast.get(key)
-        if ent is not None:
-            align = tuple(a.data_ptr() % 16 == 0 for a in args)
-            if align == ent[0]:
-                ck, consts = ent[1], ent[3]
-                dev = args[0].device.index if args else 0
-                stream = torch._C._cuda_getCurrentRawStream(dev)
+        if ent is not None or key in self.tuned:
+            ptrs = [a.data_ptr() for a in args]
+            align = tuple(p % 16 == 0 for p in ptrs)
+            gx, gy = grid[0], grid[1] if len(grid) > 1 else 1
+            dev = args[0].device.index if args else 0
+            stream = torch._C._cuda_getCurrentRawStream(dev)
+            if ent is None and all(align):
+                with timed("kernels.triton_autotune"):
+                    ck, drv = self._fastest(self.tuned.pop(key), gx, gy, stream, ptrs)
+                ent = self.fast[key] = (align, ck, None, (), drv)
+                self._keep(key, ck)
+            if ent is not None and align == ent[0]:
+                ck, consts, drv = ent[1], ent[3], ent[4]
                 try:
-                    ck.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, ck.function,
-                           ck.packed_metadata, None, None, None, *args, *consts)
+                    if drv is not None:
+                        drv.launch(gx, gy, stream, ptrs)
+                    else:
+                        ck.run(gx, gy, 1, stream, ck.function, ck.packed_metadata, None, None,
+                               None, *args, *consts)
                     return
                 except Exception as e:       # noqa: BLE001
                     self._note(f"direct launch failed: {type(e).__name__}: {e}")
@@ -912,7 +951,9 @@ class Launcher:
             names = list(getattr(kernel, "arg_names", None) or kernel.fn.arg_names)
             consts = tuple(kw[n] for n in names[len(args):])
             ck.run   # initialises the handles
-            self.fast[key] = (tuple(a.data_ptr() % 16 == 0 for a in args), ck, grid, consts)
+            from . import cuda_launch
+            self.fast[key] = (tuple(a.data_ptr() % 16 == 0 for a in args), ck, grid, consts,
+                              cuda_launch.prepare(ck, len(args)))
             if all(a.data_ptr() % 16 == 0 for a in args):
                 self._keep(key, ck)
         except Exception as e:        # an unexpected Triton version: keep its own dispatch
@@ -924,51 +965,51 @@ class Launcher:
 #: the GIL in LLVM and ptxas); 0 or 1: compile each kernel at its first launch instead.
 
 
-def precompile(mod, kinfo) -> dict:
+def precompile(mod, kinfo) -> tuple:
     """Compile every kernel of ``mod`` now, in parallel threads, through Triton's own
     ``warmup`` (the same in-memory cache its launches use), each autotuning candidate
-    separately. Returns kernel name -> CompiledKernel for the kernels that are not
-    autotuned (those are chosen at their first launch); failures are left to the first
-    launch.""" 
+    separately, and load each for launching (``ready``). Returns (kernel name ->
+    CompiledKernel for kernels that are not autotuned, kernel name -> [CompiledKernel
+    per config] for those that are); failures are left to the first launch."""
     if _interpreting() or config.compile_threads <= 1 or not kinfo or not torch.cuda.is_available():
-        return {}
+        return {}, {}
     from concurrent.futures import ThreadPoolExecutor
     dev = torch.cuda.current_device()
-    done = {}
+    done, tuned = {}, {}
 
     def job(k, init=True):
-        name, params, dtypes, consts, nw, cfg = k
-        tuned = cfg is not None
+        name, params, dtypes, consts, nw, cfg, i = k
         try:
             torch.cuda.set_device(dev)
             kernel = getattr(mod, name)
             # one candidate of an autotuned kernel: the options its autotuner will pass
-            opts = cfg.all_kwargs() if tuned else {"num_warps": nw}
-            compiled = (kernel.fn if tuned else kernel).warmup(*dtypes, grid=(1,),
-                                                                **dict(consts), **opts)
-            # Loading the binary and building its launcher (a C compile per argument
-            # signature, 0.3 s each on a cold cache) would otherwise happen at the
-            # first launch, one kernel after another.
-            if init and getattr(compiled, "_init_handles", None) is not None:
-                compiled._init_handles()
-            if not tuned:
+            opts = cfg.all_kwargs() if cfg is not None else {"num_warps": nw}
+            compiled = (kernel.fn if cfg is not None else kernel).warmup(
+                *dtypes, grid=(1,), **dict(consts), **opts)
+            if init:        # loaded here, side by side, not at the first launch
+                from .cuda_launch import ready
+                compiled = ready(compiled, len(params))
+            if cfg is None:
                 done[name] = compiled
+            else:
+                tuned[name][i] = compiled
         except Exception:         # noqa: BLE001  (compiled at its first launch instead)
             pass
     jobs = []
     for name, params, dtypes, consts, nw, tune in kinfo:
         if tune:
-            jobs += [(name, params, dtypes, consts, nw, cfg)
-                     for cfg in getattr(mod, name).configs]
+            configs = getattr(mod, name).configs
+            tuned[name] = [None] * len(configs)
+            jobs += [(name, params, dtypes, consts, nw, cfg, i) for i, cfg in enumerate(configs)]
         else:
-            jobs.append((name, params, dtypes, consts, nw, None))
+            jobs.append((name, params, dtypes, consts, nw, None, 0))
     with timed("kernels.triton_compile"):    # (Triton's own set-up: triton_setup)
         from . import triton_setup
         if not triton_setup.warmed():  # the first compile alone: LLVM's one-time set-up
             job(jobs[0], init=False)
         with ThreadPoolExecutor(min(config.compile_threads, len(jobs))) as ex:
-            list(ex.map(job, jobs))   # (the first again: its launcher)
-    return done
+            list(ex.map(job, jobs))   # (the first again: it is loaded then)
+    return done, {n: c for n, c in tuned.items() if all(x is not None for x in c)}
 
 
 def load(source: str, entries, kinfo=None):
@@ -990,13 +1031,17 @@ def load(source: str, entries, kinfo=None):
     if kinfo and not _interpreting() and torch.cuda.is_available():
         from . import triton_binaries
         with timed("kernels.triton_load"):
-            ready = triton_binaries.load(source, kinfo)
-        if ready is None:
+            ready_ = triton_binaries.load(source, kinfo)
+        tuned = {}
+        if ready_ is None:
             launch = Launcher(source, kinfo, mod)
-            ready = precompile(mod, kinfo)
+            ready_, tuned = precompile(mod, kinfo)
         for name, params, _, consts, _, _ in kinfo:
-            if name in ready:
-                launch.preload(getattr(mod, name), ready[name], len(params), consts)
+            if name in ready_:
+                ck, drv = ready_[name]
+                launch.preload(getattr(mod, name), ck, len(params), consts, drv)
+            elif name in tuned and all(drv is not None for _, drv in tuned[name]):
+                launch.preload_candidates(getattr(mod, name), tuned[name])
     steps = []
     for name, params in entries:
         fn = getattr(mod, name)

@@ -1,21 +1,22 @@
-"""Triton's one-time set-up in a process: started early, in the background, and its
-installation hash remembered between processes.
+"""Triton's one-time set-up in a process: started early, in the background, with its
+installation key taken from file stamps instead of file contents.
 
 Before its first compile in a process Triton (1) builds or loads its driver helpers (a
-C compile on a cold cache, 0.4 s on the H100 machine) and (2) hashes its own sources
-and its ``libtriton`` for cache keys (``triton.runtime.cache.triton_key``: 0.8 s cold,
-0.35 s with the file in the page cache) — one after the other, before any kernel of
-the first graph can start compiling. So
+C compile on a cold cache, 0.4 s on the H100 machine), (2) hashes its own sources and
+its ``libtriton`` for cache keys (``triton.runtime.cache.triton_key``: 0.8-1.1 s cold)
+and (3) sets up MLIR and LLVM at its first compile (0.3-0.5 s). So
 
-* ``start()`` runs both in background threads as soon as kiln is called with CUDA
+* ``install()`` replaces ``triton_key`` by a key of the path, size and modification
+  time of every file it covers (what ``make`` trusts; 10 ms instead of a second): a
+  reinstalled or edited Triton still gets new cache keys;
+* ``start()`` runs the rest in background threads as soon as kiln is called with CUDA
   tensors (``backend.prepare``), overlapping the capture, the autograd stage and the
-  lowering (gcc and hashing release the GIL), and ``wait()`` joins them before the
-  first Triton compile; after both, a third thread compiles a one-line kernel
-  (``triton_warmup``), so MLIR's and LLVM's set-up is paid meanwhile too;
-* the hash is stored under ``cache_dir``, keyed by the path, size and modification time
-  of every file it covers (what ``make`` trusts), and handed to Triton by later
-  processes. Anything unexpected (another Triton layout) leaves Triton's own function
-  in place.
+  lowering (gcc and LLVM release the GIL): the driver helpers in one, and in another a
+  one-line kernel compiled for the device's target (``triton_warmup``), which needs no
+  driver, so MLIR's and LLVM's set-up is paid meanwhile too. ``wait()`` joins the
+  driver before the first real compile; the warm-up may still be running then.
+
+Anything unexpected (another Triton layout) leaves Triton's own behaviour in place.
 """
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ _installed = False
 _lock = threading.Lock()
 
 
-def _stamp(triton_dir: str) -> str:
+def stamp(triton_dir: str) -> str:
+    """A key of the path, size and modification time of the files ``triton_key``
+    hashes (Triton's compiler, backends, language, runtime and its C library)."""
     parts = []
     for sub in ("compiler", "backends", "language", "runtime", "_C"):
         top = os.path.join(triton_dir, sub)
@@ -45,7 +48,7 @@ def _stamp(triton_dir: str) -> str:
 
 
 def install() -> None:
-    """Replace ``triton_key`` (wherever Triton imported it) by the remembered value."""
+    """Replace ``triton_key`` (wherever Triton imported it) by the stamp key."""
     global _installed
     if _installed:
         return
@@ -59,23 +62,15 @@ def install() -> None:
         return
 
     @functools.lru_cache(None)
-    def remembered_triton_key():
+    def stamped_triton_key():
         try:
-            path = cache.cache_path("triton_key", _stamp(triton_dir), ".txt")
-            if os.path.exists(path):
-                with open(path) as f:
-                    value = f.read()
-                if value:
-                    return value
-            value = original()
-            cache.write_text(path, value)
-            return value
+            return f"{triton.__version__}-kiln-stamp-{stamp(triton_dir)}"
         except OSError:
             return original()
 
     for name, mod in list(sys.modules.items()):
         if name.startswith("triton") and getattr(mod, "triton_key", None) is original:
-            mod.triton_key = remembered_triton_key
+            mod.triton_key = stamped_triton_key
 
 
 def _driver() -> None:
@@ -83,15 +78,6 @@ def _driver() -> None:
         from triton.runtime.driver import driver
         driver.active                    # noqa: B018  (builds/loads the driver helpers)
     except Exception:                    # noqa: BLE001  (Triton then does it itself)
-        pass
-
-
-def _key() -> None:
-    try:
-        install()
-        from triton.runtime import cache as tcache
-        tcache.triton_key()
-    except Exception:                    # noqa: BLE001
         pass
 
 
@@ -115,21 +101,15 @@ def warmed() -> bool:
 
 def _setup() -> None:
     import triton  # noqa: F401  (imported once, here, not by both threads)
-    both = [threading.Thread(target=fn, name=f"kiln-triton{fn.__name__}", daemon=True)
-            for fn in (_driver, _key)]
-    for t in both:
-        t.start()
-    for t in both:
-        t.join()
-    # not joined by wait(): the first real compiles may run beside it
-    threading.Thread(target=_warmup, name="kiln-triton-warmup",
-                     daemon=True).start()
+    install()
+    warm = threading.Thread(target=_warmup, name="kiln-triton-warmup", daemon=True)
+    warm.start()                          # not joined by wait(): compiles may run beside it
+    _driver()
 
 
 def start() -> None:
-    """Begin Triton's set-up in background threads (once per process): its import, then
-    the driver's C helpers and the installation hash side by side, then the warm-up
-    compile."""
+    """Begin Triton's set-up in background threads (once per process): its import and
+    key, then the driver helpers beside the warm-up compile."""
     with _lock:
         if not _threads:
             t = threading.Thread(target=_setup, name="kiln-triton-setup", daemon=True)
@@ -138,7 +118,8 @@ def start() -> None:
 
 
 def wait() -> None:
-    """Block until the set-up is done (starting it if nobody has)."""
+    """Block until Triton is imported, keyed and its driver is ready (starting the
+    set-up if nobody has)."""
     start()
     for t in _threads:
         t.join()

@@ -72,9 +72,9 @@ def test_kernels_compile_in_parallel_at_load(monkeypatch, tmp_path):
     orig = triton_gen.precompile
 
     def spy(mod, kinfo):
-        ready = orig(mod, kinfo)
-        done.append((len(ready), len(kinfo)))
-        return ready
+        ready, tuned = orig(mod, kinfo)
+        done.append((len(ready) + len(tuned), len(kinfo)))
+        return ready, tuned
     monkeypatch.setattr(triton_gen, "precompile", spy)
     monkeypatch.setattr(config, "cache_dir", str(tmp_path))
     monkeypatch.setattr(config, "compile_threads", 4)
@@ -129,3 +129,46 @@ def test_second_process_launches_without_tritons_jit(tmp_path):
     assert warm.returncode == 0, warm.stderr
     assert cold.stdout.split() == ["1", "0"]
     assert warm.stdout.split() == ["0", "1"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cold_process_builds_no_launcher(tmp_path):
+    """On a cold cache, kernels (an autotuned one included) are launched through
+    ``cuda_launch``: no C launcher is built once Triton's driver is up (building one is
+    made to fail), the autotuned kernel's configs are timed by kiln, results are right."""
+    import subprocess
+    import sys
+    import textwrap
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    script = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {root!r})
+        import torch, torch.fx as fx
+        import kiln.config; kiln.config.cache_dir = {str(tmp_path)!r}
+        from kiln.kernels import compile_aten_graph, triton_gen, triton_setup
+        triton_setup.wait()
+        import triton.runtime.build as build
+        def no_build(*a, **k):
+            raise AssertionError("built a C module")
+        build.compile_module_from_src = no_build
+        try:
+            import triton.backends.nvidia.driver as nvdriver
+            nvdriver.compile_module_from_src = no_build
+        except (ImportError, AttributeError):
+            pass
+        aten = torch.ops.aten
+        def f(x, z):
+            return (aten.sin.default(x), aten.amax.default(z, [1]))
+        x, z = torch.randn(1000, device="cuda"), torch.randn(4096, 4096, device="cuda")
+        c = compile_aten_graph(fx.symbolic_trace(f), [x, z])
+        assert any(k[5] for k in c.artefacts["kinfo"]), "no autotuned kernel"
+        for _ in range(3):
+            a, m = c(x, z)
+        torch.testing.assert_close(a, x.sin())
+        torch.testing.assert_close(m, z.amax(1))
+        assert not triton_gen.Launcher.why, triton_gen.Launcher.why
+        print("ok")
+    """)
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok"]

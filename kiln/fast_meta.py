@@ -1,0 +1,185 @@
+"""Result metadata of the commonest ops on contiguous meta tensors, without PyTorch's
+Python meta kernels.
+
+Every traced op runs on ``meta`` tensors (capture, the autograd stage). For pointwise
+ops, softmax, LayerNorm and matmuls PyTorch's meta kernels are Python reference
+implementations whose first call imports sympy and ``symbolic_shapes`` (0.4-0.6 s),
+which alone was a third of a cold compile of a one-kernel graph. On contiguous inputs
+(the common case) their results are simple, so ``meta_result`` computes them here:
+
+* pointwise ops (``Tag.pointwise``, functional, not random): the broadcast shape,
+  contiguous; the dtype is what the op itself returns for one-element CPU tensors of the
+  inputs' dtypes (0-d kept 0-d, as type promotion ranks them lower), remembered per
+  signature, so type promotion is eager's own;
+* ``_softmax`` / ``_log_softmax``, ``native_layer_norm``, ``mm`` / ``addmm`` / ``bmm``:
+  their shapes and dtypes, checked as the meta kernels check them.
+
+Anything else, or any input that is not laid out contiguously (with the strides
+``torch.empty`` gives), returns None and the caller runs the meta kernel. A test
+compares every shortcut with PyTorch's meta kernel over many shapes and dtypes.
+"""
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+_META = torch.device("meta")
+_pointwise_ok: dict = {}
+_dtypes: dict = {}
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _contiguous_strides(shape) -> tuple:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(out))
+
+
+def _broadcast(*shapes) -> tuple | None:
+    """The broadcast of ``shapes``, or None if they do not broadcast. (Not
+    ``torch.broadcast_shapes``: it imports ``symbolic_shapes``.)"""
+    n = max(len(s) for s in shapes)
+    out = [1] * n
+    for s in shapes:
+        for i, d in enumerate(s, n - len(s)):
+            if d != 1:
+                if out[i] != 1 and out[i] != d:
+                    return None
+                out[i] = d
+    return tuple(out)
+
+
+def _plain(t) -> bool:
+    """A meta tensor laid out as ``torch.empty`` would lay it out."""
+    return (t.device.type == "meta" and t.layout == torch.strided
+            and t.storage_offset() == 0 and t.stride() == _contiguous_strides(t.shape))
+
+
+def _is_pointwise(func) -> bool:
+    ok = _pointwise_ok.get(func)
+    if ok is None:
+        tags = getattr(func, "tags", ())
+        schema = getattr(func, "_schema", None)
+        ok = (schema is not None and torch.Tag.pointwise in tags
+              and torch.Tag.nondeterministic_seeded not in tags
+              and not schema.is_mutable and len(schema.returns) == 1
+              and str(schema.returns[0].type) == "Tensor"
+              and schema.returns[0].alias_info is None
+              and all(a.alias_info is None for a in schema.arguments))
+        _pointwise_ok[func] = ok
+    return ok
+
+
+def _probe(x):
+    if isinstance(x, torch.Tensor):
+        return torch.ones(() if x.dim() == 0 else (1,), dtype=x.dtype)
+    return x
+
+
+def _probe_key(x):
+    if isinstance(x, torch.Tensor):
+        return (x.dtype, x.dim() == 0)
+    return (type(x), x)
+
+
+def _pointwise_dtype(func, args, kwargs):
+    key = (func, tuple(_probe_key(a) for a in args),
+           tuple(sorted((k, _probe_key(v)) for k, v in kwargs.items())))
+    dt = _dtypes.get(key)
+    if dt is None:
+        with torch.no_grad():
+            out = func(*[_probe(a) for a in args],
+                       **{k: _probe(v) for k, v in kwargs.items()})
+        dt = _dtypes[key] = out.dtype
+    return dt
+
+
+def _pointwise(func, args, kwargs):
+    tensors = []
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            if not _plain(a):
+                return None
+            tensors.append(a)
+        elif not isinstance(a, _SCALARS):
+            return None
+    if not tensors or kwargs.get("memory_format") is not None or "device" in kwargs:
+        return None
+    shape = _broadcast(*[t.shape for t in tensors])
+    if shape is None:
+        return None
+    try:
+        dtype = _pointwise_dtype(func, args, kwargs)
+    except Exception:                # noqa: BLE001  (the meta kernel says what is wrong)
+        return None
+    return torch.empty(shape, dtype=dtype, device=_META)
+
+
+def _softmax(x, dim, half_to_float):
+    if (not _plain(x) or half_to_float or not x.dtype.is_floating_point
+            or not -max(x.dim(), 1) <= dim < max(x.dim(), 1)):
+        return None
+    return torch.empty(x.shape, dtype=x.dtype, device=_META)
+
+
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    n = len(normalized_shape)
+    if (not _plain(x) or not x.dtype.is_floating_point or n == 0 or n > x.dim()
+            or tuple(x.shape[x.dim() - n:]) != tuple(normalized_shape)):
+        return None
+    for p in (weight, bias):
+        if p is not None and (not _plain(p) or tuple(p.shape) != tuple(normalized_shape)
+                              or p.dtype != x.dtype):
+            return None
+    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    stat_shape = tuple(x.shape[:x.dim() - n]) + (1,) * n
+    return (torch.empty(x.shape, dtype=x.dtype, device=_META),
+            torch.empty(stat_shape, dtype=acc, device=_META),
+            torch.empty(stat_shape, dtype=acc, device=_META))
+
+
+def _mm(a, b):
+    if (not (_plain(a) or _plain(a.t())) or not (_plain(b) or _plain(b.t()))
+            or a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype):
+        return None
+    return torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=_META)
+
+
+def _addmm(bias, a, b, beta=1, alpha=1):
+    out = _mm(a, b)
+    if (out is None or not _plain(bias) or bias.dtype != a.dtype
+            or _broadcast(bias.shape, out.shape) != tuple(out.shape)):
+        return None
+    return out
+
+
+def _bmm(a, b):
+    if (not _plain(a) or not _plain(b) or a.dim() != 3 or b.dim() != 3
+            or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1] or a.dtype != b.dtype):
+        return None
+    return torch.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=a.dtype, device=_META)
+
+
+_SPECIAL = {
+    aten._softmax.default: _softmax,
+    aten._log_softmax.default: _softmax,
+    aten.native_layer_norm.default: _layer_norm,
+    aten.mm.default: _mm,
+    aten.addmm.default: _addmm,
+    aten.bmm.default: _bmm,
+}
+
+
+def meta_result(func, args, kwargs):
+    """``func``'s result on these meta tensors, or None when the meta kernel must say."""
+    special = _SPECIAL.get(func)
+    if special is not None:
+        try:
+            return special(*args, **kwargs)
+        except TypeError:                # an unexpected argument: the kernel decides
+            return None
+    if _is_pointwise(func):
+        return _pointwise(func, args, kwargs)
+    return None
