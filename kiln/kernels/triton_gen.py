@@ -932,6 +932,9 @@ class Launcher:
                     self.fast.clear()
             else:
                 self._note("alignment changed")
+        if not _interpreting():
+            from . import triton_setup
+            triton_setup.wait_for("driver")   # Triton's JIT from here
         if key in self.fast:
             ck = kernel[grid](*args, **kw)
         else:
@@ -966,14 +969,16 @@ class Launcher:
 
 
 def precompile(mod, kinfo) -> tuple:
-    """Compile every kernel of ``mod`` now, in parallel threads, through Triton's own
-    ``warmup`` (the same in-memory cache its launches use), each autotuning candidate
-    separately, and load each for launching (``ready``). Returns (kernel name ->
+    """Compile every kernel of ``mod`` now, in parallel threads, for the device's target
+    (``triton_compile``; Triton's ``warmup`` where kiln cannot name the signature),
+    each autotuning candidate separately, and load each for launching (``ready``). Returns (kernel name ->
     CompiledKernel for kernels that are not autotuned, kernel name -> [CompiledKernel
     per config] for those that are); failures are left to the first launch."""
     if _interpreting() or config.compile_threads <= 1 or not kinfo or not torch.cuda.is_available():
         return {}, {}
     from concurrent.futures import ThreadPoolExecutor
+
+    from . import triton_compile, triton_setup
     dev = torch.cuda.current_device()
     done, tuned = {}, {}
 
@@ -982,13 +987,17 @@ def precompile(mod, kinfo) -> tuple:
         try:
             torch.cuda.set_device(dev)
             kernel = getattr(mod, name)
+            fn = kernel.fn if cfg is not None else kernel
             # one candidate of an autotuned kernel: the options its autotuner will pass
             opts = cfg.all_kwargs() if cfg is not None else {"num_warps": nw}
-            compiled = (kernel.fn if cfg is not None else kernel).warmup(
-                *dtypes, grid=(1,), **dict(consts), **opts)
-            if init:        # loaded here, side by side, not at the first launch
-                from .cuda_launch import ready
-                compiled = ready(compiled, len(params))
+            compiled = triton_compile.compile_kernel(fn, dtypes, consts, opts)
+            if compiled is None:          # through the JIT, which needs Triton's driver
+                triton_setup.wait_for("driver")
+                compiled = fn.warmup(*dtypes, grid=(1,), **dict(consts), **opts)
+            if not init:
+                return
+            from .cuda_launch import ready    # loaded here, side by side, not at launch
+            compiled = ready(compiled, len(params))
             if cfg is None:
                 done[name] = compiled
             else:
@@ -1004,7 +1013,7 @@ def precompile(mod, kinfo) -> tuple:
         else:
             jobs.append((name, params, dtypes, consts, nw, None, 0))
     with timed("kernels.triton_compile"):    # (Triton's own set-up: triton_setup)
-        from . import triton_setup
+        triton_setup.wait_for("warmup")
         if not triton_setup.warmed():  # the first compile alone: LLVM's one-time set-up
             job(jobs[0], init=False)
         with ThreadPoolExecutor(min(config.compile_threads, len(jobs))) as ex:

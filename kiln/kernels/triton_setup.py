@@ -13,8 +13,9 @@ and (3) sets up MLIR and LLVM at its first compile (0.3-0.5 s). So
   tensors (``backend.prepare``), overlapping the capture, the autograd stage and the
   lowering (gcc and LLVM release the GIL): the driver helpers in one, and in another a
   one-line kernel compiled for the device's target (``triton_warmup``), which needs no
-  driver, so MLIR's and LLVM's set-up is paid meanwhile too. ``wait()`` joins the
-  driver before the first real compile; the warm-up may still be running then.
+  driver, so MLIR's and LLVM's set-up is paid meanwhile too. kiln's own kernels need
+  no driver either (``triton_compile``, ``cuda_launch``): ``wait()`` only waits for
+  the import and the key, ``wait_for("driver")`` is for Triton's JIT (the fallbacks).
 
 Anything unexpected (another Triton layout) leaves Triton's own behaviour in place.
 """
@@ -81,7 +82,8 @@ def _driver() -> None:
         pass
 
 
-_threads: list = []
+_setup_thread: list = []
+_threads: dict = {}          # "warmup" / "driver" -> Thread, made by the set-up thread
 _warm = threading.Event()
 
 
@@ -102,24 +104,32 @@ def warmed() -> bool:
 def _setup() -> None:
     import triton  # noqa: F401  (imported once, here, not by both threads)
     install()
-    warm = threading.Thread(target=_warmup, name="kiln-triton-warmup", daemon=True)
-    warm.start()                          # not joined by wait(): compiles may run beside it
-    _driver()
+    for name, fn in (("warmup", _warmup), ("driver", _driver)):
+        t = threading.Thread(target=fn, name=f"kiln-triton-{name}", daemon=True)
+        _threads[name] = t
+        t.start()
 
 
 def start() -> None:
     """Begin Triton's set-up in background threads (once per process): its import and
     key, then the driver helpers beside the warm-up compile."""
     with _lock:
-        if not _threads:
+        if not _setup_thread:
             t = threading.Thread(target=_setup, name="kiln-triton-setup", daemon=True)
             t.start()
-            _threads.append(t)
+            _setup_thread.append(t)
 
 
 def wait() -> None:
-    """Block until Triton is imported, keyed and its driver is ready (starting the
-    set-up if nobody has)."""
+    """Block until Triton is imported and keyed (starting the set-up if nobody has);
+    the warm-up and the driver may still be running."""
     start()
-    for t in _threads:
+    _setup_thread[0].join()
+
+
+def wait_for(name: str) -> None:
+    """Block until the set-up's ``"warmup"`` or ``"driver"`` thread is done."""
+    wait()
+    t = _threads.get(name)
+    if t is not None:
         t.join()

@@ -1,13 +1,16 @@
 """A one-line Triton kernel compiled in the background before a process's first real
-kernel: Triton's first compile in a process also sets up MLIR and LLVM (0.3-0.5 s on
+kernel: Triton's first compile in a process also sets up MLIR and LLVM (0.1-0.5 s on
 the H100 machine), and this pays it beside kiln's capture instead of in front of the
-first graph's kernels. It is compiled for the current device's target directly, so it
-need not wait for Triton's driver helpers (a C compile on a cold cache); its binary
-lands in Triton's cache, so later processes find it."""
+first graph's kernels. It is compiled for the current device's target directly
+(``triton_compile``), so it need not wait for Triton's driver helpers; its binary lands
+in Triton's cache, so later processes find it."""
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+from .triton_compile import compile_kernel
 
 
 @triton.jit
@@ -17,14 +20,5 @@ def kiln_warmup(src, dst, BLOCK: tl.constexpr):
 
 
 def compile_once() -> None:
-    import torch
-    try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-        major, minor = torch.cuda.get_device_capability()
-        src = ASTSource(kiln_warmup, {"src": "*fp32", "dst": "*fp32", "BLOCK": "constexpr"},
-                        {"BLOCK": 128})
-        triton.compile(src, target=GPUTarget("cuda", major * 10 + minor, 32),
-                       options={"num_warps": 4})
-    except (ImportError, TypeError, AttributeError):   # another Triton layout
-        kiln_warmup.warmup(torch.float32, torch.float32, grid=(1,), BLOCK=128, num_warps=4)
+    compile_kernel(kiln_warmup, [torch.float32, torch.float32], {"BLOCK": 128},
+                   {"num_warps": 4})

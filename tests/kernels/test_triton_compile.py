@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.fx as fx
 
-from kiln.kernels import triton_gen
+from kiln.kernels import cuda_launch, triton_compile, triton_gen
 from kiln.kernels.lowering import GraphLowering
 from kiln.kernels.scheduler import schedule
 
@@ -24,11 +24,6 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("compiles for a GPU: needs the real compiler, not the interpreter",
                 allow_module_level=True)
 
-SIG = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16",
-       torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.int16: "i16",
-       torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
-
-
 def generated(fn, inputs):
     gm = fx.symbolic_trace(fn)
     lo = GraphLowering(gm, inputs, "triton").run()
@@ -37,9 +32,19 @@ def generated(fn, inputs):
     return triton_gen.generate_detailed(sched, lo.buffers, interpret=False)
 
 
-def compile_all(source, kinfo, tmp_path):
+@pytest.fixture(autouse=True)
+def _h100(monkeypatch):
+    """Compile for an H100 (sm_90) whatever this machine has."""
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    monkeypatch.setattr(triton_compile, "target", lambda: GPUTarget("cuda", 90, 32))
+    triton_compile._aligned_attr.cache_clear()
+
+
+def compile_all(source, kinfo, tmp_path):
+    """Each kernel compiled as kiln compiles it at run time (``triton_compile``:
+    pointers 16-byte aligned, as the caching allocator gives them), and each one a
+    kernel ``cuda_launch`` can launch (its parameters: the pointers, and at most two
+    scratch pointers)."""
     path = tmp_path / f"mod{abs(hash(source))}.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -49,15 +54,10 @@ def compile_all(source, kinfo, tmp_path):
     for name, params, dtypes, consts, nw, _ in kinfo:
         k = getattr(mod, name)
         k = getattr(k, "fn", k) if not hasattr(k, "arg_names") or hasattr(k, "configs") else k
-        sig = {p: "*" + SIG[d] for p, d in zip(params, dtypes)}
-        sig.update({c: "constexpr" for c in consts})
-        # as at run time: pointers from the caching allocator are 16-byte aligned
-        attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(params))}
-        src = ASTSource(k, sig, constexprs={(len(params) + j,): v
-                                            for j, v in enumerate(consts.values())},
-                        attrs=attrs)
-        compiled[name] = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                        options={"num_warps": nw})
+        ck = triton_compile.compile_kernel(k, dtypes, consts, {"num_warps": nw})
+        assert cuda_launch._plain(ck.metadata), ck.metadata
+        assert 0 <= cuda_launch.param_count(ck.asm["ptx"], ck.name) - len(params) <= 2
+        compiled[name] = ck
     return compiled
 
 
