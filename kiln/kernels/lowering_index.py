@@ -1,7 +1,8 @@
-"""Lowerings of indexing by tensors: ``embedding``, ``index.Tensor`` (one index tensor),
-``index_select`` and ``gather`` — gathers, written as loads with an indirect term (``ir.Load.gather``):
-``buf[affine index + value * stride]``. They fuse like any load: the embedding lookup
-of a transformer becomes part of the kernel that adds the position embeddings.
+"""Lowerings of indexing by tensors: ``embedding``, ``index.Tensor`` (one or several
+index tensors), ``index_select``, ``gather`` and ``repeat`` — gathers, written as loads
+with an indirect term (``ir.Load.gather``): ``buf[affine index + value * stride]``.
+They fuse like any load: the embedding lookup of a transformer becomes part of the
+kernel that adds the position embeddings.
 
 Eager raises on an out-of-range index. So does kiln: each index tensor first goes
 through ``IndexCheck`` (``torch._assert_async``: an error on the CPU, a device-side
@@ -9,7 +10,8 @@ assert on a GPU, nothing to synchronise in a CUDA graph), and the loads themselv
 masked to the valid range so that no kernel ever reads outside its buffer.
 
 ``index_select`` is a one-tensor index; ``slice_scatter`` (a slice assignment,
-functionalized) is an affine choice between two loads. Scatters by tensors
+functionalized) is an affine choice between two loads (a gather term when it has a
+step); ``repeat`` reads its tiled dims at ``i % size``. Scatters by tensors
 (``index_put``, ``scatter_add``, ``embedding_dense_backward``) still fall back.
 """
 from __future__ import annotations
@@ -17,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from . import ir
-from .lowering import Lazy, Unsupported, View, _dim, add_mask, is_box, register
+from .lowering import (Lazy, Unsupported, View, _dim, add_mask, affine_view, is_box,
+                       register)
 from .ops import cast, const, op, within
 
 aten = torch.ops.aten
@@ -92,9 +95,56 @@ def _embedding(lo, node, weight, indices, padding_idx=-1, scale_grad_by_freq=Fal
 @register(aten.index.Tensor)
 def _index(lo, node, x, indices):
     pos = [i for i, t in enumerate(indices) if t is not None]
-    if len(pos) != 1:
-        raise Unsupported("several index tensors")
-    return _index_dim(lo, node, x, pos[0], indices[pos[0]], True)
+    if len(pos) == 1:
+        return _index_dim(lo, node, x, pos[0], indices[pos[0]], True)
+    if not pos:
+        raise Unsupported("no index tensor")
+    return _index_many(lo, node, x, pos, [indices[i] for i in pos])
+
+
+def _index_many(lo, node, x, pos, indices):
+    """``x[..., i0, ..., i1, ...]`` with several index tensors: they broadcast together
+    into the dims B; the result has B in place of the indexed dims when these are
+    adjacent, else B first (numpy's rule). One load with a gather term per index."""
+    xv = _stored(lo, node, x)
+    if not xv.sizes:
+        raise Unsupported("index of a 0-d tensor")
+    ixs = [_checked(lo, node, t, int(xv.sizes[d]), True) for d, t in zip(pos, indices)]
+    try:
+        bshape = tuple(torch.broadcast_shapes(*[tuple(v.sizes) for v in ixs]))
+    except RuntimeError:
+        raise Unsupported("index tensors that do not broadcast") from None
+    nb = len(bshape)
+    rest = [d for d in range(len(xv.sizes)) if d not in pos]
+    adjacent = pos == list(range(pos[0], pos[-1] + 1))
+    first = pos[0] if adjacent else 0
+    before = [d for d in rest if d < first] if adjacent else []
+    after = [d for d in rest if d not in before]
+    sizes = (tuple(xv.sizes[d] for d in before) + bshape + tuple(xv.sizes[d] for d in after))
+    m = lo.out_meta(node)
+    if tuple(m.shape) != sizes:
+        raise Unsupported("result shape differs from the advanced-indexing rule")
+
+    def body(idx):
+        bidx = list(idx[len(before):len(before) + nb])
+        own = dict(zip(before, idx[:len(before)]))
+        own.update(zip(after, idx[len(before) + nb:]))
+        index = ir.Affine.c(xv.offset)
+        for d, i in own.items():
+            index = index + i * xv.strides[d]
+        terms, mask = [], None
+        for d, ix in zip(pos, ixs):
+            k = len(ix.sizes)
+            sub = [ir.Affine.c(0) if int(ix.sizes[j]) == 1 else bidx[nb - k + j]
+                   for j in range(k)]
+            n = int(xv.sizes[d])
+            e = cast(ix.load(sub), _I64)
+            e = op("where", op("lt", e, const(0, _I64)), op("add", e, const(n, _I64)), e)
+            ok = within(e, 0, n)
+            mask = ok if mask is None else op("and", mask, ok)
+            terms.append((e, xv.strides[d]))
+        return ir.Load(xv.buf, index, xv.dtype, mask, tuple(terms))
+    return Lazy(sizes, xv.dtype, body)
 
 
 @register(aten.index_select.default)
@@ -141,10 +191,13 @@ def _gather(lo, node, x, dim, index, sparse_grad=False):
 
 @register(aten.slice_scatter.default)
 def _slice_scatter(lo, node, x, src, dim=0, start=None, end=None, step=1):
-    """``x`` with ``src`` written over ``x[start:end]`` along ``dim`` (an in-place slice
-    assignment, functionalized): a pointwise choice, ``src`` read at an affine index."""
-    if not (is_box(x) and is_box(src)) or step != 1:
-        raise Unsupported("slice_scatter with a step")
+    """``x`` with ``src`` written over ``x[start:end:step]`` along ``dim`` (an in-place
+    slice assignment, functionalized): a pointwise choice, ``src`` read at an affine
+    index. With a step (swin's patch merging: ``x[..., 1::2, 0::2, :]``) the position
+    in ``src`` is ``(i - start) // step``, not affine: a gather term on the stored
+    ``src``, read where ``i - start`` is a multiple of the step."""
+    if not (is_box(x) and is_box(src)) or step < 1:
+        raise Unsupported("slice_scatter of a non-tensor or with a step below 1")
     n = len(x.sizes)
     d = _dim(dim, n)
     size = int(x.sizes[d])
@@ -153,6 +206,8 @@ def _slice_scatter(lo, node, x, src, dim=0, start=None, end=None, step=1):
     length = int(src.sizes[d])
     m = lo.out_meta(node)
     dtype = m.dtype
+    if step != 1:
+        return _strided_slice_scatter(lo, node, x, src, d, start, length, step, dtype)
 
     def body(idx):
         inside = within(ir.Index(idx[d]), start, start + length)
@@ -161,3 +216,47 @@ def _slice_scatter(lo, node, x, src, dim=0, start=None, end=None, step=1):
         return op("where", inside, cast(add_mask(src.load(sub), inside), dtype),
                   cast(x.load(list(idx)), dtype))
     return Lazy(tuple(m.shape), dtype, body)
+
+
+def _strided_slice_scatter(lo, node, x, src, d, start, length, step, dtype):
+    sv = _stored(lo, node, src)
+
+    def body(idx):
+        rel = op("sub", ir.Index(idx[d]), const(start, _I64))
+        q = op("floordiv", rel, const(step, _I64))
+        inside = op("and", within(q, 0, length),
+                    op("eq", op("sub", rel, op("mul", q, const(step, _I64))), const(0, _I64)))
+        index = ir.Affine.c(sv.offset)
+        for k, (i, st) in enumerate(zip(idx, sv.strides)):
+            if k != d:
+                index = index + i * st
+        new = ir.Load(sv.buf, index, sv.dtype, inside, ((q, sv.strides[d]),))
+        return op("where", inside, cast(new, dtype), cast(x.load(list(idx)), dtype))
+    return Lazy(tuple(lo.out_meta(node).shape), dtype, body)
+
+
+@register(aten.repeat.default)
+def _repeat(lo, node, x, repeats):
+    """``x`` tiled ``repeats`` times along each dim (leading new dims first). A dim that
+    is not really tiled (repeat 1, or size 1: a broadcast) is a view; a tiled one reads
+    ``x`` at ``i % size``, a gather term on the stored ``x``."""
+    if not is_box(x):
+        raise Unsupported("not a tensor")
+    out = tuple(lo.out_meta(node).shape)
+    nd = len(x.sizes)
+    off = len(out) - nd
+    tiled = [i for i in range(nd) if int(repeats[off + i]) != 1 and int(x.sizes[i]) != 1]
+
+    def remap(idx):
+        return [ir.Affine.c(0) if int(x.sizes[i]) == 1 or i in tiled else idx[off + i]
+                for i in range(nd)]
+    if not tiled:
+        return affine_view(x, out, remap)
+    xv = _stored(lo, node, x)
+
+    def body(idx):
+        base = ir.linear_index(remap(list(idx)), xv.strides) + xv.offset
+        terms = tuple((op("remainder", ir.Index(idx[off + i]), const(int(x.sizes[i]), _I64)),
+                       xv.strides[i]) for i in tiled)
+        return ir.Load(xv.buf, base, xv.dtype, None, terms)
+    return Lazy(out, xv.dtype, body)

@@ -1,8 +1,7 @@
-"""Lowerings of pooling and of the copies functionalization leaves behind.
+"""Lowerings of pooling (and ``empty_permuted``).
 
 Registered into ``lowering.LOWERINGS`` on import (``lowering.py`` imports this module
-last). On the model zoo these were most of what fell back to aten: every training graph
-updates BatchNorm's running statistics through ``aten.copy``; CNNs pool with
+near the end). On the model zoo these were most of what fell back to aten: CNNs pool with
 ``max_pool2d_with_indices`` and ``_adaptive_avg_pool2d``; inception averages with
 ``avg_pool2d``.
 
@@ -24,19 +23,6 @@ from .ops import cast, const, op, within
 aten = torch.ops.aten
 #: Windows with more taps than this are not unrolled (the op falls back).
 MAX_TAPS = 64
-
-
-@register(aten.copy.default)
-def _copy(lo, node, dst, src, non_blocking=False):
-    """Functional ``copy``: ``src`` broadcast to ``dst``'s shape, in ``dst``'s dtype.
-
-    Only onto a graph input (BatchNorm's running statistics, parameters updated in
-    place). Copies into views that functionalization builds around ``as_strided`` /
-    ``as_strided_scatter`` stay aten calls: lowered, they gave wrong gradients in
-    ghostnet's backward (the root cause is not found yet; the zoo test catches it)."""
-    if not (isinstance(dst, View) and isinstance(lo.by_name.get(dst.buf), ir.Input)):
-        raise Unsupported("copy into a computed view")
-    return pointwise(lo, node, [src], lambda a: a)
 
 
 @register(aten.empty_permuted.default)
