@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 
 from ..debug.timing import timed
+from .cxx_probe import workaround_flags
 from ..disk_cache import cache_path, key_of, write_bytes, write_text  # noqa: F401  (re-exported)
 
 CXX = os.environ.get("CXX", "g++")
@@ -31,13 +32,16 @@ def toolchain_version() -> str:
         return "unknown"
 
 
-
-
+@functools.lru_cache(None)
+def cxx_flags() -> tuple[str, ...]:
+    """CXXFLAGS plus any workaround ``cxx_probe`` finds this compiler needs."""
+    return tuple(CXXFLAGS + workaround_flags(CXX, CXXFLAGS, toolchain_version()))
 
 
 def compile_cpp(source: str) -> str:
     """Path of a shared library built from ``source``, compiling only on a cache miss."""
-    key = key_of(source, " ".join([CXX] + CXXFLAGS), toolchain_version())
+    flags = list(cxx_flags())
+    key = key_of(source, " ".join([CXX] + flags), toolchain_version())
     so = cache_path("cpp", key, ".so")
     if os.path.exists(so):
         stats["hits"] += 1
@@ -49,7 +53,7 @@ def compile_cpp(source: str) -> str:
         with os.fdopen(fd, "w") as f:
             f.write(source)
         tmp_so = src[:-4] + ".so"
-        r = subprocess.run([CXX, *CXXFLAGS, src, "-o", tmp_so], capture_output=True, text=True)
+        r = subprocess.run([CXX, *flags, src, "-o", tmp_so], capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"kiln: C++ compilation failed ({src}):\n{r.stderr[-4000:]}")
         os.replace(tmp_so, so)

@@ -621,12 +621,11 @@ class TritonKernel:
                 body = top
                 body.lines = []
             else:
-                if p.split > 1:
-                    out.append(f"{ind}for roffset in range(rstart, rstart + {p.chunk}, RBLOCK):")
-                else:
-                    out.append(f"{ind}for roffset in range(0, {rnum}, RBLOCK):")
+                # constant loop bounds: Triton 3.6's interpreter cannot loop over a
+                # range whose bounds are program ids
+                out.append(f"{ind}for roffset in range(0, {p.chunk if p.split > 1 else rnum}, RBLOCK):")
                 bi = ind + "    "
-                out += r_lines(bi, "roffset")
+                out += r_lines(bi, "rstart + roffset" if p.split > 1 else "roffset")
                 body = TBody(dict(scope), bi, self.counter, xmask, two_d=two_d, memo=top.memo)
             fm = full
             for n in nodes:
