@@ -61,9 +61,13 @@ graph_cache: bool = _env_bool("KILN_GRAPH_CACHE", True)
 #: Run random ops through PyTorch so results match eager bit for bit
 #: (KILN_FALLBACK_RANDOM).
 fallback_random: bool = _env_bool("KILN_FALLBACK_RANDOM", False)
-#: Threads that compile a graph's Triton kernels in parallel (Triton releases the GIL
-#: in LLVM and ptxas) (KILN_COMPILE_THREADS).
-compile_threads: int = _env_int("KILN_COMPILE_THREADS", min(16, os.cpu_count() or 1))
+#: Threads of this process that compile Triton kernels beside the workers (ptxas and
+#: parts of LLVM release the GIL) (KILN_COMPILE_THREADS).
+compile_threads: int = _env_int("KILN_COMPILE_THREADS", min(4, os.cpu_count() or 1))
+#: Worker processes that compile a graph's Triton kernels beside this one, started
+#: when kiln is first called with CUDA tensors; 0: every kernel compiles in this
+#: process (KILN_COMPILE_WORKERS).
+compile_workers: int = _env_int("KILN_COMPILE_WORKERS", min(8, (os.cpu_count() or 1) // 2))
 #: Replay launch-bound CUDA graphs as CUDA graphs: "auto" (graphs of >= 8 steps with
 #: small outputs), "1" (always) or "0" (never) (KILN_CUDAGRAPHS).
 cudagraphs: str = _env_str("KILN_CUDAGRAPHS", "auto")

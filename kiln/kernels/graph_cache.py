@@ -97,11 +97,10 @@ def _module_constants() -> str:
 def _versions(target: str, device: str) -> str:
     parts = [torch.__version__, sys.version.split()[0], str(FORMAT)]
     if target == "triton":
-        try:
-            import triton
-            parts.append(triton.__version__)
-        except ImportError:
-            parts.append("no-triton")
+        # Triton's file stamps, not its version: no wait for its import (under way in
+        # the background, triton_setup), and an edited installation is a new key
+        from .triton_setup import triton_stamp
+        parts.append(triton_stamp() or "no-triton")
         parts.append(os.environ.get("TRITON_INTERPRET", "0"))
     if device.startswith("cuda") and torch.cuda.is_available():
         parts.append(str(torch.cuda.get_device_capability(torch.device(device))))

@@ -86,6 +86,15 @@ def save(source: str, kinfo, compiled: dict) -> bool:
         return False
 
 
+def compiled_kernel(entry: dict, arg_names):
+    """Triton's CompiledKernel from its files (``entry["group"]``: file name -> path),
+    hash, signature, constants and attrs, as kept here or sent by a compile worker."""
+    from triton.compiler.compiler import CompiledKernel
+    src = SimpleNamespace(signature=entry["signature"], constants=entry["constants"],
+                          attrs=entry["attrs"], fn=SimpleNamespace(arg_names=list(arg_names)))
+    return CompiledKernel(src, entry["group"], entry["hash"])
+
+
 def load(source: str, kinfo) -> dict | None:
     """Kernel name -> (CompiledKernel, its ``cuda_launch`` kernel or None), loaded for
     launching, for every kernel of the module; or None."""
@@ -95,18 +104,14 @@ def load(source: str, kinfo) -> dict | None:
             return None
         with open(path, "rb") as f:
             entries = pickle.load(f)
-        from triton.compiler.compiler import CompiledKernel
-
         from .cuda_launch import ready
         n_args = {k[0]: len(k[1]) for k in kinfo}
         out = {}
         for name, e in entries.items():
             d = _bin_dir(e["hash"])
             group = {fname: os.path.join(d, fname) for fname in e["files"]}
-            src = SimpleNamespace(signature=e["signature"], constants=e["constants"],
-                                  attrs=e["attrs"],
-                                  fn=SimpleNamespace(arg_names=e["arg_names"]))
-            out[name] = ready(CompiledKernel(src, group, e["hash"]), n_args[name])
+            out[name] = ready(compiled_kernel(dict(e, group=group), e["arg_names"]),
+                              n_args[name])
         stats["loaded"] += 1
         return out
     except Exception as e:                 # noqa: BLE001  (fall back to Triton's JIT)

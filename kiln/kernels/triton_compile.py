@@ -14,6 +14,8 @@ import functools
 
 import torch
 
+from .compile_worker import compile_source
+
 _TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
           torch.float64: "fp64", torch.int8: "i8", torch.int16: "i16", torch.int32: "i32",
           torch.int64: "i64", torch.uint8: "u8", torch.bool: "i1"}
@@ -25,12 +27,6 @@ def target():
     from triton.backends.compiler import GPUTarget
     major, minor = torch.cuda.get_device_capability()
     return GPUTarget("cuda", major * 10 + minor, 32)
-
-
-@functools.lru_cache(None)
-def _aligned_attr():
-    from triton.compiler.compiler import make_backend
-    return make_backend(target()).parse_attr("D")
 
 
 def signature(fn, dtypes, consts) -> dict | None:
@@ -47,11 +43,7 @@ def signature(fn, dtypes, consts) -> dict | None:
 def compile_kernel(fn, dtypes, consts: dict, options: dict):
     """A CompiledKernel of ``fn`` for this device, pointers taken as 16-byte aligned;
     None where kiln cannot say the signature (then the JIT compiles it)."""
-    import triton
-    from triton.compiler import ASTSource
     sig = signature(fn, dtypes, consts)
     if sig is None:
         return None
-    attrs = {(i,): _aligned_attr() for i in range(len(dtypes))}
-    return triton.compile(ASTSource(fn, sig, dict(consts), attrs), target=target(),
-                          options=dict(options))
+    return compile_source(fn, sig, consts, target(), options)

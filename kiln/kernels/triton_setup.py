@@ -22,8 +22,8 @@ Anything unexpected (another Triton layout) leaves Triton's own behaviour in pla
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
-import sys
 import threading
 
 from . import cache
@@ -48,30 +48,36 @@ def stamp(triton_dir: str) -> str:
     return cache.key_of(*parts)
 
 
+def triton_dir() -> str | None:
+    """Where Triton is installed, found without importing it."""
+    spec = importlib.util.find_spec("triton")
+    locs = getattr(spec, "submodule_search_locations", None) if spec else None
+    return os.path.abspath(locs[0]) if locs else None
+
+
+@functools.lru_cache(None)
+def triton_stamp() -> str | None:
+    d = triton_dir()
+    try:
+        return stamp(d) if d else None
+    except OSError:
+        return None
+
+
 def install() -> None:
     """Replace ``triton_key`` (wherever Triton imported it) by the stamp key."""
     global _installed
     if _installed:
         return
     _installed = True
+    st = triton_stamp()
+    if st is None:
+        return
     try:
-        import triton
-        from triton.runtime import cache as tcache
-        original = tcache.triton_key
-        triton_dir = os.path.dirname(os.path.abspath(triton.__file__))
+        from .compile_worker import install_stamp
+        install_stamp(st)
     except (ImportError, AttributeError):
         return
-
-    @functools.lru_cache(None)
-    def stamped_triton_key():
-        try:
-            return f"{triton.__version__}-kiln-stamp-{stamp(triton_dir)}"
-        except OSError:
-            return original()
-
-    for name, mod in list(sys.modules.items()):
-        if name.startswith("triton") and getattr(mod, "triton_key", None) is original:
-            mod.triton_key = stamped_triton_key
 
 
 def _driver() -> None:
@@ -112,12 +118,15 @@ def _setup() -> None:
 
 def start() -> None:
     """Begin Triton's set-up in background threads (once per process): its import and
-    key, then the driver helpers beside the warm-up compile."""
+    key, then the driver helpers beside the warm-up compile; and start the compile
+    workers (``compile_pool``)."""
     with _lock:
         if not _setup_thread:
             t = threading.Thread(target=_setup, name="kiln-triton-setup", daemon=True)
             t.start()
             _setup_thread.append(t)
+            from . import compile_pool
+            compile_pool.start()
 
 
 def wait() -> None:

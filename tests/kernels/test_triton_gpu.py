@@ -65,19 +65,19 @@ def test_cuda_graph_replay_matches_eager(mode, monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_kernels_compile_in_parallel_at_load(monkeypatch, tmp_path):
-    """Every kernel of a module is compiled at load time (threads), none at first launch."""
+    """Every kernel of a module is compiled at load time (by the compile workers and this
+    process), none at first launch."""
     import torch.fx as fx
     from kiln.kernels import triton_gen
     done = []
     orig = triton_gen.precompile
 
-    def spy(mod, kinfo):
-        ready, tuned = orig(mod, kinfo)
+    def spy(mod, kinfo, path):
+        ready, tuned = orig(mod, kinfo, path)
         done.append((len(ready) + len(tuned), len(kinfo)))
         return ready, tuned
     monkeypatch.setattr(triton_gen, "precompile", spy)
     monkeypatch.setattr(config, "cache_dir", str(tmp_path))
-    monkeypatch.setattr(config, "compile_threads", 4)
     x = torch.randn(64, 300, device="cuda")
     gm = fx.symbolic_trace(lambda x: tuple(torch.ops.aten.sum.dim_IntList(
         torch.ops.aten.mul.Tensor(x, float(i)), [i % 2]) for i in range(4)) + (
@@ -133,9 +133,10 @@ def test_second_process_launches_without_tritons_jit(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cold_process_builds_no_launcher(tmp_path):
-    """On a cold cache, kernels (an autotuned one included) are launched through
-    ``cuda_launch``: no C launcher is built once Triton's driver is up (building one is
-    made to fail), the autotuned kernel's configs are timed by kiln, results are right."""
+    """On a cold cache, kernels (an autotuned one included) are compiled partly by the
+    compile workers and launched through ``cuda_launch``: no C launcher is built once
+    Triton's driver is up (building one is made to fail), the autotuned kernel's
+    configs are timed by kiln, results are right."""
     import subprocess
     import sys
     import textwrap
@@ -144,8 +145,10 @@ def test_cold_process_builds_no_launcher(tmp_path):
         import sys; sys.path.insert(0, {root!r})
         import torch, torch.fx as fx
         import kiln.config; kiln.config.cache_dir = {str(tmp_path)!r}
-        from kiln.kernels import compile_aten_graph, triton_gen, triton_setup
+        from kiln.kernels import compile_aten_graph, compile_pool, triton_gen, triton_setup
         triton_setup.wait()
+        hellos = compile_pool.wait_started()
+        assert len(hellos) == 2 and all(h["torch_imported"] is False for h in hellos), hellos
         import triton.runtime.build as build
         def no_build(*a, **k):
             raise AssertionError("built a C module")
@@ -166,9 +169,10 @@ def test_cold_process_builds_no_launcher(tmp_path):
         torch.testing.assert_close(a, x.sin())
         torch.testing.assert_close(m, z.amax(1))
         assert not triton_gen.Launcher.why, triton_gen.Launcher.why
+        assert compile_pool.stats["remote"] >= 1, compile_pool.stats
         print("ok")
     """)
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"), KILN_COMPILE_WORKERS="2")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["ok"]
