@@ -7,14 +7,17 @@ The ops it finds depend only on the installed PyTorch and on which libraries hav
 registered CompositeImplicitAutograd kernels, so their names are kept under
 ``cache_dir``, keyed by PyTorch's version and the dispatcher's list of those
 registrations; a later process rebuilds the same table (same keys; each added entry
-runs the op's CompositeImplicitAutograd kernel, as PyTorch's does) in milliseconds. Any name that no longer resolves
-means a full rebuild.
+runs the op's CompositeImplicitAutograd kernel, as PyTorch's does) in microseconds: the
+remembered ops are matched by name, resolved to op objects only if the table is
+iterated.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import torch
+from torch._ops import OpOverload
 from torch._decomp import _core_aten_decompositions_post_autograd, core_aten_decompositions
 
 from kiln.disk_cache import cache_path, key_of, write_text
@@ -38,28 +41,67 @@ def _path() -> str:
     return cache_path("decompositions", key, ".txt")
 
 
-def _remembered(path: str) -> dict | None:
+class DecompositionTable(Mapping):
+    """op -> decomposition, where the remembered CompositeImplicitAutograd ops are kept
+    by name and resolved only when asked about (resolving all of them: 60-100 ms at
+    every process's first compile); their entry is the op's own ``decompose``."""
+
+    def __init__(self, entries: dict, names=()):
+        self._entries = dict(entries)
+        self._names = set(names)
+        self._all = None
+
+    def __contains__(self, op) -> bool:
+        return op in self._entries or (bool(self._names) and isinstance(op, OpOverload)
+                                       and _name(op) in self._names)
+
+    def __getitem__(self, op):
+        fn = self._entries.get(op)
+        if fn is not None:
+            return fn
+        if op in self:
+            return op.decompose
+        raise KeyError(op)
+
+    def __setitem__(self, op, fn) -> None:
+        self._entries[op] = fn
+        self._all = None
+
+    def pop(self, op, default=None):
+        self._names.discard(_name(op))
+        self._all = None
+        return self._entries.pop(op, default)
+
+    def _materialised(self) -> dict:
+        if self._all is None:
+            self._all = {**{_resolve(n): None for n in sorted(self._names)}, **self._entries}
+        return self._all
+
+    def __iter__(self):
+        return iter(self._materialised())
+
+    def __len__(self) -> int:
+        return len(self._materialised())
+
+
+def _remembered(path: str) -> DecompositionTable | None:
     try:
         with open(path) as f:
             names = f.read().split()
-        table = dict(_core_aten_decompositions_post_autograd())
-        for n in names:
-            op = _resolve(n)
-            # what PyTorch's table holds for such an op: run its Python
-            # CompositeImplicitAutograd kernel if it has one, else the C++ one
-            table[op] = op.decompose
-        return table
+        # what PyTorch's table holds for such an op: run its Python
+        # CompositeImplicitAutograd kernel if it has one, else the C++ one
+        return DecompositionTable(_core_aten_decompositions_post_autograd(), names)
     except (OSError, AttributeError, ValueError, RuntimeError):
         return None
 
 
-def core_aten_table() -> dict:
-    """``dict(core_aten_decompositions())``, from the remembered op list when there is
+def core_aten_table() -> DecompositionTable:
+    """``core_aten_decompositions()``'s table, from the remembered op list when there is
     one."""
     try:
         path = _path()
     except Exception:                 # noqa: BLE001  (another PyTorch: no shortcut)
-        return dict(core_aten_decompositions())
+        return DecompositionTable(core_aten_decompositions())
     table = _remembered(path) if os.path.exists(path) else None
     if table is not None:
         return table
@@ -69,4 +111,4 @@ def core_aten_table() -> dict:
         write_text(path, "\n".join(sorted(_name(op) for op in table if op not in base)))
     except (OSError, AttributeError):
         pass
-    return table
+    return DecompositionTable(table)

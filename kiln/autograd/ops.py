@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -92,7 +93,8 @@ def _build_decompositions():
     for op in _EXTRA_DECOMPOSE:
         if op in decomposition_table:
             table[op] = decomposition_table[op]
-    table.update(_OWN_DECOMPOSITIONS)
+    for op, fn in _OWN_DECOMPOSITIONS.items():
+        table[op] = fn
     for op in KEEP_WHOLE:
         table.pop(op, None)
     return table
@@ -101,17 +103,33 @@ def _build_decompositions():
 #: op -> Python decomposition, applied by the tracer as it records.
 DECOMPOSITIONS = _build_decompositions()
 
-def _build_core_ops():
-    ops = set(KEEP_WHOLE) | set(_EXTRA_ALLOWED)
-    for name in dir(aten):
-        packet = getattr(aten, name, None)
-        if not isinstance(packet, torch._ops.OpOverloadPacket):
-            continue
-        for ov in packet.overloads():
-            op = getattr(packet, ov)
-            if torch.Tag.core in op.tags and op not in DECOMPOSITIONS:
-                ops.add(op)
-    return frozenset(op for op in ops if not is_mutation(op))
+class _CoreOps:
+    """The core aten op set the verifier accepts, as a membership test: ops tagged
+    ``core`` that the tracer does not decompose, plus KEEP_WHOLE and _EXTRA_ALLOWED,
+    less mutations. (Listing them means materialising every aten overload: 50 ms at
+    every process's first compile.) ``|`` adds ops."""
+
+    def __init__(self, extra=frozenset()):
+        self.extra = frozenset(extra)
+
+    def __contains__(self, op) -> bool:
+        if op in self.extra:
+            return True
+        if not isinstance(op, torch._ops.OpOverload) or is_mutation(op):
+            return False
+        return (op in KEEP_WHOLE or op in _EXTRA_ALLOWED
+                or (torch.Tag.core in op.tags and op not in DECOMPOSITIONS))
+
+    def __or__(self, other) -> "_CoreOps":
+        return _CoreOps(self.extra | frozenset(other))
+
+    def __iter__(self):
+        ops = set(KEEP_WHOLE) | set(_EXTRA_ALLOWED) | set(self.extra)
+        for name in dir(aten):
+            packet = getattr(aten, name, None)
+            if isinstance(packet, torch._ops.OpOverloadPacket):
+                ops.update(getattr(packet, ov) for ov in packet.overloads())
+        return iter(sorted((op for op in ops if op in self), key=str))
 
 
 # --- aliasing classification ------------------------------------------------------
@@ -211,7 +229,7 @@ def is_recomputable(target) -> bool:
 
 #: The final op set of kiln's aten graphs: core-tagged aten ops the decomposition
 #: table leaves whole, plus ``KEEP_WHOLE`` and a few extras; never a mutating op.
-CORE_OPS = _build_core_ops()
+CORE_OPS = _CoreOps()
 
 
 # --- op-set profiles: how much the tracer decomposes, chosen by the backend -------
@@ -231,7 +249,7 @@ class OpSet:
     name: str
     table: dict = field(hash=False, compare=False)
     keep_whole: frozenset = frozenset()
-    allowed: frozenset | None = None
+    allowed: object = None          # a container of op overloads (``in``), or None
     whole_attention: bool = False
 
 
@@ -246,9 +264,32 @@ CORE = OpSet("core", DECOMPOSITIONS, KEEP_WHOLE, CORE_OPS)
 #: the tracer (``trace._HIDDEN_WRITES``). View ops are still decomposed as in "core"
 #: (free: views of views), so that writes through them scatter back by the tracer's
 #: few rules; ``detach`` becomes ``alias``, later dropped.
-EAGER = OpSet("eager", {**{op: fn for op, fn in DECOMPOSITIONS.items() if is_view(op)},
-                        aten.detach.default: lambda x: aten.alias.default(x)},
-              frozenset(), None, whole_attention=True)
+class _ViewDecompositions(Mapping):
+    """DECOMPOSITIONS' entries for view ops, and ``detach`` as ``alias`` (looked up per
+    op, so the whole table is never resolved)."""
+
+    def __contains__(self, op) -> bool:
+        return op is aten.detach.default or (op in DECOMPOSITIONS and is_view(op))
+
+    def __getitem__(self, op):
+        if op is aten.detach.default:
+            return _detach_as_alias
+        if op in self:
+            return DECOMPOSITIONS[op]
+        raise KeyError(op)
+
+    def __iter__(self):
+        return iter([op for op in DECOMPOSITIONS if is_view(op)] + [aten.detach.default])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def _detach_as_alias(x):
+    return aten.alias.default(x)
+
+
+EAGER = OpSet("eager", _ViewDecompositions(), frozenset(), None, whole_attention=True)
 
 PROFILES = {"core": CORE, "eager": EAGER}
 
