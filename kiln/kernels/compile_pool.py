@@ -4,9 +4,9 @@
 launches ``config.compile_workers`` processes running ``compile_worker.py``; they
 import Triton and warm up while this process captures and lowers. ``run(jobs,
 local)`` then shares a graph's compile jobs between the workers that are ready and
-this process itself (``local``, one job at a time, as before workers existed): a
-graph with one kernel gets it compiled here at once when no worker is warm yet, a
-graph with many gets them spread over every process. A job a worker cannot do (an
+this process itself (``local``, in ``config.compile_threads`` threads): a graph
+with one kernel gets it compiled here at once when no worker is warm yet, a graph
+with many gets them spread over every process. A job a worker cannot do (an
 error, a dead worker) is done locally. Workers live as long as this process; each
 ends when its input pipe closes.
 """
@@ -45,7 +45,7 @@ class _Worker:
         """Take jobs from the shared queue once the worker says it is ready; every job
         taken gets a reply, an error one if the worker fails."""
         try:
-            self.hello = compile_worker._read(self.proc.stdout)
+            self.hello = compile_worker.read_message(self.proc.stdout)
         except Exception:                # noqa: BLE001
             self.hello = None
         ok = isinstance(self.hello, dict)
@@ -54,8 +54,8 @@ class _Worker:
             job, slot = _jobs.get()
             reply = None
             try:
-                compile_worker._write(self.proc.stdin, job)
-                reply = compile_worker._read(self.proc.stdout)
+                compile_worker.write_message(self.proc.stdin, job)
+                reply = compile_worker.read_message(self.proc.stdout)
             except Exception:            # noqa: BLE001  (a dead or confused worker)
                 pass
             ok = isinstance(reply, dict)

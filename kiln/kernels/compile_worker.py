@@ -64,7 +64,7 @@ def compile_source(fn, signature: dict, consts: dict, target, options: dict):
                           options=dict(options))
 
 
-def _read(f):
+def read_message(f):
     head = f.read(4)
     if len(head) < 4:
         return None
@@ -72,7 +72,7 @@ def _read(f):
     return pickle.loads(f.read(n))
 
 
-def _write(f, msg) -> None:
+def write_message(f, msg) -> None:
     data = pickle.dumps(msg)
     f.write(struct.pack("<I", len(data)) + data)
     f.flush()
@@ -124,14 +124,14 @@ def serve(stamp: str, arch: int, warp_size: int) -> None:
         _warm_up(target)
     except Exception:                    # noqa: BLE001  (the first job pays the set-up)
         pass
-    _write(out, {"ready": True, "torch_imported": "torch" in sys.modules})
+    write_message(out, {"ready": True, "torch_imported": "torch" in sys.modules})
     modules: dict = {}
-    while (msg := _read(inp)) is not None:
+    while (msg := read_message(inp)) is not None:
         try:
             reply = _job(msg, target, modules)
         except Exception as e:           # noqa: BLE001  (the parent compiles it itself)
             reply = {"error": f"{type(e).__name__}: {e}"}
-        _write(out, reply)
+        write_message(out, reply)
 
 
 if __name__ == "__main__":
