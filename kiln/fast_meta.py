@@ -3,9 +3,10 @@ Python meta kernels.
 
 Every traced op runs on ``meta`` tensors (capture, the autograd stage). For pointwise
 ops, softmax, LayerNorm and matmuls PyTorch's meta kernels are Python reference
-implementations whose first call imports sympy and ``symbolic_shapes`` (0.4-0.6 s),
-which alone was a third of a cold compile of a one-kernel graph. On contiguous inputs
-(the common case) their results are simple, so ``meta_result`` computes them here:
+implementations whose first call imports sympy and PyTorch's symbolic-shape module
+(0.4-0.6 s), which alone was a third of a cold compile of a one-kernel graph. On
+contiguous inputs (the common case) their results are simple, so ``meta_result``
+computes them here:
 
 * pointwise ops (``Tag.pointwise``, functional, not random): the broadcast shape,
   contiguous; the dtype is what the op itself returns for one-element CPU tensors of the
@@ -18,6 +19,7 @@ Anything else, or any input that is not laid out contiguously (with the strides
 ``torch.empty`` gives), returns None and the caller runs the meta kernel. A test
 compares every shortcut with PyTorch's meta kernel over many shapes and dtypes.
 """
+# Names torch.fx.experimental.symbolic_shapes only to say what it avoids (never imported).
 from __future__ import annotations
 
 import torch
@@ -37,9 +39,10 @@ def _contiguous_strides(shape) -> tuple:
     return tuple(reversed(out))
 
 
+# Not torch.broadcast_shapes: it imports symbolic_shapes (named here only; never imported).
 def _broadcast(*shapes) -> tuple | None:
-    """The broadcast of ``shapes``, or None if they do not broadcast. (Not
-    ``torch.broadcast_shapes``: it imports ``symbolic_shapes``.)"""
+    """The broadcast of ``shapes``, or None if they do not broadcast (without PyTorch's
+    own helper, which loads its symbolic-shape module)."""
     n = max(len(s) for s in shapes)
     out = [1] * n
     for s in shapes:
