@@ -12,8 +12,8 @@ import subprocess
 import tempfile
 
 from ..debug.timing import timed
-from .cxx_probe import workaround_flags
 from ..disk_cache import cache_path, key_of, write_bytes, write_text  # noqa: F401  (re-exported)
+from .cxx_probe import workaround_flags
 
 CXX = os.environ.get("CXX", "g++")
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",

@@ -127,7 +127,6 @@ def run(jobs: list, local) -> list:
         else:
             mine.put(i)
     index = {id(s): i for i, s in slots.items()}
-    lock = threading.Lock()
 
     def helper():
         while True:
@@ -142,8 +141,7 @@ def run(jobs: list, local) -> list:
                     _jobs.put((job, slot))
                     return
                 i = index[id(slot)]
-                with lock:
-                    here.add(i)
+                here.add(i)
             local(i)
             stats["local"] += 1
     n = max(1, min(config.compile_threads, len(jobs)))

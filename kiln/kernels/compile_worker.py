@@ -1,11 +1,10 @@
 """A process that compiles Triton kernels for kiln (``compile_pool`` runs several).
 
-Triton holds the GIL for most of a compile, so threads of one process compile one
-kernel at a time (resnet18's 15 kernels: 0.8 s on the H100 machine). Separate
-processes compile side by side. A worker is started as a plain script, not through the
-``kiln`` package, so it never imports torch: Python, Triton, and a one-line warm-up
-compile (MLIR's and LLVM's set-up) are its whole start-up, paid while the parent
-process is still capturing.
+Triton holds the GIL for much of a compile, so threads of one process overlap only
+its ptxas runs and parts of LLVM. Separate processes compile side by side. A worker
+is started as a plain script, not through the ``kiln`` package, so it never imports
+torch: Python, Triton, and a one-line warm-up compile (MLIR's and LLVM's set-up) are
+its whole start-up, paid while the parent process is still capturing.
 
 Protocol, over stdin/stdout, each message a 4-byte length and a pickle: the worker
 says ``{"ready": True, ...}`` once warm; then per job ``{"path", "name", "signature",
@@ -14,8 +13,9 @@ its constexprs and compile options) it answers ``{"hash", "group", "signature",
 "constants", "attrs"}`` (the compiled kernel's files in Triton's cache, enough to
 rebuild its ``CompiledKernel``) or ``{"error": text}``. End of input ends it.
 
-The functions here that need no torch (Triton's key, a compile for a named target)
-are also what the parent process uses (``triton_setup``, ``triton_compile``).
+The functions here that need no torch (Triton's key, a compile for a named target,
+the warm-up) are also what the parent process uses (``triton_setup``,
+``triton_compile``).
 """
 from __future__ import annotations
 
@@ -92,15 +92,20 @@ def _module(path: str, modules: dict):
     return mod
 
 
-def _warm_up(target) -> None:
+def warm_up(target) -> None:
+    """Compile a one-line kernel for ``target``: Triton's first compile in a process
+    also sets up MLIR and LLVM (0.1-0.5 s on the H100 machine), so a process pays it
+    here, beside other work, rather than in front of its first real kernel (a worker at
+    its start; kiln's own process in ``triton_setup``'s background thread). The binary
+    lands in Triton's cache, so later processes find it."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def kiln_worker_warmup(src, dst, BLOCK: tl.constexpr):
+    def kiln_warmup(src, dst, BLOCK: tl.constexpr):
         i = tl.arange(0, BLOCK)
         tl.store(dst + i, tl.load(src + i) + 1)
-    compile_source(kiln_worker_warmup, {"src": "*fp32", "dst": "*fp32", "BLOCK": "constexpr"},
+    compile_source(kiln_warmup, {"src": "*fp32", "dst": "*fp32", "BLOCK": "constexpr"},
                    {"BLOCK": 128}, target, {"num_warps": 4})
 
 
@@ -121,7 +126,7 @@ def serve(stamp: str, arch: int, warp_size: int) -> None:
     install_stamp(stamp)
     target = gpu_target(arch, warp_size)
     try:
-        _warm_up(target)
+        warm_up(target)
     except Exception:                    # noqa: BLE001  (the first job pays the set-up)
         pass
     write_message(out, {"ready": True, "torch_imported": "torch" in sys.modules})

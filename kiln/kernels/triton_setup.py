@@ -12,8 +12,8 @@ and (3) sets up MLIR and LLVM at its first compile (0.3-0.5 s). So
 * ``start()`` runs the rest in background threads as soon as kiln is called with CUDA
   tensors (``backend.prepare``), overlapping the capture, the autograd stage and the
   lowering (gcc and LLVM release the GIL): the driver helpers in one, and in another a
-  one-line kernel compiled for the device's target (``triton_warmup``), which needs no
-  driver, so MLIR's and LLVM's set-up is paid meanwhile too. kiln's own kernels need
+  one-line kernel compiled for the device's target (``compile_worker.warm_up``), which
+  needs no driver, so MLIR's and LLVM's set-up is paid meanwhile too. kiln's own kernels need
   no driver either (``triton_compile``, ``cuda_launch``): ``wait()`` only waits for
   the import and the key, ``wait_for("driver")`` is for Triton's JIT (the fallbacks).
 
@@ -95,8 +95,9 @@ _warm = threading.Event()
 
 def _warmup() -> None:
     try:
-        from . import triton_warmup
-        triton_warmup.compile_once()
+        from .compile_worker import warm_up
+        from .triton_compile import target
+        warm_up(target())
         _warm.set()
     except Exception:                    # noqa: BLE001  (the first real kernel pays it)
         pass
