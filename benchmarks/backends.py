@@ -91,6 +91,12 @@ class Kiln:
             return
         kiln.config.cache_dir = path
 
+    def settle(self) -> bool:
+        """Wait for kernels kiln compiles in the background after a first call; True
+        if there were any (the calls from then on run them)."""
+        import kiln
+        return kiln.wait_for_compiles(600)
+
     def compile(self, fn):
         import kiln
 

@@ -36,6 +36,16 @@ def compile_times() -> str:
     return report()
 
 
+def wait_for_compiles(timeout: float | None = None) -> bool:
+    """Wait for the kernels kiln is compiling in the background (a large matmul fused
+    with its epilogue: until it is ready, calls run the library product and a separate
+    kernel, never a different result). Returns True if any were under way and all are
+    done; benchmarks call it before timing the steady state."""
+    from kiln.kernels import matmul_epilogue
+
+    return matmul_epilogue.wait(timeout)
+
+
 __all__ = [
     "Unsupported",
     "allow_in_graph",
@@ -54,4 +64,5 @@ __all__ = [
     "register_backend",
     "reset",
     "run",
+    "wait_for_compiles",
 ]

@@ -72,6 +72,14 @@ compile_workers: int = _env_int("KILN_COMPILE_WORKERS", min(8, (os.cpu_count() o
 #: small outputs), "1" (always) or "0" (never) (KILN_CUDAGRAPHS).
 cudagraphs: str = _env_str("KILN_CUDAGRAPHS", "auto")
 
+#: Large matrix products whose result one pointwise kernel reads become one Triton
+#: kernel (matmul with that kernel as its epilogue; GPUs with TMA): "background"
+#: (library call and plain kernel until the fused kernel, compiled by a worker, is
+#: loaded), "sync" (compiled before its first launch) or "off" (KILN_MATMUL_EPILOGUE).
+#: Off by default: on the H100 the fused Linear+GELU measured level with cuBLAS and a
+#: separate GELU pass (1.82-1.86 ms each, 8192x4096 @ 4096x16384 bf16), not faster.
+matmul_epilogue: str = _env_str("KILN_MATMUL_EPILOGUE", "off")
+
 #: Which code generator compiles kernels: "auto" (Triton for CUDA tensors, C++ for CPU
 #: ones), "cpp" or "triton" — the latter on CPU tensors needs TRITON_INTERPRET=1
 #: (KILN_KERNEL_TARGET).

@@ -57,7 +57,8 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
         ir.verify(lo.buffers)
     out_names = {v.buf for v in _leaf_views(lo.outputs)} | lo.pinned
     with timed("kernels.scheduling"):
-        sched = schedule(lo.buffers, out_names)
+        sched = schedule(lo.buffers, out_names,
+                         matmul_epilogues=target == "triton" and config.matmul_epilogue != "off")
     arte = {"ir": ir.format_program(lo.buffers), "schedule": format_schedule(sched),
             "fallbacks": list(lo.fallbacks), "target": target}
     kinfo = None

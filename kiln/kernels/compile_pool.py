@@ -112,6 +112,16 @@ def stop() -> None:
         w.stop()
 
 
+def submit(job: dict):
+    """Queue ``job`` for the next free worker without waiting: the one-item queue its
+    reply will land in, or None when no worker runs."""
+    if not _workers:
+        return None
+    slot = queue.Queue(1)
+    _jobs.put((job, slot))
+    return slot
+
+
 def run(jobs: list, local) -> list:
     """Each of ``jobs`` (a worker's job dict, or None for what only this process can
     do) done by a ready worker or by ``local(i)`` here, in ``config.compile_threads``

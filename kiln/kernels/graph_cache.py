@@ -84,9 +84,9 @@ def _sources_hash() -> str:
 
 def _module_constants() -> str:
     """Module-level UPPER_CASE tuning constants of the kernel compiler (tests patch them)."""
-    from . import cpp, ir, lowering, scheduler, triton_gen
+    from . import cpp, ir, lowering, matmul_epilogue, scheduler, triton_gen
     parts = []
-    for mod in (cpp, ir, lowering, scheduler, triton_gen):
+    for mod in (cpp, ir, lowering, matmul_epilogue, scheduler, triton_gen):
         for k, v in sorted(vars(mod).items()):
             if k.isupper() and isinstance(v, (int, float, str, bool, tuple)):
                 parts.append(f"{mod.__name__}.{k}={v!r}")
@@ -144,7 +144,8 @@ def key_of(gm, example_inputs, target: str) -> str | None:
             sig.append(f"V{type(a).__name__}:{a!r}")
     return cache.key_of(gm.code, consts, ";".join(sig), target, _sources_hash(),
                         _module_constants(), _versions(target, device),
-                        f"fallback_random={config.fallback_random}")
+                        f"fallback_random={config.fallback_random}",
+                        f"matmul_epilogue={config.matmul_epilogue != 'off'}")
 
 
 # --- pickling -------------------------------------------------------------------------

@@ -27,6 +27,8 @@ class Group:
     red: tuple | None             # inner dims; None while only pointwise (flexible)
     nodes: list = field(default_factory=list)
     extern: ir.Buffer | None = None
+    #: a library product computed by this group's kernel itself (matmul_epilogue)
+    matmul: ir.Buffer | None = None
     loops: list = field(default_factory=list)   # list of ("outer", [nodes]) / ("inner", [nodes])
 
     @property
@@ -129,7 +131,9 @@ def live_buffers(buffers: list, output_names: set) -> list:
     return [b for b in buffers if b.name in live]
 
 
-def schedule(buffers: list, output_names: set) -> Schedule:
+def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -> Schedule:
+    """``matmul_epilogues``: fuse large library products into their pointwise reader
+    (Triton only; ``matmul_epilogue``)."""
     buffers = live_buffers(buffers, output_names)
     squeeze_unit_dims(buffers)
     groups: list[Group] = []
@@ -149,6 +153,9 @@ def schedule(buffers: list, output_names: set) -> Schedule:
         else:
             cur = Group(tuple(b.sizes), None, [b])
         groups.append(cur)
+    if matmul_epilogues:
+        from .matmul_epilogue import fuse
+        groups = fuse(groups, buffers, set(output_names))
 
     # who reads what: by group, and by reading node
     readers, node_readers = {}, {}
@@ -157,6 +164,9 @@ def schedule(buffers: list, output_names: set) -> Schedule:
             for r in n.reads():
                 readers.setdefault(r, set()).add(gi)
                 node_readers.setdefault(r, set()).add(n.name)
+        if g.matmul is not None:          # the operands live until the fused kernel
+            for r in g.matmul.reads():
+                readers.setdefault(r, set()).add(gi)
 
     locals_ = set()
     for g_i, g in enumerate(groups):
@@ -244,6 +254,8 @@ def format_schedule(s: Schedule) -> str:
             lines.append(f"kernel {i}: extern {g.extern.op} -> {g.extern.name}")
             continue
         lines.append(f"kernel {i}: outer={list(g.outer)} inner={list(g.red or ())}")
+        if g.matmul is not None:
+            lines.append(f"  epilogue of {g.matmul.op} -> {g.matmul.name} (fused)")
         for kind, nodes in g.loops:
             lines.append(f"  {kind} loop: " + ", ".join(
                 n.name + (" (local)" if n.name in s.locals else f" (slot {s.slots.get(n.name)})")

@@ -804,25 +804,54 @@ def generate_detailed(sched: Schedule, buffers: list, interpret: bool | None = N
                 name = seen[key] = kern.name
                 parts.append(src)
                 kinfo.append((kern.name, params, [pd[q] for q in params], consts, nw, tune))
-            cur[1].append((name, params, grid, consts, nw, tune, allocs))
+            fused = _fused(gi, g, sched, kern, dtypes, interpret, parts, seen) \
+                if g.matmul is not None else None
+            cur[1].append((name, params, grid, consts, nw, tune, allocs, fused))
     entries = []
     for name, kernels in segments:
         params = []
-        local = {ws for *_, allocs in kernels for ws, _, _ in allocs}
-        for _, ps, *_ in kernels:
+        local = {ws for *_, allocs, _ in kernels for ws, _, _ in allocs}
+        for _, ps, *_, fused in kernels:
+            ps = ps if fused is None else fused[1]
             params += [q for q in ps if q not in params and q not in local]
         lines = []
-        for kname, ps, grid, consts, nw, tune, allocs in kernels:
+        for kname, ps, grid, consts, nw, tune, allocs, fused in kernels:
             for ws, numel, dt in allocs:
                 lines.append(f"    {ws} = torch.empty({numel}, dtype={dt}, "
                              f"device={params[0]}.device)")
             kw = ", ".join(f"{k}={v}" for k, v in consts.items())
             if not tune:
                 kw += f", num_warps={nw}"
-            lines.append(f"    launch(rt, {kname}, {grid}, ({', '.join(ps)},), dict({kw}))")
+            call = f"    launch(rt, {kname}, {grid}, ({', '.join(ps)},), dict({kw}))"
+            lines += [call] if fused is None else fused[0](call)
         parts.append(f"def {name}(rt, launch, {', '.join(params)}):\n" + "\n".join(lines))
         entries.append((name, params))
     return "\n\n\n".join(parts) + "\n", entries, kinfo
+
+
+def _fused(gi, g, sched, kern, dtypes, interpret, parts, seen):
+    """A group with a library product fused in (``matmul_epilogue``): its fused kernel
+    emitted beside the plain one (which reads the product from memory, for the library
+    tier); returns (the launcher lines as a function of the plain kernel's launch
+    line, the segment parameters this group needs)."""
+    from . import matmul_epilogue as me
+    lay = me.layout(g.matmul, dtypes)
+    own, writes = kern.params()
+    own = [q for q in own if q != g.matmul.name]
+    bias = lay["bias"]
+    if bias is not None and bias.buf not in own:
+        own.append(bias.buf)
+    fname = f"kernel{gi}_mm"
+    src, fparams, consts, options, stores = me.source(fname, g, own, writes, lay, dtypes,
+                                                      interpret)
+    key = ("matmul", _canonical(src, fname, fparams), tuple(sorted(consts.items())))
+    name = seen.get(key)
+    if name is None:
+        name = seen[key] = fname
+        parts.append(src)
+    needs = sorted(g.matmul.reads() - set(own)) + own
+    return (lambda call: me.launcher_lines(name, call, g, lay, own, consts, options, stores)), \
+        needs
 
 
 def _hook_set(h) -> bool:
@@ -843,6 +872,8 @@ class Launcher:
     ``why``: reasons the direct path was not taken (diagnostics)."""
 
     why: dict = {}
+    #: the generated module's file (what a compile worker reads a fused kernel from)
+    path: str | None = None
 
     def __init__(self, source=None, kinfo=None, mod=None):
         # id(kernel) -> (alignment, compiled, grid, constexprs, DriverKernel | None) | None
@@ -901,6 +932,11 @@ class Launcher:
         end.synchronize()
         times = [a.elapsed_time(b) for a, b in spans]
         return candidates[times.index(min(times))]
+
+    def matmul(self, kernel, spec, a, b, args) -> bool:
+        """A fused matmul kernel's launch if its tier is up (``matmul_epilogue``)."""
+        from . import matmul_epilogue
+        return matmul_epilogue.launch(kernel, spec, a, b, args, self.path)
 
     def __call__(self, rt, kernel, grid, args, kw):
         key = id(kernel)
@@ -1053,6 +1089,7 @@ def load(source: str, entries, kinfo=None):
                 launch.preload(getattr(mod, name), ck, len(params), consts, drv)
             elif name in tuned and all(drv is not None for _, drv in tuned[name]):
                 launch.preload_candidates(getattr(mod, name), tuned[name])
+    launch.path = path
     steps = []
     for name, params in entries:
         fn = getattr(mod, name)
