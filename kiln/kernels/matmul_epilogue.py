@@ -383,12 +383,13 @@ def launch(kernel, spec: dict, a, b, args: tuple, path: str) -> bool:
         kernel[(_grid(spec),)](da, db, *args, **consts, **spec["options"])
         stats["fused_launches"] += 1
         return True
-    tier = _tiers.get(id(kernel))
+    key = (id(kernel), a.device.index)     # a binary is loaded per device
+    tier = _tiers.get(key)
     if tier is None:
         with _lock:
-            tier = _tiers.get(id(kernel))
+            tier = _tiers.get(key)
             if tier is None:
-                tier = _tiers[id(kernel)] = _Tier()
+                tier = _tiers[key] = _Tier()
                 _start(tier, kernel, spec, a, b, args, path)
     if tier.state != "ready" or any(t.data_ptr() % 16 for t in (a, b) + tuple(args)):
         stats["library_launches"] += 1
