@@ -25,6 +25,9 @@ def parse(argv=None):
                    help="every model in inference and training at both fp32 and bf16 (default: the "
                         "rows that fit the 10-minute GPU run: bf16 inference, fp32 training)")
     p.add_argument("--runs", type=int, default=30, help="minimum timed runs per cell (>= 30)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="time each workload's backends again in this many interleaved rounds "
+                        "and report the pooled median (default 6; 0 with --quick)")
     p.add_argument("--no-warm", action="store_true", help="skip the warm-cache subprocess")
     p.add_argument("--budget-s", type=float, default=None,
                    help=f"stop starting cells after this long (default {DEFAULT_CUDA_BUDGET_S} on cuda, none on cpu)")
@@ -66,6 +69,8 @@ def main(argv=None) -> int:
     opts = harness.Options(device=a.device, backends=[b for b in a.backends.split(",") if b],
                            quick=a.quick, min_runs=max(30, a.runs), warm_compile=not a.no_warm,
                            budget_s=budget, keep_cache=a.keep_cache,
+                           interleave_rounds=(a.rounds if a.rounds is not None else
+                                              0 if a.quick else 6),
                            target_s=0.5 if a.device == "cuda" else 1.0,
                            log=lambda s: print(s, flush=True))
     workloads = select(a.device, a.suite, a.quick, [s for s in a.only.split(",") if s] or None,

@@ -4,7 +4,9 @@ One cell (workload × backend) goes: build a fresh instance → point the backen
 on-disk caches at a fresh directory → compile and time the first call (cold) → check
 the result (and for training the gradients) against eager's → warm up and time ≥30
 calls → count graphs and breaks. Any exception becomes the cell's ``error`` and the
-loop moves on. Warm-cache compile times come afterwards from a second process per
+loop moves on. With ``interleave_rounds``, each workload's cells stay alive until all
+its backends are done and are then timed again in interleaved rounds (``interleave``),
+whose pooled median is the figure reported. Warm-cache compile times come afterwards from a second process per
 backend (benchmarks/warm.py) reusing the cells' cache directories.
 """
 from __future__ import annotations
@@ -45,6 +47,9 @@ class Options:
     #: aim for about this many seconds of timed calls per cell (never fewer than min_runs)
     target_s: float = 1.0
     warmup: int = 3
+    #: after each workload's cells, time every backend again in this many interleaved
+    #: rounds and report the pooled median (0: the sequential figures only)
+    interleave_rounds: int = 0
     warm_compile: bool = True
     #: stop starting new cells after this many seconds (0: no limit); warm-cache
     #: measurements get what is left of it
@@ -140,12 +145,35 @@ def _cleanup(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+@dataclass
+class LiveCell:
+    """A cell whose compiled callable is still alive after its own timing, so that the
+    interleaved phase can time it again beside the other backends."""
+    cell: dict
+    backend: object
+    inst: object
+    compiled: object
+    step: object
+    runs: int
+
+
 def run_cell(w: Workload, backend, opts: Options, cache_dir: str, ref, explain_cache: dict,
              ceil: dict) -> dict:
+    """One cell from start to end (built, compiled, checked, timed, explained, freed)."""
+    cell, live = open_cell(w, backend, opts, cache_dir, ref, ceil)
+    close_cell(w, backend, cell, live, explain_cache)
+    return cell
+
+
+def open_cell(w: Workload, backend, opts: Options, cache_dir: str, ref, ceil: dict,
+              others_bytes: int = 0) -> tuple:
+    """Build, compile, check and time one cell; returns (cell, LiveCell or None when it
+    failed). ``others_bytes``: GPU memory held by other live cells, left out of this
+    cell's peak."""
     cell = {"workload": w.key, "name": w.name, "suite": w.suite, "mode": w.mode,
             "dtype": DTYPE_NAMES.get(w.dtype, str(w.dtype)), "backend": backend.name}
     phase = "build"
-    inst = compiled = step = None
+    inst = compiled = None
     try:
         _safe(backend.reset)
         inst = w.build(opts.device)
@@ -184,13 +212,22 @@ def run_cell(w: Workload, backend, opts: Options, cache_dir: str, ref, explain_c
         cell["runs"] = len(times)
         cell["median_ms"] = median(times) * 1e3
         cell["min_ms"] = min(times) * 1e3
-        cell["peak_mem_MB"] = None if mem.peak is None else mem.peak / 2**20
+        cell["peak_mem_MB"] = None if mem.peak is None else (mem.peak - others_bytes) / 2**20
         _throughput(w, cell, ceil)
+        return cell, LiveCell(cell, backend, inst, compiled, step, runs)
     except Exception as e:  # noqa: BLE001 — any backend failure is data, not a crash
         cell["error"] = short_error(e)
         cell["error_phase"] = phase
         cell["traceback"] = traceback.format_exc(limit=-8)
-    # graph and break counts: kiln's three backends share one capture, so explain once
+        return cell, LiveCell(cell, backend, inst, None, None, 0) if inst is not None else None
+
+
+def close_cell(w: Workload, backend, cell: dict, live, explain_cache: dict) -> None:
+    """Count graphs and breaks (kiln's three backends share one capture, so explain
+    once), then free the cell's instance and reset its backend."""
+    inst = live.inst if live is not None else None
+    if live is not None:
+        live.compiled = live.step = None
     if backend.family != "eager" and inst is not None:
         shared_key = (backend.family, w.key) if backend.family == "kiln" else None
         if shared_key in explain_cache:
@@ -198,7 +235,6 @@ def run_cell(w: Workload, backend, opts: Options, cache_dir: str, ref, explain_c
         else:
             found = {}
             try:
-                step = compiled = None
                 _safe(backend.reset)
                 with _no_grad_if(w.mode == "infer"):
                     ex = backend.explain(inst.fn, inst.inputs[0])
@@ -208,10 +244,48 @@ def run_cell(w: Workload, backend, opts: Options, cache_dir: str, ref, explain_c
             cell.update(found)
             if shared_key is not None:
                 explain_cache[shared_key] = found
-    del inst, compiled, step
+    if live is not None:
+        live.inst = None
+    del inst
     _safe(backend.reset)
-    _cleanup(opts.device)
-    return cell
+
+
+def interleave(w: Workload, live: list, opts: Options, ceil: dict) -> None:
+    """Time the live cells again in ``opts.interleave_rounds`` rounds, each round every
+    backend in turn (the order rotated, and reversed every other round), and make the
+    pooled median the cell's figure. A GPU's clock follows its power and temperature,
+    which drift over seconds: timed one after another, the backend timed first (on a
+    cool chip) is favoured; interleaved, all see the same conditions. Each block starts
+    after a ``gc.collect()``, so that one backend's garbage is not collected in another's
+    time. The sequential
+    median stays as ``sequential_median_ms``, each round's as ``round_medians_ms``."""
+    rounds = opts.interleave_rounds
+    pooled = {id(lc): [] for lc in live}
+    per_round = {id(lc): [] for lc in live}
+    for r in range(rounds):
+        order = live[r % len(live):] + live[:r % len(live)]
+        if r % 2:
+            order.reverse()
+        for lc in order:
+            n = len(lc.inst.inputs)
+            gc.collect()   # another backend's garbage is not this one's cost
+            times = time_calls(lc.step, n, opts.device, runs=max(1, math.ceil(lc.runs / rounds)),
+                               warmup=1)
+            pooled[id(lc)] += times
+            per_round[id(lc)].append(median(times) * 1e3)
+    for lc in live:
+        c, times = lc.cell, pooled[id(lc)]
+        c["sequential_median_ms"] = c["median_ms"]
+        c["median_ms"] = median(times) * 1e3
+        c["min_ms"] = min(c["min_ms"], min(times) * 1e3)
+        c["runs"] = len(times)
+        c["round_medians_ms"] = per_round[id(lc)]
+        c["timing"] = f"interleaved, {rounds} rounds"
+        _throughput(w, c, ceil)
+
+
+def _allocated(device: str) -> int:
+    return torch.cuda.memory_allocated() if device == "cuda" else 0
 
 
 def _choose_runs(step, n_inputs: int, opts: Options) -> int:
@@ -268,23 +342,45 @@ def run(workloads: list[Workload], opts: Options) -> dict:
             result["skipped"].append({"workload": w.key, "reason": f"eager reference failed: {short_error(e)}"})
             log(f"skip {w.key}: eager failed: {short_error(e)}")
             continue
-        eager_ms = None
+        cells, live = [], []
+        base = _allocated(opts.device)
         for b in backends:
             if opts.budget_s and time.monotonic() - t_start > main_budget:
                 result["skipped"].append({"workload": w.key, "backend": b.name,
                                           "reason": "time budget spent"})
                 continue
+            for lc in [lc for lc in live if lc.backend.family == b.family]:
+                live.remove(lc)   # opening b resets the family's state: the earlier
+                                  # cell keeps its sequential figure
+                close_cell(w, lc.backend, lc.cell, lc, explain_cache)
             cache_dir = os.path.join(cache_root, _slug(b.name), _slug(w.key))
             os.makedirs(cache_dir, exist_ok=True)
             t0 = time.monotonic()
-            cell = run_cell(w, b, opts, cache_dir, ref, explain_cache, result["ceilings"])
+            cell, lc = open_cell(w, b, opts, cache_dir, ref, result["ceilings"],
+                                 others_bytes=_allocated(opts.device) - base)
+            if opts.interleave_rounds and lc is not None and lc.step is not None:
+                live.append(lc)
+            else:
+                close_cell(w, b, cell, lc, explain_cache)
+                _cleanup(opts.device)
             cell["cell_wall_s"] = time.monotonic() - t0
-            if b.name == "eager":
-                eager_ms = cell.get("median_ms")
+            cells.append(cell)
+            log(_one_line(cell, cell["cell_wall_s"]))
+        if len(live) > 1:
+            try:
+                interleave(w, live, opts, result["ceilings"])
+                log("interleaved: " + ", ".join(f"{lc.backend.name} {lc.cell['median_ms']:.3f} ms"
+                                                for lc in live))
+            except Exception as e:  # noqa: BLE001 — keep the sequential figures
+                log(f"interleaved timing failed ({short_error(e)}): sequential figures kept")
+        for lc in live:
+            close_cell(w, lc.backend, lc.cell, lc, explain_cache)
+        live = []
+        eager_ms = next((c.get("median_ms") for c in cells if c["backend"] == "eager"), None)
+        for cell in cells:
             if eager_ms and cell.get("median_ms"):
                 cell["speedup"] = eager_ms / cell["median_ms"]
             result["cells"].append(cell)
-            log(_one_line(cell, cell["cell_wall_s"]))
         del ref
         _cleanup(opts.device)
     if opts.warm_compile:

@@ -9,6 +9,7 @@ is that of the live buffers, not of all of them.
 """
 from __future__ import annotations
 
+import weakref
 
 import torch
 from torch.utils import _pytree as pytree
@@ -53,11 +54,49 @@ class Runtime:
             else:
                 self.out_plan.append(("view", v))
         self.plain_tuple = self.out_spec == pytree.tree_flatten(tuple(out_flat))[1]
+        if self.device.type == "cpu":
+            self._read_layouts()
         self._plan_lifetimes()
         for s in self.steps:
             if isinstance(s, ExternStep):
                 s.prepare(self)
         self.graphs = GraphReplay.maybe(self)
+
+    def _read_layouts(self):
+        """Allocate a slot in the layout its library calls and outputs read it in, when
+        they all agree and it covers the same memory (a [16] kernel buffer that an addmm
+        reads as [1, 16]): the read is then the tensor itself, not an ``as_strided`` view
+        built per call (~3 us each, which on a graph of small layers is most of its
+        overhead). Kernels see only the data pointer. CPU only: there per-call host time
+        is the whole cost; a CUDA graph is replayed instead."""
+        wants = {}
+        slots = self.sched.slots
+
+        def want(buf, layout):
+            if buf in slots:
+                wants.setdefault(slots[buf], set()).add(layout)
+
+        for kind, v in self.out_plan:
+            if kind == "buf":
+                want(v, (tuple(self.buffers[v].sizes), tuple(self.buffers[v].strides), 0))
+            elif kind == "view":
+                want(v.buf, (tuple(v.sizes), tuple(v.strides), v.offset))
+        for step in self.steps:
+            if isinstance(step, ExternStep):
+                for a in _extern_args((step.b.args, list(step.b.kwargs.values()))):
+                    want(a.buf, (tuple(a.sizes), tuple(a.strides), a.offset))
+                for name in (step.b.name, *step.b.outputs):
+                    want(name, None)      # written by a library call: leave it be
+        for s, layouts in wants.items():
+            if len(layouts) != 1:
+                continue
+            (layout,) = layouts
+            sz, st, dt = self.slot_specs[s]
+            if layout is None or layout[2] != 0 or (layout[0], layout[1]) == (sz, st):
+                continue
+            if _span(layout[0], layout[1]) == _span(sz, st) and \
+                    _numel(layout[0]) == _numel(sz):
+                self.slot_specs[s] = (layout[0], layout[1], dt)
 
     def _plan_lifetimes(self):
         """Per step: the slots to allocate before it, the names to drop after it."""
@@ -131,6 +170,34 @@ class Runtime:
         return pytree.tree_unflatten(out, self.out_spec)
 
 
+class _StableView:
+    """A view of a graph input (a transposed Linear weight, say) that is built once and
+    reused while the same tensor object comes back at the same address: parameters do,
+    call after call. A view is kept only once the same tensor has been seen twice (so an
+    activation passed once is not held alive by it), and never under grad mode (a view
+    made there carries autograd history)."""
+
+    __slots__ = ("rt", "a", "ref", "ptr", "view")
+
+    def __init__(self, rt, a):
+        self.rt, self.a = rt, a
+        self.ref, self.ptr, self.view = None, 0, None
+
+    def __call__(self, tensors):
+        a = self.a
+        t = tensors[a.buf]
+        same = self.ref is not None and self.ref() is t and t.data_ptr() == self.ptr
+        if same and self.view is not None:
+            return self.view
+        v = self.rt.tensor_of(tensors, a.buf, a.sizes, a.strides, a.offset)
+        if torch.is_grad_enabled():
+            self.ref, self.view = None, None
+            return v
+        self.view = v if same else None
+        self.ref, self.ptr = weakref.ref(t), t.data_ptr()
+        return v
+
+
 class ExternStep:
     """Call the aten op with tensors built from its ``ExternArg``s."""
 
@@ -152,6 +219,8 @@ class ExternStep:
                 layout = (tuple(sz), tuple(st))
             if layout is not None and a.offset == 0 and layout == (tuple(a.sizes), tuple(a.strides)):
                 return lambda tensors, n=a.buf: tensors[n]
+            if isinstance(b, ir.Input):
+                return _StableView(rt, a)
             return lambda tensors, a=a: rt.tensor_of(tensors, a.buf, a.sizes, a.strides, a.offset)
 
         def builder(x):
@@ -184,6 +253,27 @@ class ExternStep:
             # an undefined optional result (attention weights not asked for) is None,
             # where the meta kernel that planned the graph gave an empty tensor
             tensors[o.name] = None if t is None else _fix_layout(t, o)
+
+
+def _extern_args(x):
+    if isinstance(x, ir.ExternArg):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _extern_args(y)
+
+
+def _numel(sizes) -> int:
+    n = 1
+    for s in sizes:
+        n *= int(s)
+    return n
+
+
+def _span(sizes, strides) -> int:
+    if any(int(s) == 0 for s in sizes):
+        return 0
+    return 1 + sum((int(s) - 1) * int(st) for s, st in zip(sizes, strides))
 
 
 def _has_arg(x) -> bool:

@@ -167,3 +167,34 @@ def test_grad_errors_floor():
     got["w"] = torch.tensor([10.1, -10.0])
     err, where = grad_errors(got, ref)
     assert where == "w" and err == pytest.approx(1e-2, rel=1e-3)
+
+
+class Slower(Eager):
+    """Eager with a fixed extra cost per call: the interleaved figures must keep the order."""
+
+    family = "slow"
+
+    def __init__(self):
+        super().__init__("slower")
+
+    def compile(self, fn):
+        import time
+
+        def slow(*a):
+            time.sleep(0.002)
+            return fn(*a)
+        return slow
+
+
+def test_interleaved_rounds_time_every_live_cell_again():
+    workloads = select("cpu", "micro", quick=True, only=["sin_cos"])
+    opts = harness.Options(device="cpu", quick=True, log=lambda s: None, warm_compile=False,
+                           interleave_rounds=3, backends=["eager", Slower(), Raises()])
+    res = harness.run(workloads, opts)
+    eager, slow, broken = (_cell(res, "sin_cos", b) for b in ("eager", "slower", "raises"))
+    for c in (eager, slow):
+        assert c["timing"] == "interleaved, 3 rounds" and len(c["round_medians_ms"]) == 3
+        assert c["sequential_median_ms"] > 0 and c["runs"] >= 30
+    assert "timing" not in broken and "error" in broken
+    assert slow["median_ms"] > eager["median_ms"] + 1.5
+    assert slow["speedup"] == pytest.approx(eager["median_ms"] / slow["median_ms"])
