@@ -713,7 +713,7 @@ def _binary(name):
 for _t, _n in {aten.mul.Tensor: "mul", aten.mul.Scalar: "mul", aten.div.Tensor: "truediv",
                aten.div.Scalar: "truediv", aten.maximum.default: "maximum",
                aten.minimum.default: "minimum", aten.pow.Tensor_Tensor: "pow",
-               aten.pow.Tensor_Scalar: "pow", aten.pow.Scalar: "pow",
+               aten.pow.Scalar: "pow",
                aten.atan2.default: "atan2", aten.remainder.Tensor: "remainder",
                aten.remainder.Scalar: "remainder", aten.fmod.Tensor: "fmod",
                aten.fmod.Scalar: "fmod", aten.bitwise_and.Tensor: "bitand",
@@ -721,6 +721,31 @@ for _t, _n in {aten.mul.Tensor: "mul", aten.mul.Scalar: "mul", aten.div.Tensor: 
                aten.bitwise_and.Scalar: "bitand", aten.bitwise_or.Scalar: "bitor",
                aten.bitwise_xor.Scalar: "bitxor", aten.floor_divide.default: "floordiv"}.items():
     register(_t)(_binary(_n))
+
+
+#: Exponents eager's pow kernels (CPU and CUDA) compute with a cheaper formula than
+#: ``pow`` for floating tensors; each rounds differently from ``pow`` in the last place,
+#: so kiln uses the same formula to give eager's bits (RMS-norm backward in T5/Llama
+#: squares and takes ``** -0.5`` / ``** -1.5``).
+_POW_FORMULAS = {
+    2.0: lambda x: op("mul", x, x),
+    3.0: lambda x: op("mul", op("mul", x, x), x),
+    0.5: lambda x: op("sqrt", x),
+    -0.5: lambda x: op("rsqrt", x),
+    -1.0: lambda x: op("reciprocal", x),
+    -2.0: lambda x: op("reciprocal", op("mul", x, x)),
+}
+
+
+@register(aten.pow.Tensor_Scalar)
+def _pow_tensor_scalar(lo, node, a, b):
+    formula = None
+    if lo.out_meta(node).dtype.is_floating_point and isinstance(b, (int, float)) \
+            and not isinstance(b, bool):
+        formula = _POW_FORMULAS.get(float(b))
+    if formula is not None:
+        return pointwise(lo, node, [a], formula)
+    return pointwise(lo, node, [a, b], lambda x, y: op("pow", x, y))
 
 
 @register(aten.div.Tensor_mode, aten.div.Scalar_mode)
@@ -1243,4 +1268,4 @@ def _convolution(lo, node, x, w, b, stride, padding, dilation, transposed, outpu
     return View(out.buf, out.sizes, ext.strides, 0, out.dtype)
 
 
-from . import lowering_index, lowering_pool, lowering_view  # noqa: E402,F401  (register their lowerings)
+from . import lowering_index, lowering_matmul, lowering_pool, lowering_view  # noqa: E402,F401  (register their lowerings)

@@ -128,3 +128,29 @@ def test_streaming_stores_match(monkeypatch, shape):
     sm = _compile(lambda t: (aten._softmax.default(t, -1, False),), [x])
     assert "kiln_stream(" in sm.artefacts["source"]
     torch.testing.assert_close(sm(x)[0], torch.softmax(x, -1), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("exponent", [2, 3, 0.5, -0.5, -1, -2, 2.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pow_scalar_matches_eager(exponent, dtype):
+    """pow by 2, 3, ±0.5, -1, -2 is eager's cheaper formula (x*x, sqrt, 1/x…), not pow,
+    so where that formula is exact arithmetic the results are eager's bits (pow's rounding
+    is not). Square roots are compared to an ulp: eager's vectorised sqrt on this CPU
+    (MKL) is not correctly rounded, std::sqrt is."""
+    x = torch.rand(4099, dtype=dtype) * 8 + 1e-3
+    fn = _compile(lambda t: (aten.pow.Tensor_Scalar(t, exponent) + 1,), [x])
+    got, want = fn(x)[0], torch.pow(x, exponent) + 1
+    if exponent in (2, 3, -1, -2):
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, rtol=2 * torch.finfo(dtype).eps, atol=0)
+
+
+def test_multiply_add_rounds_twice_like_eager():
+    """a*b+c is two roundings in eager; a contracted FMA (one rounding) differs in the last
+    place for these inputs, so the bits must match exactly."""
+    g = torch.Generator().manual_seed(1)
+    a, b, c = (torch.randn(1 << 16, generator=g) for _ in range(3))
+    fn = _compile(lambda x, y, z: (aten.add.Tensor(aten.sub.Tensor(
+        aten.mul.Tensor(x, y), aten.mul.Tensor(z, y)), x),), [a, b, c])
+    assert torch.equal(fn(a, b, c)[0], a * b - c * b + a)
