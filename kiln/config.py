@@ -80,6 +80,12 @@ cudagraphs: str = _env_str("KILN_CUDAGRAPHS", "auto")
 #: separate GELU pass (1.82-1.86 ms each, 8192x4096 @ 4096x16384 bf16), not faster.
 matmul_epilogue: str = _env_str("KILN_MATMUL_EPILOGUE", "off")
 
+#: CPU matrix products (mm, addmm; float32/64) of at most this many multiply-adds are
+#: compiled into kiln's C++ loops, fused with their bias and activation, instead of a
+#: BLAS call that costs more in dispatch than the arithmetic (0: always the library)
+#: (KILN_SMALL_MATMUL_MACS).
+small_matmul_macs: int = _env_int("KILN_SMALL_MATMUL_MACS", 32768)
+
 #: Which code generator compiles kernels: "auto" (Triton for CUDA tensors, C++ for CPU
 #: ones), "cpp" or "triton" — the latter on CPU tensors needs TRITON_INTERPRET=1
 #: (KILN_KERNEL_TARGET).

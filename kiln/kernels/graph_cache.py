@@ -145,7 +145,8 @@ def key_of(gm, example_inputs, target: str) -> str | None:
     return cache.key_of(gm.code, consts, ";".join(sig), target, _sources_hash(),
                         _module_constants(), _versions(target, device),
                         f"fallback_random={config.fallback_random}",
-                        f"matmul_epilogue={config.matmul_epilogue != 'off'}")
+                        f"matmul_epilogue={config.matmul_epilogue != 'off'}",
+                        f"small_matmul_macs={config.small_matmul_macs}")
 
 
 # --- pickling -------------------------------------------------------------------------

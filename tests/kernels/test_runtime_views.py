@@ -3,10 +3,19 @@ weight) is built once and reused while the same tensor comes back at the same ad
 and a kernel buffer that a library call reads in another shape of the same memory is
 allocated in that shape. Both must follow the user's tensors: an in-place update, a
 ``.data`` swap, a new input each call."""
+import pytest
 import torch
 
 import kiln
+from kiln import config
 from kiln.kernels import runtime
+
+
+@pytest.fixture(autouse=True)
+def _library_matmuls(monkeypatch):
+    """These paths are those of library calls: keep the small Linears BLAS calls
+    (``config.small_matmul_macs`` would otherwise compile them into the C++ kernels)."""
+    monkeypatch.setattr(config, "small_matmul_macs", 0)
 
 
 def _mlp():
