@@ -13,6 +13,15 @@ from kiln.debug.logs import log_for
 from kiln.kernels import compile_aten_graph, ir
 from kiln.kernels.compile import build
 
+
+@pytest.fixture(autouse=True)
+def _library_matmuls(monkeypatch):
+    """Here mm is the library call that splits kernels and whose buffers the runtime
+    plans around: keep small ones library calls (``config.small_matmul_macs`` would
+    compile them into the C++ kernels; ``test_small_matmul.py`` covers that)."""
+    from kiln import config
+    monkeypatch.setattr(config, "small_matmul_macs", 0)
+
 aten = torch.ops.aten
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
