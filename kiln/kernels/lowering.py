@@ -1064,21 +1064,24 @@ def _cat(lo, node, tensors, dim=0):
 
 @register(aten.constant_pad_nd.default)
 def _pad(lo, node, x, pad, value=0):
+    """Padding by ``value``; a negative pad crops instead (only index arithmetic)."""
     m = lo.out_meta(node)
     sizes, dtype = tuple(m.shape), m.dtype
     n = len(sizes)
-    if any(p < 0 for p in pad):
-        raise Unsupported("negative padding")
 
     def body(idx):
         sub, conds = list(idx), []
         for k in range(len(pad) // 2):
             d = n - 1 - k
-            before = pad[2 * k]
+            before, after = pad[2 * k], pad[2 * k + 1]
             sub[d] = idx[d] + (-before)
             pos = Index(idx[d])
-            conds.append(op("ge", pos, const(before, torch.int64)))
-            conds.append(op("lt", pos, const(before + x.sizes[d], torch.int64)))
+            if before > 0:
+                conds.append(op("ge", pos, const(before, torch.int64)))
+            if after > 0:
+                conds.append(op("lt", pos, const(before + x.sizes[d], torch.int64)))
+        if not conds:
+            return cast(x.load(sub), dtype)
         cond = conds[0]
         for c in conds[1:]:
             cond = op("and", cond, c)

@@ -115,7 +115,10 @@ def view_graph(x, y):
     o = aten.reshape.default(aten.permute.default(x, [1, 0, 2]), [5, -1])
     p = aten.add.Tensor(aten.reshape.default(h, [-1]), 1.0)
     sp = aten.split.Tensor(x, 2, 1)
-    return (a, b, c, d, e, f, g, h, i, j, k, m, n, o, p, sp[0], aten.mul.Tensor(sp[-1], 3.0))
+    q = aten.constant_pad_nd.default(y, [-1, 2, 1, -2], 0.5)   # negative pads crop
+    r = aten.constant_pad_nd.default(aten.exp.default(x), [-1, -2])
+    return (a, b, c, d, e, f, g, h, i, j, k, m, n, o, p, sp[0], aten.mul.Tensor(sp[-1], 3.0),
+            q, r)
 
 
 def fusion_graph(x, w):

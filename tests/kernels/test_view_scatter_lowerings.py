@@ -257,3 +257,15 @@ def test_triton_interpreter(tmp_path):
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=root)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
     assert "7 passed" in r.stdout.splitlines()[-1], r.stdout[-2000:]
+
+
+@pytest.mark.parametrize("pad", [[-1, 2, 1, -2], [-2, -1], [0, 0, -3, 1], [2, -4]])
+def test_negative_padding_is_a_lowered_crop(pad):
+    """constant_pad_nd with negative pads (the backward of padding) crops by index
+    arithmetic instead of falling back."""
+    x = torch.randn(6, 7)
+    gm = fx.symbolic_trace(lambda t: (torch.ops.aten.constant_pad_nd.default(
+        torch.ops.aten.mul.Tensor(t, 2.0), pad, 0.25),))
+    rt, arte = build(gm, [x], "cpp")
+    assert arte["fallbacks"] == []
+    assert torch.equal(rt(x)[0], torch.constant_pad_nd(x * 2.0, pad, 0.25))
