@@ -368,6 +368,8 @@ class CppKernel:
 
     def source(self, dtypes: dict) -> tuple[str, list]:
         g = self.g
+        if g.scatter is not None:
+            return self._scatter_source(dtypes)
         if g.red is None:           # pure pointwise: vectorise the last dim
             shape = tuple(g.outer)
             g = Group(shape[:-1], shape[-1:], g.nodes, loops=[("inner", list(g.nodes))])
@@ -416,6 +418,49 @@ class CppKernel:
         for _ in g.outer:
             ind = ind[:-2]
             out.append(f"{ind}}}")
+        out.append("}")
+        return "\n".join(out), params
+
+    def _scatter_source(self, dtypes: dict) -> tuple[str, list]:
+        """An ``ir.Scatter``: its initial value in a (parallel) loop over the buffer,
+        then the writes by computed position in one serial loop, in index order — so
+        repeated positions accumulate in eager's order, and no two threads race."""
+        b = self.g.scatter
+        params = self.params()
+        sig = ", ".join(
+            f"{ctype(dtypes[p])}* __restrict__ {p}" if p == b.name
+            else f"const {ctype(dtypes[p])}* __restrict__ {p}" for p in params)
+        out = [f"// kernel {self.gi}: scatter over {list(b.iter_sizes)}; from {b.origin}",
+               f"static void kernel{self.gi}({sig}) {{"]
+
+        def nest(sizes, parallel):
+            ind = "  "
+            if parallel and sizes:
+                out.append(f"{ind}#pragma omp parallel for collapse({len(sizes)})")
+            for i, n in enumerate(sizes):
+                out.append(f"{ind}for (int64_t x{i} = 0; x{i} < {int(n)}; ++x{i}) {{")
+                ind += "  "
+            return ind
+
+        def close(sizes):
+            for i in reversed(range(len(sizes))):
+                out.append("  " * (i + 1) + "}")
+
+        ind = nest(b.sizes, _numel(b.sizes) >= PARALLEL_WORK)
+        body = Body({}, ind, self.counter)
+        v = body.render(b.init)
+        out.extend(body.lines)
+        out.append(f"{ind}{b.name}[{cindex(b.store_index(ir.loop_vars(tuple(b.sizes))))}] = {v};")
+        close(b.sizes)
+        ind = nest(b.iter_sizes, False)
+        body = Body({}, ind, self.counter)
+        v = body.render(b.value)
+        terms = "".join(f" + (int64_t)({body.render(e)}) * {st}" for e, st in b.dest.gather)
+        mask = body.render(b.dest.mask) if b.dest.mask is not None else None
+        out.extend(body.lines)
+        stmt = f"{b.name}[{cindex(b.dest.index)}{terms}] {'+=' if b.accumulate else '='} {v};"
+        out.append(f"{ind}if ({mask}) {stmt}" if mask else f"{ind}{stmt}")
+        close(b.iter_sizes)
         out.append("}")
         return "\n".join(out), params
 

@@ -266,6 +266,33 @@ class Reduction(Buffer):
 
 
 @dataclass
+class Scatter(Buffer):
+    """A write by computed positions (``index_put``): the buffer is first ``init`` (over
+    x0..x{n-1}, its own index); then, for every index x0..x{m-1} of ``iter_sizes``, in
+    order, ``value`` is stored at ``dest`` — or added there when ``accumulate``, so
+    repeated positions sum as eager's serial loop sums them. ``dest`` is a ``Load`` of
+    this buffer used as the address: its affine part and gather terms (the index
+    tensors' values) give the position, its mask skips positions out of range."""
+    init: Expr = None
+    iter_sizes: tuple = ()
+    dest: Load = None
+    value: Expr = None
+    accumulate: bool = False
+    origin: str = ""
+
+    def exprs(self):
+        """The expressions this buffer evaluates (its own address aside)."""
+        out = [self.init, self.value]
+        out += [v for v, _ in self.dest.gather]
+        if self.dest.mask is not None:
+            out.append(self.dest.mask)
+        return out
+
+    def reads(self):
+        return {x.buf for e in self.exprs() for x in walk(e) if isinstance(x, Load)}
+
+
+@dataclass
 class Extern(Buffer):
     """A library call: ``op(*args, **kwargs)`` where tensor arguments are ``ExternArg``."""
     op: Any = None
@@ -317,6 +344,11 @@ def format_buffer(b: Buffer) -> str:
     if isinstance(b, Reduction):
         return (f"{head} = {b.red_type} over {list(b.red_sizes)} of "
                 f"{format_expr(b.body)}    # {b.origin}")
+    if isinstance(b, Scatter):
+        terms = " + ".join(f"{format_expr(v)}*{st}" for v, st in b.dest.gather)
+        return (f"{head} = {format_expr(b.init)}, then over {list(b.iter_sizes)} "
+                f"{'add' if b.accumulate else 'store'} {format_expr(b.value)} at "
+                f"[{b.dest.index} + {terms}]    # {b.origin}")
     if isinstance(b, Extern):
         return f"{head} = extern {b.op}    # {b.origin}"
     if isinstance(b, MultiOutput):
@@ -343,6 +375,9 @@ def verify(buffers: list) -> None:
         for r in b.reads():
             if r not in defined:
                 raise IRError(f"{b.name} reads {r} before it is defined")
+        if isinstance(b, Scatter):
+            if b.dest.buf != b.name or b.init.dtype != b.dtype or b.value.dtype != b.dtype:
+                raise IRError(f"{b.name}: scatter address or dtypes inconsistent")
         if isinstance(b, (Pointwise, Reduction)):
             nvars = len(b.sizes) + (len(b.red_sizes) if isinstance(b, Reduction) else 0)
             allowed = {f"x{i}" for i in range(nvars)}

@@ -11,16 +11,17 @@ masked to the valid range so that no kernel ever reads outside its buffer.
 
 ``index_select`` is a one-tensor index; ``slice_scatter`` (a slice assignment,
 functionalized) is an affine choice between two loads (a gather term when it has a
-step); ``repeat`` reads its tiled dims at ``i % size``. Scatters by tensors
-(``index_put``, ``scatter_add``, ``embedding_dense_backward``) still fall back.
+step); ``repeat`` reads its tiled dims at ``i % size``. ``index_put`` (the backward of
+indexing) is an ``ir.Scatter`` on the CPU; ``scatter_add`` and
+``embedding_dense_backward`` still fall back.
 """
 from __future__ import annotations
 
 import torch
 
 from . import ir
-from .lowering import (Lazy, Unsupported, View, _dim, add_mask, affine_view, is_box,
-                       register)
+from .lowering import (Lazy, Unsupported, View, _as_expr, _dim, add_mask, affine_view,
+                       is_box, register)
 from .ops import cast, const, op, within
 
 aten = torch.ops.aten
@@ -110,41 +111,92 @@ def _index_many(lo, node, x, pos, indices):
     if not xv.sizes:
         raise Unsupported("index of a 0-d tensor")
     ixs = [_checked(lo, node, t, int(xv.sizes[d]), True) for d, t in zip(pos, indices)]
-    try:
-        bshape = tuple(torch.broadcast_shapes(*[tuple(v.sizes) for v in ixs]))
-    except RuntimeError:
-        raise Unsupported("index tensors that do not broadcast") from None
-    nb = len(bshape)
-    rest = [d for d in range(len(xv.sizes)) if d not in pos]
-    adjacent = pos == list(range(pos[0], pos[-1] + 1))
-    first = pos[0] if adjacent else 0
-    before = [d for d in rest if d < first] if adjacent else []
-    after = [d for d in rest if d not in before]
-    sizes = (tuple(xv.sizes[d] for d in before) + bshape + tuple(xv.sizes[d] for d in after))
+    sizes, position = _advanced_indexing(tuple(xv.sizes), pos, ixs)
     m = lo.out_meta(node)
     if tuple(m.shape) != sizes:
         raise Unsupported("result shape differs from the advanced-indexing rule")
 
     def body(idx):
+        index, mask, terms = position(idx, xv.strides, xv.offset)
+        return ir.Load(xv.buf, index, xv.dtype, mask, terms)
+    return Lazy(sizes, xv.dtype, body)
+
+
+def _advanced_indexing(xsizes, pos, ixs):
+    """The shape of ``x[indices]`` (index tensors ``ixs`` at dims ``pos``) and a
+    function from an index of that shape, and a layout of x (strides, offset), to the
+    position it names in x: (affine part, in-range mask, gather terms)."""
+    try:
+        bshape = tuple(torch.broadcast_shapes(*[tuple(v.sizes) for v in ixs]))
+    except RuntimeError:
+        raise Unsupported("index tensors that do not broadcast") from None
+    nb = len(bshape)
+    rest = [d for d in range(len(xsizes)) if d not in pos]
+    adjacent = pos == list(range(pos[0], pos[-1] + 1))
+    first = pos[0] if adjacent else 0
+    before = [d for d in rest if d < first] if adjacent else []
+    after = [d for d in rest if d not in before]
+    sizes = (tuple(xsizes[d] for d in before) + bshape + tuple(xsizes[d] for d in after))
+
+    def position(idx, strides, offset):
         bidx = list(idx[len(before):len(before) + nb])
         own = dict(zip(before, idx[:len(before)]))
         own.update(zip(after, idx[len(before) + nb:]))
-        index = ir.Affine.c(xv.offset)
+        index = ir.Affine.c(offset)
         for d, i in own.items():
-            index = index + i * xv.strides[d]
+            index = index + i * strides[d]
         terms, mask = [], None
         for d, ix in zip(pos, ixs):
             k = len(ix.sizes)
             sub = [ir.Affine.c(0) if int(ix.sizes[j]) == 1 else bidx[nb - k + j]
                    for j in range(k)]
-            n = int(xv.sizes[d])
+            n = int(xsizes[d])
             e = cast(ix.load(sub), _I64)
             e = op("where", op("lt", e, const(0, _I64)), op("add", e, const(n, _I64)), e)
             ok = within(e, 0, n)
             mask = ok if mask is None else op("and", mask, ok)
-            terms.append((e, xv.strides[d]))
-        return ir.Load(xv.buf, index, xv.dtype, mask, tuple(terms))
-    return Lazy(sizes, xv.dtype, body)
+            terms.append((e, strides[d]))
+        return index, mask, tuple(terms)
+    return sizes, position
+
+
+@register(aten.index_put.default, aten._unsafe_index_put.default)
+def _index_put(lo, node, x, indices, values, accumulate=False):
+    """``x`` with ``values`` written (or, ``accumulate``, added) at ``x[indices]``: an
+    ``ir.Scatter`` — a copy of x, then a serial loop over the indexed positions. The
+    backward of indexing (``new_zeros`` + accumulate) is most of what the zoo's
+    transformers fell back on. C++ only: a GPU would need atomics (Triton: still aten)."""
+    if lo.target != "cpp":
+        raise Unsupported("scatters are lowered for the C++ target only")
+    m = lo.out_meta(node)
+    sizes, dtype = tuple(int(s) for s in m.shape), m.dtype
+    if not is_box(x) or not sizes or (accumulate and dtype == torch.bool):
+        raise Unsupported("index_put into a 0-d or bool tensor")
+    pos = [i for i, t in enumerate(indices) if t is not None]
+    if not pos or any(t is not None and not is_box(t) for t in indices):
+        raise Unsupported("no index tensor")
+    if any(t.dtype not in INDEX_DTYPES for t in (indices[d] for d in pos)):
+        raise Unsupported("boolean or other non-integer index")
+    ixs = [_checked(lo, node, indices[d], sizes[d], True) for d in pos]
+    rsizes, position = _advanced_indexing(sizes, pos, ixs)
+    if is_box(values):
+        try:
+            if tuple(torch.broadcast_shapes(tuple(values.sizes), rsizes)) != rsizes:
+                raise Unsupported("values do not broadcast to the indexed shape")
+        except RuntimeError:
+            raise Unsupported("values do not broadcast to the indexed shape") from None
+    strides = ir.contiguous_strides(sizes)
+    name = lo.new_name()
+    ovars = ir.loop_vars(sizes)
+    ivars = ir.loop_vars(rsizes)
+    index, mask, terms = position(ivars, strides, 0)
+    lo.add(ir.Scatter(name, sizes, strides, dtype,
+                      init=cast(x.load(list(ovars)), dtype),
+                      iter_sizes=rsizes,
+                      dest=ir.Load(name, index, dtype, mask, terms),
+                      value=_as_expr(values, list(ivars), rsizes, dtype),
+                      accumulate=bool(accumulate), origin=node.name))
+    return View(name, sizes, strides, 0, dtype)
 
 
 @register(aten.index_select.default)
