@@ -350,6 +350,24 @@ def _has_masks(nodes) -> bool:
     return any(isinstance(e, Load) and e.mask is not None for n in nodes for e in ir.walk(n.body))
 
 
+def _open_loops(out: list, dims: list, parallel: bool, ind: str = "  ") -> str:
+    """``for`` headers over ``dims`` [(variable number, size)], OpenMP-parallel over all
+    of them when ``parallel``; returns the body's indent."""
+    if parallel and dims:
+        out.append(f"{ind}#pragma omp parallel for collapse({len(dims)})")
+    for i, n in dims:
+        out.append(f"{ind}for (int64_t x{i} = 0; x{i} < {int(n)}; ++x{i}) {{")
+        ind += "  "
+    return ind
+
+
+def _close_loops(out: list, count: int) -> None:
+    """Closing braces for the innermost ``count`` open loops (indent from the last line)."""
+    depth = (len(out[-1]) - len(out[-1].lstrip())) // 2
+    for k in range(count):
+        out.append("  " * (depth - 1 - k) + "}")
+
+
 class CppKernel:
     """Source of one group's function."""
 
@@ -368,8 +386,10 @@ class CppKernel:
 
     def source(self, dtypes: dict) -> tuple[str, list]:
         g = self.g
-        if g.scatter is not None:
+        if isinstance(g.alone, ir.Scatter):
             return self._scatter_source(dtypes)
+        if isinstance(g.alone, ir.Scan):
+            return self._scan_source(dtypes)
         if g.red is None:           # pure pointwise: vectorise the last dim
             shape = tuple(g.outer)
             g = Group(shape[:-1], shape[-1:], g.nodes, loops=[("inner", list(g.nodes))])
@@ -421,38 +441,30 @@ class CppKernel:
         out.append("}")
         return "\n".join(out), params
 
-    def _scatter_source(self, dtypes: dict) -> tuple[str, list]:
-        """An ``ir.Scatter``: its initial value in a (parallel) loop over the buffer,
-        then the writes by computed position in one serial loop, in index order — so
-        repeated positions accumulate in eager's order, and no two threads race."""
-        b = self.g.scatter
+    def _alone_head(self, dtypes: dict, what: str) -> tuple[list, list]:
+        """Comment and signature of a kernel that holds one buffer (``Group.alone``)."""
+        b = self.g.alone
         params = self.params()
         sig = ", ".join(
             f"{ctype(dtypes[p])}* __restrict__ {p}" if p == b.name
             else f"const {ctype(dtypes[p])}* __restrict__ {p}" for p in params)
-        out = [f"// kernel {self.gi}: scatter over {list(b.iter_sizes)}; from {b.origin}",
-               f"static void kernel{self.gi}({sig}) {{"]
+        return [f"// kernel {self.gi}: {what}; from {b.origin}",
+                f"static void kernel{self.gi}({sig}) {{"], params
 
-        def nest(sizes, parallel):
-            ind = "  "
-            if parallel and sizes:
-                out.append(f"{ind}#pragma omp parallel for collapse({len(sizes)})")
-            for i, n in enumerate(sizes):
-                out.append(f"{ind}for (int64_t x{i} = 0; x{i} < {int(n)}; ++x{i}) {{")
-                ind += "  "
-            return ind
-
-        def close(sizes):
-            for i in reversed(range(len(sizes))):
-                out.append("  " * (i + 1) + "}")
-
-        ind = nest(b.sizes, _numel(b.sizes) >= PARALLEL_WORK)
+    def _scatter_source(self, dtypes: dict) -> tuple[str, list]:
+        """An ``ir.Scatter``: its initial value in a (parallel) loop over the buffer,
+        then the writes by computed position in one serial loop, in index order — so
+        repeated positions accumulate in eager's order, and no two threads race."""
+        b = self.g.alone
+        out, params = self._alone_head(dtypes, f"scatter over {list(b.iter_sizes)}")
+        dims = list(enumerate(b.sizes))
+        ind = _open_loops(out, dims, _numel(b.sizes) >= PARALLEL_WORK)
         body = Body({}, ind, self.counter)
         v = body.render(b.init)
         out.extend(body.lines)
         out.append(f"{ind}{b.name}[{cindex(b.store_index(ir.loop_vars(tuple(b.sizes))))}] = {v};")
-        close(b.sizes)
-        ind = nest(b.iter_sizes, False)
+        _close_loops(out, len(dims))
+        ind = _open_loops(out, list(enumerate(b.iter_sizes)), False)
         body = Body({}, ind, self.counter)
         v = body.render(b.value)
         terms = "".join(f" + (int64_t)({body.render(e)}) * {st}" for e, st in b.dest.gather)
@@ -460,7 +472,28 @@ class CppKernel:
         out.extend(body.lines)
         stmt = f"{b.name}[{cindex(b.dest.index)}{terms}] {'+=' if b.accumulate else '='} {v};"
         out.append(f"{ind}if ({mask}) {stmt}" if mask else f"{ind}{stmt}")
-        close(b.iter_sizes)
+        _close_loops(out, len(b.iter_sizes))
+        out.append("}")
+        return "\n".join(out), params
+
+    def _scan_source(self, dtypes: dict) -> tuple[str, list]:
+        """An ``ir.Scan``: the other dims in (parallel) loops, the scanned dim in a serial
+        inner loop that carries the running sum and stores it at every position."""
+        b = self.g.alone
+        out, params = self._alone_head(dtypes, f"{b.scan_type} scan along dim {b.dim}")
+        d = b.dim
+        others = [(i, n) for i, n in enumerate(b.sizes) if i != d]
+        ind = _open_loops(out, others, _numel(b.sizes) >= PARALLEL_WORK)
+        acc = ctype(b.acc_dtype)
+        out.append(f"{ind}{acc} acc = {acc}(0);")
+        ind2 = _open_loops(out, [(d, b.sizes[d])], False, ind)
+        body = Body({}, ind2, self.counter)
+        v = body.render(b.body)
+        out.extend(body.lines)
+        out.append(f"{ind2}acc += ({acc})({v});")
+        out.append(f"{ind2}{b.name}[{cindex(b.store_index(ir.loop_vars(tuple(b.sizes))))}] = "
+                   f"({ctype(b.dtype)})(acc);")
+        _close_loops(out, len(others) + 1)
         out.append("}")
         return "\n".join(out), params
 

@@ -292,6 +292,25 @@ class Scatter(Buffer):
         return {x.buf for e in self.exprs() for x in walk(e) if isinstance(x, Load)}
 
 
+SCANS = ("sum",)
+
+
+@dataclass
+class Scan(Buffer):
+    """Inclusive prefix sums along ``dim`` (``cumsum``): element j of that dim is the
+    sum of ``body`` (over x0..x{n-1}, this buffer's own index) at positions 0..j, the
+    other dims fixed — accumulated in ``acc_dtype`` and rounded at each position, as
+    eager's CPU kernel does (float32 sums in double)."""
+    dim: int = 0
+    scan_type: str = "sum"
+    acc_dtype: torch.dtype = None
+    body: Expr = None
+    origin: str = ""
+
+    def reads(self):
+        return {x.buf for x in walk(self.body) if isinstance(x, Load)}
+
+
 @dataclass
 class Extern(Buffer):
     """A library call: ``op(*args, **kwargs)`` where tensor arguments are ``ExternArg``."""
@@ -349,6 +368,9 @@ def format_buffer(b: Buffer) -> str:
         return (f"{head} = {format_expr(b.init)}, then over {list(b.iter_sizes)} "
                 f"{'add' if b.accumulate else 'store'} {format_expr(b.value)} at "
                 f"[{b.dest.index} + {terms}]    # {b.origin}")
+    if isinstance(b, Scan):
+        return (f"{head} = {b.scan_type} scan along dim {b.dim} of "
+                f"{format_expr(b.body)}    # {b.origin}")
     if isinstance(b, Extern):
         return f"{head} = extern {b.op}    # {b.origin}"
     if isinstance(b, MultiOutput):
@@ -375,6 +397,9 @@ def verify(buffers: list) -> None:
         for r in b.reads():
             if r not in defined:
                 raise IRError(f"{b.name} reads {r} before it is defined")
+        if isinstance(b, Scan) and (b.scan_type not in SCANS or b.body.dtype != b.dtype
+                                    or not 0 <= b.dim < len(b.sizes)):
+            raise IRError(f"{b.name}: scan type, dim or body dtype inconsistent")
         if isinstance(b, Scatter):
             if b.dest.buf != b.name or b.init.dtype != b.dtype or b.value.dtype != b.dtype:
                 raise IRError(f"{b.name}: scatter address or dtypes inconsistent")

@@ -1138,6 +1138,31 @@ register(aten.argmin.default)(_red("argmin"))
 register(aten.prod.dim_int)(_red("prod"))
 
 
+#: The type eager's CPU scans accumulate in (``at::acc_type<T, false>``).
+_CPU_ACC = {torch.float32: torch.float64, torch.float64: torch.float64}
+
+
+@register(aten.cumsum.default)
+def _cumsum(lo, node, x, dim, dtype=None):
+    """Prefix sums as an ``ir.Scan`` (C++ only: on a GPU cumsum stays aten), the input
+    cast to the result dtype and summed in eager's accumulation type."""
+    if lo.target != "cpp" or not is_box(x):
+        raise Unsupported("scans are lowered for the C++ target only")
+    m = lo.out_meta(node)
+    sizes, odt = tuple(int(s) for s in m.shape), m.dtype
+    if not sizes:
+        return pointwise(lo, node, [x], lambda a: a)
+    acc = _CPU_ACC.get(odt, torch.int64 if not odt.is_floating_point else None)
+    if acc is None or odt == torch.bool:
+        raise Unsupported(f"cumsum to {odt}")
+    d = _dim(dim, len(sizes))
+    strides = ir.contiguous_strides(sizes)
+    idx = loop_vars(sizes)
+    b = lo.add(ir.Scan(lo.new_name(), sizes, strides, odt, dim=d, acc_dtype=acc,
+                       body=_as_expr(x, idx, sizes, odt), origin=node.name))
+    return View(b.name, sizes, strides, 0, odt)
+
+
 @register(aten.sum.default, aten.prod.default, aten.max.default, aten.min.default,
           aten.any.default)
 def _full_reduce(lo, node, x, dtype=None):

@@ -29,8 +29,8 @@ class Group:
     extern: ir.Buffer | None = None
     #: a library product computed by this group's kernel itself (matmul_epilogue)
     matmul: ir.Buffer | None = None
-    #: a write by computed positions, alone in its kernel (``ir.Scatter``)
-    scatter: ir.Buffer | None = None
+    #: a buffer with a kernel of its own (``ir.Scatter``, ``ir.Scan``)
+    alone: ir.Buffer | None = None
     loops: list = field(default_factory=list)   # list of ("outer", [nodes]) / ("inner", [nodes])
 
     @property
@@ -148,8 +148,8 @@ def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -
                 groups.append(Group((), (), [b], extern=b))
             cur = None
             continue
-        if isinstance(b, ir.Scatter):
-            groups.append(Group(tuple(b.sizes), (), [b], scatter=b))
+        if isinstance(b, (ir.Scatter, ir.Scan)):
+            groups.append(Group(tuple(b.sizes), (), [b], alone=b))
             cur = None
             continue
         if cur is not None and _try_add(cur, b):
@@ -176,7 +176,7 @@ def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -
 
     locals_ = set()
     for g_i, g in enumerate(groups):
-        if g.extern is not None or g.scatter is not None:
+        if g.extern is not None or g.alone is not None:
             continue
         _split_loops(g)
         loop_of = {n.name: li for li, (_, ns) in enumerate(g.loops) for n in ns}
@@ -259,9 +259,11 @@ def format_schedule(s: Schedule) -> str:
         if g.extern is not None:
             lines.append(f"kernel {i}: extern {g.extern.op} -> {g.extern.name}")
             continue
-        if g.scatter is not None:
-            lines.append(f"kernel {i}: scatter over {list(g.scatter.iter_sizes)} -> "
-                         f"{g.scatter.name} (slot {s.slots.get(g.scatter.name)})")
+        if g.alone is not None:
+            b = g.alone
+            what = (f"scatter over {list(b.iter_sizes)}" if isinstance(b, ir.Scatter)
+                    else f"{b.scan_type} scan along dim {b.dim}")
+            lines.append(f"kernel {i}: {what} -> {b.name} (slot {s.slots.get(b.name)})")
             continue
         lines.append(f"kernel {i}: outer={list(g.outer)} inner={list(g.red or ())}")
         if g.matmul is not None:

@@ -159,7 +159,7 @@ def const_graph(x):
 
 def fallback_graph(x, idx):
     g = aten.index_select.default(x, 0, idx)          # not lowered: calls aten
-    return (aten.add.Tensor(g, 1.0), aten.cumsum.default(x, 1))
+    return (aten.add.Tensor(g, 1.0), aten.cumprod.default(x, 1))
 
 
 def _pos(*s):

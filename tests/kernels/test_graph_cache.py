@@ -18,12 +18,12 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 
 def _f(x, y):
-    a = aten.cumsum.default(aten.exp.default(x), 0)        # cumsum: an aten fallback
+    a = aten.cumprod.default(aten.exp.default(x), 0)       # cumprod: an aten fallback
     return (aten._softmax.default(aten.add.Tensor(a, y), -1, False),)
 
 
 def _ref(x, y):
-    return torch.softmax(torch.cumsum(torch.exp(x), 0) + y, -1)
+    return torch.softmax(torch.cumprod(torch.exp(x), 0) + y, -1)
 
 
 def _compile(x, y, f=_f):
@@ -83,7 +83,7 @@ def test_hits_replay_fallback_and_code_logs(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="kiln.fallbacks"), \
             caplog.at_level(logging.INFO, logger="kiln.output_code"):
         assert _compile(x, y)["hits"] == 1
-    assert "aten.cumsum.default falls back to aten" in caplog.text
+    assert "aten.cumprod.default falls back to aten" in caplog.text
     assert 'extern "C" void kiln_seg0' in caplog.text
 
 
