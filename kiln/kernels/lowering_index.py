@@ -12,8 +12,8 @@ masked to the valid range so that no kernel ever reads outside its buffer.
 ``index_select`` is a one-tensor index; ``slice_scatter`` (a slice assignment,
 functionalized) is an affine choice between two loads (a gather term when it has a
 step); ``repeat`` reads its tiled dims at ``i % size``. ``index_put`` (the backward of
-indexing) is an ``ir.Scatter`` on the CPU; ``scatter_add`` and
-``embedding_dense_backward`` still fall back.
+indexing) is an ``ir.Scatter``; ``scatter_add`` and ``embedding_dense_backward`` still
+fall back.
 """
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ from .ops import cast, const, op, within
 aten = torch.ops.aten
 _I64 = torch.int64
 INDEX_DTYPES = {torch.int64, torch.int32}
+#: What a Triton scatter may accumulate with ``tl.atomic_add``; half precision would
+#: round at every repeat, where eager sums repeats in float first (that stays aten).
+_ATOMIC_DTYPES = {torch.float32, torch.float64, torch.int32}
 
 
 class IndexCheck:
@@ -165,11 +168,12 @@ def _index_put(lo, node, x, indices, values, accumulate=False):
     """``x`` with ``values`` written (or, ``accumulate``, added) at ``x[indices]``: an
     ``ir.Scatter`` — a copy of x, then a serial loop over the indexed positions. The
     backward of indexing (``new_zeros`` + accumulate) is most of what the zoo's
-    transformers fell back on. C++ only: a GPU would need atomics (Triton: still aten)."""
-    if lo.target != "cpp":
-        raise Unsupported("scatters are lowered for the C++ target only")
+    transformers fell back on. On the GPU the writes are atomics (``triton_scatter``)."""
     m = lo.out_meta(node)
     sizes, dtype = tuple(int(s) for s in m.shape), m.dtype
+    if lo.target != "cpp" and (accumulate and dtype not in _ATOMIC_DTYPES
+                               or any(n == 0 for n in sizes)):
+        raise Unsupported("Triton accumulates float32/64 and int32 only (atomics)")
     if not is_box(x) or not sizes or (accumulate and dtype == torch.bool):
         raise Unsupported("index_put into a 0-d or bool tensor")
     pos = [i for i, t in enumerate(indices) if t is not None]
@@ -179,6 +183,8 @@ def _index_put(lo, node, x, indices, values, accumulate=False):
         raise Unsupported("boolean or other non-integer index")
     ixs = [_checked(lo, node, indices[d], sizes[d], True) for d in pos]
     rsizes, position = _advanced_indexing(sizes, pos, ixs)
+    if lo.target != "cpp" and any(int(n) == 0 for n in rsizes):
+        raise Unsupported("an empty scatter (no Triton launch of zero programs)")
     if is_box(values):
         try:
             if tuple(torch.broadcast_shapes(tuple(values.sizes), rsizes)) != rsizes:

@@ -784,7 +784,10 @@ def generate_detailed(sched: Schedule, buffers: list, interpret: bool | None = N
             cur = None
             continue
         kernels = [(TritonKernel(gi, g, sched, interpret=interpret), [])]
-        if g.red is not None:
+        if isinstance(g.alone, ir.Scatter):
+            from .triton_scatter import scatter_kernels
+            kernels = scatter_kernels(gi, g, sched, interpret)
+        elif g.red is not None:
             plan = plan_reduction(g, interpret)
             if plan.split > 1:
                 kernels = split_group(gi, g, sched, plan)

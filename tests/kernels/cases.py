@@ -157,6 +157,14 @@ def const_graph(x):
     return (aten.add.Tensor(x, torch.arange(3.0)),)     # a get_attr tensor constant
 
 
+def scatter_graph(x, i, v, r, c):
+    """index_put: accumulating over repeated rows (the fused producer is the initial
+    value), storing at two-tensor positions, a broadcast scalar; cumsum (C++ only)."""
+    a = aten.index_put.default(aten.mul.Tensor(x, 2.0), [i], v, True)
+    b = aten.index_put.default(x, [r, c], aten.select.int(aten.select.int(v, 0, 0), 0, 1))
+    return (a, b, aten.cumsum.default(aten.exp.default(x), 1))
+
+
 def fallback_graph(x, idx):
     g = aten.index_select.default(x, 0, idx)          # not lowered: calls aten
     return (aten.add.Tensor(g, 1.0), aten.cumprod.default(x, 1))
@@ -227,6 +235,10 @@ CASES = [
     ("pooling", pool_graph, _pool_inputs, (1e-5, 1e-6)),
     ("indexing", index_graph, lambda: [nc(9, 5), torch.randint(0, 9, (2, 3)), nc(4, 6),
                                        torch.tensor([[0, -1], [2, -3]])], (0, 0)),
+    ("scatter", scatter_graph, lambda: [nc(6, 5), torch.tensor([0, 2, -4, 5, 2]),
+                                        torch.randint(-4, 4, (5, 5)).float(),
+                                        torch.tensor([1, 3, -1]), torch.tensor([0, 4, 2])],
+     (1e-6, 1e-6)),
     ("fallback", fallback_graph, lambda: [torch.randn(6, 4), torch.tensor([4, 0, 0, 2])],
      (1e-6, 1e-6)),
 ]

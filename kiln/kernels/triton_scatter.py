@@ -1,0 +1,67 @@
+"""Triton kernels for an ``ir.Scatter`` (``index_put``): one kernel writes the
+destination's initial value (an ordinary pointwise kernel), a second writes the values
+at their computed positions — ``tl.store``, or ``tl.atomic_add`` when accumulating, so
+that repeated positions add up whichever program gets there first (in an order that
+varies from run to run, as eager's CUDA kernels' order does not: sums agree to
+rounding). The lowering keeps half-precision accumulation in aten, where eager sums
+repeats in float before one write.
+"""
+from __future__ import annotations
+
+from . import ir
+from .scheduler import Group
+from .triton_gen import XBLOCK, TBody, TritonKernel, _decompose, _numel, _pow2, store_value
+
+
+class ScatterKernel:
+    """The writes of an ``ir.Scatter`` over its index space, XBLOCK positions a program."""
+
+    def __init__(self, gi: int, b: ir.Scatter):
+        self.name, self.b, self.counter = f"kernel{gi}", b, [0]
+
+    def params(self):
+        b = self.b
+        return sorted(b.reads() - {b.name}) + [b.name], {b.name}
+
+    def source(self):
+        """As ``TritonKernel.source``: (source, params, grid, constexprs, warps, tune)."""
+        b = self.b
+        params, _ = self.params()
+        sizes = tuple(b.iter_sizes)
+        numel = _numel(sizes)
+        xb = min(XBLOCK, _pow2(max(numel, 16)))
+        out = [f"# {self.name}: scatter over {list(sizes)}; from {b.origin}", "@triton.jit",
+               f"def {self.name}({', '.join(params)}, XBLOCK: tl.constexpr):",
+               "    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)"]
+        mask = None
+        if numel % xb:
+            out.append(f"    xmask = xindex < {numel}")
+            mask = "xmask"
+        out += ["    " + line for line in _decompose(ir.loop_vars(sizes), sizes, "xindex")]
+        out.append("    xzero = xindex * 0")
+        body = TBody({}, "    ", self.counter, mask, {f"x{i}" for i in range(len(sizes))},
+                     "xzero")
+        v = body.render(b.value)
+        ptr = body.ptr(b.name, b.dest.index)
+        for e, st in b.dest.gather:
+            ptr += f" + {body.render(e)}.to(tl.int64) * {st}"
+        masks = [m for m in (mask, body.render(b.dest.mask) if b.dest.mask is not None
+                             else None) if m]
+        mk = f", mask={' & '.join(masks)}" if masks else ""
+        val = store_value(v, b.dtype)
+        if b.accumulate:
+            body.lines.append(f"    tl.atomic_add({ptr}, {val}{mk}, sem='relaxed')")
+        else:
+            body.lines.append(f"    tl.store({ptr}, {val}{mk})")
+        out += body.lines
+        return "\n".join(out), params, f"(triton.cdiv({numel}, {xb}),)", {"XBLOCK": xb}, 4, ()
+
+
+def scatter_kernels(gi: int, g: Group, sched, interpret: bool) -> list:
+    """The group's kernels in launch order, as ``generate_detailed`` takes them:
+    (kernel, workspace allocations)."""
+    b = g.alone
+    init = ir.Pointwise(b.name, b.sizes, b.strides, b.dtype, body=b.init, origin=b.origin)
+    first = TritonKernel(gi, Group(tuple(b.sizes), None, [init]), sched,
+                         name=f"kernel{gi}_init", interpret=interpret)
+    return [(first, []), (ScatterKernel(gi, b), [])]
