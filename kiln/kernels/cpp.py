@@ -453,8 +453,9 @@ class CppKernel:
 
     def _scatter_source(self, dtypes: dict) -> tuple[str, list]:
         """An ``ir.Scatter``: its initial value in a (parallel) loop over the buffer,
-        then the writes by computed position in one serial loop, in index order — so
-        repeated positions accumulate in eager's order, and no two threads race."""
+        then the writes by computed position in index order — in parallel over the
+        leading ``parallel_dims`` — so repeated positions accumulate in eager's order,
+        and no two threads write one element."""
         b = self.g.alone
         out, params = self._alone_head(dtypes, f"scatter over {list(b.iter_sizes)}")
         dims = list(enumerate(b.sizes))
@@ -464,7 +465,15 @@ class CppKernel:
         out.extend(body.lines)
         out.append(f"{ind}{b.name}[{cindex(b.store_index(ir.loop_vars(tuple(b.sizes))))}] = {v};")
         _close_loops(out, len(dims))
-        ind = _open_loops(out, list(enumerate(b.iter_sizes)), False)
+        # the parallel dims go outside only when they lead the index order already: a
+        # trailing one (an embedding's feature dim) stays inside, where it is contiguous
+        k = 0
+        while k in b.parallel_dims:
+            k += 1
+        par = list(enumerate(b.iter_sizes))[:k]
+        ser = list(enumerate(b.iter_sizes))[k:]
+        ind = _open_loops(out, par, _numel(b.iter_sizes) >= PARALLEL_WORK)
+        ind = _open_loops(out, ser, False, ind)
         body = Body({}, ind, self.counter)
         v = body.render(b.value)
         terms = "".join(f" + (int64_t)({body.render(e)}) * {st}" for e, st in b.dest.gather)

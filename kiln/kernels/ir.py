@@ -278,6 +278,10 @@ class Scatter(Buffer):
     dest: Load = None
     value: Expr = None
     accumulate: bool = False
+    #: dims of ``iter_sizes`` whose index is one output coordinate (no two of their
+    #: values write the same element): the C++ loop runs them in parallel, outermost,
+    #: and each element still receives its writes in index order
+    parallel_dims: tuple = ()
     origin: str = ""
 
     def exprs(self):

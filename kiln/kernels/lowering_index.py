@@ -114,7 +114,7 @@ def _index_many(lo, node, x, pos, indices):
     if not xv.sizes:
         raise Unsupported("index of a 0-d tensor")
     ixs = [_checked(lo, node, t, int(xv.sizes[d]), True) for d, t in zip(pos, indices)]
-    sizes, position = _advanced_indexing(tuple(xv.sizes), pos, ixs)
+    sizes, position, _, _ = _advanced_indexing(tuple(xv.sizes), pos, ixs)
     m = lo.out_meta(node)
     if tuple(m.shape) != sizes:
         raise Unsupported("result shape differs from the advanced-indexing rule")
@@ -126,9 +126,10 @@ def _index_many(lo, node, x, pos, indices):
 
 
 def _advanced_indexing(xsizes, pos, ixs):
-    """The shape of ``x[indices]`` (index tensors ``ixs`` at dims ``pos``) and a
-    function from an index of that shape, and a layout of x (strides, offset), to the
-    position it names in x: (affine part, in-range mask, gather terms)."""
+    """The shape of ``x[indices]`` (index tensors ``ixs`` at dims ``pos``); a function
+    from an index of that shape, and a layout of x (strides, offset), to the position
+    it names in x: (affine part, in-range mask, gather terms); and where the index
+    tensors' broadcast dims lie in that shape (first, count)."""
     try:
         bshape = tuple(torch.broadcast_shapes(*[tuple(v.sizes) for v in ixs]))
     except RuntimeError:
@@ -160,7 +161,7 @@ def _advanced_indexing(xsizes, pos, ixs):
             mask = ok if mask is None else op("and", mask, ok)
             terms.append((e, strides[d]))
         return index, mask, tuple(terms)
-    return sizes, position
+    return sizes, position, len(before), nb
 
 
 @register(aten.index_put.default, aten._unsafe_index_put.default)
@@ -182,7 +183,7 @@ def _index_put(lo, node, x, indices, values, accumulate=False):
     if any(t.dtype not in INDEX_DTYPES for t in (indices[d] for d in pos)):
         raise Unsupported("boolean or other non-integer index")
     ixs = [_checked(lo, node, indices[d], sizes[d], True) for d in pos]
-    rsizes, position = _advanced_indexing(sizes, pos, ixs)
+    rsizes, position, bstart, nb = _advanced_indexing(sizes, pos, ixs)
     if lo.target != "cpp" and any(int(n) == 0 for n in rsizes):
         raise Unsupported("an empty scatter (no Triton launch of zero programs)")
     if is_box(values):
@@ -196,12 +197,14 @@ def _index_put(lo, node, x, indices, values, accumulate=False):
     ovars = ir.loop_vars(sizes)
     ivars = ir.loop_vars(rsizes)
     index, mask, terms = position(ivars, strides, 0)
+    # the dims of x not indexed map one to one to its coordinates: parallel in C++
+    own = tuple(i for i in range(len(rsizes)) if not bstart <= i < bstart + nb)
     lo.add(ir.Scatter(name, sizes, strides, dtype,
                       init=cast(x.load(list(ovars)), dtype),
                       iter_sizes=rsizes,
                       dest=ir.Load(name, index, dtype, mask, terms),
                       value=_as_expr(values, list(ivars), rsizes, dtype),
-                      accumulate=bool(accumulate), origin=node.name))
+                      accumulate=bool(accumulate), parallel_dims=own, origin=node.name))
     return View(name, sizes, strides, 0, dtype)
 
 

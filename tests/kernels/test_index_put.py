@@ -104,3 +104,16 @@ def test_indexing_backward_through_kiln_has_no_fallback():
     fn(x, idx).backward()
     torch.testing.assert_close(g, x.grad, rtol=1e-12, atol=1e-12)
     assert len(seen) == 2 and seen == [[], []], seen
+
+
+def test_leading_unindexed_dims_scatter_in_parallel():
+    """x[:, i] += v: rows never collide, so the scatter loop is parallel over them (and
+    each element still gets its repeats in index order)."""
+    def f(x, i, v):
+        return (aten.index_put.default(x, [None, i], v, True),)
+    x = torch.randn(64, 50)
+    i = torch.randint(-50, 50, (700,))
+    v = torch.randint(-8, 8, (64, 700)).float()
+    c = _check(f, x, i, v)
+    scatter = c.artefacts["source"].split("scatter over")[1]
+    assert scatter.count("#pragma omp parallel for") == 1
