@@ -1296,4 +1296,4 @@ def _convolution(lo, node, x, w, b, stride, padding, dilation, transposed, outpu
     return View(out.buf, out.sizes, ext.strides, 0, out.dtype)
 
 
-from . import lowering_index, lowering_matmul, lowering_pool, lowering_view  # noqa: E402,F401  (register their lowerings)
+from . import lowering_index, lowering_matmul, lowering_pool, lowering_resample, lowering_view  # noqa: E402,F401  (register their lowerings)

@@ -285,15 +285,14 @@ def _gather_by_phase(lo, node, grad, kernel, stride, padding, dilation, contribu
     ``kh`` of output row ``oh = (ih + ph - kh*dh) / sh`` — an integer only for the taps
     of the right phase ``p``, and then ``a`` plus a constant. So the result is computed
     as a (…, H/sh, sh, W/sw, sw) array (the same memory as (…, H, W); sizes rounded up
-    to whole strides, the excess sliced off), each phase summing
+    to whole strides, the excess sliced off; where eager's result is laid out otherwise,
+    channels-last, a graph output is copied into its layout), each phase summing
     ``contribution(at, o_h, o_w, valid, flat)`` over its own taps (``at``: the output
     index, ``flat``: this input element's ``ih*W + iw``)."""
     m = lo.out_meta(node)
     sizes, dtype = tuple(m.shape), m.dtype
     H, W = int(sizes[-2]), int(sizes[-1])
     sh, sw = stride
-    if tuple(m.stride()) != ir.contiguous_strides(sizes):
-        raise Unsupported("not contiguous")
     if kernel[0] * kernel[1] > MAX_TAPS:
         raise Unsupported("window too large to unroll")
     Hp, Wp = -(-H // sh) * sh, -(-W // sw) * sw
@@ -328,8 +327,8 @@ def _gather_by_phase(lo, node, grad, kernel, stride, padding, dilation, contribu
         return cast(result, dtype)
     buf = lo.realize(Lazy(six, dtype, body), origin=node.name)
     strides = ir.contiguous_strides(tuple(lead) + (Hp, Wp))
-    if (Hp, Wp) != (H, W):
-        lo.relaid.add(buf.buf)          # a graph output gets eager's (contiguous) layout
+    if (Hp, Wp) != (H, W) or tuple(m.stride()) != ir.contiguous_strides(sizes):
+        lo.relaid.add(buf.buf)          # a graph output gets eager's layout (channels-last…)
     return View(buf.buf, sizes, strides, 0, dtype)
 
 

@@ -165,6 +165,16 @@ def scatter_graph(x, i, v, r, c):
     return (a, b, aten.cumsum.default(aten.exp.default(x), 1))
 
 
+def resample_graph(x, g):
+    """upsample_bilinear2d (gathers at computed rows and columns), up and down, with and
+    without align_corners, fused with a producer; its backward (a scatter of 4 taps)."""
+    e = aten.exp.default(x)
+    return (aten.upsample_bilinear2d.default(e, [11, 4], False),
+            aten.upsample_bilinear2d.default(x, [3, 9], True),
+            aten.upsample_bilinear2d.vec(x, None, False, [2.0, 1.5]),
+            aten.upsample_bilinear2d_backward.default(g, [11, 4], [2, 3, 5, 7], False))
+
+
 def fallback_graph(x, idx):
     g = aten.index_select.default(x, 0, idx)          # not lowered: calls aten
     return (aten.add.Tensor(g, 1.0), aten.cumprod.default(x, 1))
@@ -239,6 +249,8 @@ CASES = [
                                         torch.randint(-4, 4, (5, 5)).float(),
                                         torch.tensor([1, 3, -1]), torch.tensor([0, 4, 2])],
      (1e-6, 1e-6)),
+    ("resample", resample_graph, lambda: [nc(2, 3, 5, 7), torch.randn(2, 3, 11, 4)],
+     (1e-5, 1e-6)),
     ("fallback", fallback_graph, lambda: [torch.randn(6, 4), torch.tensor([4, 0, 0, 2])],
      (1e-6, 1e-6)),
 ]

@@ -129,3 +129,21 @@ def test_adaptive_avg_pool2d_backward_of_a_single_pixel_sums():
     def f(g, x):
         return (aten._adaptive_avg_pool2d_backward.default(g, x),)
     _run(f, torch.randn(2, 5, 6, 6), torch.randn(2, 5, 1, 1), exact=False)
+
+
+def test_channels_last_pool_backwards_keep_eagers_layout():
+    """Pool backwards of channels-last tensors (coatnet's) are lowered too: the kernel
+    computes them in its own layout and a graph output is copied into eager's."""
+    aten = torch.ops.aten
+    x = torch.randn(2, 3, 8, 9).to(memory_format=torch.channels_last)
+    g = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+
+    def f(g, x):
+        return (aten.avg_pool2d_backward.default(g, x, [3, 3], [2, 2], [1, 1], False, True, None),
+                aten.mul.Tensor(aten.avg_pool2d_backward.default(
+                    g, x, [3, 3], [2, 2], [1, 1], False, False, None), 2.0))
+    c = compile_aten_graph(fx.symbolic_trace(f), [g, x], target="cpp")
+    for got, want in zip(c(g, x), f(g, x)):
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert c.artefacts["fallbacks"] == []
