@@ -88,6 +88,17 @@ def _device_of(node: fx.Node, meta: dict) -> torch.device:
     return torch.device("cpu")
 
 
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """``device="cuda"`` (no index: the current device) is the same as ``cuda:0`` when
+    that is the current one; torch.device's ``==`` says they differ."""
+    if a.type != b.type:
+        return False
+    if a.index is None or b.index is None:
+        cur = torch.cuda.current_device() if a.type == "cuda" else None
+        return (a.index if a.index is not None else cur) == (b.index if b.index is not None else cur)
+    return a.index == b.index
+
+
 class Unsupported(Exception):
     """Raised by a lowering that cannot handle these arguments: the node falls back."""
 
@@ -265,7 +276,7 @@ class GraphLowering:
             def run_node(self, n):
                 r = super().run_node(n)
                 meta[n] = pytree.tree_map(_to_meta, r)
-                if devices is None:
+                if devices is None or n.op == "get_attr":   # real: a module constant is
                     dev = pytree.tree_map(
                         lambda t: t.device if isinstance(t, torch.Tensor) else None, r)
                 elif n.op == "placeholder":
@@ -359,7 +370,7 @@ class GraphLowering:
         devs = [d for d in pytree.tree_leaves(
             [self.meta[node, "device"]] + [self.meta[a, "device"] for a in node.all_input_nodes])
             if d is not None]
-        return all(d == self.device for d in devs)
+        return all(_same_device(d, self.device) for d in devs)
 
     def _call(self, node):
         args, kwargs = self._args(node)
@@ -1144,15 +1155,21 @@ _CPU_ACC = {torch.float32: torch.float64, torch.float64: torch.float64}
 
 @register(aten.cumsum.default)
 def _cumsum(lo, node, x, dim, dtype=None):
-    """Prefix sums as an ``ir.Scan`` (C++ only: on a GPU cumsum stays aten), the input
-    cast to the result dtype and summed in eager's accumulation type."""
-    if lo.target != "cpp" or not is_box(x):
-        raise Unsupported("scans are lowered for the C++ target only")
+    """Prefix sums as an ``ir.Scan``, the input cast to the result dtype and summed in
+    eager's accumulation type: on the CPU double for float32; on a GPU (``triton_scan``)
+    the compute dtype, float32 for half precision."""
+    if not is_box(x):
+        raise Unsupported("cumsum of a scalar")
     m = lo.out_meta(node)
     sizes, odt = tuple(int(s) for s in m.shape), m.dtype
     if not sizes:
         return pointwise(lo, node, [x], lambda a: a)
-    acc = _CPU_ACC.get(odt, torch.int64 if not odt.is_floating_point else None)
+    if lo.target != "cpp" and any(s == 0 for s in sizes):
+        raise Unsupported("an empty scan")
+    if lo.target == "cpp":
+        acc = _CPU_ACC.get(odt, torch.int64 if not odt.is_floating_point else None)
+    else:
+        acc = odt if odt.is_floating_point else torch.int64
     if acc is None or odt == torch.bool:
         raise Unsupported(f"cumsum to {odt}")
     d = _dim(dim, len(sizes))

@@ -787,6 +787,9 @@ def generate_detailed(sched: Schedule, buffers: list, interpret: bool | None = N
         if isinstance(g.alone, ir.Scatter):
             from .triton_scatter import scatter_kernels
             kernels = scatter_kernels(gi, g, sched, interpret)
+        elif isinstance(g.alone, ir.Scan):
+            from .triton_scan import ScanKernel
+            kernels = [(ScanKernel(gi, g.alone), [])]
         elif g.red is not None:
             plan = plan_reduction(g, interpret)
             if plan.split > 1:

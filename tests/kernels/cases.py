@@ -165,6 +165,12 @@ def scatter_graph(x, i, v, r, c):
     return (a, b, aten.cumsum.default(aten.exp.default(x), 1))
 
 
+def scan_graph(x, m):
+    """cumsum along long rows (several blocks a line on Triton), along columns, of int64."""
+    return (aten.cumsum.default(aten.mul.Tensor(x, 0.5), 1), aten.cumsum.default(x, 0),
+            aten.cumsum.default(m, 1))
+
+
 def resample_graph(x, g):
     """upsample_bilinear2d (gathers at computed rows and columns), up and down, with and
     without align_corners, fused with a producer; its backward (a scatter of 4 taps)."""
@@ -249,6 +255,8 @@ CASES = [
                                         torch.randint(-4, 4, (5, 5)).float(),
                                         torch.tensor([1, 3, -1]), torch.tensor([0, 4, 2])],
      (1e-6, 1e-6)),
+    ("scan", scan_graph, lambda: [torch.randn(3, 2500), torch.randint(-3, 9, (4, 1100))],
+     (1e-4, 1e-4)),
     ("resample", resample_graph, lambda: [nc(2, 3, 5, 7), torch.randn(2, 3, 11, 4)],
      (1e-5, 1e-6)),
     ("fallback", fallback_graph, lambda: [torch.randn(6, 4), torch.tensor([4, 0, 0, 2])],

@@ -176,3 +176,24 @@ def test_cold_process_builds_no_launcher(tmp_path):
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["ok"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_scatter_and_scan_into_a_cuda_constant():
+    """An embedding-style gradient (zeros on ``device="cuda"`` — which symbolic tracing
+    folds into a CUDA tensor constant, a get_attr node — then index_put with
+    accumulation) and a cumsum compile to Triton kernels, not fallbacks: the constant's
+    device is its own, not the CPU's."""
+    import torch.fx as fx
+    aten = torch.ops.aten
+    i = torch.randint(-300, 300, (2000,), device="cuda")
+    g = torch.randn(2000, 48, device="cuda")
+
+    def f(i, g):
+        z = aten.full.default([300, 48], 0.0, dtype=torch.float32, layout=torch.strided,
+                              device=torch.device("cuda"), pin_memory=False)
+        return (aten.index_put.default(z, [i], g, True), aten.cumsum.default(g, 0))
+    c = compile_aten_graph(fx.symbolic_trace(f), [i, g])
+    for got, want in zip(c(i, g), f(i, g)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert c.artefacts["fallbacks"] == []
