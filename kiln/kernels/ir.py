@@ -304,7 +304,8 @@ class Scan(Buffer):
     """Inclusive prefix sums along ``dim`` (``cumsum``): element j of that dim is the
     sum of ``body`` (over x0..x{n-1}, this buffer's own index) at positions 0..j, the
     other dims fixed — accumulated in ``acc_dtype`` and rounded at each position, as
-    eager's CPU kernel does (float32 sums in double)."""
+    eager's CPU kernel does (float32 sums in double; Triton sums in the compute dtype,
+    as eager's CUDA kernel does)."""
     dim: int = 0
     scan_type: str = "sum"
     acc_dtype: torch.dtype = None
