@@ -472,6 +472,19 @@ def plan_reduction(g, interpret: bool = False) -> Plan:
     return p
 
 
+class AloneKernel:
+    """Base of the kernel of a buffer computed by a kernel of its own (``Group.alone``:
+    ``triton_scatter``, ``triton_scan``): its name and its parameters — the buffers it
+    reads, then the one it writes."""
+
+    def __init__(self, gi: int, b):
+        self.name, self.b, self.counter = f"kernel{gi}", b, [0]
+
+    def params(self):
+        b = self.b
+        return sorted(b.reads() - {b.name}) + [b.name], {b.name}
+
+
 class TritonKernel:
     def __init__(self, gi, g: Group, sched: Schedule, name=None, plan=None, partials=None,
                  interpret=False):

@@ -6,19 +6,15 @@ half precision and float32, as eager's CUDA kernel does; int64 for integers).
 from __future__ import annotations
 
 from . import ir
-from .triton_gen import TL, TBody, _decompose, _numel, _pow2, compute_dtype, store_value
+from .triton_gen import (TL, AloneKernel, TBody, _decompose, _numel, _pow2, compute_dtype,
+                         store_value)
 
 #: The largest block a program scans at once (longer lines loop over blocks).
 MAX_RBLOCK = 1024
 
 
-class ScanKernel:
-    def __init__(self, gi: int, b: ir.Scan):
-        self.name, self.b, self.counter = f"kernel{gi}", b, [0]
-
-    def params(self):
-        b = self.b
-        return sorted(b.reads() - {b.name}) + [b.name], {b.name}
+class ScanKernel(AloneKernel):
+    """The prefix sums of an ``ir.Scan``, one line along its dim a program."""
 
     def source(self):
         """As ``TritonKernel.source``: (source, params, grid, constexprs, warps, tune)."""

@@ -10,18 +10,12 @@ from __future__ import annotations
 
 from . import ir
 from .scheduler import Group
-from .triton_gen import XBLOCK, TBody, TritonKernel, _decompose, _numel, _pow2, store_value
+from .triton_gen import (XBLOCK, AloneKernel, TBody, TritonKernel, _decompose, _numel, _pow2,
+                         store_value)
 
 
-class ScatterKernel:
+class ScatterKernel(AloneKernel):
     """The writes of an ``ir.Scatter`` over its index space, XBLOCK positions a program."""
-
-    def __init__(self, gi: int, b: ir.Scatter):
-        self.name, self.b, self.counter = f"kernel{gi}", b, [0]
-
-    def params(self):
-        b = self.b
-        return sorted(b.reads() - {b.name}) + [b.name], {b.name}
 
     def source(self):
         """As ``TritonKernel.source``: (source, params, grid, constexprs, warps, tune)."""
