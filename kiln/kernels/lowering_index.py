@@ -27,9 +27,10 @@ from .ops import cast, const, op, within
 aten = torch.ops.aten
 _I64 = torch.int64
 INDEX_DTYPES = {torch.int64, torch.int32}
-#: What a Triton scatter may accumulate with ``tl.atomic_add``; half precision would
-#: round at every repeat, where eager sums repeats in float first (that stays aten).
+#: What a Triton scatter may accumulate with ``tl.atomic_add`` (half precision
+#: accumulates in a float32 copy: atomics in it would round at every repeat).
 _ATOMIC_DTYPES = {torch.float32, torch.float64, torch.int32}
+_HALF = {torch.float16, torch.bfloat16}
 
 
 class IndexCheck:
@@ -172,7 +173,10 @@ def _index_put(lo, node, x, indices, values, accumulate=False):
     transformers fell back on. On the GPU the writes are atomics (``triton_scatter``)."""
     m = lo.out_meta(node)
     sizes, dtype = tuple(int(s) for s in m.shape), m.dtype
-    if lo.target != "cpp" and (accumulate and dtype not in _ATOMIC_DTYPES
+    # half precision accumulates in a float32 copy, rounded once at the end, as eager
+    # sums repeated positions in float before one write (a bf16 embedding's gradient)
+    wdt = torch.float32 if lo.target != "cpp" and accumulate and dtype in _HALF else dtype
+    if lo.target != "cpp" and (accumulate and wdt not in _ATOMIC_DTYPES
                                or any(n == 0 for n in sizes)):
         raise Unsupported("Triton accumulates float32/64 and int32 only (atomics)")
     if not is_box(x) or not sizes or (accumulate and dtype == torch.bool):
@@ -199,13 +203,16 @@ def _index_put(lo, node, x, indices, values, accumulate=False):
     index, mask, terms = position(ivars, strides, 0)
     # the dims of x not indexed map one to one to its coordinates: parallel in C++
     own = tuple(i for i in range(len(rsizes)) if not bstart <= i < bstart + nb)
-    lo.add(ir.Scatter(name, sizes, strides, dtype,
-                      init=cast(x.load(list(ovars)), dtype),
+    lo.add(ir.Scatter(name, sizes, strides, wdt,
+                      init=cast(x.load(list(ovars)), wdt),
                       iter_sizes=rsizes,
-                      dest=ir.Load(name, index, dtype, mask, terms),
-                      value=_as_expr(values, list(ivars), rsizes, dtype),
+                      dest=ir.Load(name, index, wdt, mask, terms),
+                      value=_as_expr(values, list(ivars), rsizes, wdt),
                       accumulate=bool(accumulate), parallel_dims=own, origin=node.name))
-    return View(name, sizes, strides, 0, dtype)
+    out = View(name, sizes, strides, 0, wdt)
+    if wdt == dtype:
+        return out
+    return Lazy(sizes, dtype, lambda idx: cast(out.load(idx), dtype))
 
 
 @register(aten.index_select.default)

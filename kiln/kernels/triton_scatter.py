@@ -3,8 +3,8 @@ destination's initial value (an ordinary pointwise kernel), a second writes the 
 at their computed positions — ``tl.store``, or ``tl.atomic_add`` when accumulating, so
 that repeated positions add up whichever program gets there first (in an order that
 varies from run to run, as eager's CUDA kernels' order does not: sums agree to
-rounding). The lowering keeps half-precision accumulation in aten, where eager sums
-repeats in float before one write.
+rounding). Half precision accumulates into a float32 copy that the lowering rounds
+once at the end, as eager sums repeats in float before one write.
 """
 from __future__ import annotations
 

@@ -197,3 +197,23 @@ def test_scatter_and_scan_into_a_cuda_constant():
     for got, want in zip(c(i, g), f(i, g)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert c.artefacts["fallbacks"] == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_scatter_accumulates_in_float(dtype):
+    """A bf16/fp16 embedding gradient: repeated rows sum in float32 and round once, as
+    eager's sorted accumulation does, so a row hit 500 times stays within one rounding
+    of eager's (bf16 atomics would round at every add)."""
+    import torch.fx as fx
+    aten = torch.ops.aten
+    i = torch.cat([torch.zeros(500, dtype=torch.int64), torch.arange(64)]).cuda()
+    g = torch.rand(564, 32, device="cuda").to(dtype)
+
+    def f(i, g, w):
+        return (aten.index_put.default(aten.mul.Tensor(w, 0.0), [i], g, True),)
+    w = torch.randn(64, 32, device="cuda", dtype=dtype)
+    c = compile_aten_graph(fx.symbolic_trace(f), [i, g, w])
+    got, want = c(i, g, w)[0], f(i, g, w)[0]
+    assert got.dtype == dtype and c.artefacts["fallbacks"] == []
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-3)
