@@ -157,8 +157,10 @@ class CompiledGraph:
         self.gm = gm
         self.requested_target = target
         self.variants = {}
-        #: the last variant used, with a generated check of its signature: a call with
-        #: the same signature (every call, usually) skips building the key
+        #: per signature, the generated check of it (``_signature_check``)
+        self._checks = {}
+        #: the last variant used, with its check: a call with the same signature (every
+        #: call, usually) skips building the key
         self._last = None
         self.artefacts = None
         # Meta stand-ins (what the autograd stage passes) say nothing of the device nor
@@ -190,11 +192,15 @@ class CompiledGraph:
                 hit = False
             if hit:
                 return last[1](*args)
-        rt = self.variants.get(_signature(args))
+        sig = _signature(args)
+        rt = self.variants.get(sig)
         if rt is None:
             with timed("kernels"):
                 rt = self._build(args)
-        self._last = (_signature_check(args), rt)
+        check = self._checks.get(sig)
+        if check is None:
+            check = self._checks[sig] = _signature_check(args)
+        self._last = (check, rt)
         return rt(*args)
 
 

@@ -233,6 +233,11 @@ class Body:
         self.lines.append(f"{self.indent}{t} {name} = {rhs};")
         return name
 
+    def element(self, e: Load) -> str:
+        """The C element ``e`` addresses: ``buf[affine index + value * stride...]``."""
+        ind = "".join(f" + (int64_t)({self.render(v)}) * {st}" for v, st in e.gather)
+        return f"{e.buf}[{cindex(e.index)}{ind}]"
+
     def render(self, e: ir.Expr) -> str:
         if e in self.memo:
             return self.memo[e]
@@ -244,8 +249,7 @@ class Body:
             if e.buf in self.values and e.mask is None and not e.gather:
                 s = self.values[e.buf]
             else:
-                ind = "".join(f" + (int64_t)({self.render(v)}) * {st}" for v, st in e.gather)
-                ld = f"{e.buf}[{cindex(e.index)}{ind}]"
+                ld = self.element(e)
                 if e.mask is not None:
                     ld = f"({self.render(e.mask)} ? {ld} : {ctype(e.dtype)}(0))"
                 s = self.tmp(ctype(e.dtype), ld)
@@ -361,11 +365,10 @@ def _open_loops(out: list, dims: list, parallel: bool, ind: str = "  ") -> str:
     return ind
 
 
-def _close_loops(out: list, count: int) -> None:
-    """Closing braces for the innermost ``count`` open loops (indent from the last line)."""
-    depth = (len(out[-1]) - len(out[-1].lstrip())) // 2
-    for k in range(count):
-        out.append("  " * (depth - 1 - k) + "}")
+def _close_loops(out: list, count: int, ind: str) -> None:
+    """Closing braces for the innermost ``count`` open loops, whose body is at ``ind``."""
+    for k in range(1, count + 1):
+        out.append(ind[:-2 * k] + "}")
 
 
 class CppKernel:
@@ -464,7 +467,7 @@ class CppKernel:
         v = body.render(b.init)
         out.extend(body.lines)
         out.append(f"{ind}{b.name}[{cindex(b.store_index(ir.loop_vars(tuple(b.sizes))))}] = {v};")
-        _close_loops(out, len(dims))
+        _close_loops(out, len(dims), ind)
         # the parallel dims go outside only when they lead the index order already: a
         # trailing one (an embedding's feature dim) stays inside, where it is contiguous
         k = 0
@@ -476,12 +479,12 @@ class CppKernel:
         ind = _open_loops(out, ser, False, ind)
         body = Body({}, ind, self.counter)
         v = body.render(b.value)
-        terms = "".join(f" + (int64_t)({body.render(e)}) * {st}" for e, st in b.dest.gather)
+        dest = body.element(b.dest)
         mask = body.render(b.dest.mask) if b.dest.mask is not None else None
         out.extend(body.lines)
-        stmt = f"{b.name}[{cindex(b.dest.index)}{terms}] {'+=' if b.accumulate else '='} {v};"
+        stmt = f"{dest} {'+=' if b.accumulate else '='} {v};"
         out.append(f"{ind}if ({mask}) {stmt}" if mask else f"{ind}{stmt}")
-        _close_loops(out, len(b.iter_sizes))
+        _close_loops(out, len(b.iter_sizes), ind)
         out.append("}")
         return "\n".join(out), params
 
@@ -502,7 +505,7 @@ class CppKernel:
         out.append(f"{ind2}acc += ({acc})({v});")
         out.append(f"{ind2}{b.name}[{cindex(b.store_index(ir.loop_vars(tuple(b.sizes))))}] = "
                    f"({ctype(b.dtype)})(acc);")
-        _close_loops(out, len(others) + 1)
+        _close_loops(out, len(others) + 1, ind2)
         out.append("}")
         return "\n".join(out), params
 

@@ -80,23 +80,15 @@ def _device_of(node: fx.Node, meta: dict) -> torch.device:
     else the CPU."""
     given = node.kwargs.get("device")
     if given is not None:
-        return torch.device(given)
+        d = torch.device(given)
+        if d.type == "cuda" and d.index is None:    # "cuda": the current device, by index
+            d = torch.device("cuda", torch.cuda.current_device())
+        return d
     for a in node.all_input_nodes:
         for d in pytree.tree_leaves(meta.get((a, "device"))):
             if isinstance(d, torch.device) and d.type != "cpu":
                 return d
     return torch.device("cpu")
-
-
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    """``device="cuda"`` (no index: the current device) is the same as ``cuda:0`` when
-    that is the current one; torch.device's ``==`` says they differ."""
-    if a.type != b.type:
-        return False
-    if a.index is None or b.index is None:
-        cur = torch.cuda.current_device() if a.type == "cuda" else None
-        return (a.index if a.index is not None else cur) == (b.index if b.index is not None else cur)
-    return a.index == b.index
 
 
 class Unsupported(Exception):
@@ -276,7 +268,7 @@ class GraphLowering:
             def run_node(self, n):
                 r = super().run_node(n)
                 meta[n] = pytree.tree_map(_to_meta, r)
-                if devices is None or n.op == "get_attr":   # real: a module constant is
+                if devices is None or n.op == "get_attr":   # a module constant is real
                     dev = pytree.tree_map(
                         lambda t: t.device if isinstance(t, torch.Tensor) else None, r)
                 elif n.op == "placeholder":
@@ -370,7 +362,7 @@ class GraphLowering:
         devs = [d for d in pytree.tree_leaves(
             [self.meta[node, "device"]] + [self.meta[a, "device"] for a in node.all_input_nodes])
             if d is not None]
-        return all(_same_device(d, self.device) for d in devs)
+        return all(d == self.device for d in devs)
 
     def _call(self, node):
         args, kwargs = self._args(node)

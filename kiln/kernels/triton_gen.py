@@ -305,6 +305,14 @@ class TBody:
         xmask, full, rvars = self.two_d
         return full if index.vars() & rvars else xmask
 
+    def address(self, e: Load) -> str:
+        """The pointers ``e`` addresses: its buffer plus its affine index plus its
+        indirect terms (an int64 value times a stride each)."""
+        p = f"{e.buf} + {tindex(e.index)}" if self.two_d else self.ptr(e.buf, e.index)
+        for v, st in e.gather:
+            p += f" + {self.render(v)}.to(tl.int64) * {st}"
+        return p
+
     def render(self, e) -> str:
         if e in self.memo:
             return self.memo[e]
@@ -323,10 +331,7 @@ class TBody:
                 masks = [m for m in (self.load_mask(e.index),
                                      self.render(e.mask) if e.mask is not None else None) if m]
                 mk = f", mask={' & '.join(masks)}, other=0" if masks else ""
-                p = f"{e.buf} + {tindex(e.index)}" if self.two_d else self.ptr(e.buf, e.index)
-                for v, st in e.gather:       # indirect terms: an int64 value times a stride
-                    p += f" + {self.render(v)}.to(tl.int64) * {st}"
-                s = self.tmp(f"tl.load({p}{mk})")
+                s = self.tmp(f"tl.load({self.address(e)}{mk})")
                 if e.dtype == torch.bool:
                     s = self.tmp(f"{s} != 0")
                 elif cdt != e.dtype:

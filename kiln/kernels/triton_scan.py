@@ -24,7 +24,7 @@ class ScanKernel(AloneKernel):
         others = [(i, s) for i, s in enumerate(b.sizes) if i != d]
         vars_ = ir.loop_vars(tuple(b.sizes))
         rb = min(MAX_RBLOCK, _pow2(max(n, 16)))
-        acc = compute_dtype(b.dtype)
+        acc = compute_dtype(b.acc_dtype)
         out = [f"# {self.name}: {b.scan_type} scan along dim {d}; from {b.origin}",
                "@triton.jit",
                f"def {self.name}({', '.join(params)}, RBLOCK: tl.constexpr):",

@@ -36,9 +36,7 @@ class ScatterKernel(AloneKernel):
         body = TBody({}, "    ", self.counter, mask, {f"x{i}" for i in range(len(sizes))},
                      "xzero")
         v = body.render(b.value)
-        ptr = body.ptr(b.name, b.dest.index)
-        for e, st in b.dest.gather:
-            ptr += f" + {body.render(e)}.to(tl.int64) * {st}"
+        ptr = body.address(b.dest)
         masks = [m for m in (mask, body.render(b.dest.mask) if b.dest.mask is not None
                              else None) if m]
         mk = f", mask={' & '.join(masks)}" if masks else ""
