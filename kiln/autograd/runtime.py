@@ -107,13 +107,23 @@ class _Training:
                 ctx.mark_non_differentiable(*[o for k, o in enumerate(fw_outs)
                                               if k not in diff and
                                               isinstance(o, torch.Tensor)])
+                # autograd would fill a zero gradient for every output the loss does
+                # not reach — BatchNorm's new running statistics, three per layer, a
+                # fill launch each — though the backward graph reads only the
+                # differentiable ones: those few are made here when missing
+                ctx.set_materialize_grads(False)
+                ctx.diff_meta = [(o.shape, o.dtype, o.device) for k, o in enumerate(fw_outs)
+                                 if k in diff]
                 return fw_outs
 
             @staticmethod
             def backward(ctx, *grads):
                 create_graph = torch.is_grad_enabled()
                 with torch.no_grad():
-                    tangents = [grads[k].contiguous() for k in tr.differentiable]
+                    tangents = [grads[k].contiguous() if grads[k] is not None
+                                else torch.zeros(shape, dtype=dtype, device=device)
+                                for k, (shape, dtype, device) in zip(tr.differentiable,
+                                                                     ctx.diff_meta)]
                     gin = fn.bw(*ctx.saved_tensors, *tangents)
                 result = [None] * (tr.num_inputs + len(ctx.anchors))
                 for i, g in zip(tr.grad_inputs, gin):
@@ -241,15 +251,20 @@ class AotFunction:
         else:
             outs = entry(args)
         if tr.mutations:
-            # one multi-tensor copy for the plain ones (BatchNorm's running stats…)
-            dst, src = [], []
+            # one multi-tensor copy per device and dtype for the plain ones (BatchNorm's
+            # running stats…): a list of mixed dtypes (running_mean with the int64
+            # num_batches_tracked) takes _foreach_copy_'s slow path, a copy launch each
+            groups: dict = {}
             for i, k in tr.mutations:
                 if not outs[k].requires_grad:
+                    dst, src = groups.setdefault((args[i].device, args[i].dtype, outs[k].dtype),
+                                                 ([], []))
                     dst.append(args[i])
                     src.append(outs[k])
-            if dst:
+            if groups:
                 with torch.no_grad():
-                    torch._foreach_copy_(dst, src)
+                    for dst, src in groups.values():
+                        torch._foreach_copy_(dst, src)
             for i, k in tr.mutations:
                 if outs[k].requires_grad:
                     args[i].copy_(outs[k])

@@ -1,14 +1,17 @@
 """aot_eager against eager PyTorch: outputs, input/parameter grads, buffer updates."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.fx as fx
 import torch.nn as nn
+import torch.utils._python_dispatch
 
 from kiln.autograd import aot_compile, verify_aten_graph
 from kiln.autograd.backend import aot_eager
-from tests.autograd.helpers import assert_close, clone_inputs, compare_module, grads_of
+from tests.autograd.helpers import assert_close, clone_inputs, compare_module, grads_of, lift
 
 
 def _verify_all(fn):
@@ -274,3 +277,74 @@ def test_double_backward_refused_for_non_leaf_inputs_mixed_with_eager_terms():
     x2, w2 = (base * 2).detach().requires_grad_(), w.detach().requires_grad_()
     ref, = torch.autograd.grad(((x2 * w2).pow(3).sum()), x2)
     assert_close(g, ref * 2 + 3 * base.detach() ** 2)
+
+
+class _OpLog(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten ops run inside it, with their arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((func, args))
+        return func(*args, **(kwargs or {}))
+
+
+def _conv_bn_step():
+    """A compiled ConvBN training call, its output and the ops its backward runs."""
+    torch.manual_seed(0)
+    m = ConvBN().train()
+    gm, state = lift(m)
+    x = torch.randn(4, 3, 10, 10)
+    fn = aot_eager(gm, [*state, x])
+    out = fn(*state, x)
+    log = _OpLog()
+    with log:
+        out[0].sum().backward()
+    return fn, state, log
+
+
+def test_backward_makes_no_zero_gradients_for_running_stats():
+    # the new running statistics are outputs the loss never reaches: autograd would
+    # fill a zero gradient for each (three per BatchNorm), which the backward never reads
+    _, _, log = _conv_bn_step()
+    fills = [f for f, _ in log.calls if f.overloadpacket in
+             (torch.ops.aten.zeros, torch.ops.aten.zero_, torch.ops.aten.fill_,
+              torch.ops.aten.new_zeros, torch.ops.aten.zeros_like)]
+    assert not fills, fills
+
+
+def test_unreached_differentiable_output_gets_a_zero_gradient():
+    # a differentiable output the loss does not use still feeds the backward graph
+    def f(x, w):
+        return (x * w, (x + w).sin())
+
+    gm = fx.symbolic_trace(f)
+    x, w = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+    fn = aot_eager(gm, [x, w])
+    a, _ = fn(x, w)
+    a.sum().backward()
+    assert_close(x.grad, w.detach())
+    assert_close(w.grad, x.detach())
+
+
+def test_mutated_inputs_copied_back_one_dtype_per_foreach_copy():
+    # BatchNorm writes float running stats and the int64 num_batches_tracked: one
+    # _foreach_copy_ of mixed dtypes takes its slow path (a copy launch per tensor)
+    torch.manual_seed(0)
+    m = ConvBN().train()
+    ref = copy.deepcopy(m)
+    gm, state = lift(m)
+    x = torch.randn(4, 3, 10, 10)
+    fn = aot_eager(gm, [*state, x])
+    log = _OpLog()
+    with log, torch.no_grad():
+        fn(*state, x)
+        ref(x)
+    copies = [args for f, args in log.calls if f is torch.ops.aten._foreach_copy_.default]
+    assert len(copies) == 2
+    for dst, src in copies:
+        assert len({t.dtype for t in dst} | {t.dtype for t in src}) == 1
+    for (name, a), b in zip(m.named_buffers(), ref.buffers()):
+        assert_close(a, b, rtol=1e-5, atol=1e-6), name
