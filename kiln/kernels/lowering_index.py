@@ -11,11 +11,15 @@ masked to the valid range so that no kernel ever reads outside its buffer.
 
 ``index_select`` is a one-tensor index; ``slice_scatter`` (a slice assignment,
 functionalized) is an affine choice between two loads (a gather term when it has a
-step); ``repeat`` reads its tiled dims at ``i % size``. ``index_put`` (the backward of
-indexing) is an ``ir.Scatter``; ``scatter_add`` and ``embedding_dense_backward`` still
-fall back.
+step); ``repeat`` reads its tiled dims at ``i % size``. The writes by computed position
+— ``index_put`` (the backward of indexing), ``scatter_add`` / ``scatter`` /
+``scatter_reduce`` (a sum including self) and ``embedding_dense_backward`` — are each an
+``ir.Scatter`` built by ``_scatter``; other reductions of ``scatter_reduce`` and an
+embedding gradient scaled by frequency still fall back.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -171,16 +175,9 @@ def _index_put(lo, node, x, indices, values, accumulate=False):
     ``ir.Scatter`` — a copy of x, then a serial loop over the indexed positions. The
     backward of indexing (``new_zeros`` + accumulate) is most of what the zoo's
     transformers fell back on. On the GPU the writes are atomics (``triton_scatter``)."""
-    m = lo.out_meta(node)
-    sizes, dtype = tuple(int(s) for s in m.shape), m.dtype
-    # half precision accumulates in a float32 copy, rounded once at the end, as eager
-    # sums repeated positions in float before one write (a bf16 embedding's gradient)
-    wdt = torch.float32 if lo.target != "cpp" and accumulate and dtype in _HALF else dtype
-    if lo.target != "cpp" and (accumulate and wdt not in _ATOMIC_DTYPES
-                               or any(n == 0 for n in sizes)):
-        raise Unsupported("Triton accumulates float32/64 and int32 only (atomics)")
-    if not is_box(x) or not sizes or (accumulate and dtype == torch.bool):
-        raise Unsupported("index_put into a 0-d or bool tensor")
+    sizes = _scatter_target(lo, node, accumulate)
+    if not is_box(x):
+        raise Unsupported("index_put into a non-tensor")
     pos = [i for i, t in enumerate(indices) if t is not None]
     if not pos or any(t is not None and not is_box(t) for t in indices):
         raise Unsupported("no index tensor")
@@ -188,31 +185,120 @@ def _index_put(lo, node, x, indices, values, accumulate=False):
         raise Unsupported("boolean or other non-integer index")
     ixs = [_checked(lo, node, indices[d], sizes[d], True) for d in pos]
     rsizes, position, bstart, nb = _advanced_indexing(sizes, pos, ixs)
-    if lo.target != "cpp" and any(int(n) == 0 for n in rsizes):
-        raise Unsupported("an empty scatter (no Triton launch of zero programs)")
     if is_box(values):
         try:
             if tuple(torch.broadcast_shapes(tuple(values.sizes), rsizes)) != rsizes:
                 raise Unsupported("values do not broadcast to the indexed shape")
         except RuntimeError:
             raise Unsupported("values do not broadcast to the indexed shape") from None
-    strides = ir.contiguous_strides(sizes)
-    name = lo.new_name()
-    ovars = ir.loop_vars(sizes)
-    ivars = ir.loop_vars(rsizes)
-    index, mask, terms = position(ivars, strides, 0)
+
+    def dest(out, ivars):
+        index, mask, terms = position(ivars, out.strides, 0)
+        return ir.Load(out.buf, index, out.dtype, mask, terms)
     # the dims of x not indexed map one to one to its coordinates: parallel in C++
     own = tuple(i for i in range(len(rsizes)) if not bstart <= i < bstart + nb)
-    lo.add(ir.Scatter(name, sizes, strides, wdt,
-                      init=cast(x.load(list(ovars)), wdt),
-                      iter_sizes=rsizes,
-                      dest=ir.Load(name, index, wdt, mask, terms),
-                      value=_as_expr(values, list(ivars), rsizes, wdt),
-                      accumulate=bool(accumulate), parallel_dims=own, origin=node.name))
-    out = View(name, sizes, strides, 0, wdt)
+    return _scatter(lo, node, x, rsizes, dest, values, accumulate, own)
+
+
+def _scatter_target(lo, node, accumulate) -> tuple:
+    """The output sizes of a scatter lowering, after declining what its target cannot
+    run: a 0-d or bool accumulation, and on Triton an empty one (no launch of zero
+    programs) or a dtype ``tl.atomic_add`` lacks. Called before any buffer is added."""
+    m = lo.out_meta(node)
+    sizes, dtype = tuple(int(s) for s in m.shape), m.dtype
+    if not sizes or (accumulate and dtype == torch.bool):
+        raise Unsupported("a scatter into a 0-d tensor, or accumulating bools")
+    if lo.target != "cpp" and (accumulate and _work_dtype(lo, dtype, accumulate)
+                               not in _ATOMIC_DTYPES or 0 in sizes):
+        raise Unsupported("Triton accumulates float32/64 and int32 only (atomics), "
+                          "and launches no empty grid")
+    return sizes
+
+
+def _work_dtype(lo, dtype, accumulate):
+    """Half precision accumulates in a float32 copy on Triton, rounded once at the end,
+    as eager's CUDA kernels sum repeated positions in float before one write (a bf16
+    embedding's gradient); atomics in half precision would round at every repeat (as
+    eager's ``scatter_add`` does on the GPU: kiln's sum is within one rounding of the
+    exact one, eager's not always)."""
+    return torch.float32 if lo.target != "cpp" and accumulate and dtype in _HALF else dtype
+
+
+def _scatter(lo, node, init, iter_sizes, dest, value, accumulate, parallel_dims):
+    """The ``ir.Scatter`` every scatter lowering builds: the output (``lo.out_meta``)
+    starts as ``init`` (a box of its shape, or a scalar); then, for each index of
+    ``iter_sizes`` in order, ``value`` (a box broadcasting to ``iter_sizes``, or a
+    scalar) is stored or added at ``dest(out, index)``, a ``Load`` of ``out`` (a View
+    of the buffer) used as the address. Returns the output box."""
+    m = lo.out_meta(node)
+    sizes, dtype = tuple(int(s) for s in m.shape), m.dtype
+    if lo.target != "cpp" and 0 in iter_sizes:
+        raise Unsupported("an empty scatter (no Triton launch of zero programs)")
+    wdt = _work_dtype(lo, dtype, accumulate)
+    strides = ir.contiguous_strides(sizes)
+    out = View(lo.new_name(), sizes, strides, 0, wdt)
+    ivars = list(ir.loop_vars(iter_sizes))
+    lo.add(ir.Scatter(out.buf, sizes, strides, wdt,
+                      init=_as_expr(init, list(ir.loop_vars(sizes)), sizes, wdt),
+                      iter_sizes=tuple(iter_sizes), dest=dest(out, ivars),
+                      value=_as_expr(value, ivars, iter_sizes, wdt),
+                      accumulate=bool(accumulate), parallel_dims=tuple(parallel_dims),
+                      origin=node.name))
     if wdt == dtype:
         return out
     return Lazy(sizes, dtype, lambda idx: cast(out.load(idx), dtype))
+
+
+@register(aten.scatter_add.default, aten.scatter_reduce.two, aten.scatter.src,
+          aten.scatter.value)
+def _scatter_dim(lo, node, x, dim, index, src, reduce="sum", include_self=True):
+    """``x`` with ``src[i]`` added (``scatter_add``; ``scatter_reduce`` with "sum" over
+    ``x`` itself) or stored (``scatter``) at ``i`` with coordinate ``dim`` replaced by
+    ``index[i]``, for every position i of ``index`` (smaller than ``src`` maybe). The
+    other coordinates map one to one (the C++ loop runs those before ``dim`` in
+    parallel), and each element receives its writes in the order of ``dim``, as in
+    eager's CPU loop — and in its sorted path, taken for an expanded index: the sort
+    is stable."""
+    accumulate = node.target in (aten.scatter_add.default, aten.scatter_reduce.two)
+    if reduce != "sum" or not include_self:
+        raise Unsupported("scatter_reduce other than a sum including self")
+    sizes = _scatter_target(lo, node, accumulate)
+    if not is_box(index) or len(index.sizes) != len(sizes):
+        raise Unsupported("a 0-d index or one of another rank")
+    d = _dim(dim, len(sizes))
+    ix = _checked(lo, node, index, sizes[d], False)
+
+    def dest(out, ivars):
+        return _gather_load(out, ivars, d, cast(ix.load(ivars), _I64), sizes[d])
+    rsizes = tuple(int(n) for n in ix.sizes)
+    return _scatter(lo, node, x, rsizes, dest, src, accumulate,
+                    [k for k in range(len(sizes)) if k != d])
+
+
+@register(aten.embedding_dense_backward.default)
+def _embedding_dense_backward(lo, node, grad, indices, num_weights, padding_idx,
+                              scale_grad_by_freq):
+    """The gradient of an embedding's weight: ``grad`` rows added at the rows
+    ``indices`` name, but for ``padding_idx`` — and, as in eager's CPU kernel, for
+    indices out of range (it raises nothing). Eager's CPU kernel adds the rows in index
+    order, as the C++ loop does; its GPU kernel sums a row's repeats in float before
+    one write, as ``_scatter`` does for half precision.
+    Scaling by frequency would need the counts first: it falls back."""
+    if scale_grad_by_freq:
+        raise Unsupported("scale_grad_by_freq")
+    if not (is_box(grad) and is_box(indices)) or indices.dtype not in INDEX_DTYPES:
+        raise Unsupported("non-tensor gradient, or indices of a non-index dtype")
+    sizes = _scatter_target(lo, node, True)
+    rsizes = tuple(int(n) for n in grad.sizes)
+    if rsizes[:-1] != tuple(int(n) for n in indices.sizes):
+        raise Unsupported("gradient not of the indices' shape and one feature dim")
+
+    def dest(out, ivars):
+        e = cast(indices.load(ivars[:-1]), _I64)
+        load = _gather_load(out, [None, ivars[-1]], 0, e, sizes[0])
+        keep = op("and", load.mask, op("ne", e, const(int(padding_idx), _I64)))
+        return dataclasses.replace(load, mask=keep)
+    return _scatter(lo, node, 0, rsizes, dest, grad, True, [len(rsizes) - 1])
 
 
 @register(aten.index_select.default)
