@@ -6,7 +6,8 @@ over ``red`` can share a group — pointwise chains, pointwise-into-reduction, r
 epilogues and unrelated same-shape buffers (horizontal fusion) alike — provided every
 read of a buffer made in the group hits the element the same outer iteration made.
 Groups are greedy over the topological order, so running them in order is always
-correct.
+correct; a buffer the current group cannot take may still join a recent reduction's
+kernel as a per-row epilogue, once everything it reads exists by then.
 
 Inside a group, buffers are split into *loops* run one after another per outer index: a
 loop ends where a later buffer needs a reduction it finished. Buffers nobody outside the
@@ -105,6 +106,29 @@ def _try_add(g: Group, b) -> bool:
     return True
 
 
+#: how many kernels back a reduction's epilogue may be fused (``_earlier_reduction``)
+LOOKBACK = 8
+
+
+def _earlier_reduction(groups: list, b, made_in: dict, cur) -> int | None:
+    """Fuse ``b`` into a recent reduction kernel as a per-row epilogue, when the greedy
+    pass has moved on: BatchNorm's new running statistics read the batch statistics
+    but come after the normalised output, so they would be a kernel of their own (a
+    launch per layer per step). Only buffers of the reduction's outer shape, and only
+    kernels after everything ``b`` reads was made; the index of the group taken."""
+    if isinstance(b, ir.Reduction):
+        return None
+    after = max((made_in.get(r, -1) for r in b.reads()), default=-1)
+    for gi in range(len(groups) - 1, max(after, len(groups) - 1 - LOOKBACK, 0) - 1, -1):
+        g = groups[gi]
+        if (g is cur or g.extern is not None or g.alone is not None or g.matmul is not None
+                or not g.red or tuple(b.sizes) != tuple(g.outer)):
+            continue
+        if _try_add(g, b):
+            return gi
+    return None
+
+
 @dataclass
 class Schedule:
     groups: list
@@ -139,6 +163,7 @@ def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -
     buffers = live_buffers(buffers, output_names)
     squeeze_unit_dims(buffers)
     groups: list[Group] = []
+    made_in: dict = {}            # buffer name -> index of the group computing it
     cur = None
     for b in buffers:
         if isinstance(b, ir.Input):
@@ -146,14 +171,22 @@ def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -
         if isinstance(b, (ir.Extern, ir.MultiOutput)):
             if isinstance(b, ir.Extern):
                 groups.append(Group((), (), [b], extern=b))
+            made_in[b.name] = len(groups) - 1
             cur = None
             continue
         if isinstance(b, (ir.Scatter, ir.Scan)):
             groups.append(Group(tuple(b.sizes), (), [b], alone=b))
+            made_in[b.name] = len(groups) - 1
             cur = None
             continue
         if cur is not None and _try_add(cur, b):
+            made_in[b.name] = len(groups) - 1
             continue
+        earlier = _earlier_reduction(groups, b, made_in, cur)
+        if earlier is not None:
+            made_in[b.name] = earlier
+            continue
+        made_in[b.name] = len(groups)
         if isinstance(b, ir.Reduction):
             cur = Group(tuple(b.sizes), tuple(b.red_sizes), [b])
         else:

@@ -564,7 +564,7 @@ class TritonKernel:
                 body.lines.append(f"    tl.store({body.ptr(n.name, n.store_index(vars_))}, "
                                   f"{store_value(v, n.dtype)}{mk})")
         out += body.lines
-        grid = f"(triton.cdiv({numel}, {xb}),)"
+        grid = f"({-(-numel // xb)},)"     # a literal: triton.cdiv costs ~5 us per call
         return out, grid, {"XBLOCK": xb}
 
     def _reduction(self, params, writes):

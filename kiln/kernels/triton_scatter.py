@@ -46,7 +46,7 @@ class ScatterKernel(AloneKernel):
         else:
             body.lines.append(f"    tl.store({ptr}, {val}{mk})")
         out += body.lines
-        return "\n".join(out), params, f"(triton.cdiv({numel}, {xb}),)", {"XBLOCK": xb}, 4, ()
+        return "\n".join(out), params, f"({-(-numel // xb)},)", {"XBLOCK": xb}, 4, ()
 
 
 def scatter_kernels(gi: int, g: Group, sched, interpret: bool) -> list:

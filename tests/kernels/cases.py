@@ -214,6 +214,23 @@ def index_graph(w, ids, x, i):
             aten.slice_scatter.default(x, aten.slice.Tensor(x, 0, 0, 2), 0, 2, 4))
 
 
+def batch_norm_train_graph(x, w, b, running_mean, running_var, tracked):
+    """BatchNorm's training forward as kiln's decomposition leaves it: statistics, the
+    normalised output, then the running-statistics update (an epilogue of the
+    statistics' kernel scheduled after the output) and the 0-d batch counter."""
+    mean = aten.mean.dim(x, [0, 2, 3], True)
+    var = aten.var.correction(x, [0, 2, 3], correction=0, keepdim=True)
+    out = aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(
+        aten.sub.Tensor(x, mean), aten.rsqrt.default(aten.add.Tensor(var, 1e-5))),
+        aten.view.default(w, [1, -1, 1, 1])), aten.view.default(b, [1, -1, 1, 1]))
+    n = 3 * 4 * 6                    # elements per channel of the case's [3, 5, 4, 6] input
+    new_mean = aten.add.Tensor(aten.mul.Tensor(aten.squeeze.dims(mean, [0, 2, 3]), 0.1),
+                               aten.mul.Tensor(running_mean, 0.9))
+    new_var = aten.add.Tensor(aten.mul.Tensor(aten.squeeze.dims(var, [0, 2, 3]), 0.1 * n / (n - 1)),
+                              aten.mul.Tensor(running_var, 0.9))
+    return (aten.relu.default(out), new_mean, new_var, aten.add.Tensor(tracked, 1))
+
+
 def _pool_inputs():
     x = nc(2, 3, 10, 8)
     x[0, 1, 2, 2] = float("nan")
@@ -259,6 +276,9 @@ CASES = [
      (1e-4, 1e-4)),
     ("resample", resample_graph, lambda: [nc(2, 3, 5, 7), torch.randn(2, 3, 11, 4)],
      (1e-5, 1e-6)),
+    ("batch_norm_train", batch_norm_train_graph,
+     lambda: [nc(3, 5, 4, 6), torch.randn(5), torch.randn(5), torch.randn(5), torch.rand(5),
+              torch.tensor(7)], (1e-5, 1e-6)),
     ("fallback", fallback_graph, lambda: [torch.randn(6, 4), torch.tensor([4, 0, 0, 2])],
      (1e-6, 1e-6)),
 ]

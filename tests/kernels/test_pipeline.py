@@ -13,6 +13,8 @@ from kiln.debug.logs import log_for
 from kiln.kernels import compile_aten_graph, ir
 from kiln.kernels.compile import build
 
+from .cases import CASES, batch_norm_train_graph
+
 
 @pytest.fixture(autouse=True)
 def _library_matmuls(monkeypatch):
@@ -87,6 +89,19 @@ def test_horizontal_fusion_and_buffer_reuse():
     # a, b and c fuse into the first kernel; the dead buffer for relu is reused or freed
     assert len(rt.sched.groups[0].nodes) == 3
     torch.testing.assert_close(rt(x)[0], fx.symbolic_trace(f)(x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_late_reduction_epilogue_joins_its_reduction_kernel():
+    # BatchNorm's running-statistics update reads the batch statistics but comes after
+    # the normalised output: it is fused into the statistics' kernel, not a kernel of
+    # its own (one launch fewer per layer and step)
+    make = dict((c[0], c[2]) for c in CASES)["batch_norm_train"]
+    inputs = make()
+    rt, _ = build(fx.symbolic_trace(batch_norm_train_graph), inputs, "cpp")
+    stats = next(g for g in rt.sched.groups if g.red)
+    updates = [n for n in stats.nodes if n.name in rt.sched.outputs and tuple(n.sizes) == (5,)]
+    assert len(updates) == 2
+    assert len(rt.sched.groups) == 3       # statistics (+ updates), output, counter
 
 
 def test_buffer_slots_are_reused():
