@@ -69,7 +69,9 @@ compile_threads: int = _env_int("KILN_COMPILE_THREADS", min(4, os.cpu_count() or
 #: process (KILN_COMPILE_WORKERS).
 compile_workers: int = _env_int("KILN_COMPILE_WORKERS", min(8, (os.cpu_count() or 1) // 2))
 #: Replay launch-bound CUDA graphs as CUDA graphs: "auto" (graphs of >= 8 steps with
-#: small outputs), "1" (always) or "0" (never) (KILN_CUDAGRAPHS).
+#: small outputs; with large ones — a training forward's saved activations — only where
+#: a timed call shows the GPU waiting on the launches: faster, at the cost of the
+#: graph's memory held between calls), "1" (always) or "0" (never) (KILN_CUDAGRAPHS).
 cudagraphs: str = _env_str("KILN_CUDAGRAPHS", "auto")
 
 #: Large matrix products whose result one pointwise kernel reads become one Triton

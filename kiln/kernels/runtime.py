@@ -298,7 +298,15 @@ def _fix_layout(t, b):
 #: of one per kernel and library call (resnet18 at batch 16 spends ~90% of a call on the
 #: host otherwise).
 GRAPH_MIN_STEPS = 8
+#: outputs up to this size are replayed from a CUDA graph unmeasured (copying them out
+#: of the graph's memory costs next to nothing)
 GRAPH_MAX_OUTPUT_BYTES = 8 << 20
+#: larger outputs (a training forward's saved activations), up to GRAPH_AUTO_MAX_BYTES
+#: (the graph's memory is held between calls, beside the copies), only where a timed
+#: plain call shows the GPU waiting on the launches: its span on the GPU is at most
+#: GRAPH_LAUNCH_BOUND times the host's time to launch it
+GRAPH_AUTO_MAX_BYTES = 256 << 20
+GRAPH_LAUNCH_BOUND = 1.2
 _RANDOM = ("rand", "bernoulli", "dropout", "normal", "uniform", "multinomial", "poisson",
            "exponential", "geometric", "cauchy", "log_normal")
 
@@ -308,8 +316,11 @@ class GraphReplay:
 
     Inputs at the same address on the first two calls (parameters) are read in place and
     must stay there (checked per call); others are copied into static buffers first.
-    Outputs are copied out of the graph's memory. Anything unexpected (an input moving,
-    capture failing: host syncs, unsupported ops) falls back to plain calls for good."""
+    Outputs are copied out of the graph's memory; where they are large (a training
+    forward's saved activations), the second call is a timed plain one, and the graph
+    is recorded (on the third) only if that call was launch-bound. Anything unexpected
+    (an input moving, capture failing: host syncs, unsupported ops) falls back to plain
+    calls for good."""
 
     def __init__(self, rt):
         self.calls = 0
@@ -319,6 +330,8 @@ class GraphReplay:
         self.failures = 0
         self.reason = None
         self.moving = set()
+        self.measure = False
+        self.timing = None
 
     @staticmethod
     def maybe(rt):
@@ -336,14 +349,18 @@ class GraphReplay:
                 name = str(getattr(s.b.op, "__name__", s.b.op))
                 if any(r in name for r in _RANDOM):
                     return None
+        measure = False
         if mode != "1":
             nbytes = 0
             for kind, v in rt.out_plan:
                 b = rt.buffers[v if kind == "buf" else v.buf]
                 nbytes += b.numel * torch.empty((), dtype=b.dtype).element_size()
-            if len(rt.steps) < GRAPH_MIN_STEPS or nbytes > GRAPH_MAX_OUTPUT_BYTES:
+            if len(rt.steps) < GRAPH_MIN_STEPS or nbytes > GRAPH_AUTO_MAX_BYTES:
                 return None
-        return GraphReplay(rt)
+            measure = nbytes > GRAPH_MAX_OUTPUT_BYTES
+        replay = GraphReplay(rt)
+        replay.measure = measure
+        return replay
 
     def __call__(self, rt, args):
         if self.disabled:
@@ -353,6 +370,9 @@ class GraphReplay:
         if self.calls == 1:                      # warm-up: compiles, library plans
             self.ptrs = ptrs
             return rt.run(args)
+        if self.measure:
+            self.measure = False
+            return self._timed_call(rt, args)
         if self.graph is None:
             return self._record(rt, args, ptrs)
         for i in self.stable:
@@ -369,6 +389,27 @@ class GraphReplay:
             st.copy_(args[rt.inputs[i][0]])
         self.graph.replay()
         return self._outputs(rt)
+
+    def _timed_call(self, rt, args):
+        """A plain call, timed on the host and on the GPU from an idle queue: where the
+        GPU's span is near the host's, the GPU waited on the launches, and a replay
+        (with its output copies) is worth it; where the GPU is the bottleneck, the
+        copies would only add to it, and plain calls stay."""
+        import time
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        out = rt.run(args)
+        end.record()
+        host_ms = (time.perf_counter() - t0) * 1e3
+        end.synchronize()
+        gpu_ms = start.elapsed_time(end)
+        self.timing = (host_ms, gpu_ms)
+        if gpu_ms > GRAPH_LAUNCH_BOUND * host_ms:
+            self._disable(f"GPU-bound with large outputs (GPU {gpu_ms:.2f} ms, "
+                          f"launches {host_ms:.2f} ms)")
+        return out
 
     def _disable(self, why):
         self.disabled = True
