@@ -115,6 +115,8 @@ class _CoreOps:
     def __contains__(self, op) -> bool:
         if op in self.extra:
             return True
+        if getattr(op, "namespace", None) == "kiln":     # kiln.sdpa and its backward
+            return True
         if not isinstance(op, torch._ops.OpOverload) or is_mutation(op):
             return False
         return (op in KEEP_WHOLE or op in _EXTRA_ALLOWED
@@ -254,8 +256,9 @@ class OpSet:
 
 
 #: For the kernel compiler: the core aten set (few ops to lower; matmuls, convolutions
-#: and fused attention stay whole).
-CORE = OpSet("core", DECOMPOSITIONS, KEEP_WHOLE, CORE_OPS)
+#: and fused attention stay whole — attention as ``kiln.sdpa``, so the device's flash
+#: kernels run rather than the math path's matmuls, upcast to float32 for half types).
+CORE = OpSet("core", DECOMPOSITIONS, KEEP_WHOLE, CORE_OPS, whole_attention=True)
 
 #: For ``aot_eager``, whose graphs PyTorch runs op by op: no decomposition beyond what
 #: functionalization needs, so batch norm, layer norm, softmax, GELU, convolution and

@@ -55,6 +55,12 @@ LIBRARY_CALLS = {
 }
 
 
+def _kiln_library_op(target) -> bool:
+    """kiln's own library ops (``kiln.sdpa``, ``kiln.sdpa_backward``: attention run by
+    PyTorch's fused kernels, ``kiln/autograd/sdpa.py``) are library calls too."""
+    return getattr(target, "namespace", None) == "kiln"
+
+
 class ConstantTensor:
     """The "library call" that yields a module constant (a get_attr tensor)."""
 
@@ -404,7 +410,7 @@ class GraphLowering:
         return out
 
     def fallback(self, node, args, kwargs, reason):
-        if node.target not in LIBRARY_CALLS:
+        if node.target not in LIBRARY_CALLS and not _kiln_library_op(node.target):
             self.fallbacks.append(f"{node.target}")
             self.fallback_messages.append((f"{node.target}", reason))
             _fallback_log.info("kernels: %s falls back to aten (%s)", node.target, reason)

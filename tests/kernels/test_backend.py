@@ -63,3 +63,39 @@ def test_kiln_backend_transformer_block_and_cnn():
         (g,) = torch.autograd.grad((out * w).sum(), [x])
         (r,) = torch.autograd.grad((ref * w).sum(), [x])
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+
+
+def test_kiln_backend_keeps_attention_whole(caplog):
+    """``F.scaled_dot_product_attention`` reaches the kernel compiler as one ``kiln.sdpa``
+    library call (forward) and ``kiln.sdpa_backward``, not as the math path's matmuls
+    (which upcast half precision to float32): PyTorch's fused kernels run, as in eager.
+    Neither is reported as a fallback."""
+    import logging
+
+    import kiln
+    import torch.nn.functional as F
+    from kiln.debug.logs import set_logs
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).sin()
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 9, 8, requires_grad=True) for _ in range(3))
+    set_logs("aot_graphs,fallbacks")
+    try:
+        with caplog.at_level(logging.INFO, logger="kiln"):
+            c = kiln.compile(f, backend="kiln")
+            out = c(q, k, v)
+    finally:
+        set_logs("")
+    ref = f(q, k, v)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    g = torch.randn_like(ref)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    exp = torch.autograd.grad(ref, (q, k, v), g)
+    for a, b in zip(got, exp):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    text = caplog.text
+    assert "kiln.sdpa.default" in text and "kiln.sdpa_backward.default" in text
+    assert "aten.bmm" not in text and "_softmax" not in text
+    assert "falls back" not in text
