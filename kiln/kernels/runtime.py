@@ -9,6 +9,7 @@ is that of the live buffers, not of all of them.
 """
 from __future__ import annotations
 
+import time
 import weakref
 
 import torch
@@ -322,7 +323,7 @@ class GraphReplay:
     (an input moving, capture failing: host syncs, unsupported ops) falls back to plain
     calls for good."""
 
-    def __init__(self, rt):
+    def __init__(self, rt, measure: bool = False):
         self.calls = 0
         self.ptrs = None
         self.graph = None
@@ -330,8 +331,8 @@ class GraphReplay:
         self.failures = 0
         self.reason = None
         self.moving = set()
-        self.measure = False
-        self.timing = None
+        self.measure = measure          # time the second call before recording
+        self.timing = None              # (host ms, GPU ms) of that call
 
     @staticmethod
     def maybe(rt):
@@ -358,9 +359,7 @@ class GraphReplay:
             if len(rt.steps) < GRAPH_MIN_STEPS or nbytes > GRAPH_AUTO_MAX_BYTES:
                 return None
             measure = nbytes > GRAPH_MAX_OUTPUT_BYTES
-        replay = GraphReplay(rt)
-        replay.measure = measure
-        return replay
+        return GraphReplay(rt, measure)
 
     def __call__(self, rt, args):
         if self.disabled:
@@ -395,7 +394,6 @@ class GraphReplay:
         GPU's span is near the host's, the GPU waited on the launches, and a replay
         (with its output copies) is worth it; where the GPU is the bottleneck, the
         copies would only add to it, and plain calls stay."""
-        import time
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
