@@ -93,6 +93,7 @@ class _Training:
         with timed("aot_compile_bw"):
             self.bw = bw_compiler(self.bw_module, _example_values(part.backward))
         fn = self
+        diff = frozenset(tr.differentiable)
 
         class _CompiledFunction(torch.autograd.Function):
             @staticmethod
@@ -103,7 +104,6 @@ class _Training:
                 n = tr.num_fw_outputs
                 ctx.save_for_backward(*outs[n:])
                 fw_outs = tuple(outs[:n])
-                diff = set(tr.differentiable)
                 ctx.mark_non_differentiable(*[o for k, o in enumerate(fw_outs)
                                               if k not in diff and
                                               isinstance(o, torch.Tensor)])
@@ -112,8 +112,8 @@ class _Training:
                 # fill launch each — though the backward graph reads only the
                 # differentiable ones: those few are made here when missing
                 ctx.set_materialize_grads(False)
-                ctx.diff_meta = [(o.shape, o.dtype, o.device) for k, o in enumerate(fw_outs)
-                                 if k in diff]
+                ctx.diff_meta = [(fw_outs[k].shape, fw_outs[k].dtype, fw_outs[k].device)
+                                 for k in tr.differentiable]
                 return fw_outs
 
             @staticmethod

@@ -19,7 +19,7 @@ import torch
 from . import ir
 from .ir import Index
 from .lowering import Lazy, Unsupported, View, _as_expr, is_box, register
-from .lowering_index import _stored
+from .lowering_index import _scatter, _stored
 from .ops import cast, const, op
 
 aten = torch.ops.aten
@@ -115,19 +115,25 @@ def _upsample_bilinear2d_backward(lo, node, grad, output_size, input_size, align
     if lo.target != "cpp" and 0 in (N, C, H, W, Ho, Wo):
         raise Unsupported("an empty scatter")
     iter_sizes = (N, C, Ho, Wo, 2, 2)
-    n, c, oh, ow, th, tw = ir.loop_vars(iter_sizes)
-    h0, h1, wh0, wh1 = _axis(oh, H, Ho, align_corners, scales_h, opdt)
-    w0, w1, ww0, ww1 = _axis(ow, W, Wo, align_corners, scales_w, opdt)
 
     def pick(t, a, b):
         return op("where", op("eq", Index(t), const(0, _I64)), a, b)
-    g = _as_expr(grad, [n, c, oh, ow], (N, C, Ho, Wo), opdt)
-    value = cast(op("mul", op("mul", pick(th, wh0, wh1), pick(tw, ww0, ww1)), g), dtype)
-    strides = ir.contiguous_strides(sizes)
-    name = lo.new_name()
-    dest = ir.Load(name, n * strides[0] + c * strides[1], dtype, None,
-                   ((pick(th, h0, h1), strides[2]), (pick(tw, w0, w1), strides[3])))
-    lo.add(ir.Scatter(name, sizes, strides, dtype, init=const(0, dtype),
-                      iter_sizes=iter_sizes, dest=dest, value=value, accumulate=True,
-                      parallel_dims=(0, 1), origin=node.name))
-    return View(name, sizes, strides, 0, dtype)
+
+    def tap(v):
+        """(row, column, weight) of tap (th, tw) of output pixel (n, c, oh, ow)."""
+        n, c, oh, ow, th, tw = v
+        h0, h1, wh0, wh1 = _axis(oh, H, Ho, align_corners, scales_h, opdt)
+        w0, w1, ww0, ww1 = _axis(ow, W, Wo, align_corners, scales_w, opdt)
+        return pick(th, h0, h1), pick(tw, w0, w1), op("mul", pick(th, wh0, wh1),
+                                                      pick(tw, ww0, ww1))
+
+    def value(idx):
+        g = _as_expr(grad, list(idx[:4]), (N, C, Ho, Wo), opdt)
+        return cast(op("mul", tap(idx)[2], g), dtype)
+
+    def dest(out, ivars):
+        row, col, _ = tap(ivars)
+        st = out.strides
+        return ir.Load(out.buf, ivars[0] * st[0] + ivars[1] * st[1], dtype, None,
+                       ((row, st[2]), (col, st[3])))
+    return _scatter(lo, node, 0, iter_sizes, dest, Lazy(iter_sizes, dtype, value), True, (0, 1))
