@@ -206,9 +206,9 @@ def profile_model(name, calls, with_tc=True):
     from kiln.kernels import triton_gen
     print("direct-launch misses:", dict(triton_gen.Launcher.why))
     import gc
-    from kiln.kernels import runtime
+    from kiln.kernels import graph_replay
     for o in gc.get_objects():
-        if isinstance(o, runtime.GraphReplay):
+        if isinstance(o, graph_replay.GraphReplay):
             print(f"cuda graph: calls {o.calls}, recorded {o.graph is not None}, "
                   f"moving inputs {sorted(o.moving)}, disabled {o.disabled} ({o.reason})")
     pr = cProfile.Profile()

@@ -68,10 +68,10 @@ compile_threads: int = _env_int("KILN_COMPILE_THREADS", min(4, os.cpu_count() or
 #: when kiln is first called with CUDA tensors; 0: every kernel compiles in this
 #: process (KILN_COMPILE_WORKERS).
 compile_workers: int = _env_int("KILN_COMPILE_WORKERS", min(8, (os.cpu_count() or 1) // 2))
-#: Replay launch-bound CUDA graphs as CUDA graphs: "auto" (graphs of >= 8 steps with
-#: small outputs; with large ones — a training forward's saved activations — only where
-#: a timed call shows the GPU waiting on the launches: faster, at the cost of the
-#: graph's memory held between calls), "1" (always) or "0" (never) (KILN_CUDAGRAPHS).
+#: Replay compiled graphs' launches from CUDA graphs (``kernels/graph_replay.py``):
+#: "auto" (graphs of >= 8 steps without random ops; one launch instead of one per
+#: kernel, their memory pool held between calls), "1" (any size) or "0" (never)
+#: (KILN_CUDAGRAPHS).
 cudagraphs: str = _env_str("KILN_CUDAGRAPHS", "auto")
 
 #: Large matrix products whose result one pointwise kernel reads become one Triton

@@ -92,6 +92,8 @@ class _Training:
             self.fw = fw_compiler(self.fw_module, _example_values(part.forward))
         with timed("aot_compile_bw"):
             self.bw = bw_compiler(self.bw_module, _example_values(part.backward))
+        boxed = getattr(self.bw, "call_boxed", None)
+        self.bw_boxed = boxed if boxed is not None else (lambda args: self.bw(*args))
         fn = self
         diff = frozenset(tr.differentiable)
 
@@ -124,7 +126,12 @@ class _Training:
                                 else torch.zeros(shape, dtype=dtype, device=device)
                                 for k, (shape, dtype, device) in zip(tr.differentiable,
                                                                      ctx.diff_meta)]
-                    gin = fn.bw(*ctx.saved_tensors, *tangents)
+                    args = [*ctx.saved_tensors, *tangents]
+                    del tangents
+                    # the backward graph frees each saved activation after its last
+                    # reader (a boxed call); the ctx's references would outlive it
+                    ctx.maybe_clear_saved_tensors()
+                    gin = fn.bw_boxed(args)
                 result = [None] * (tr.num_inputs + len(ctx.anchors))
                 for i, g in zip(tr.grad_inputs, gin):
                     if create_graph and g is not None:

@@ -184,6 +184,15 @@ class CompiledGraph:
         return self.artefacts["target"] if self.artefacts else None
 
     def __call__(self, *args):
+        return self._variant(args)(*args)
+
+    def call_boxed(self, args: list):
+        """Call with the inputs in a list the call takes over and empties, so each is
+        freed after its last reader (``Runtime.call_boxed``)."""
+        return self._variant(args).call_boxed(args)
+
+    def _variant(self, args):
+        """The Runtime of the specialisation matching ``args`` (built if new)."""
         last = self._last
         if last is not None:
             try:
@@ -191,7 +200,7 @@ class CompiledGraph:
             except (AttributeError, TypeError, RuntimeError):  # not a tensor now; arity
                 hit = False
             if hit:
-                return last[1](*args)
+                return last[1]
         sig = _signature(args)
         rt = self.variants.get(sig)
         if rt is None:
@@ -201,7 +210,7 @@ class CompiledGraph:
         if check is None:
             check = self._checks[sig] = _signature_check(args)
         self._last = (check, rt)
-        return rt(*args)
+        return rt
 
 
 def compile_aten_graph(aten_gm: fx.GraphModule, example_inputs, target: str | None = None):

@@ -42,6 +42,9 @@ SUPPORTED_DTYPES = {
                torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool},
 }
 MAX_INLINE_OPS = 96
+#: a value several ops read is computed again by each when every buffer it reads has at
+#: most 1/READ_LITTLE of its elements (``GraphLowering._reads_little``)
+READ_LITTLE = 16
 #: Ops that are meant to be library calls (BLAS, oneDNN, cuDNN, flash attention): they
 #: run as externs without being reported as fallbacks.
 LIBRARY_CALLS = {
@@ -405,9 +408,25 @@ class GraphLowering:
         if isinstance(out, Lazy):
             probe = out.load(loop_vars(out.sizes))
             n_ops = ir.op_count(probe)
-            if n_ops > MAX_INLINE_OPS or (len(node.users) > 1 and n_ops > 0):
+            if n_ops > MAX_INLINE_OPS or (len(node.users) > 1 and n_ops > 0
+                                          and not self._reads_little(probe, out.sizes)):
                 return self.realize(out, origin=node.name)
         return out
+
+    def _reads_little(self, e, sizes) -> bool:
+        """Does ``e`` read only buffers far smaller than its own iteration space (a
+        per-row index, a scalar)? Then each reader computes it again rather than have it
+        stored: recomputing rereads next to nothing, and storing it costs a buffer of
+        the full size (nll_loss's one-hot gradient: one of the logits' size)."""
+        numel = 1
+        for n in sizes:
+            numel *= int(n)
+        for x in ir.walk(e):
+            if isinstance(x, ir.Load):
+                b = self.by_name.get(x.buf)
+                if b is None or b.numel * READ_LITTLE > numel:
+                    return False
+        return True
 
     def fallback(self, node, args, kwargs, reason):
         if node.target not in LIBRARY_CALLS and not _kiln_library_op(node.target):

@@ -9,14 +9,13 @@ is that of the live buffers, not of all of them.
 """
 from __future__ import annotations
 
-import time
 import weakref
 
 import torch
 from torch.utils import _pytree as pytree
 
-from .. import config
 from . import ir
+from .graph_replay import GraphReplay
 from .lowering import View
 
 
@@ -104,7 +103,6 @@ class Runtime:
         n = len(self.steps)
         names_of = [_step_names(s, self.buffers) for s in self.steps]
         keep = {v if k == "buf" else v.buf for k, v in self.out_plan if k != "const"}
-        keep |= {name for _, name in self.inputs}
         slot_members = {}
         for name, s in self.slot_of:
             slot_members.setdefault(s, []).append(name)
@@ -123,9 +121,9 @@ class Runtime:
                 end = max(last[m] for m in members if m in last)
                 self.drop_at[end].extend(members)
         in_slots = {name for name, _ in self.slot_of}
+        # inputs too: a boxed call (``call_boxed``) holds the only reference to them
         for name, i in last.items():
-            if name not in in_slots and name not in keep and name in self.buffers \
-                    and not isinstance(self.buffers[name], ir.Input):
+            if name not in in_slots and name not in keep and name in self.buffers:
                 self.drop_at[i].append(name)
 
     def tensor_of(self, tensors, buf, sizes, strides, offset):
@@ -147,8 +145,38 @@ class Runtime:
             return self.graphs(self, args)
         return self.run(args)
 
+    def call_boxed(self, args: list):
+        """Call with the inputs in a list this call takes over (and empties): each input
+        is then freed after the last step that reads it, not when the call returns. The
+        backward graph is called so: the forward's saved activations are most of a
+        training step's memory, and each goes as soon as its last reader is done."""
+        if self.graphs is not None:
+            try:
+                return self.graphs(self, args)
+            finally:
+                args.clear()
+        tensors = self.take_inputs(args)
+        args.clear()
+        return self._run(tensors)
+
     def run(self, args):
-        tensors = {name: args[pos] for pos, name in self.inputs}
+        return self._run(self.take_inputs(args))
+
+    def take_inputs(self, args) -> dict:
+        return {name: args[pos] for pos, name in self.inputs}
+
+    def _run(self, tensors):
+        return self.package(self.run_flat(tensors))
+
+    def package(self, out: list):
+        """The graph's outputs, in its output structure, from their flat list."""
+        if self.plain_tuple:
+            return tuple(out)
+        return pytree.tree_unflatten(out, self.out_spec)
+
+    def run_flat(self, tensors) -> list:
+        """Run the steps on ``tensors`` ({input name: tensor}, consumed); the outputs as
+        a flat list in ``out_plan``'s order."""
         alloc_at, drop_at = self.alloc_at, self.drop_at
         for i, step in enumerate(self.steps):
             if alloc_at[i]:
@@ -166,9 +194,7 @@ class Runtime:
                 out.append(self.tensor_of(tensors, v.buf, v.sizes, v.strides, v.offset))
             else:
                 out.append(v)
-        if self.plain_tuple:
-            return tuple(out)
-        return pytree.tree_unflatten(out, self.out_spec)
+        return out
 
 
 class _StableView:
@@ -292,163 +318,3 @@ def _fix_layout(t, b):
         c.copy_(t)
         return c
     return t
-
-
-#: CUDA graphs for launch-bound graphs: "auto" (small outputs, many steps, on CUDA),
-#: "0" never, "1" whenever possible. Replaying a recorded graph costs one launch instead
-#: of one per kernel and library call (resnet18 at batch 16 spends ~90% of a call on the
-#: host otherwise).
-GRAPH_MIN_STEPS = 8
-#: outputs up to this size are replayed from a CUDA graph unmeasured (copying them out
-#: of the graph's memory costs next to nothing)
-GRAPH_MAX_OUTPUT_BYTES = 8 << 20
-#: larger outputs (a training forward's saved activations), up to GRAPH_AUTO_MAX_BYTES
-#: (the graph's memory is held between calls, beside the copies), only where a timed
-#: plain call shows the GPU waiting on the launches: its span on the GPU is at most
-#: GRAPH_LAUNCH_BOUND times the host's time to launch it
-GRAPH_AUTO_MAX_BYTES = 256 << 20
-GRAPH_LAUNCH_BOUND = 1.2
-_RANDOM = ("rand", "bernoulli", "dropout", "normal", "uniform", "multinomial", "poisson",
-           "exponential", "geometric", "cauchy", "log_normal")
-
-
-class GraphReplay:
-    """Records a Runtime's steps in a CUDA graph on its second call and replays it after.
-
-    Inputs at the same address on the first two calls (parameters) are read in place and
-    must stay there (checked per call); others are copied into static buffers first.
-    Outputs are copied out of the graph's memory; where they are large (a training
-    forward's saved activations), the second call is a timed plain one, and the graph
-    is recorded (on the third) only if that call was launch-bound. Anything unexpected
-    (an input moving, capture failing: host syncs, unsupported ops) falls back to plain
-    calls for good."""
-
-    def __init__(self, rt, measure: bool = False):
-        self.calls = 0
-        self.ptrs = None
-        self.graph = None
-        self.disabled = False
-        self.failures = 0
-        self.reason = None
-        self.moving = set()
-        self.measure = measure          # time the second call before recording
-        self.timing = None              # (host ms, GPU ms) of that call
-
-    @staticmethod
-    def maybe(rt):
-        mode = config.cudagraphs
-        if mode == "0" or rt.device.type != "cuda" or not torch.cuda.is_available():
-            return None
-        if any(k == "const" for k, _ in rt.out_plan):
-            return None
-        for kind, v in rt.out_plan:       # outputs aliasing inputs: no
-            name = v if kind == "buf" else v.buf
-            if isinstance(rt.buffers[name], ir.Input):
-                return None
-        for s in rt.steps:
-            if isinstance(s, ExternStep):
-                name = str(getattr(s.b.op, "__name__", s.b.op))
-                if any(r in name for r in _RANDOM):
-                    return None
-        measure = False
-        if mode != "1":
-            nbytes = 0
-            for kind, v in rt.out_plan:
-                b = rt.buffers[v if kind == "buf" else v.buf]
-                nbytes += b.numel * torch.empty((), dtype=b.dtype).element_size()
-            if len(rt.steps) < GRAPH_MIN_STEPS or nbytes > GRAPH_AUTO_MAX_BYTES:
-                return None
-            measure = nbytes > GRAPH_MAX_OUTPUT_BYTES
-        return GraphReplay(rt, measure)
-
-    def __call__(self, rt, args):
-        if self.disabled:
-            return rt.run(args)
-        ptrs = [args[pos].data_ptr() for pos, _ in rt.inputs]
-        self.calls += 1
-        if self.calls == 1:                      # warm-up: compiles, library plans
-            self.ptrs = ptrs
-            return rt.run(args)
-        if self.measure:
-            self.measure = False
-            return self._timed_call(rt, args)
-        if self.graph is None:
-            return self._record(rt, args, ptrs)
-        for i in self.stable:
-            if ptrs[i] != self.ptrs[i]:
-                # an input taken for a parameter moved: record again with it copied in
-                self.failures += 1
-                if self.failures > 2:
-                    self._disable("inputs taken for parameters keep moving")
-                    return rt.run(args)
-                self.moving.add(i)
-                self.graph = None
-                return self._record(rt, args, ptrs)
-        for i, st in self.copies:
-            st.copy_(args[rt.inputs[i][0]])
-        self.graph.replay()
-        return self._outputs(rt)
-
-    def _timed_call(self, rt, args):
-        """A plain call, timed on the host and on the GPU from an idle queue: where the
-        GPU's span is near the host's, the GPU waited on the launches, and a replay
-        (with its output copies) is worth it; where the GPU is the bottleneck, the
-        copies would only add to it, and plain calls stay."""
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t0 = time.perf_counter()
-        start.record()
-        out = rt.run(args)
-        end.record()
-        host_ms = (time.perf_counter() - t0) * 1e3
-        end.synchronize()
-        gpu_ms = start.elapsed_time(end)
-        self.timing = (host_ms, gpu_ms)
-        if gpu_ms > GRAPH_LAUNCH_BOUND * host_ms:
-            self._disable(f"GPU-bound with large outputs (GPU {gpu_ms:.2f} ms, "
-                          f"launches {host_ms:.2f} ms)")
-        return out
-
-    def _disable(self, why):
-        self.disabled = True
-        self.reason = why
-        self.graph = None
-        self.outs = None
-
-    def _outputs(self, rt):
-        out = [t.clone() for t in self.outs]
-        if rt.plain_tuple:
-            return tuple(out)
-        return pytree.tree_unflatten(out, rt.out_spec)
-
-    def _record(self, rt, args, ptrs):
-        self.moving |= {i for i, (p, q) in enumerate(zip(ptrs, self.ptrs)) if p != q}
-        self.stable = [i for i in range(len(ptrs)) if i not in self.moving]
-        self.ptrs = ptrs
-        moving = sorted(self.moving)
-        self.copies = []
-        static = list(args)
-        for i in moving:
-            pos = rt.inputs[i][0]
-            a = args[pos]
-            st = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
-            st.copy_(a)
-            static[pos] = st
-            self.copies.append((i, st))
-        try:
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outs = rt.run(static)
-            flat = pytree.tree_leaves(outs) if not rt.plain_tuple else list(outs)
-            self.outs = [t for t in flat]
-            self.graph = graph
-        except Exception as e:        # noqa: BLE001  (capture is best effort)
-            try:
-                torch.cuda.synchronize()
-            except Exception:          # noqa: BLE001
-                pass
-            self._disable(f"capture failed: {type(e).__name__}: {e}")
-            return rt.run(args)
-        self.graph.replay()
-        return self._outputs(rt)
