@@ -56,6 +56,11 @@ def _out_shape(q, v):
 
 def _call(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa):
     kw = {"enable_gqa": True} if enable_gqa else {}
+    if mask is not None and mask.dim() and mask.stride(-1) != 1:
+        # the fused CUDA kernels need the mask's last dim dense (PyTorch falls back to
+        # the math path otherwise); a mask the backward gets back as a broadcast view
+        # of what the forward saved (bert's: strides (0, 512, 1, 0)) is made so here
+        mask = mask.contiguous()
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                           is_causal=is_causal, scale=scale, **kw)
 

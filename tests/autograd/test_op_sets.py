@@ -282,3 +282,29 @@ def test_whole_attention_gradients_keep_the_layout_views_rely_on():
         t.grad = None
     kiln.compile(f, backend="aot_eager", fullgraph=True)(*ins).pow(2).sum().backward()
     torch.testing.assert_close([t.grad for t in ins], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_attention_backward_gives_the_fused_kernels_a_dense_mask(monkeypatch):
+    """The backward gets a saved mask back as a broadcast view (bert's: strides
+    (0, 512, 1, 0)); PyTorch's fused CUDA kernels refuse a mask whose last dim is not
+    dense and take the math path (bert fp32 training: 24 more matmuls a step). The
+    mask reaches scaled_dot_product_attention dense, and the gradients are unchanged."""
+    import torch.nn.functional as F
+    from kiln.autograd import sdpa
+    seen = []
+    orig = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen.append(attn_mask.stride())
+        return orig(q, k, v, attn_mask=attn_mask, **kw)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 8, 4) for _ in range(3))
+    mask = (torch.rand(8, 1) > 0.3).expand(2, 1, 8, 8)       # last-dim stride 0
+    g = torch.randn(2, 3, 8, 4)
+    got = sdpa._sdpa_backward(g, q, k, v, mask, 0.0, False, None, False, False)
+    assert seen and seen[-1][-1] == 1
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    want = torch.autograd.grad(orig(qq, kk, vv, attn_mask=mask), (qq, kk, vv), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
