@@ -28,6 +28,7 @@ around what is held. After ``RECORD_LIMIT`` recordings G makes plain calls.
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import weakref
 
@@ -51,11 +52,12 @@ _use_count = torch._C._storage_Use_Count
 class _Pool:
     """One device's shared CUDA-graph memory pool and the outputs recorded into it.
 
-    ``entries``: [seq, storage, base, owner, outputs] per output storage of every
-    recording; ``base`` is its reference count held by the pool alone, ``owner`` a weak
-    reference to the GraphReplay that recorded it (None once that one recorded again or
-    gave up: the entry stays, keeping its memory, until nothing outside holds it), and
-    ``outputs`` the positions of the outputs that view it."""
+    ``entries``: [seq, storage, base, owner, outputs] per output storage of each current
+    recording, in recording order; ``base`` is its reference count held by the pool
+    alone, ``owner`` a weak reference to the GraphReplay that recorded it, ``outputs``
+    the positions of the outputs that view it. ``retired``: the same for recordings no
+    longer replayed (recorded again, given up, garbage-collected), kept, with their
+    memory, until nothing outside holds them."""
 
     def __init__(self):
         # A pool exists while a graph recorded into it, or a MemPool, holds it: when
@@ -66,48 +68,57 @@ class _Pool:
         self.handle = self.keeper.id if self.keeper is not None else \
             torch.cuda.graph_pool_handle()
         self.entries = []
+        self.retired = []
         self.seq = itertools.count()
 
     def add(self, owner, storages) -> int:
         """Register a recording's output storages, [(storage, output positions)]."""
         seq = next(self.seq)
-        ref = weakref.ref(owner)
+        ref = weakref.ref(owner, self._retire_ref)
         for st, outputs in storages:
-            self.entries.append([seq, st, 0, ref, outputs])
-        for e in self.entries[len(self.entries) - len(storages):]:
-            e[2] = _use_count(e[1]._cdata)
+            self.entries.append([seq, st, _use_count(st._cdata), ref, outputs])
         return seq
 
     def retire(self, owner) -> None:
         """``owner`` no longer replays its recording: its outputs stay protected while
         something holds them; the others' memory goes back to the pool now (before a
         new recording allocates)."""
-        for e in self.entries:
-            if e[3] is not None and e[3]() is owner:
-                e[3] = None
-        self.held_after(0)
+        self._retire_where(lambda ref: ref() is owner)
+
+    def _retire_ref(self, ref) -> None:
+        """A recording's GraphReplay was garbage-collected."""
+        self._retire_where(lambda r: r is ref)
+
+    def _retire_where(self, is_owner) -> None:
+        going = [e for e in self.entries if is_owner(e[3])]
+        if going:
+            self.entries = [e for e in self.entries if not is_owner(e[3])]
+            self.retired += going
+        self.retired = [e for e in self.retired if _use_count(e[1]._cdata) > e[2]]
 
     def held_after(self, seq: int) -> list:
         """(owner or None when retired, output positions, storage) of the storages
-        recorded at or after ``seq`` that something outside the pool still holds. Drops
-        retired entries nothing holds."""
-        held, keep = [], []
-        for e in self.entries:
-            alive = _use_count(e[1]._cdata) > e[2]
-            owner = e[3]() if e[3] is not None else None
-            if owner is None and not alive:
-                continue                   # its memory goes back to the pool
-            keep.append(e)
-            if alive and e[0] >= seq:
-                held.append((owner, e[4], e[1]._cdata))
-        self.entries = keep
+        recorded at or after ``seq`` that something outside the pool still holds. Called
+        before every replay: it reads only those storages' reference counts."""
+        held = []
+        if self.retired:
+            self.retired = [e for e in self.retired if _use_count(e[1]._cdata) > e[2]]
+            held += [(None, e[4], e[1]._cdata) for e in self.retired if e[0] >= seq]
+        entries = self.entries
+        for k in range(bisect.bisect_left(entries, seq, key=_seq), len(entries)):
+            e = entries[k]
+            if _use_count(e[1]._cdata) > e[2]:
+                held.append((e[3](), e[4], e[1]._cdata))
         return held
 
     def owns(self, t: torch.Tensor) -> bool:
         """Is ``t`` a view of a current recording's output?"""
         c = t.untyped_storage()._cdata
-        return any(e[1]._cdata == c and e[3] is not None and e[3]() is not None
-                   for e in self.entries)
+        return any(e[1]._cdata == c for e in self.entries)
+
+
+def _seq(entry) -> int:
+    return entry[0]
 
 
 _POOLS: dict[int, _Pool] = {}
@@ -283,7 +294,8 @@ def _output_specs(flat, rt):
         if isinstance(rt.buffers[v if kind == "buf" else v.buf], ir.Input):
             specs.append((kind, v))
             continue
-        st = seen.setdefault(t.untyped_storage()._cdata, t.untyped_storage())
+        st = t.untyped_storage()
+        st = seen.setdefault(st._cdata, st)
         users.setdefault(st._cdata, set()).add(i)
         specs.append((st, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype))
     return specs, [(st, frozenset(users[c])) for c, st in seen.items()]

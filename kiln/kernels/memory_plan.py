@@ -3,22 +3,18 @@
 A training step's peak memory is usually inside its backward graph. ``timeline(rt)``
 replays a ``Runtime``'s allocation plan (``alloc_at``/``drop_at``, library results as
 their steps make them) and gives, for each step, the bytes alive while it runs and
-which buffers hold them; ``peak(rt)`` the largest. Inputs count as alive until their last reader, as
-in a boxed call (the backward's). Used by tests and when asking why a graph's memory
+which buffers hold them; ``peak(rt)`` the largest. Inputs count as alive until their
+last reader, as in a boxed call (the backward's). Used by tests and when asking why a graph's memory
 is what it is; it allocates nothing.
 """
 from __future__ import annotations
 
-import torch
-
 from . import ir
+from .runtime import _span
 
 
 def _nbytes(sizes, strides, dtype) -> int:
-    if any(int(s) == 0 for s in sizes):
-        return 0
-    span = 1 + sum((int(s) - 1) * int(st) for s, st in zip(sizes, strides))
-    return span * torch.empty((), dtype=dtype).element_size()
+    return _span(sizes, strides) * dtype.itemsize
 
 
 def _buffer_bytes(b) -> int:
