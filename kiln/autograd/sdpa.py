@@ -18,6 +18,21 @@ up (``AttentionMode``, a ``TorchFunctionMode``) and records two ops instead:
   one attention forward in the backward (as activation checkpointing would). The
   forward saves q, k, v (and the mask) only, never the (L x S) attention matrix.
 
+In training, where the fused kernel eager would pick can be named at trace time (the
+CUDA flash, memory-efficient and cuDNN kernels, the CPU flash kernel), two other ops are
+recorded instead, so that the backward does not run the attention again:
+
+* ``kiln.sdpa_fused(q, k, v, attn_mask, is_causal, scale, kernel, layout)`` calls that
+  kernel's aten op directly (with eager's mask preparation: boolean to additive, padded
+  and expanded for the efficient kernel) and returns the output and the kernel's
+  logsumexp;
+* ``kiln.sdpa_fused_backward(grad, q, k, v, attn_mask, out, logsumexp, is_causal,
+  scale, kernel)`` calls the same kernel's backward, as eager's autograd formula does.
+
+``kernel`` is ``torch._fused_sdp_choice``'s answer for tensors of the traced shapes,
+strides and dtypes on the real device (asked at trace time). Masks that need a
+gradient, grouped-query attention and other kernels keep ``kiln.sdpa_backward``.
+
 Attention with dropout (``dropout_p > 0``) is left to the math path: recomputing it
 would draw a different mask, and the math path draws it once, as a recorded op.
 """
@@ -26,6 +41,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
+
+aten = torch.ops.aten
 
 _lib = torch.library.Library("kiln", "FRAGMENT")
 _lib.define("sdpa(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
@@ -34,9 +52,18 @@ _lib.define("sdpa(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None
 _lib.define("sdpa_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, "
             "Tensor? attn_mask, float dropout_p, bool is_causal, float? scale, "
             "bool enable_gqa, bool mask_grad) -> Tensor[]")
+_lib.define("sdpa_fused(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, "
+            "bool is_causal, float? scale, int kernel, int layout) -> (Tensor, Tensor)")
+_lib.define("sdpa_fused_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, "
+            "Tensor? attn_mask, Tensor out, Tensor logsumexp, bool is_causal, float? scale, "
+            "int kernel) -> Tensor[]")
 
 #: ``layout`` values
 CONTIGUOUS, BLHE = 0, 1
+#: ``kernel`` values: ``torch.nn.attention.SDPBackend``'s numbers for the kernels whose
+#: forward and backward ``sdpa_fused`` calls itself (on the CPU only FLASH is one)
+FLASH, EFFICIENT, CUDNN = 1, 2, 3
+_FUSED = {"cpu": {FLASH}, "cuda": {FLASH, EFFICIENT, CUDNN}}
 
 
 def _out_strides(shape, layout):
@@ -67,12 +94,8 @@ def _call(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa):
 
 def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
           enable_gqa=False, layout=CONTIGUOUS):
-    out = _call(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    strides = _out_strides(tuple(out.shape), layout)
-    if out.stride() != strides and out.numel() > 1:
-        fixed = torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device)
-        out = fixed.copy_(out)
-    return out
+    return _fixed_layout(_call(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa),
+                         layout)
 
 
 def _sdpa_meta(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -113,13 +136,115 @@ def _sdpa_backward_meta(grad, q, k, v, attn_mask, dropout_p, is_causal, scale,
     return outs
 
 
+def _fixed_layout(out, layout):
+    strides = _out_strides(tuple(out.shape), layout)
+    if out.stride() != strides and out.numel() > 1:
+        fixed = torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device)
+        out = fixed.copy_(out)
+    return out
+
+
+def _lse_shape(q, kernel):
+    """The logsumexp each kernel returns (float32, contiguous once ``sdpa_fused`` is
+    done): the efficient kernel pads the query length to a multiple of 32, cuDNN keeps
+    a trailing 1."""
+    b, h, length = q.shape[0], q.shape[1], q.shape[2]
+    if kernel == EFFICIENT and q.device.type != "cpu":
+        return (b, h, -(-length // 32) * 32)
+    if kernel == CUDNN:
+        return (b, h, length, 1)
+    return (b, h, length)
+
+
+def _kernel_mask(mask, q, k, kernel):
+    """The mask as eager's ``scaled_dot_product_attention`` hands it to ``kernel``:
+    last dim dense, boolean turned additive (-inf where False); for the efficient CUDA
+    kernel, rows padded to a multiple of 8 elements and expanded to (B, H, L, S)."""
+    if mask is None:
+        return None
+    if mask.dim() and mask.stride(-1) != 1:
+        mask = mask.contiguous()
+    if mask.dtype == torch.bool:
+        mask = torch.zeros_like(mask, dtype=q.dtype).masked_fill_(mask.logical_not(),
+                                                                  float("-inf"))
+    if kernel == EFFICIENT and q.device.type != "cpu":
+        if mask.stride(-1) != 1 or any(st % 8 for st in mask.stride()[:-1]):
+            n = mask.shape[-1]
+            mask = F.pad(mask, (0, 8 - n % 8))[..., :n]
+        mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    return mask
+
+
+def _sdpa_fused(q, k, v, attn_mask, is_causal, scale, kernel, layout):
+    m = _kernel_mask(attn_mask, q, k, kernel)
+    if q.device.type == "cpu":
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, is_causal, attn_mask=m, scale=scale)
+    elif kernel == EFFICIENT:
+        out, lse = aten._scaled_dot_product_efficient_attention(
+            q, k, v, m, True, 0.0, is_causal, scale=scale)[:2]
+    elif kernel == FLASH:
+        out, lse = aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, is_causal, False, scale=scale)[:2]
+    else:
+        out, lse = aten._scaled_dot_product_cudnn_attention(
+            q, k, v, m, True, 0.0, is_causal, False, scale=scale)[:2]
+    return _fixed_layout(out, layout), lse.contiguous()
+
+
+def _sdpa_fused_meta(q, k, v, attn_mask, is_causal, scale, kernel, layout):
+    return (_sdpa_meta(q, k, v, layout=layout),
+            torch.empty(_lse_shape(q, kernel), dtype=torch.float32, device=q.device))
+
+
+def _sdpa_fused_backward(grad, q, k, v, attn_mask, out, lse, is_causal, scale, kernel):
+    """Eager's backward formula for ``kernel`` (no dropout: its random state is unused,
+    so an empty one stands in)."""
+    m = _kernel_mask(attn_mask, q, k, kernel)
+    length, source = q.shape[2], k.shape[2]
+    if grad.stride() != out.stride():
+        # the kernels assume the incoming gradient is laid out as their output (eager's
+        # autograd hands it over so); cuDNN's backward silently gives wrong gradients for
+        # a (B, H, L, E)-contiguous one against its (B, L, H, E)-major output
+        grad = torch.empty_like(out).copy_(grad)
+    if q.device.type == "cpu":
+        grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad, q, k, v, out, lse, 0.0, is_causal, attn_mask=m, scale=scale)
+    elif kernel == EFFICIENT:
+        rng = torch.empty((), dtype=torch.long)
+        grads = aten._scaled_dot_product_efficient_attention_backward(
+            grad, q, k, v, m, out, lse, rng, rng, 0.0, [True, True, True, False], is_causal,
+            scale=scale)[:3]
+    elif kernel == FLASH:
+        rng = torch.empty(0, dtype=torch.long)
+        grads = aten._scaled_dot_product_flash_attention_backward(
+            grad, q, k, v, out, lse, None, None, length, source, 0.0, is_causal, rng, rng,
+            scale=scale)
+    else:
+        rng = torch.empty((), dtype=torch.long, device=q.device)
+        grads = aten._scaled_dot_product_cudnn_attention_backward(
+            grad, q, k, v, out, lse, rng, rng, m, None, None, length, source, 0.0, is_causal,
+            scale=scale)
+    return [_like(g, t) for g, t in zip(grads, (q, k, v))]
+
+
+def _sdpa_fused_backward_meta(grad, q, k, v, attn_mask, out, lse, is_causal, scale, kernel):
+    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+
+
 _lib.impl("sdpa", _sdpa, "CompositeExplicitAutograd")
 _lib.impl("sdpa", _sdpa_meta, "Meta")
 _lib.impl("sdpa_backward", _sdpa_backward, "CompositeExplicitAutograd")
 _lib.impl("sdpa_backward", _sdpa_backward_meta, "Meta")
+_lib.impl("sdpa_fused", _sdpa_fused, "CompositeExplicitAutograd")
+_lib.impl("sdpa_fused", _sdpa_fused_meta, "Meta")
+_lib.impl("sdpa_fused_backward", _sdpa_fused_backward, "CompositeExplicitAutograd")
+_lib.impl("sdpa_fused_backward", _sdpa_fused_backward_meta, "Meta")
 
 SDPA = torch.ops.kiln.sdpa.default
 SDPA_BACKWARD = torch.ops.kiln.sdpa_backward.default
+SDPA_FUSED = torch.ops.kiln.sdpa_fused.default
+SDPA_FUSED_BACKWARD = torch.ops.kiln.sdpa_fused_backward.default
 
 
 class _WholeAttention(torch.autograd.Function):
@@ -140,6 +265,51 @@ class _WholeAttention(torch.autograd.Function):
         grads = SDPA_BACKWARD(grad, q, k, v, mask, *ctx.params, ctx.mask_grad)
         gmask = grads[3] if ctx.mask_grad else None
         return grads[0], grads[1], grads[2], gmask, None, None, None, None, None
+
+
+class _SavedAttention(torch.autograd.Function):
+    """Used while tracing only: the fused kernel's forward, saving its logsumexp, and
+    its backward from it (``sdpa_fused``, ``sdpa_fused_backward``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, is_causal, scale, kernel, layout):
+        out, lse = SDPA_FUSED(q, k, v, mask, is_causal, scale, kernel, layout)
+        ctx.params = (is_causal, scale, kernel)
+        ctx.has_mask = mask is not None
+        ctx.save_for_backward(q, k, v, out, lse, *([mask] if mask is not None else []))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse, *rest = ctx.saved_tensors
+        mask = rest[0] if ctx.has_mask else None
+        dq, dk, dv = SDPA_FUSED_BACKWARD(grad, q, k, v, mask, out, lse, *ctx.params)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def fused_kernel(q, k, v, mask, is_causal, scale, device) -> int | None:
+    """The fused kernel eager's ``scaled_dot_product_attention`` would run for tensors
+    of these (meta) tensors' shapes, strides, dtypes and ``requires_grad`` on ``device``
+    (``torch._fused_sdp_choice`` on empty ones there), if ``sdpa_fused`` can call it;
+    else None."""
+    if device is None or device.type not in _FUSED or q.dim() != 4 or k.dim() != 4 \
+            or v.dim() != 4 or (mask is not None and mask.requires_grad):
+        return None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return None                 # graphs for a GPU traced without one: recompute
+
+    def real(t):
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+    with _disable_current_modes(), torch.enable_grad():
+        qq, kk, vv = (real(t).requires_grad_(t.requires_grad) for t in (q, k, v))
+        mm = None
+        if mask is not None:
+            mm = real(mask)
+            if mm.dim() and mm.stride(-1) != 1:
+                mm = mm.contiguous()
+        choice = int(torch._fused_sdp_choice(qq, kk, vv, mm, 0.0, is_causal, scale=scale,
+                                             enable_gqa=False))
+    return choice if choice in _FUSED[device.type] else None
 
 
 _SDPA_FUNCTIONS = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
@@ -169,6 +339,13 @@ class AttentionMode(TorchFunctionMode):
                     (mask is None or isinstance(mask, torch.Tensor)):
                 dev = self.device_of(q)
                 layout = BLHE if dev is not None and dev.type == "cuda" else CONTIGUOUS
+                training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+                kernel = None
+                if training and not gqa:
+                    kernel = fused_kernel(q, k, v, mask, bool(causal), scale, dev)
+                if kernel is not None:
+                    return _SavedAttention.apply(q, k, v, mask, bool(causal), scale, kernel,
+                                                 layout)
                 return _WholeAttention.apply(q, k, v, mask, float(p), bool(causal), scale,
                                              bool(gqa), layout)
         return func(*args, **kwargs)

@@ -112,12 +112,14 @@ def test_block_matches_eager(compiler):
 
 def test_aot_eager_keeps_attention_layer_norm_gelu_softmax_whole():
     torch.manual_seed(0)
-    fn = compare_module(Block(), [torch.randn(2, 8, 32, requires_grad=True)], aot_eager,
+    fn = compare_module(Block(), [torch.randn(2, 12, 32, requires_grad=True)], aot_eager,
                         rtol=1e-5, atol=1e-5)
     entry, = fn._training.values()
     fw, bw = _ops(entry.fw_module), _ops(entry.bw_module)
-    assert fw[torch.ops.kiln.sdpa.default] == 1
-    assert bw[torch.ops.kiln.sdpa_backward.default] == 1
+    # the CPU flash kernel: its forward saves the logsumexp, its backward reads it
+    assert fw[torch.ops.kiln.sdpa_fused.default] == 1
+    assert bw[torch.ops.kiln.sdpa_fused_backward.default] == 1
+    assert torch.ops.kiln.sdpa_backward.default not in bw          # no recompute
     assert aten.bmm.default not in fw and aten.bmm.default not in bw   # no math path
     assert fw[aten.native_layer_norm.default] == 1
     assert bw[aten.native_layer_norm_backward.default] == 1
@@ -125,7 +127,7 @@ def test_aot_eager_keeps_attention_layer_norm_gelu_softmax_whole():
     assert bw[aten._softmax_backward_data.default] == 1
     assert bw[aten.gelu_backward.default] == 1
     # nothing of size L x S is saved for the backward
-    assert all(n.meta["val"].shape[-2:] != (8, 8) for n in entry.bw_module.graph.nodes
+    assert all(n.meta["val"].shape[-2:] != (12, 12) for n in entry.bw_module.graph.nodes
                if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor))
 
 
@@ -163,8 +165,12 @@ def test_whole_attention_values_and_gradients(case):
     for x, y in zip(grads_of(out, a), grads_of(ref, r)):
         assert_close(x, y, rtol=1e-9, atol=1e-10)
     entry, = fn._training.values()
-    assert _ops(entry.fw_module)[torch.ops.kiln.sdpa.default] == 1
-    assert _ops(entry.bw_module)[torch.ops.kiln.sdpa_backward.default] == 1
+    fused = case in ("plain", "causal", "bool_mask", "scale") and torch._fused_sdp_choice(
+        q, k, v, mask, 0.0, case == "causal", scale=None, enable_gqa=False) == 1
+    fw_op, bw_op = ((torch.ops.kiln.sdpa_fused.default, torch.ops.kiln.sdpa_fused_backward.default)
+                    if fused else (torch.ops.kiln.sdpa.default, torch.ops.kiln.sdpa_backward.default))
+    assert _ops(entry.fw_module)[fw_op] == 1
+    assert _ops(entry.bw_module)[bw_op] == 1
     with torch.no_grad():                        # and the inference graph
         out2 = fn(*a)
     assert_close(out2[0], ref[0], rtol=1e-10, atol=1e-10)
@@ -243,9 +249,9 @@ def test_core_op_set_with_whole_attention():
     import dataclasses
 
     from kiln.autograd import CORE, CORE_OPS
-    from kiln.autograd.sdpa import SDPA, SDPA_BACKWARD
+    from kiln.autograd.sdpa import SDPA_FUSED, SDPA_FUSED_BACKWARD
     ops = dataclasses.replace(CORE, name="core+attention", whole_attention=True,
-                              allowed=CORE_OPS | {SDPA, SDPA_BACKWARD})
+                              allowed=CORE_OPS | {SDPA_FUSED, SDPA_FUSED_BACKWARD})
     torch.manual_seed(0)
     fn = compare_module(Block().double(),
                         [torch.randn(2, 8, 32, dtype=torch.float64, requires_grad=True)],
@@ -254,7 +260,8 @@ def test_core_op_set_with_whole_attention():
     entry, = fn._training.values()
     for g in (entry.fw_module, entry.bw_module):
         verify_aten_graph(g, ops)
-    assert _ops(entry.fw_module)[SDPA] == 1 and _ops(entry.bw_module)[SDPA_BACKWARD] == 1
+    assert _ops(entry.fw_module)[SDPA_FUSED] == 1
+    assert _ops(entry.bw_module)[SDPA_FUSED_BACKWARD] == 1
     assert aten.bmm.default not in _ops(entry.fw_module)
 
 
@@ -308,3 +315,61 @@ def test_attention_backward_gives_the_fused_kernels_a_dense_mask(monkeypatch):
     want = torch.autograd.grad(orig(qq, kk, vv, attn_mask=mask), (qq, kk, vv), g)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mask", ["none", "bool", "float"])
+def test_fused_attention_backward_reads_the_saved_logsumexp(dtype, mask, monkeypatch):
+    """Training runs the fused kernel's own backward from the logsumexp its forward
+    saved (``kiln.sdpa_fused``), as eager's autograd does: no attention forward runs in
+    the backward, and outputs and gradients are eager's to the bit (the CPU flash kernel
+    is deterministic)."""
+    import kiln
+    from kiln.autograd import sdpa
+
+    def f(x, w, m):
+        b, l, d = x.shape
+        q, k, v = (x @ w).split(d, dim=2)
+        q, k, v = (t.view(b, l, 2, d // 2).transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        return out.transpose(1, 2).reshape(b, l, d)
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 24, 16, dtype=dtype, requires_grad=True)
+    w = torch.randn(16, 48, dtype=dtype, requires_grad=True)
+    m = {"none": None, "bool": torch.rand(2, 1, 24, 24) > 0.2,
+         "float": torch.randn(2, 1, 1, 24, dtype=dtype)}[mask]
+    ref = f(x, w, m)
+    g = torch.randn_like(ref)
+    want = torch.autograd.grad(ref, (x, w), g)
+    calls = []
+
+    class Recorder:                  # the attention kernels sdpa.py calls, by name
+        def __getattr__(self, name):
+            if name.startswith("_scaled_dot_product"):
+                calls.append(name)
+            return getattr(aten, name)
+    monkeypatch.setattr(sdpa, "aten", Recorder())
+    out = kiln.compile(f, backend="aot_eager", fullgraph=True)(x, w, m)
+    fwd = "_scaled_dot_product_flash_attention_for_cpu"
+    assert calls == [fwd]
+    got = torch.autograd.grad(out, (x, w), g)
+    assert calls == [fwd, fwd + "_backward"]       # the backward ran no forward
+    assert torch.equal(out, ref)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_fused_attention_ops_meta_match_the_kernels():
+    """Outputs and logsumexp of ``kiln.sdpa_fused`` have the strides its meta kernel
+    promised (later ops in the graph rely on them), whatever the kernel returns."""
+    from kiln.autograd.sdpa import BLHE, CONTIGUOUS, FLASH, SDPA_FUSED, SDPA_FUSED_BACKWARD
+    q = torch.randn(2, 5, 3, 4).transpose(1, 2)          # (B, H, L, E) in BLHE layout
+    for layout in (BLHE, CONTIGUOUS):
+        real = SDPA_FUSED(q, q, q, None, False, None, FLASH, layout)
+        meta = SDPA_FUSED(*(t.to("meta") for t in (q, q, q)), None, False, None, FLASH, layout)
+        for a, b in zip(real, meta):
+            assert a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+        grads = SDPA_FUSED_BACKWARD(torch.randn_like(real[0]), q, q, q, None, *real, False,
+                                    None, FLASH)
+        assert all(gr.stride() == q.stride() for gr in grads)

@@ -66,8 +66,9 @@ def test_kiln_backend_transformer_block_and_cnn():
 
 
 def test_kiln_backend_keeps_attention_whole(caplog):
-    """``F.scaled_dot_product_attention`` reaches the kernel compiler as one ``kiln.sdpa``
-    library call (forward) and ``kiln.sdpa_backward``, not as the math path's matmuls
+    """``F.scaled_dot_product_attention`` reaches the kernel compiler as one
+    ``kiln.sdpa_fused`` library call (forward) and ``kiln.sdpa_fused_backward``, not as
+    the math path's matmuls
     (which upcast half precision to float32): PyTorch's fused kernels run, as in eager.
     Neither is reported as a fallback."""
     import logging
@@ -96,6 +97,6 @@ def test_kiln_backend_keeps_attention_whole(caplog):
     for a, b in zip(got, exp):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     text = caplog.text
-    assert "kiln.sdpa.default" in text and "kiln.sdpa_backward.default" in text
+    assert "kiln.sdpa_fused.default" in text and "kiln.sdpa_fused_backward.default" in text
     assert "aten.bmm" not in text and "_softmax" not in text
     assert "falls back" not in text
