@@ -5,6 +5,7 @@ with torch.addmm over several rounds."""
 import ctypes, statistics, sys
 import torch
 import torch.nn.functional as F
+from probe_timing import median_ms  # noqa: E402  (benchmarks/probes on sys.path)
 
 lt = ctypes.CDLL("libcublasLt.so.13")
 c_void_p, c_int, c_size_t, c_uint64, c_int64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int64
@@ -79,14 +80,7 @@ class LtLinear:
 
 
 def t(fn, reps=30):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in ev:
-        s.record(); fn(); e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in ev)
+    return median_ms(fn, reps)
 
 
 torch.manual_seed(0)

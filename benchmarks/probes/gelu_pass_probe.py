@@ -7,19 +7,13 @@ import torch
 import torch.nn.functional as F
 import kiln
 from kiln.kernels import triton_gen as tg
+from probe_timing import median_ms  # noqa: E402  (benchmarks/probes on sys.path)
 
 VARIANTS = [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16)]
 
 
 def t(fn, reps=50):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in ev:
-        s.record(); fn(); e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in ev)
+    return median_ms(fn, reps)
 
 
 def compiled(fn, xb, nw):

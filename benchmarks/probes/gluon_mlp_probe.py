@@ -8,6 +8,7 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 import ws_gemm_probe as W
+from probe_timing import median_ms  # noqa: E402  (benchmarks/probes on sys.path)
 
 OUT = os.environ.get("OUT", "/tmp")
 torch.manual_seed(0)
@@ -43,14 +44,7 @@ def eager_l1():
 
 
 def time_it(fn, reps=40):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in ev:
-        s.record(); fn(); e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in ev)
+    return median_ms(fn, reps)
 
 
 ref = eager_l1()
