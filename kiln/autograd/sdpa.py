@@ -309,6 +309,8 @@ def fused_kernel(q, k, v, mask, is_causal, scale, device) -> int | None:
                 mm = mm.contiguous()
         choice = int(torch._fused_sdp_choice(qq, kk, vv, mm, 0.0, is_causal, scale=scale,
                                              enable_gqa=False))
+    if choice == FLASH and device.type == "cuda" and (q.shape[-1] % 8 or v.shape[-1] % 8):
+        return None     # eager pads such heads for the CUDA flash kernel first; recompute
     return choice if choice in _FUSED[device.type] else None
 
 
