@@ -81,13 +81,18 @@ def _out_shape(q, v):
     return (*q.shape[:-1], v.shape[-1])
 
 
+def _dense_last_dim(mask):
+    """The fused CUDA kernels need the mask's last dim dense (PyTorch falls back to the
+    math path otherwise); a mask the backward gets back as a broadcast view of what the
+    forward saved (bert's: strides (0, 512, 1, 0)) is made so here."""
+    if mask is not None and mask.dim() and mask.stride(-1) != 1:
+        return mask.contiguous()
+    return mask
+
+
 def _call(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa):
     kw = {"enable_gqa": True} if enable_gqa else {}
-    if mask is not None and mask.dim() and mask.stride(-1) != 1:
-        # the fused CUDA kernels need the mask's last dim dense (PyTorch falls back to
-        # the math path otherwise); a mask the backward gets back as a broadcast view
-        # of what the forward saved (bert's: strides (0, 512, 1, 0)) is made so here
-        mask = mask.contiguous()
+    mask = _dense_last_dim(mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                           is_causal=is_causal, scale=scale, **kw)
 
@@ -162,8 +167,7 @@ def _kernel_mask(mask, q, k, kernel):
     kernel, rows padded to a multiple of 8 elements and expanded to (B, H, L, S)."""
     if mask is None:
         return None
-    if mask.dim() and mask.stride(-1) != 1:
-        mask = mask.contiguous()
+    mask = _dense_last_dim(mask)
     if mask.dtype == torch.bool:
         mask = torch.zeros_like(mask, dtype=q.dtype).masked_fill_(mask.logical_not(),
                                                                   float("-inf"))
@@ -302,11 +306,7 @@ def fused_kernel(q, k, v, mask, is_causal, scale, device) -> int | None:
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
     with _disable_current_modes(), torch.enable_grad():
         qq, kk, vv = (real(t).requires_grad_(t.requires_grad) for t in (q, k, v))
-        mm = None
-        if mask is not None:
-            mm = real(mask)
-            if mm.dim() and mm.stride(-1) != 1:
-                mm = mm.contiguous()
+        mm = _dense_last_dim(real(mask)) if mask is not None else None
         choice = int(torch._fused_sdp_choice(qq, kk, vv, mm, 0.0, is_causal, scale=scale,
                                              enable_gqa=False))
     if choice == FLASH and device.type == "cuda" and (q.shape[-1] % 8 or v.shape[-1] % 8):
