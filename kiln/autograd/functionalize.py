@@ -237,6 +237,20 @@ class Functionalize:
         t = args[0]
         with self:
             view = view_op(*args, **kwargs)
+        # the recorded value keeps its geometry: a stand-in takes t's place in it
+        old = self.infos[id(t)]
+        standin = t.as_strided(t.size(), t.stride(), t.storage_offset())
+        self.keep.append(standin)
+        self.infos[id(standin)] = type(old)(old.node, old.storage, old.version, old.chain,
+                                            old.device)
+        for n in (old.node, *old.node.all_input_nodes):
+            val = n.meta.get("val")
+            if val is t:
+                n.meta["val"] = standin
+            elif isinstance(val, tuple) and any(v is t for v in val):
+                n.meta["val"] = tuple(standin if v is t else v for v in val)
+        if old.storage.base is t:
+            old.storage.base = standin
         func(*args, **kwargs)                # below autograd: geometry only
         v = self.infos[id(view)]
         self.infos[id(t)] = type(v)(v.node, v.storage, v.version, v.chain, v.device)
