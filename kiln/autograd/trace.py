@@ -193,6 +193,10 @@ class _TraceMode(Functionalize, KilnDispatchMode):
                 aten.clone.default, args, kwargs)
         if opinfo.is_mutation(func):
             return self._mutate(func, args, kwargs)
+        if func is aten.detach.default:
+            # ``alias`` in the graph; replayed as ``detach`` on a real input it aliases,
+            # which gives eager's tensor (no grad, no view base)
+            return self._view(aten.alias.default, args, kwargs, step_op=func)
         table = self.ops.table
         if func in table:
             with self:
@@ -272,7 +276,7 @@ class _TraceMode(Functionalize, KilnDispatchMode):
                                      "the functional graph does not keep")
             self.storage_addressed(st)
 
-    def _view(self, func, args, kwargs):
+    def _view(self, func, args, kwargs, step_op=None):
         src = args[0]
         info = self.infos[id(src)]
         if func in STORAGE_VIEWS:
@@ -280,7 +284,7 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         out = func(*args, **kwargs)
         node = self._node("call_function", func, *self._to_nodes(args, kwargs))
         self._register_outputs(out, node, info.device, view_of=info,
-                               step=(func, tuple(args[1:]), dict(kwargs)))
+                               step=(step_op or func, tuple(args[1:]), dict(kwargs)))
         return out
 
 

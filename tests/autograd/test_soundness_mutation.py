@@ -18,6 +18,15 @@ from kiln.autograd.backend import aot_eager
 
 BACKENDS = ["eager", "aot_eager", "kiln"]
 
+#: cases whose capture was at fault too: they run on the "eager" backend as well
+CAPTURE_CASES = {"swapdims_", "in_place_on_non_leaf_input", "t_on_non_leaf_input"}
+
+
+def _params(cases):
+    return [pytest.param(name, fn, make, backend, id=f"{name}-{backend}")
+            for name, fn, make in cases for backend in BACKENDS
+            if backend != "eager" or name in CAPTURE_CASES]
+
 
 # --- comparing a compiled call with eager ---------------------------------------
 
@@ -49,8 +58,8 @@ def _same_tensor(a, b, what):
 
 
 def _aliasing(outs, args):
-    """Which arguments (and earlier outputs) each output shares storage with, and
-    whether it is one of them."""
+    """Which arguments (and earlier outputs) each output shares storage with, whether
+    it is one of them, and whether it is a view (``_base``) where it shares one."""
     def st(t):
         return t.untyped_storage().data_ptr() if t.untyped_storage().nbytes() else None
     rel = []
@@ -62,6 +71,8 @@ def _aliasing(outs, args):
         for a in list(args) + outs[:k]:
             if isinstance(a, torch.Tensor):
                 row.append((o is a, st(o) is not None and st(o) == st(a)))
+        if any(shared for _, shared in row[:len(args)]):
+            row.append(o._base is None)
         rel.append(row)
     return rel
 
@@ -194,8 +205,7 @@ GEOMETRY = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name,fn,make", GEOMETRY, ids=[c[0] for c in GEOMETRY])
+@pytest.mark.parametrize("name,fn,make,backend", _params(GEOMETRY))
 def test_geometry_change_of_an_input(name, fn, make, backend):
     compare(fn, make, backend)
 
@@ -220,12 +230,6 @@ def _interm_pow(x):
     return y
 
 
-def _interm_pow_tensor(x):
-    y = x + 1
-    y.pow_(x)
-    return y
-
-
 def _max_then_zero_indices(x):
     v, i = x.max(0)
     i.zero_()
@@ -242,15 +246,13 @@ INTERMEDIATES = [
     ("unsqueeze_", _interm_unsqueeze, lambda: [R(3, 2)]),
     ("t_", _interm_t, lambda: [R(3, 2)]),
     ("pow_", _interm_pow, lambda: [R(3, 2)]),
-    ("pow_tensor", _interm_pow_tensor, lambda: [R(3, 2).abs()]),
     ("pow_grad", _interm_pow, lambda: _grad_input(3, 2)),
     ("max_zero_indices", _max_then_zero_indices, lambda: _grad_input(3, 4)),
     ("out_into_intermediate", _intermediate_out, lambda: [R(3), R(3)]),
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name,fn,make", INTERMEDIATES, ids=[c[0] for c in INTERMEDIATES])
+@pytest.mark.parametrize("name,fn,make,backend", _params(INTERMEDIATES))
 def test_in_place_on_intermediates(name, fn, make, backend, request):
     if name == "t_" and backend == "kiln":
         # the kernel compiler returns a transposed view of an intermediate that is also
@@ -271,11 +273,6 @@ def _split_sizes_write(x):
     a, b = x.split([1, 3], dim=1)
     b.mul_(2)
     return b.sum()
-
-
-def _unbind_write(x):
-    x.unbind(1)[2].fill_(7)
-    return x + 0
 
 
 def _chunk_write(x):
@@ -303,16 +300,6 @@ def _expanded_write(x):
     return x
 
 
-def _diagonal_write(x):
-    x.diagonal().add_(5)
-    return x * 1
-
-
-def _as_strided_view_write(x):
-    x.as_strided((2,), (3,), 1).add_(1)
-    return x * 1
-
-
 def _write_row(x):
     x[0].mul_(2)
     return x
@@ -328,35 +315,21 @@ def _partial_overlap(x):
     return x
 
 
-def _logical_not_view(b):
-    b[None].logical_not_()
-    return b
-
-
 VIEW_WRITES = [
     ("split", _split_write, lambda: [R(4, 3)]),
     ("split_with_sizes", _split_sizes_write, lambda: [R(2, 4)]),
-    ("unbind", _unbind_write, lambda: [R(2, 3)]),
     ("chunk", _chunk_write, lambda: [R(4, 2)]),
     ("expand_no_repeat", _expand_write, lambda: [R(3)]),
     ("unfold", _unfold_write, lambda: [R(6)]),
     ("unfold_overlapping", _unfold_overlapping_write, lambda: [R(4)]),
     ("expand_repeating", _expanded_write, lambda: [R(3, 1)]),
-    ("diagonal", _diagonal_write, lambda: [R(3, 3)]),
-    ("as_strided_view", _as_strided_view_write, lambda: [R(3, 2)]),
     ("strided_input", _write_row, lambda: [R(3, 4)[1:, ::2]]),
-    ("offset_input", _write_row, lambda: [R(3, 2, 2)[1]]),
     ("expanded_input", _bump_element, lambda: [torch.zeros(1).expand(4)]),
     ("partial_overlap", _partial_overlap, lambda: [torch.arange(5.)]),
-    ("logical_not_bool_leaf", _logical_not_view,
-     lambda: [torch.tensor([True, False, True])]),
-    ("write_0d", lambda x: x.add_(1), lambda: [R(())]),
-    ("write_empty", lambda x: x.mul_(2), lambda: [R(0, 3)]),
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name,fn,make", VIEW_WRITES, ids=[c[0] for c in VIEW_WRITES])
+@pytest.mark.parametrize("name,fn,make,backend", _params(VIEW_WRITES))
 def test_write_through_a_view_of_an_input(name, fn, make, backend):
     compare(fn, make, backend)
 
@@ -398,8 +371,7 @@ OUT_FORMS = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name,fn,make", OUT_FORMS, ids=[c[0] for c in OUT_FORMS])
+@pytest.mark.parametrize("name,fn,make,backend", _params(OUT_FORMS))
 def test_out_forms(name, fn, make, backend):
     compare(fn, make, backend)
 
@@ -438,13 +410,10 @@ GRAD_CASES = [
     ("flatten_expanded", _flatten, _expanded_grad),
     ("in_place_on_non_leaf_input", _mul_in_place, lambda: _grad_input(3)),
     ("t_on_non_leaf_input", _t_in_place_grad, lambda: _grad_input(3, 2)),
-    ("in_place_on_leaf_raises", _mul_in_place,
-     lambda: ([torch.randn(3, requires_grad=True)], [])),
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name,fn,make", GRAD_CASES, ids=[c[0] for c in GRAD_CASES])
+@pytest.mark.parametrize("name,fn,make,backend", _params(GRAD_CASES))
 def test_inputs_that_require_grad(name, fn, make, backend):
     compare(fn, make, backend)
 
@@ -464,35 +433,26 @@ def test_grad_stays_none_where_eager_never_reaches(backend):
         assert torch.equal(gx, torch.full((3,), 2.))
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
-def test_in_place_on_a_leaf_works_without_grad(backend):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_place_on_leaf_or_activation(backend):
+    """One compiled function, called on an activation (allowed, recorded by autograd),
+    then on a leaf that requires grad (eager raises), then on that leaf without grad
+    (allowed; the leaf stays a leaf)."""
     compiled = kiln.compile(_mul_in_place, backend=backend)
-    x = torch.arange(3., requires_grad=True)
+    leaf = torch.arange(3., requires_grad=True)
+    act = leaf * 1
+    assert compiled(act) is act and act.grad_fn is not None
+    act.sum().backward()
+    assert torch.equal(leaf.grad, torch.full((3,), 2.))
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        compiled(leaf)
     with torch.no_grad():
-        out = compiled(x)
-    assert out is x and x.is_leaf and x.requires_grad and x.grad_fn is None
-    assert torch.equal(x.detach(), torch.arange(3.) * 2)
+        out = compiled(leaf)
+    assert out is leaf and leaf.is_leaf and leaf.requires_grad and leaf.grad_fn is None
+    assert torch.equal(leaf.detach(), torch.arange(3.) * 2)
 
 
 # --- outputs aliasing inputs, inputs aliasing each other ------------------------
-
-def _view_out(x):
-    return x.view(-1), x[1]
-
-
-def _fresh_out(x):
-    return x.clone(), x + 0, x.contiguous()
-
-
-def _identity_out(x):
-    return x
-
-
-def _write_both(a, b):
-    a.add_(1)
-    b.mul_(2)
-    return a + b
-
 
 def _write_one_read_other(a, b):
     a.t_()
@@ -500,39 +460,31 @@ def _write_one_read_other(a, b):
     return b * 1
 
 
-def _views_of_one_base():
-    base = torch.randn(3, 4)
-    return [base[:2], base[1:]]
-
-
 def _same_base_transposed():
     base = torch.randn(3, 3)
     return [base, base.t()]
 
 
+def _detach_out(x):
+    return x.detach(), x * 2
+
+
+def _view_dtype_out(x):
+    return x.view(torch.int32)
+
+
 ALIASING = [
-    ("view_outputs", _view_out, lambda: [R(3, 2)]),
-    ("fresh_outputs", _fresh_out, lambda: [R(3, 2)]),
-    ("identity", _identity_out, lambda: [R(3)]),
-    ("two_views_of_one_base", _write_both, _views_of_one_base),
+    ("detach", _detach_out, lambda: [R(3, 2)]),
+    ("detach_requires_grad", _detach_out,
+     lambda: ([torch.randn(3, 2, requires_grad=True)], [])),
+    ("view_dtype", _view_dtype_out, lambda: [R(3, 2)]),
     ("base_and_its_transpose", _write_one_read_other, _same_base_transposed),
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name,fn,make", ALIASING, ids=[c[0] for c in ALIASING])
+@pytest.mark.parametrize("name,fn,make,backend", _params(ALIASING))
 def test_aliasing(name, fn, make, backend):
     compare(fn, make, backend)
-
-
-@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
-def test_writing_a_view_output_writes_the_input(backend):
-    compiled = kiln.compile(_view_out, backend=backend)
-    x = torch.zeros(3, 2)
-    flat, row = compiled(x)
-    flat[0] = 1
-    row.add_(2)
-    assert torch.equal(x, torch.tensor([[1., 0.], [2., 2.], [0., 0.]]))
 
 
 # --- the fallback is a logged eager run, never an escaping internal error ------
