@@ -11,11 +11,12 @@ While recording, the mode makes the graph functional:
 * every meta tensor knows its storage and the chain of view ops that produced it from
   the storage's *base* (the tensor that created the storage);
 * a mutation ``op_(t, ...)`` is recorded as its out-of-place twin; the new value is
-  scattered back into the base through the inverse of the view chain (``SCATTER``),
-  and the storage's version moves on, so any other view of it is re-derived from the
-  new base the next time it is read;
+  scattered back into the base through the inverse of the view chain, and the
+  storage's version moves on, so any other view of it is re-derived from the new base
+  the next time it is read (the rules: ``functionalize.py``);
 * an input whose storage was written ends with a new value that the runtime copies
-  into the real input once, after the graph (``TraceResult.mutations``);
+  into the real input once, after the graph (``TraceResult.mutations``); an in-place
+  geometry change of an input is replayed on it (``TraceResult.meta_mutations``);
 * outputs aliasing an input or each other are described as view chains
   (``TraceResult.output_specs``) that the runtime replays on real tensors.
 

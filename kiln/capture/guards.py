@@ -98,7 +98,9 @@ class GuardSet:
         self.add(f"{e}.stride() == {stride!r}", f"{p}.stride() == {stride}", f"{e}.stride()")
         rg = bool(t.requires_grad)
         self.add(f"{e}.requires_grad is {rg}", f"{p}.requires_grad is {rg}", f"{e}.requires_grad")
-        if rg:      # in-place ops raise on a leaf that requires grad, not on an activation
+        if rg and not isinstance(t, torch.nn.Parameter):
+            # in-place ops raise on a leaf that requires grad, not on an activation
+            # (a parameter, its type guarded above, is a leaf)
             leaf = bool(t.is_leaf)
             self.add(f"{e}.is_leaf is {leaf}", f"{p}.is_leaf is {leaf}", f"{e}.is_leaf")
 
