@@ -401,6 +401,14 @@ def _only_first(x, y):
     return a, b
 
 
+def _in_place_after_a_break(x):
+    y = x * 2
+    kiln.graph_break()
+    y.t_()
+    y.add_(1)
+    return y * 3
+
+
 def _expanded_grad():
     leaf = torch.randn(3, 1, requires_grad=True)
     return [leaf.expand(3, 4)], [leaf]
@@ -410,6 +418,7 @@ GRAD_CASES = [
     ("flatten_expanded", _flatten, _expanded_grad),
     ("in_place_on_non_leaf_input", _mul_in_place, lambda: _grad_input(3)),
     ("t_on_non_leaf_input", _t_in_place_grad, lambda: _grad_input(3, 2)),
+    ("non_leaf_across_a_break", _in_place_after_a_break, lambda: _grad_input(3, 2)),
 ]
 
 
