@@ -157,6 +157,13 @@ def _overlaps_itself(t: torch.Tensor) -> bool:
     return False
 
 
+def _broadcasts_to(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        return torch.broadcast_shapes(a.shape, b.shape) == b.shape
+    except RuntimeError:
+        return False
+
+
 def _extent(t: torch.Tensor):
     lo = t.storage_offset()
     return lo, lo + 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
@@ -281,8 +288,7 @@ class Functionalize:
         st = info.storage
         if new.dtype != t.dtype and (exact or not torch.can_cast(new.dtype, t.dtype)):
             raise AotUnsupported(f"a {new.dtype} result written into a {t.dtype} tensor")
-        if tuple(new.shape) != tuple(t.shape) and (
-                exact or torch.broadcast_shapes(new.shape, t.shape) != t.shape):
+        if tuple(new.shape) != tuple(t.shape) and (exact or not _broadcasts_to(new, t)):
             raise AotUnsupported(f"a result of shape {tuple(new.shape)} written into a "
                                  f"tensor of shape {tuple(t.shape)}")
         with self:
@@ -294,6 +300,7 @@ class Functionalize:
             new = self._scatter(info, t, new)
             new = self._restride(new, st)
         st.version += 1
+        st.grad_write = st.grad_write or torch.is_grad_enabled()
         base_info = self.infos[id(st.base)]
         base_info.node, base_info.version = self.infos[id(new)].node, st.version
         info.node, info.version = self.infos[id(written)].node, st.version

@@ -57,6 +57,8 @@ class _Storage:
     input_index: int | None = None
     #: the base's current value is laid out as the base (what storage addressing reads)
     layout_exact: bool = True
+    #: written with grad mode on (else its new value carries no gradient, as in eager)
+    grad_write: bool = False
 
 
 @dataclass
@@ -453,10 +455,16 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             fw_values.append(o)
 
     mutations = []
+    gradless = set()        # new values of inputs written only without grad
     for i, m in enumerate(metas):
         if isinstance(m, torch.Tensor):
             st = mode.infos[id(m)].storage
             if st.version != 0 and st.input_index == i:
+                if not st.grad_write:
+                    gradless.add(len(fw_values))
+                elif st.base is not m and m.requires_grad:
+                    raise AotUnsupported("an input that requires grad is written in "
+                                         "place after an in-place change of its geometry")
                 mutations.append((i, len(fw_values)))
                 fw_values.append(st.base)
     for k, spec in enumerate(specs):
@@ -469,8 +477,8 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
 
     fw_nodes = [mode.value(v) for v in fw_values]
     differentiable = [k for k, v in enumerate(fw_values)
-                      if train and v.requires_grad and v.dtype.is_floating_point
-                      or (train and v.requires_grad and v.dtype.is_complex)]
+                      if train and v.requires_grad and k not in gradless
+                      and (v.dtype.is_floating_point or v.dtype.is_complex)]
 
     bw_nodes = []
     if train and differentiable and leaves:

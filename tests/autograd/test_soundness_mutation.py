@@ -409,6 +409,30 @@ def _in_place_after_a_break(x):
     return y * 3
 
 
+def _no_grad_write(x, w):
+    with torch.no_grad():
+        x.add_(1)
+    return x * w
+
+
+def _leaf_and_weight():
+    x = torch.randn(3, requires_grad=True)
+    w = torch.randn(3, requires_grad=True)
+    return [x, w], [x, w]
+
+
+def _t_then_write_grad(x, w):
+    x.t_()
+    x.mul_(w)
+    return x * 2
+
+
+def _activation_and_weight():
+    leaf = torch.randn(3, 3, requires_grad=True)
+    w = torch.randn(3, requires_grad=True)
+    return [leaf * 1, w], [leaf, w]
+
+
 def _expanded_grad():
     leaf = torch.randn(3, 1, requires_grad=True)
     return [leaf.expand(3, 4)], [leaf]
@@ -419,6 +443,8 @@ GRAD_CASES = [
     ("in_place_on_non_leaf_input", _mul_in_place, lambda: _grad_input(3)),
     ("t_on_non_leaf_input", _t_in_place_grad, lambda: _grad_input(3, 2)),
     ("non_leaf_across_a_break", _in_place_after_a_break, lambda: _grad_input(3, 2)),
+    ("leaf_written_without_grad", _no_grad_write, _leaf_and_weight),
+    ("t_then_write_activation", _t_then_write_grad, _activation_and_weight),
 ]
 
 
