@@ -98,6 +98,11 @@ class GuardSet:
         self.add(f"{e}.stride() == {stride!r}", f"{p}.stride() == {stride}", f"{e}.stride()")
         rg = bool(t.requires_grad)
         self.add(f"{e}.requires_grad is {rg}", f"{p}.requires_grad is {rg}", f"{e}.requires_grad")
+        if rg and not isinstance(t, torch.nn.Parameter):
+            # in-place ops raise on a leaf that requires grad, not on an activation
+            # (a parameter, its type guarded above, is a leaf)
+            leaf = bool(t.is_leaf)
+            self.add(f"{e}.is_leaf is {leaf}", f"{p}.is_leaf is {leaf}", f"{e}.is_leaf")
 
     def grad_mode(self, enabled: bool):
         self.add(f"__torch.is_grad_enabled() is {enabled}",
