@@ -242,6 +242,43 @@ def test_failing_compiler_in_process_falls_back_per_graph(monkeypatch, tmp_path,
         kcache.toolchain_version.cache_clear()
 
 
+def test_failure_at_first_call_of_built_kernels(monkeypatch, tmp_path):
+    """Triton compiles at a kernel's first launch and CUDA loads modules then: a failure
+    at the first call of a built specialisation is a build failure too. With
+    suppress_errors the call (inputs untouched: the graph is functional) runs eagerly,
+    and later calls too; without it the error is raised."""
+    import torch
+    import torch.fx as fx
+    import kiln.config
+    from kiln.kernels import compile_aten_graph, runtime
+    monkeypatch.setattr(kiln.config, "cache_dir", str(tmp_path))
+    calls = []
+
+    def failing_launch(self, *args):
+        calls.append(1)
+        raise RuntimeError("kernel launch failed (test)")
+    monkeypatch.setattr(runtime.Runtime, "__call__", failing_launch)
+    aten = torch.ops.aten
+
+    def f(x, y):
+        return (aten.add.Tensor(aten.sin.default(x), y), aten.mul.Tensor(x, 2))
+    x, y = torch.randn(5, 4), torch.randn(4)
+    monkeypatch.setattr(kiln.config, "suppress_errors", True)
+    c = compile_aten_graph(fx.symbolic_trace(f), [x, y])
+    for _ in range(2):
+        x, y = torch.randn(5, 4), torch.randn(4)
+        x0 = x.clone()
+        a, b = c(x, y)
+        torch.testing.assert_close(a, torch.sin(x) + y)
+        torch.testing.assert_close(b, x * 2)
+        assert torch.equal(x, x0)
+    assert calls == [1]                  # the failed specialisation is not tried again
+    monkeypatch.setattr(kiln.config, "suppress_errors", False)
+    c = compile_aten_graph(fx.symbolic_trace(f), [x, y])
+    with pytest.raises(RuntimeError, match="kernel launch failed"):
+        c(x, y)
+
+
 TRITON = dict(TRITON_INTERPRET="1", KILN_KERNEL_TARGET="triton")
 
 
