@@ -30,6 +30,7 @@ import os
 import shutil
 import struct
 import tempfile
+import threading
 
 from . import config
 from .debug.logs import log_for
@@ -41,6 +42,7 @@ MAGIC = b"KILNSEAL"
 _TAIL = struct.Struct("<I8s")           # length of the JSON record, MAGIC
 #: cache_dir -> this process's private stand-in for it (made on its first failed write)
 _private: dict[str, str] = {}
+_private_lock = threading.Lock()
 stats = {"rejected": 0, "private_writes": 0}
 
 
@@ -75,14 +77,14 @@ def cache_path(kind: str, key: str, suffix: str) -> str:
 def _private_path(rel: str, why: OSError) -> str:
     """``rel`` under this process's private stand-in for ``cache_dir`` (made, and
     warned about, the first time)."""
-    d = _private.get(config.cache_dir)
-    if d is None:
-        d = tempfile.mkdtemp(prefix="kiln-cache-")
-        atexit.register(shutil.rmtree, d, True)
-        _private[config.cache_dir] = d
-        _log.warning("kiln: the cache directory %r cannot hold compiled artefacts "
-                     "(%s: %s); this process keeps them in %s instead, removed at exit",
-                     config.cache_dir, type(why).__name__, why, d)
+    with _private_lock:
+        d = _private.get(config.cache_dir)
+        if d is None:
+            d = _private[config.cache_dir] = tempfile.mkdtemp(prefix="kiln-cache-")
+            atexit.register(shutil.rmtree, d, True)
+            _log.warning("kiln: the cache directory %r cannot hold compiled artefacts "
+                         "(%s: %s); this process keeps them in %s instead, removed at "
+                         "exit", config.cache_dir, type(why).__name__, why, d)
     path = os.path.join(d, rel)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     return path
