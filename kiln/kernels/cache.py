@@ -4,7 +4,7 @@ Keyed by a hash of (source, compiler command, compiler version): a second proces
 the same graph finds the shared library and compiles nothing. Libraries are sealed
 entries (``kiln.disk_cache``): checked against their key and content hash before they
 are ``dlopen``ed, so a truncated, garbage or swapped file is rebuilt, never loaded.
-Keys, paths and atomic writes are ``kiln.disk_cache``'s (re-exported here for the
+Keys, entries and atomic writes are ``kiln.disk_cache``'s (re-exported here for the
 kernel compiler's modules).
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ import tempfile
 import types
 
 from ..debug.timing import timed
-from ..disk_cache import (cache_path, find_exact, key_of, locations,  # noqa: F401  (re-exported)
-                          read_entry, reject, store_file, write_bytes, write_entry)
+from ..disk_cache import (find_exact, key_of, locations, read_entry,  # noqa: F401  (re-exported)
+                          reject, store_file, write_entry)
 from .cxx_probe import workaround_flags
 
 CXX = os.environ.get("CXX", "g++")
