@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
+import torch.fx as fx
 from torch._decomp import decomposition_table
 
 aten = torch.ops.aten
@@ -320,3 +321,14 @@ def op_set(choice) -> OpSet:
     except KeyError:
         raise ValueError(f"unknown decomposition profile {choice!r}; "
                          f"known: {', '.join(PROFILES)}") from None
+
+
+def has_effect(node: fx.Node) -> bool:
+    """Kept by dead-code elimination although nothing reads it: an op that returns
+    nothing is there for what it does (``_linalg_check_errors`` raises on a singular
+    matrix), besides what fx itself calls impure."""
+    target = node.target
+    if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) \
+            and not target._schema.returns:
+        return True
+    return node.is_impure()

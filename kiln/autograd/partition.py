@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 
 from kiln import config
-from kiln.autograd.ops import is_recomputable, is_view
+from kiln.autograd.ops import has_effect, is_recomputable, is_view
 
 INF = math.inf
 
@@ -143,7 +143,10 @@ def partition(joint: fx.Graph, num_fw_outputs: int, mutated_inputs=(),
     env: dict = {}
     for p in primals:
         env[p] = fw.node_copy(p)
-    fw_need = sorted(_ancestors(list(fw_outs) + saved, set(primals)), key=order.get)
+    # ops kept for their effect alone (a check that raises) run in the forward
+    effects = [n for n in joint.nodes if has_effect(n) and n.op == "call_function"
+               and not _is_backward(n)]
+    fw_need = sorted(_ancestors(list(fw_outs) + saved + effects, set(primals)), key=order.get)
     _copy_into(fw, [n for n in fw_need if n.op != "placeholder"], env)
     saved_vals = []
     for s in saved:

@@ -388,8 +388,12 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     if requires_grad is None:
         requires_grad = [isinstance(a, torch.Tensor) and a.requires_grad
                          for a in example_inputs]
+    # factories made from a tensor (``empty_like`` inside dropout) reach the tracer
+    # with ``device=meta`` and no tensor: they are put on the graph's accelerator when
+    # it has one, as CPU inputs beside CUDA ones are 0-d scalars and constants
     tensor_devices = [d for d in devices if d is not None]
-    default_device = tensor_devices[0] if tensor_devices else torch.get_default_device()
+    default_device = next((d for d in tensor_devices if d.type != "cpu"),
+                          tensor_devices[0] if tensor_devices else torch.get_default_device())
     mode = _TraceMode(default_device, ops)
     graph = mode.graph
 
@@ -520,7 +524,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     _order_placeholders(graph)
     graph.output((*fw_nodes, *bw_nodes))
     _drop_aliases(graph)
-    graph.eliminate_dead_code()
+    graph.eliminate_dead_code(is_impure_node=opinfo.has_effect)
     return TraceResult(graph, mode.constants, len(example_inputs), len(fw_nodes), specs,
                        mutations, differentiable, grad_inputs, grad_deps,
                        mode.meta_mutations, sorted(mode.storage_inputs))

@@ -253,9 +253,17 @@ class CompiledGraph:
         try:
             return rt.call_boxed(list(args)) if boxed else rt(*args)
         except Exception as e:                # noqa: BLE001  (suppress_errors: eager)
-            eager = self.variants[sig] = self._eager(e, "loaded or launched")
-            self._last = None
-            return eager(*args)
+            failure = e
+        eager = EagerGraph(self.gm, f"{type(failure).__name__}: {failure}")
+        try:
+            out = eager(*args)
+        except Exception as e:                # noqa: BLE001
+            if type(e) is type(failure):      # the program's own error: eager raises it too
+                raise
+            raise failure from None
+        self.variants[sig] = self._eager(failure, "loaded or launched")
+        self._last = None
+        return out
 
     def _variant(self, args):
         """The Runtime of the specialisation matching ``args`` (built if new)."""

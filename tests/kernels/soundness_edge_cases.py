@@ -27,13 +27,20 @@ def inputs(device="cpu"):
 
 
 def signs_and_nans(f):
-    return (torch.sign(f), torch.relu(f), f.clamp(min=0.0), f.clamp(-1.0, 1.0),
-            torch.nn.functional.hardtanh(f), f * -0.0, f * 0 + -0.0, torch.remainder(f, 2.0),
+    return (torch.sign(f), f * -0.0, f * 0 + -0.0, torch.remainder(f, 2.0),
             torch.fmod(f, -1.5), f // 1.5, f // f.flip(0), f % f.flip(0),
             torch.round(f), torch.trunc(f), torch.tanh(f), f.pow(f.flip(0)),
             f.pow(2), f.abs() ** 0.5, torch.nan_to_num(f), torch.signbit(f),
-            f.view(3, 4).amax(1), f.view(3, 4).amin(0), f.max(), f.min(),
-            torch.where(f > 0, f, -0.0), torch.clamp(f, min=f.flip(0)))
+            torch.where(f > 0, f, -0.0))
+
+
+def ties(f):
+    """max/min-like ops where -0.0 meets 0.0: which zero wins is not one rule in eager
+    (its CPU vector and scalar paths, its CUDA kernels and its versions differ), so
+    their zeros are compared without their signs."""
+    return (torch.relu(f), f.clamp(min=0.0), f.clamp(-1.0, 1.0),
+            torch.nn.functional.hardtanh(f), f.view(3, 4).amax(1), f.view(3, 4).amin(0),
+            f.max(), f.min(), torch.clamp(f, min=f.flip(0)))
 
 
 def empty_and_small(f):
@@ -77,19 +84,19 @@ def _raises_empty_max(f):
     return f[:0].amax()
 
 
-GROUPS = [(signs_and_nans, ("f",)), (empty_and_small, ("f",)), (integers, ("i", "d")),
+GROUPS = [(signs_and_nans, ("f",)), (ties, ("f",)), (empty_and_small, ("f",)), (integers, ("i", "d")),
           (promotion, ("f", "i"))]
 RAISING = [(_raises_int_pow, ("i",)), (_raises_empty_max, ("f",))]
 #: eager raises on the CPU only (its CUDA kernels do not check the divisor)
 RAISING_ON_CPU = [(_raises_int_div, ("i", "d"))]
 
 
-def _differs(out, ref):
+def _differs(out, ref, zero_signs=True):
     if isinstance(ref, (tuple, list)):
         if len(out) != len(ref):
             return f"{len(out)} results, eager {len(ref)}"
         for k, (o, r) in enumerate(zip(out, ref)):
-            e = _differs(o, r)
+            e = _differs(o, r, zero_signs)
             if e:
                 return f"[{k}] {e}"
         return None
@@ -102,11 +109,12 @@ def _differs(out, ref):
         return f"strides {out.stride()}, eager {ref.stride()}"
     if ref.dtype.is_floating_point:
         same = torch.equal(out.isnan(), ref.isnan()) and torch.equal(
-            out.nan_to_num(0.0), ref.nan_to_num(0.0)) and torch.equal(
-            torch.signbit(out), torch.signbit(ref))
+            out.nan_to_num(0.0), ref.nan_to_num(0.0)) and (not zero_signs or torch.equal(
+            torch.signbit(out), torch.signbit(ref)))
         if not same and not torch.allclose(out, ref, rtol=1e-5, atol=0, equal_nan=True):
             return f"{out.tolist()}, eager {ref.tolist()}"
-        if not torch.equal(torch.signbit(out[ref == 0]), torch.signbit(ref[ref == 0])):
+        if zero_signs and not torch.equal(torch.signbit(out[ref == 0]),
+                                          torch.signbit(ref[ref == 0])):
             return f"signed zeros {out.tolist()}, eager {ref.tolist()}"
     elif not torch.equal(out, ref):
         return f"{out.tolist()}, eager {ref.tolist()}"
@@ -120,7 +128,7 @@ def mismatches(on_cpu_semantics=True, device="cpu"):
     for fn, names in GROUPS:
         args = [named[n].clone() for n in names]
         ref = fn(*[a.clone() for a in args])
-        e = _differs(kiln.compile(fn, backend="kiln")(*args), ref)
+        e = _differs(kiln.compile(fn, backend="kiln")(*args), ref, fn is not ties)
         if e:
             bad.append(f"{fn.__name__}: {e}")
     raising = RAISING + (RAISING_ON_CPU if on_cpu_semantics else [])

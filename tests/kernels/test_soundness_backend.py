@@ -257,12 +257,34 @@ def test_ops_without_lowering_run_as_library_calls(backend):
         torch.linalg.inv(singular)
     with pytest.raises(RuntimeError, match="singular"):
         kiln.compile(lambda m: torch.linalg.inv(m) + 1, backend=backend)(singular)
+    # training: the check that raises is kept in the forward graph by the partitioner
+    f = kiln.compile(lambda m: torch.linalg.inv(m) + 1, backend=backend)
+    with pytest.raises(RuntimeError, match="singular"):
+        f(singular.clone().requires_grad_())
+    good = (3 * torch.eye(3, dtype=torch.float64)).requires_grad_()
+    _same(f(good), torch.linalg.inv(good) + 1)        # the graph still runs compiled
 
 
 # --- 6. graphs mixing CPU tensors with an accelerator's ------------------------------
 def _mixed(x, s):
     scale = torch.sqrt(torch.tensor(16.0))          # a CPU tensor made in the graph
     return (x * s / scale + 1).relu()
+
+
+def test_factories_made_from_a_cuda_tensor_stay_on_cuda_beside_cpu_inputs():
+    """Dropout's mask is made by ``empty_like(x)``, which reaches the tracer as a
+    factory on the meta device: it belongs on ``x``'s CUDA, not on the CPU of a 0-d
+    scale that comes first among the inputs (DeBERTa's backward mixed the two)."""
+    cuda = torch.device("cuda", 0)
+    s = torch.empty((), device="meta")
+    x = torch.empty(4, 8, device="meta")
+    gm = fx.symbolic_trace(lambda s, x: torch.nn.functional.dropout(x / s, 0.1, True))
+    tr = trace_joint(gm, [s, x], train=False, devices=[torch.device("cpu"), cuda])
+    factories = [n for n in tr.graph.nodes if n.op == "call_function"
+                 and "device" in n.kwargs]
+    assert factories
+    for n in factories:
+        assert n.kwargs["device"] == cuda and n.meta["device"] == cuda, n.format_node()
 
 
 @pytest.mark.parametrize("order", ["cpu first", "cuda first"])
