@@ -187,6 +187,11 @@ class _AllowedFunction(V.Value):
 def _special(obj):
     from kiln.capture import api
 
+    from kiln.capture.frame_access import frame_function
+
+    found = frame_function(obj)
+    if found is not None:
+        return found
     try:
         if obj is api.graph_break:
             return _BreakingFunction(obj, "kiln.graph_break() called")

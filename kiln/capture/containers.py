@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported, UserException
+from kiln.capture.operators import values_equal
 
 
 def _err(cls, msg):
@@ -13,18 +14,6 @@ def _err(cls, msg):
 def _mutated(tx, c):
     if c.source is not None:
         tx.output.mark_mutated(c)
-
-
-def _eq(a, b):
-    from kiln.capture.operators import is_same
-
-    if is_same(a, b):
-        return True
-    if a.is_const() and b.is_const():
-        return a.const() == b.const()
-    if isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue):
-        return False
-    raise Unsupported("comparing non-constant values")
 
 
 def list_method(tx, lst, name, args, kwargs):
@@ -43,7 +32,7 @@ def list_method(tx, lst, name, args, kwargs):
         return r
     elif name == "remove":
         for i, x in enumerate(items):
-            if _eq(x, args[0]):
+            if values_equal(tx, x, args[0]):
                 del items[i]
                 break
         else:
@@ -74,11 +63,11 @@ def tuple_method(tx, seq, name, args, kwargs):
     items = seq.items
     if name == "index":
         for i, x in enumerate(items):
-            if _eq(x, args[0]):
+            if values_equal(tx, x, args[0]):
                 return V.ConstantValue(i)
         raise _err(ValueError, "x not in sequence")
     if name == "count":
-        return V.ConstantValue(sum(1 for x in items if _eq(x, args[0])))
+        return V.ConstantValue(sum(1 for x in items if values_equal(tx, x, args[0])))
     if name == "__len__":
         return V.ConstantValue(len(items))
     if name == "__getitem__":
@@ -101,20 +90,23 @@ def tuple_method(tx, seq, name, args, kwargs):
 
 
 def dict_items_of(tx, v):
-    """(key, Value) pairs of a mapping Value, for ``**kwargs`` and ``dict.update``."""
+    """(key, Value) pairs of a mapping Value, or of an iterable of pairs, for
+    ``dict(x)``, ``**kwargs`` and ``dict.update``."""
     if isinstance(v, V.DictValue):
         return list(v.items.items())
-    if isinstance(v, (V.ListValue, V.TupleValue)):
-        out = []
-        for pair in v.items:
-            k, val = pair.unpack(tx)
-            out.append((k.const(), val))
-        return out
-    if isinstance(v, V.ObjectValue):
+    from kiln.capture import iterators
+
+    if isinstance(v, V.ObjectValue) and not iterators.is_iterator(v):
         from kiln.capture.objects import object_mapping_items
 
         return object_mapping_items(tx, v)
-    raise Unsupported(f"a mapping from {v}")
+    out = []
+    for i, pair in enumerate(iterators.iterate(tx, v)):
+        kv = pair.unpack(tx)
+        if len(kv) != 2:
+            raise _err(ValueError, f"dictionary update sequence element #{i} has length {len(kv)}; 2 is required")
+        out.append((kv[0].const(), kv[1]))
+    return out
 
 
 def dict_method(tx, d, name, args, kwargs):
@@ -122,12 +114,10 @@ def dict_method(tx, d, name, args, kwargs):
     if name == "get":
         k = args[0].const()
         return items.get(k, args[1] if len(args) > 1 else V.ConstantValue(None))
-    if name == "keys":
-        return V.ListValue([V.ConstantValue(k) for k in items]) if False else _view([V.ConstantValue(k) for k in items])
-    if name == "values":
-        return _view(list(items.values()))
-    if name == "items":
-        return _view([V.TupleValue([V.ConstantValue(k), v]) for k, v in items.items()])
+    if name in ("keys", "values", "items"):
+        from kiln.capture.dict_views import DictViewValue
+
+        return DictViewValue(d, name)
     if name == "__getitem__":
         from kiln.capture.operators import subscr
 
@@ -178,11 +168,6 @@ def dict_method(tx, d, name, args, kwargs):
         raise Unsupported(f"dict.{name}")
     _mutated(tx, d)
     return V.ConstantValue(None)
-
-
-def _view(items):
-    """dict views are iterated, len()-ed and tested with `in`: a tuple serves."""
-    return V.TupleValue(items)
 
 
 def set_method(tx, s, name, args, kwargs):

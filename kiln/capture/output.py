@@ -98,13 +98,17 @@ class OutputGraph:
             raise Unsupported(str(e))
         except Unsupported:
             raise
-        except (RuntimeError, TypeError, ValueError, IndexError, AttributeError) as e:
+        except Exception as e:  # noqa: BLE001 -- the op's (or a user Function's) own error
             msg = str(e)
             if "meta" in msg or "fake" in msg.lower() or "Cannot copy out" in msg:
                 raise Unsupported(f"{_target_name(target)}: {msg.splitlines()[0]}")
-            raise UserException(V.ExceptionValue(type(e), [V.ConstantValue(msg)]))
+            # raised on fake tensors: whether the real op raises, and its message, are
+            # eager's to say (uncaught, the frame re-runs eagerly; caught, it breaks)
+            raise UserException(V.ExceptionValue.of_real(e), from_fake=True)
         node_args = tuple(_to_arg(a) for a in args)
         node_kwargs = {k: _to_arg(v) for k, v in kwargs.items()}
+        if _has_class((node_args, node_kwargs)):  # an FX graph cannot print a class argument
+            raise Unsupported(f"{_target_name(target)} with a class as argument")
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
         result = self._wrap_result(out, node)
         if not node.users and out is not None and not _has_tensor(out):
@@ -180,6 +184,16 @@ def _has_tensor(x) -> bool:
         return any(_has_tensor(i) for i in x)
     if isinstance(x, dict):
         return any(_has_tensor(i) for i in x.values())
+    return False
+
+
+def _has_class(x) -> bool:
+    if isinstance(x, type):
+        return True
+    if isinstance(x, (tuple, list)):
+        return any(_has_class(i) for i in x)
+    if isinstance(x, dict):
+        return any(_has_class(i) for i in x.values())
     return False
 
 

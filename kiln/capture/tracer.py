@@ -18,8 +18,9 @@ import torch
 import torch.fx as fx
 
 from kiln.capture import values as V
-from kiln.capture.codegen import EntryCodegen, build_entry
+from kiln.capture.codegen import EntryCodegen, build_entry, call_source, user_line
 from kiln.capture.errors import RestartWithBreak, SkipFrame, Unsupported, UserException
+from kiln.capture.frame_access import reads_own_frame
 from kiln.capture.interpreter import Frame, RealCell, ReturnSignal
 from kiln.capture.output import OutputGraph
 from kiln.capture.resume import resume_code
@@ -74,6 +75,9 @@ def trace_frame(fn: types.FunctionType, code, bound_args: dict, ctx: TraceContex
         except RestartWithBreak as r:
             if break_at == r.ip:
                 raise SkipFrame(r.reason)
+            if reads_own_frame(code):
+                raise SkipFrame(f"graph break ({r.reason}) in a frame that reads its own Python frame "
+                                "(inspect.currentframe, locals()...): a resume function would not be it")
             break_at = r.ip
             first_reason = BreakInfo(r.reason, r.user_stack)
     raise SkipFrame("too many restarts")
@@ -170,14 +174,14 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext):
     return [f"__o = {name}({args})"], gm
 
 
-def _finish(fn, code, out, cg, ctx, tail_lines, guards_extra=None, break_info=None):
+def _finish(fn, code, out, cg, ctx, tail_lines, guards_extra=None, break_info=None, graph=True):
     lines = []
-    res = _compile_graph(out, cg, ctx)
+    res = _compile_graph(out, cg, ctx) if graph else None
     gm = None
     if res:
         call_lines, gm = res
         lines += call_lines
-    lines += cg.lines
+    lines += cg.reads + cg.lines
     entry_lines = lines + tail_lines
     guards = list(out.guards.guards)
     ns = cg.ns
@@ -216,15 +220,13 @@ def _compile_return(fn, code, frame, ctx, ns, value):
 
 
 def _compile_raise(fn, code, frame, ctx, ns, exc):
-    out = frame.output
-    cg = EntryCodegen(out, ns)
-    cg.need(exc)
-    for m in cg.mutated_values():
-        cg.need(m)
-    cg.side_effects()
-    lines = cg.lines
-    cg.lines = []
-    return _finish(fn, code, out, cg, ctx, lines + [f"raise {cg.expr(exc)}"])
+    """The traced path ends in an exception: its entry runs the frame eagerly (under the
+    same guards), so what escapes is eager's own exception (type, args, attributes,
+    cause and context) with the user's frames and lines in its traceback, as
+    torch.compile users see it. Nothing the graph would compute is used."""
+    cg = EntryCodegen(frame.output, ns)
+    return _finish(fn, code, frame.output, cg, ctx, [f"return {cg.ref(fn, 'eager')}({call_source(code)})"],
+                   graph=False)
 
 
 def _grad_exits(frame, inst):
@@ -271,6 +273,7 @@ def _compile_break(fn, code, frame, ctx, ns, info: BreakInfo):
         lines, rest, results, targets = _native_call(frame, inst, stack, cg, ctx)
     else:
         lines, rest, results, targets = _native_jump(frame, inst, stack, cg)
+    lines = [user_line(ln, inst.line) for ln in lines]  # tracebacks name the user's line
     if exits:
         # inside `with torch.no_grad()`: run the step in the block's grad mode and, if it
         # raises, leave the mode as the with-statement would
@@ -297,7 +300,7 @@ def _compile_break(fn, code, frame, ctx, ns, info: BreakInfo):
         else:
             tail.append(f"if {cond}:")
             tail.append(f"    {call}")
-    body_all = cg.lines + body
+    body_all = body + cg.lines  # side effects, the call's operands, then the resume's
     cg.lines = []
     return _finish(fn, code, out, cg, ctx, body_all + tail, break_info=info)
 
