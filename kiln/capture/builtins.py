@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import types
 import inspect
 import itertools
 import math
@@ -278,6 +279,26 @@ def _setattr(tx, obj, name, value):
     return C(None)
 
 
+@rule(hash)
+def _hash(tx, v):
+    if v.is_const():
+        return C(fold(hash, v.const()))
+    if isinstance(v, V.ObjectValue) and not isinstance(v, V.ModuleValue):
+        from kiln.capture.builder import lookup_class_attr
+        from kiln.capture.objects import call_dunder
+
+        cls = v.python_type()
+        owner, attr = lookup_class_attr(cls, "__hash__")
+        if owner is not None and attr is None:  # __eq__ without __hash__
+            raise UserException(V.ExceptionValue(TypeError, [C(f"unhashable type: {cls.__name__!r}")]))
+        if isinstance(attr, types.FunctionType):
+            r = call_dunder(tx, v, "__hash__", [], {})
+            if not isinstance(r, V.ConstantValue) or not isinstance(r.value, int):
+                raise Unsupported("__hash__ returning a non-int")
+            return C(hash(r.value))  # ints too large for a hash are hashed again
+    raise Unsupported(f"hash() of {v} (its identity)")
+
+
 @rule(id)
 def _id(tx, v):
     raise Unsupported("id() of a traced value")
@@ -473,7 +494,9 @@ def _dict(tx, it=None, **kwargs):
 
 @rule(set)
 def _set(tx, it=None):
-    return V.SetValue([] if it is None else [x.const() for x in it.unpack(tx)])
+    from kiln.capture.containers import set_operand
+
+    return V.SetValue(set() if it is None else set(set_operand(tx, it)))
 
 
 @rule(frozenset)

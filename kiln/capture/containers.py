@@ -170,38 +170,54 @@ def dict_method(tx, d, name, args, kwargs):
     return V.ConstantValue(None)
 
 
+def set_operand(tx, v):
+    """What a set method receives for ``v``, as real as kiln can make it: the mirrored
+    set, the constant itself, a dict of the same keys (CPython sizes its table from
+    these), or the items one by one."""
+    if isinstance(v, V.SetValue):
+        return v.items
+    if isinstance(v, V.ConstantValue):
+        return v.value
+    if type(v) is V.DictValue:
+        return dict.fromkeys(v.items)
+    from kiln.capture.iterators import iterate
+
+    return [x.const() for x in iterate(tx, v)]
+
+
+_SET_READS = ("union", "intersection", "difference", "symmetric_difference", "issubset",
+              "issuperset", "isdisjoint")
+_SET_UPDATES = ("update", "intersection_update", "difference_update", "symmetric_difference_update")
+
+
 def set_method(tx, s, name, args, kwargs):
+    """The method run on the real set of constants (same results, same order)."""
     items = s.items
-    if name == "add":
-        c = args[0].const()
-        if c not in items:
-            items.append(c)
-    elif name == "update":
-        for v in args[0].unpack(tx):
-            if v.const() not in items:
-                items.append(v.const())
-    elif name == "discard" or name == "remove":
-        c = args[0].const()
-        if c in items:
-            items.remove(c)
-        elif name == "remove":
+    if name in ("add", "discard"):
+        getattr(items, name)(args[0].const())
+    elif name == "remove":
+        if args[0].const() not in items:
             raise UserException(V.ExceptionValue(KeyError, [args[0]]))
+        items.remove(args[0].const())
+    elif name in _SET_UPDATES:
+        getattr(items, name)(*[set_operand(tx, a) for a in args])
     elif name == "clear":
         items.clear()
     elif name == "pop":
         if not items:
             raise _err(KeyError, "pop from an empty set")
-        r = items.pop(0)
+        r = items.pop()
         _mutated(tx, s)
         return V.ConstantValue(r)
-    elif name in ("union", "intersection", "difference", "symmetric_difference", "issubset", "issuperset", "isdisjoint"):
-        other = [set(a.items) if isinstance(a, V.SetValue) else set(x.const() for x in a.unpack(tx)) for a in args]
-        r = getattr(set(items), name)(*other)
-        return V.SetValue(list(r)) if isinstance(r, set) else V.ConstantValue(r)
+    elif name in _SET_READS:
+        r = getattr(items, name)(*[set_operand(tx, a) for a in args])
+        return V.SetValue(r) if isinstance(r, set) else V.ConstantValue(r)
     elif name == "copy":
-        return V.SetValue(list(items))
+        return V.SetValue(items.copy())
     elif name == "__contains__":
         return V.ConstantValue(args[0].const() in items)
+    elif name == "__len__":
+        return V.ConstantValue(len(items))
     else:
         raise Unsupported(f"set.{name}")
     _mutated(tx, s)

@@ -101,7 +101,7 @@ def _as_set(tx, v):
     if isinstance(v, DictViewValue):
         return v.as_set(tx)
     if isinstance(v, V.SetValue):
-        return set(v.items)
+        return v.items
     from kiln.capture.iterators import iterate
 
     return set(x.const() for x in iterate(tx, v))
@@ -111,7 +111,7 @@ def view_binary_op(tx, fn, a, b):
     """``keys_view & other`` and friends (either side a view): a new set."""
     if fn not in _SET_OPS:
         raise Unsupported(f"operator {fn.__name__} on a dict view")
-    return V.SetValue(list(fn(_as_set(tx, a), _as_set(tx, b))))
+    return V.SetValue(fn(_as_set(tx, a), _as_set(tx, b)))
 
 
 def view_compare(tx, fn, a, b):

@@ -173,7 +173,7 @@ class Frame:
                       is_generator=bool(code.co_flags & _CO_GENERATOR))
         for i, name in enumerate(code.co_freevars):
             cell = closure[i]
-            if isinstance(cell, V.CellValue):
+            if isinstance(cell, (V.CellValue, RealCell)):  # the caller's cell, shared
                 child.cells[name] = cell
             else:
                 child.cells[name] = RealCell(cell, FuncCellSource(fsrc, i) if fsrc is not None else None)
@@ -619,7 +619,7 @@ def BUILD_LIST(tx, inst):
 @handles("BUILD_SET")
 def BUILD_SET(tx, inst):
     items = tx.popn(inst.arg)
-    tx.push(V.SetValue([i.const() for i in items]))
+    tx.push(V.SetValue(set(i.const() for i in items)))
 
 
 @handles("BUILD_MAP")
@@ -654,9 +654,7 @@ def LIST_APPEND(tx, inst):
 def SET_ADD(tx, inst):
     v = tx.pop()
     s = tx.stack[-inst.arg]
-    c = v.const()
-    if c not in s.items:
-        s.items.append(c)
+    s.items.add(v.const())
 
 
 @handles("MAP_ADD")
@@ -676,10 +674,9 @@ def LIST_EXTEND(tx, inst):
 def SET_UPDATE(tx, inst):
     v = tx.pop()
     s = tx.stack[-inst.arg]
-    for i in v.unpack(tx):
-        c = i.const()
-        if c not in s.items:
-            s.items.append(c)
+    from kiln.capture.containers import set_operand
+
+    s.items.update(set_operand(tx, v))
 
 
 @handles("DICT_UPDATE", "DICT_MERGE")

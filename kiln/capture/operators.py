@@ -46,6 +46,10 @@ def binary_op(tx, name, a, b):
         if isinstance(a, V.TensorValue):
             return tx.output.op("call_function", fn, [a, b], {})
         return tx.output.op("call_function", _INPLACE_TO_BINARY.get(name, fn), [a, b], {})
+    from kiln.capture.dict_views import DictViewValue, view_binary_op
+
+    if isinstance(a, DictViewValue) or isinstance(b, DictViewValue):
+        return view_binary_op(tx, _INPLACE_TO_BINARY.get(name, fn), a, b)
     if a.is_const() and b.is_const() and not isinstance(a, V.ListValue):
         from kiln.capture.builder import wrap_static
 
@@ -72,8 +76,18 @@ def binary_op(tx, name, a, b):
         if isinstance(b, (V.ListValue, V.TupleValue)) and a.is_const():
             return binary_op(tx, "NB_MULTIPLY", b, a)
     if base in (operator.or_, operator.and_, operator.sub, operator.xor) and isinstance(a, V.SetValue):
-        bs = set(b.const()) if not isinstance(b, V.SetValue) else set(b.items)
-        return V.SetValue(list(base(set(a.items), bs)))
+        bs = b.items if isinstance(b, V.SetValue) else b.const()
+        if not isinstance(bs, (set, frozenset)):
+            raise UserException(V.ExceptionValue(TypeError, [V.ConstantValue(
+                f"unsupported operand type(s) for {_SYMBOL[base]}{'=' if inplace else ''}: "
+                f"'set' and {type(bs).__name__!r}")]))
+        if inplace:  # s |= t changes s itself
+            {operator.or_: a.items.__ior__, operator.and_: a.items.__iand__,
+             operator.sub: a.items.__isub__, operator.xor: a.items.__ixor__}[base](bs)
+            if a.source is not None:
+                tx.output.mark_mutated(a)
+            return a
+        return V.SetValue(base(a.items, bs))
     if base is operator.or_ and isinstance(a, V.DictValue) and isinstance(b, V.DictValue):
         if inplace:
             a.items.update(b.items)
@@ -246,11 +260,10 @@ def _real_object(v):
 def _one_value_per_object(v) -> bool:
     """Values that are the only Value of their object: two different ones are two
     different objects (tensors, mutable containers, objects, iterators, and whatever
-    the program made: functions, exceptions, views, bound methods)."""
+    the program made: functions, exceptions, views, bound methods). Not tuples: CPython
+    shares some (``()``, constants, ``tuple(t)`` is ``t``)."""
     from kiln.capture.dict_views import DictViewValue
 
-    if isinstance(v, V.TupleValue):
-        return v.source is None  # a tuple made by the program
     return isinstance(v, (V.TensorValue, V.ListValue, V.DictValue, V.SetValue, V.ObjectValue,
                           V.IteratorValue, V.ExceptionValue, V.NestedFunctionValue, V.MethodValue,
                           V.CellValue, V.GradModeValue, DictViewValue))
@@ -273,8 +286,9 @@ def is_same(a, b) -> bool:
         return False
     if type(a) is not type(b):
         return False
-    if isinstance(a, V.TupleValue) and a.source is not None and a.source == b.source:
-        return True
+    if isinstance(a, V.TupleValue) and ((a.source is not None and a.source == b.source)
+                                        or (not a.items and not b.items)):
+        return True  # one tuple read twice; the empty tuple (a singleton)
     raise Unsupported(f"identity of {a} and {b}")
 
 

@@ -294,10 +294,13 @@ class DictValue(Value):
 
 
 class SetValue(Value):
+    """A set of constants, kept in a real Python set that goes through the program's own
+    additions and removals: it iterates (and pops) in the order eager's set does."""
+
     mutable = True
 
     def __init__(self, items, source=None):
-        self.items = list(dict.fromkeys(items))  # constants, insertion ordered
+        self.items = items if type(items) is set else set(items)
         self.source = source
 
     def python_type(self):
@@ -742,8 +745,13 @@ class ExceptionValue(Value):
             return ClassValue(self.cls)
         if name in ("__cause__", "__context__", "__traceback__", "__notes__", "__suppress_context__"):
             raise Unsupported(f"{name} of an exception made in the trace")
-        from kiln.capture.builder import wrap_class_attr
+        if name == "value" and issubclass(self.cls, StopIteration) and not self.custom_init:
+            return self.args[0] if self.args else ConstantValue(None)
+        from kiln.capture.builder import lookup_class_attr, wrap_class_attr
 
+        _, attr = lookup_class_attr(self.cls, name)
+        if isinstance(attr, (types.MemberDescriptorType, types.GetSetDescriptorType)):
+            raise Unsupported(f"{self.cls.__name__}.{name} (kept by the exception's C code)")
         return wrap_class_attr(tx, self, self.cls, name)
 
     def setattr(self, tx, name, value):
