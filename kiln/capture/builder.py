@@ -45,7 +45,7 @@ def wrap(tx, obj, source, module_member=False):
         return special
     if t in (list, dict, set) or (isinstance(obj, dict) and t.__module__ == "collections"):
         # one mutable object, one Value: mutations made through any alias are seen by all
-        known = tx.output.known_value(obj)
+        known = tx.output.known_value(obj, source)
         if known is not None:
             return known
     if isinstance(obj, torch.Tensor):

@@ -542,8 +542,8 @@ BUILTINS[operator.not_] = lambda tx, a: unary_op(tx, "UNARY_NOT", a)
 BUILTINS[operator.truth] = lambda tx, a: C(a.truth(tx))
 BUILTINS[operator.getitem] = lambda tx, a, b: subscr(tx, a, b)
 BUILTINS[operator.contains] = lambda tx, a, b: C(contains_op(tx, b, a))
-BUILTINS[operator.is_] = lambda tx, a, b: C(is_same(a, b))
-BUILTINS[operator.is_not] = lambda tx, a, b: C(not is_same(a, b))
+BUILTINS[operator.is_] = lambda tx, a, b: C(is_same(tx, a, b))
+BUILTINS[operator.is_not] = lambda tx, a, b: C(not is_same(tx, a, b))
 
 
 class _Getter(V.Value):

@@ -120,7 +120,7 @@ def view_compare(tx, fn, a, b):
         from kiln.capture.operators import is_same
 
         if fn in (operator.eq, operator.ne):
-            return V.ConstantValue((fn is operator.eq) == is_same(a, b))
+            return V.ConstantValue((fn is operator.eq) == is_same(tx, a, b))
         raise Unsupported("ordering dict.values() views")
     if not (_setlike(a) and _setlike(b)):  # CPython: NotImplemented, then identity
         if fn in (operator.eq, operator.ne):

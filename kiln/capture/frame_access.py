@@ -37,6 +37,7 @@ _GLOBAL_NAMES = {"locals", "globals", "vars", "dir", "eval", "exec", "breakpoint
 _ATTR_NAMES = {"currentframe", "_getframe", "_getframemodulename", "extract_stack", "format_stack",
                "print_stack", "walk_stack"}
 _INSPECT_ATTRS = {"stack", "trace"}  # inspect.stack / inspect.trace (torch.stack is not)
+_ONLY_WITHOUT_ARGS = {"vars", "dir"}  # vars(obj) / dir(obj) do not read the frame
 
 
 def needs_own_frame(tx, what: str):
@@ -71,11 +72,14 @@ def frame_function(obj):
 def reads_own_frame(code) -> bool:
     """Whether ``code`` (or a function defined in it) may call one of the functions
     above: then a graph break in it would hand them a resume function's frame."""
+    insts = [i for i in dis.get_instructions(code) if i.opname not in ("PRECALL", "CACHE")]
     prev = None
-    for ins in dis.get_instructions(code):
+    for n, ins in enumerate(insts):
         name = ins.argval if isinstance(ins.argval, str) else None
         if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and name in _GLOBAL_NAMES:
-            return True
+            if name not in _ONLY_WITHOUT_ARGS or (
+                    n + 1 < len(insts) and insts[n + 1].opname == "CALL" and insts[n + 1].arg == 0):
+                return True
         if ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "IMPORT_FROM") and (
                 name in _ATTR_NAMES or (name in _INSPECT_ATTRS and prev == "inspect")):
             return True

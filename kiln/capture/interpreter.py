@@ -594,7 +594,7 @@ def IS_OP(tx, inst):
     a = tx.pop()
     from kiln.capture.operators import is_same
 
-    r = is_same(a, b)
+    r = is_same(tx, a, b)
     tx.push(V.ConstantValue(r if not inst.arg else not r))
 
 

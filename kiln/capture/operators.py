@@ -3,6 +3,7 @@ container semantics of ``+``, ``*``, ``in``, ``[]``."""
 from __future__ import annotations
 
 import operator
+import types
 
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported, UserException
@@ -148,6 +149,8 @@ def _call_slot(tx, x, dunder, y):
             return _object_default(tx, x, dunder, y)
         if attr is None:
             return NotImplemented
+        if not isinstance(attr, types.FunctionType):
+            return _immutable_dunder(tx, x, attr, y)
         r = call_dunder(tx, x, dunder, [y], {})
         return NotImplemented if isinstance(r, V.ConstantValue) and r.value is NotImplemented else r
     if isinstance(x, (V.ConstantValue, V._Sequence, V.DictValue, V.SetValue, V.ClassValue, V.FunctionValue)) \
@@ -156,11 +159,36 @@ def _call_slot(tx, x, dunder, y):
     raise Unsupported(f"{dunder} of {x} with {y}")
 
 
+_IMMUTABLE = (str, int, float, complex, bytes, tuple, frozenset)
+
+
+def _immutable_dunder(tx, x, method, y):
+    """A C-level method of an existing object of an immutable builtin type (a ``str``
+    or ``int`` enum member): its answer depends on which objects these are only, so
+    it is computed now, with both pinned by identity guards."""
+    if x.obj is None or x.attrs or not isinstance(x.obj, _IMMUTABLE):
+        raise Unsupported(f"{type(x.obj).__qualname__}.{method.__name__} is implemented in C")
+    if isinstance(y, V.ConstantValue):
+        other = y.value
+    elif isinstance(y, V.ObjectValue) and y.obj is not None and not y.attrs and isinstance(y.obj, _IMMUTABLE):
+        other = y.obj
+        _pin(tx, y, other)
+    else:
+        raise Unsupported(f"{method.__name__} of {x} with {y}")
+    _pin(tx, x, x.obj)
+    r = method(x.obj, other)
+    if r is NotImplemented:
+        return NotImplemented
+    from kiln.capture.builder import wrap_static
+
+    return wrap_static(r)
+
+
 def _object_default(tx, x, dunder, y):
     """object's own comparison methods: ``__eq__`` is identity, ``__ne__`` inverts the
     type's ``__eq__``; the rest are not implemented."""
     if dunder == "__eq__":
-        return V.ConstantValue(True) if is_same(x, y) else NotImplemented
+        return V.ConstantValue(True) if is_same(tx, x, y) else NotImplemented
     if dunder == "__ne__":
         r = _call_slot(tx, x, "__eq__", y)
         return r if r is NotImplemented else V.ConstantValue(not r.truth(tx))
@@ -186,7 +214,7 @@ def _object_compare(tx, op, a, b):
         if r is not NotImplemented:
             return r
     if op in ("==", "!="):
-        return V.ConstantValue((op == "==") == is_same(a, b))
+        return V.ConstantValue((op == "==") == is_same(tx, a, b))
     raise UserException(V.ExceptionValue(TypeError, [V.ConstantValue(
         f"{op!r} not supported between instances of {ta.__name__!r} and {tb.__name__!r}")]))
 
@@ -208,7 +236,7 @@ def _compare_sequences(tx, op, a, b):
 def values_equal(tx, a, b) -> bool:
     """CPython's ``PyObject_RichCompareBool(a, b, Py_EQ)``: identity first, then ``==``
     (``in``, ``list.index``, ``list.count``, ``list.remove``)."""
-    if is_same(a, b):
+    if is_same(tx, a, b):
         return True
     return compare_op(tx, "==", a, b).truth(tx)
 
@@ -235,7 +263,7 @@ def compare_op(tx, op, a, b):
         if op in ("==", "!="):
             return V.ConstantValue(op == "!=")
     if op in ("==", "!="):
-        if is_same(a, b):
+        if is_same(tx, a, b):
             return V.ConstantValue(op == "==")
         if type(a) is not type(b) or isinstance(a, (V.UserFunctionValue, V.ClassValue)):
             return V.ConstantValue(op == "!=")
@@ -269,7 +297,14 @@ def _one_value_per_object(v) -> bool:
                           V.CellValue, V.GradModeValue, DictViewValue))
 
 
-def is_same(a, b) -> bool:
+def _pin(tx, v, real):
+    """The trace assumes which object ``v`` is: guard that (objects are otherwise
+    guarded on their type only)."""
+    if isinstance(v, V.ObjectValue) and v.source is not None:
+        tx.output.guards.identity(v.source, real)
+
+
+def is_same(tx, a, b) -> bool:
     """``a is b``."""
     if a is b:
         return True
@@ -277,6 +312,8 @@ def is_same(a, b) -> bool:
         return a.value is b.value or (type(a.value) is type(b.value) and a.value == b.value and type(a.value) in (bool, type(None)))
     ra, rb = _real_object(a), _real_object(b)
     if ra is not None and rb is not None:
+        _pin(tx, a, ra)
+        _pin(tx, b, rb)
         return ra is rb
     if _one_value_per_object(a) or _one_value_per_object(b):
         return False

@@ -68,11 +68,17 @@ class OutputGraph:
 
     def object_value(self, obj, source, cls=V.ObjectValue):
         """The one Value of a real object (a module, a user object) in this trace."""
-        v = self._objects.get(id(obj))
+        v = self.known_value(obj, source)
         return v if v is not None else self.remember(obj, cls(obj, source))
 
-    def known_value(self, obj):
-        return self._objects.get(id(obj))
+    def known_value(self, obj, source=None):
+        """The Value already made for ``obj``; reached again through another source,
+        the trace now assumes the two are one object, and guards that."""
+        v = self._objects.get(id(obj))
+        if v is not None and source is not None and v.source is not None and v.source != source:
+            self.guards.expression(f"{source.expr()} is {v.source.expr()}",
+                                   f"{source.pretty()} is {v.source.pretty()}")
+        return v
 
     def remember(self, obj, v):
         self._objects[id(obj)] = v

@@ -301,6 +301,47 @@ def test_unhashable_and_unorderable_objects_raise_as_in_eager():
     check(f, shapes((3,)), graphs=1)
 
 
+class Mode:
+    pass
+
+
+MODE_A, MODE_B = Mode(), Mode()
+
+
+class Level(str, __import__("enum").Enum):
+    LOW = "low"
+    HIGH = "high"
+
+
+def test_identity_and_equality_of_existing_objects_are_guarded():
+    def f(x, m, level):
+        a = x + 1 if m is MODE_A else x - 1
+        return a * 2 if level == Level.HIGH else a
+    check(f, lambda i: (T(3), [MODE_A, MODE_B, MODE_A][i], [Level.HIGH, Level.LOW, Level.LOW][i]), graphs=1)
+
+
+SHARED = [0]
+
+
+def test_one_object_through_two_names_is_guarded():
+    def f(x, lst):
+        lst.append(1)
+        return x + len(SHARED)
+    _reset()
+    try:
+        compiled = _compile(f, "eager", False)
+        for arg in (SHARED, [0], SHARED):
+            before = list(SHARED)
+            x = T(3)
+            expected = f(x, arg if arg is SHARED else list(arg))
+            SHARED[:] = before
+            compare(expected, compiled(x, arg))
+            SHARED[:] = before
+    finally:
+        _reset()
+        SHARED[:] = [0]
+
+
 # --------------------------------------------------------------------------- dict views
 
 def test_dict_views_are_live():
