@@ -34,6 +34,17 @@ def C(v):
     return V.ConstantValue(v)
 
 
+def apply_rule(tx, fn, rule_, args, kwargs):
+    """``rule_(tx, *args, **kwargs)``; arguments the rule cannot bind (a keyword it does
+    not name) make the call plain Python, where they mean what they mean to ``fn``."""
+    try:
+        return rule_(tx, *args, **kwargs)
+    except TypeError as e:
+        if e.__traceback__.tb_next is not None:  # raised inside the rule: not a binding error
+            raise
+        raise Unsupported(f"{getattr(fn, '__qualname__', fn)} with these arguments ({e})") from None
+
+
 def _type_of(v):
     return v.python_type()
 
@@ -41,7 +52,7 @@ def _type_of(v):
 def call_builtin(tx, fn, args, kwargs):
     h = BUILTINS.get(fn)
     if h is not None:
-        return h(tx, *args, **kwargs)
+        return apply_rule(tx, fn, h, args, kwargs)
     from kiln.capture.torch_rules import CONST_FOLD
 
     fold_rule = CONST_FOLD.get(fn)
@@ -61,6 +72,8 @@ def call_builtin(tx, fn, args, kwargs):
     if self_ is not None and not isinstance(self_, type(builtins)):
         # a bound method of a constant (str.join, int.bit_length…)
         if isinstance(self_, (str, int, float, bytes, tuple, frozenset)):
+            if name == "join" and len(args) == 1 and isinstance(args[0], V.IteratorValue):
+                args = [V.TupleValue(args[0].unpack(tx))]  # join takes all the items first
             try:
                 cargs = [a.const() for a in args]
                 ckw = {k: v.const() for k, v in kwargs.items()}

@@ -20,7 +20,9 @@ def construct(tx, cv, args, kwargs):
     cls = cv.cls
     h = BUILTINS.get(cls)
     if h is not None:
-        return h(tx, *args, **kwargs)
+        from kiln.capture.builtins import apply_rule
+
+        return apply_rule(tx, cls, h, args, kwargs)
     if cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo):
         try:
             return V.ConstantValue(cls(*[a.const() for a in args], **{k: v.const() for k, v in kwargs.items()}))

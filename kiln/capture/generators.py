@@ -62,8 +62,8 @@ class GeneratorValue(LazyIterator):
                 raise UserException(exc)
             if not is_none(sent):
                 raise UserException(_exc(TypeError, "can't send non-None value to a just-started generator"))
-        elif exc is None:
-            f.push(sent)  # the value of the suspended `yield` expression
+        else:  # the value of the suspended `yield` (None under a throw, as in CPython)
+            f.push(sent if exc is None else _NONE)
         f.parent = tx  # the consumer is the frame's caller now (user stacks, depth)
         self.state = "running"
         self.delegate = None
@@ -240,9 +240,9 @@ def CLEANUP_THROW(tx, inst):
     with its value, anything else propagates."""
     exc = tx.pop()
     if issubclass(exc.python_type(), StopIteration):
-        tx.pop()
-        tx.pop()
+        del tx.stack[-2:]  # the sub-iterator and the last value sent
         args = getattr(exc, "args", [])
+        tx.push(_NONE)  # END_SEND, next, drops it
         tx.push(args[0] if args else _NONE)
         return
     raise UserException(exc)

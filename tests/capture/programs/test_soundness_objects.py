@@ -647,6 +647,12 @@ def test_tensor_type_casts_and_transpose_of_0d():
     check(f, lambda i: (T(3), torch.tensor(float(i))), graphs=1)
 
 
+def test_builtins_called_with_keywords_or_generators():
+    def f(x):
+        return x + 1, list(enumerate(iterable=[4, 5], start=1)), " ".join(str(d) for d in x.shape)
+    check(f, shapes((3,)))
+
+
 def test_dotted_imports_inside_the_function():
     def f(x):
         import torch.distributed.fsdp._flat_param as fp
