@@ -33,9 +33,9 @@ def _user_error(e):
     return UserException(V.ExceptionValue.of_real(e))
 
 
-def fold(fn, *vals):
+def fold(fn, *vals, **kwargs):
     try:
-        return fn(*vals)
+        return fn(*vals, **kwargs)
     except Exception as e:  # the user's own error, e.g. ZeroDivisionError
         raise _user_error(e)
 

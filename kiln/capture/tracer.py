@@ -62,7 +62,13 @@ class TraceContext:
         self.recorder = recorder
 
 
+_GENERATOR_FLAGS = 0x20 | 0x80 | 0x200  # generator, coroutine, async generator
+
+
 def trace_frame(fn: types.FunctionType, code, bound_args: dict, ctx: TraceContext) -> Entry:
+    if code.co_flags & _GENERATOR_FLAGS:
+        raise SkipFrame("a generator or coroutine function: a call only makes the generator "
+                        "object, so it runs as it is")
     break_at = None
     first_reason = None
     for _attempt in range(32):

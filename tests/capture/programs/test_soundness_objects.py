@@ -193,6 +193,26 @@ def test_generator_not_started_or_finished_at_a_graph_break():
     check(f, shapes((3,)), state=LOG)
 
 
+def test_compiled_generator_function_returns_a_generator():
+    def gen(x):
+        if x.shape[0] > 100:
+            yield x
+        return x + 1
+    _reset()
+    try:
+        compiled = _compile(gen, "eager", False)
+        for _ in range(2):
+            x = T(3)
+            g = compiled(x)
+            assert type(g) is type(gen(x))
+            with pytest.raises(StopIteration) as stop:
+                next(g)
+            assert g.gi_code is gen.__code__
+            torch.testing.assert_close(stop.value.value, x + 1)
+    finally:
+        _reset()
+
+
 class Countdown:
     """An iterator class: __iter__ returns self, __next__ raises StopIteration."""
 
@@ -649,7 +669,8 @@ def test_tensor_type_casts_and_transpose_of_0d():
 
 def test_builtins_called_with_keywords_or_generators():
     def f(x):
-        return x + 1, list(enumerate(iterable=[4, 5], start=1)), " ".join(str(d) for d in x.shape)
+        return (x + 1, list(enumerate(iterable=[4, 5], start=1)), " ".join(str(d) for d in x.shape),
+                round(2.567, ndigits=1))
     check(f, shapes((3,)))
 
 
