@@ -9,6 +9,7 @@ the namespace.
 """
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -332,34 +333,23 @@ def call_source(code) -> str:
     return ", ".join(parts)
 
 
-_LINE_MARK = "  # user line "
-
-
-def user_line(line: str, lineno) -> str:
-    """Mark a generated statement as the user's line ``lineno`` (tracebacks name it)."""
-    return line if lineno is None else f"{line}{_LINE_MARK}{lineno}"
-
-
-def _compile_at_user_lines(text: str, code):
-    """Compile the entry's source as if it were the user's file: a statement marked by
-    ``user_line`` gets that line, every other one the line of the user's ``def``. An
-    exception raised by a call run at a graph break (or by the graph) then shows the
-    user's file, function and line in its traceback, not kiln's generated code."""
+@functools.lru_cache(maxsize=None)
+def call_at(filename: str, lineno: int, name: str):
+    """``f(*args, **kwargs)``, called from the user's line: a call run at a graph break
+    goes through it, so the traceback of an exception it raises shows
+    ``File "user.py", line N, in f`` and the user's source line, not kiln's entry."""
     import ast
 
-    marks = {}
-    for i, ln in enumerate(text.splitlines(), start=1):
-        if _LINE_MARK in ln:
-            marks[i] = int(ln.rsplit(_LINE_MARK, 1)[1])
-    tree = ast.parse(text)
-    first = code.co_firstlineno
+    tree = ast.parse("def call(__f, /, *args, **kwargs):\n    return __f(*args, **kwargs)\n")
     for node in ast.walk(tree):
-        if hasattr(node, "lineno"):
-            n = marks.get(node.lineno, first)
-            # one line, every column: tracebacks show the user's line whole, without carets
-            node.lineno = node.end_lineno = n
+        if hasattr(node, "lineno"):  # the whole line, no carets
+            node.lineno = node.end_lineno = lineno
             node.col_offset, node.end_col_offset = 0, 10_000
-    return compile(tree, code.co_filename, "exec")
+    ns: dict = {}
+    exec(compile(tree, filename, "exec"), ns)
+    fn = ns["call"]
+    fn.__code__ = fn.__code__.replace(co_name=name, co_qualname=name)
+    return fn
 
 
 def signature_source(code) -> str:
@@ -406,5 +396,5 @@ def build_entry(code, guard_codes: list[str], body_lines: list[str], namespace: 
     text = "\n".join(src) + "\n"
     namespace["__MISS"] = MISS
     namespace.setdefault("__torch", torch)
-    exec(_compile_at_user_lines(text, code), namespace)
+    exec(compile(text, f"<kiln entry {code.co_name}>", "exec"), namespace)
     return namespace[name], text

@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from kiln.capture import values as V
-from kiln.capture.codegen import EntryCodegen, build_entry, call_source, user_line
+from kiln.capture.codegen import EntryCodegen, build_entry, call_at, call_source
 from kiln.capture.errors import RestartWithBreak, SkipFrame, Unsupported, UserException
 from kiln.capture.frame_access import reads_own_frame
 from kiln.capture.interpreter import Frame, RealCell, ReturnSignal
@@ -279,7 +279,6 @@ def _compile_break(fn, code, frame, ctx, ns, info: BreakInfo):
         lines, rest, results, targets = _native_call(frame, inst, stack, cg, ctx)
     else:
         lines, rest, results, targets = _native_jump(frame, inst, stack, cg)
-    lines = [user_line(ln, inst.line) for ln in lines]  # tracebacks name the user's line
     if exits:
         # inside `with torch.no_grad()`: run the step in the block's grad mode and, if it
         # raises, leave the mode as the with-statement would
@@ -335,7 +334,7 @@ def _native_call(frame, inst, stack, cg, ctx):
             argtxt.insert(0, cg.expr(fn_v.self_value))
         if isinstance(fn_v, V.ModuleValue) and _module_forward_compilable(fn_v):
             argtxt.insert(0, cg.expr(fn_v))
-        line = f"__r = {fn_expr}({', '.join(argtxt)})"
+        line = f"__r = {_at_user_line(frame, cg)}({', '.join([fn_expr] + argtxt)})"
     else:  # CALL_FUNCTION_EX
         has_kw = inst.arg & 1
         n = 3 + has_kw if len(stack) >= 3 + has_kw and stack[len(stack) - 3 - has_kw] is V.NULL else 2 + has_kw
@@ -352,8 +351,16 @@ def _native_call(frame, inst, stack, cg, ctx):
             pre = f"{cg.expr(fn_v.self_value)}, "
         if isinstance(fn_v, V.ModuleValue) and _module_forward_compilable(fn_v):
             pre = f"{cg.expr(fn_v)}, "
-        line = f"__r = {fn_expr}({pre}*{cg.expr(args_v)}{kw})"
+        line = f"__r = {_at_user_line(frame, cg)}({fn_expr}, {pre}*{cg.expr(args_v)}{kw})"
     return [line], rest, ["__r"], [(None, inst.index + 1, ["__r"])]
+
+
+def _at_user_line(frame, cg):
+    """The caller that makes the step run at a break show as the user's line in
+    tracebacks (``codegen.call_at``)."""
+    code = frame.code
+    line = frame.insts[frame.ip].line or code.co_firstlineno
+    return cg.ref(call_at(code.co_filename, line, code.co_name), "at")
 
 
 def _is_python_fn(v):
@@ -385,7 +392,7 @@ def _native_jump(frame, inst, stack, cg):
     name = inst.opname
     jump_if_true = "TRUE" in name
     keeps = name.startswith("JUMP_IF_")  # JUMP_IF_X_OR_POP keeps the value on a jump
-    lines = [f"__c = bool({c})"]
+    lines = [f"__c = {_at_user_line(frame, cg)}(bool, {c})"]
     target_cond = "__c" if jump_if_true else "not __c"
     targets = [(target_cond, inst.target, [c] if keeps else []),
                (None, inst.index + 1, [])]
