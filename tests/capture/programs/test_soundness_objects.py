@@ -8,6 +8,7 @@ compares compiled with eager; those whose tensors reach the later stages also ru
 through the "aot_eager" and "kiln" backends (``test_backends``).
 """
 import dataclasses
+import enum
 import inspect
 import itertools
 import sys
@@ -328,7 +329,7 @@ class Mode:
 MODE_A, MODE_B = Mode(), Mode()
 
 
-class Level(str, __import__("enum").Enum):
+class Level(str, enum.Enum):
     LOW = "low"
     HIGH = "high"
 
