@@ -45,7 +45,7 @@ def wrap(tx, obj, source, module_member=False):
         return special
     if t in (list, dict, set) or (isinstance(obj, dict) and t.__module__ == "collections"):
         # one mutable object, one Value: mutations made through any alias are seen by all
-        known = tx.output.known_value(obj)
+        known = tx.output.known_value(obj, source)
         if known is not None:
             return known
     if isinstance(obj, torch.Tensor):
@@ -96,7 +96,7 @@ def wrap(tx, obj, source, module_member=False):
             g.type_is(source, t)
             g.expression(f"{source.expr()} == {g.const(set(obj), 'v')}",
                          f"{source.pretty()} == {set(obj)!r}", source.expr())
-        return tx.output.remember(obj, V.SetValue(list(obj), source))
+        return tx.output.remember(obj, V.SetValue(set(obj), source))
     if isinstance(obj, torch.nn.Module):
         if g:
             g.type_is(source, t)
@@ -187,6 +187,11 @@ class _AllowedFunction(V.Value):
 def _special(obj):
     from kiln.capture import api
 
+    from kiln.capture.frame_access import frame_function
+
+    found = frame_function(obj)
+    if found is not None:
+        return found
     try:
         if obj is api.graph_break:
             return _BreakingFunction(obj, "kiln.graph_break() called")
@@ -202,7 +207,7 @@ def _special(obj):
             # folded at trace time (torch.compiler.is_compiling and friends are Python
             # functions outside torch's graph modules: inlining them would read False)
             return V.TorchFunctionValue(obj)
-        if getattr(obj, "_kiln_disabled", False):
+        if getattr(obj, "__dict__", {}).get("_kiln_disabled") is True:  # not a __getattr__'s answer
             return _BreakingFunction(obj, f"{getattr(obj, '__qualname__', obj)} is marked kiln.disable")
         if obj in api._disallowed_in_graph:
             return _BreakingFunction(obj, f"{getattr(obj, '__qualname__', obj)} is disallowed in graph")
@@ -254,7 +259,7 @@ def wrap_static(obj):
     if t is frozenset:
         return V.ConstantValue(obj)
     if t is set:
-        return V.SetValue(list(obj))
+        return V.SetValue(set(obj))
     if t is dict and all(type(k) in _CONST_TYPES for k in obj):
         return V.DictValue({k: wrap_static(v) for k, v in obj.items()})
     if isinstance(obj, type):

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import builtins
 import functools
+import types
 import inspect
 import itertools
 import math
 import operator
 
+from kiln.capture import iterators
 from kiln.capture import values as V
+from kiln.capture.dict_views import DictViewValue
 from kiln.capture.errors import Unsupported, UserException
+from kiln.capture.frame_access import needs_own_frame
 from kiln.capture.operators import binary_op, compare_op, contains_op, fold, is_same, subscr, unary_op
 
 BUILTINS: dict = {}
@@ -30,6 +34,17 @@ def C(v):
     return V.ConstantValue(v)
 
 
+def apply_rule(tx, fn, rule_, args, kwargs):
+    """``rule_(tx, *args, **kwargs)``; arguments the rule cannot bind (a keyword it does
+    not name) make the call plain Python, where they mean what they mean to ``fn``."""
+    try:
+        return rule_(tx, *args, **kwargs)
+    except TypeError as e:
+        if e.__traceback__.tb_next is not None:  # raised inside the rule: not a binding error
+            raise
+        raise Unsupported(f"{getattr(fn, '__qualname__', fn)} with these arguments ({e})") from None
+
+
 def _type_of(v):
     return v.python_type()
 
@@ -37,7 +52,7 @@ def _type_of(v):
 def call_builtin(tx, fn, args, kwargs):
     h = BUILTINS.get(fn)
     if h is not None:
-        return h(tx, *args, **kwargs)
+        return apply_rule(tx, fn, h, args, kwargs)
     from kiln.capture.torch_rules import CONST_FOLD
 
     fold_rule = CONST_FOLD.get(fn)
@@ -57,6 +72,8 @@ def call_builtin(tx, fn, args, kwargs):
     if self_ is not None and not isinstance(self_, type(builtins)):
         # a bound method of a constant (str.join, int.bit_length…)
         if isinstance(self_, (str, int, float, bytes, tuple, frozenset)):
+            if name == "join" and len(args) == 1 and isinstance(args[0], V.IteratorValue):
+                args = [V.TupleValue(args[0].unpack(tx))]  # join takes all the items first
             try:
                 cargs = [a.const() for a in args]
                 ckw = {k: v.const() for k, v in kwargs.items()}
@@ -70,6 +87,11 @@ def call_builtin(tx, fn, args, kwargs):
     if isinstance(self_, dict) and name in _DICT_READS:
         return _opaque_dict_read(tx, self_, name, args)
     objclass = getattr(fn, "__objclass__", None)
+    if name == "__init__" and isinstance(objclass, type) and issubclass(objclass, BaseException) \
+            and args and isinstance(args[0], V.ExceptionValue):
+        from kiln.capture.classes import exception_init
+
+        return exception_init(tx, objclass, args, kwargs)
     if objclass is dict and args and isinstance(args[0], V.ObjectValue) and isinstance(args[0].obj, dict) \
             and name in _DICT_READS:
         return _opaque_dict_read(tx, args[0].obj, name, list(args[1:]))
@@ -173,6 +195,8 @@ def _len(tx, x):
         return C(len(x.items))
     if isinstance(x, (V.DictValue, V.SetValue)):
         return C(len(x.items))
+    if isinstance(x, DictViewValue):
+        return C(len(x))
     if isinstance(x, V.ConstantValue):
         return C(fold(len, x.value))
     if isinstance(x, V.ModuleValue):
@@ -268,25 +292,54 @@ def _setattr(tx, obj, name, value):
     return C(None)
 
 
+@rule(hash)
+def _hash(tx, v):
+    if v.is_const():
+        return C(fold(hash, v.const()))
+    if isinstance(v, V.ObjectValue) and not isinstance(v, V.ModuleValue):
+        from kiln.capture.builder import lookup_class_attr
+        from kiln.capture.objects import call_dunder
+
+        cls = v.python_type()
+        owner, attr = lookup_class_attr(cls, "__hash__")
+        if owner is not None and attr is None:  # __eq__ without __hash__
+            raise UserException(V.ExceptionValue(TypeError, [C(f"unhashable type: {cls.__name__!r}")]))
+        if isinstance(attr, types.FunctionType):
+            r = call_dunder(tx, v, "__hash__", [], {})
+            if not isinstance(r, V.ConstantValue) or not isinstance(r.value, int):
+                raise Unsupported("__hash__ returning a non-int")
+            return C(hash(r.value))  # ints too large for a hash are hashed again
+    raise Unsupported(f"hash() of {v} (its identity)")
+
+
 @rule(id)
 def _id(tx, v):
     raise Unsupported("id() of a traced value")
 
 
 @rule(iter)
-def _iter(tx, v):
-    return v if isinstance(v, V.IteratorValue) else V.IteratorValue(v.unpack(tx))
+def _iter(tx, v, *sentinel):
+    if sentinel:
+        raise Unsupported("iter(callable, sentinel)")
+    return iterators.get_iter(tx, v)
 
 
 @rule(next)
 def _next(tx, it, *default):
-    if not isinstance(it, V.IteratorValue):
-        raise Unsupported(f"next() on {it}")
-    r = it.next(tx)
+    if not iterators.is_iterator(it):
+        if hasattr(it.python_type(), "__next__"):
+            raise Unsupported(f"next() on {it}")
+        raise UserException(V.ExceptionValue(TypeError, [C(f"{it.python_type().__name__!r} object is not an iterator")]))
+    if isinstance(it, V.ObjectValue):  # the user's own __next__: its StopIteration as it is
+        from kiln.capture.objects import call_dunder
+
+        if not default:
+            return call_dunder(tx, it, "__next__", [], {})
+    r = iterators.next_of(tx, it)
     if r is None:
         if default:
             return default[0]
-        raise UserException(V.ExceptionValue(StopIteration, []))
+        raise UserException(iterators.stop_iteration(it))
     return r
 
 
@@ -298,35 +351,33 @@ def _range(tx, *args):
 @rule(enumerate)
 def _enumerate(tx, it, start=None):
     s = start.const() if start is not None else 0
-    return V.IteratorValue([V.TupleValue([C(i + s), x]) for i, x in enumerate(it.unpack(tx))])
+    return iterators.EnumerateIterator(iterators.get_iter(tx, it), s)
 
 
 @rule(zip)
 def _zip(tx, *its, strict=None):
-    lists = [i.unpack(tx) for i in its]
-    if strict is not None and strict.const() and len({len(x) for x in lists}) > 1:
-        raise UserException(V.ExceptionValue(ValueError, [C("zip() arguments have different lengths")]))
-    return V.IteratorValue([V.TupleValue(list(t)) for t in zip(*lists)])
+    return iterators.ZipIterator([iterators.get_iter(tx, i) for i in its],
+                                 bool(strict.const()) if strict is not None else False)
 
 
 @rule(map)
 def _map(tx, fn, *its):
-    lists = [i.unpack(tx) for i in its]
-    return V.IteratorValue([fn.call(tx, list(t), {}) for t in zip(*lists)])
+    if not its:
+        raise UserException(V.ExceptionValue(TypeError, [C("map() must have at least two arguments.")]))
+    return iterators.MapIterator(fn, [iterators.get_iter(tx, i) for i in its])
 
 
 @rule(filter)
 def _filter(tx, fn, it):
-    out = []
-    for x in it.unpack(tx):
-        keep = x.truth(tx) if (isinstance(fn, V.ConstantValue) and fn.value is None) else fn.call(tx, [x], {}).truth(tx)
-        if keep:
-            out.append(x)
-    return V.IteratorValue(out)
+    return iterators.FilterIterator(fn, iterators.get_iter(tx, it))
 
 
 @rule(reversed)
 def _reversed(tx, seq):
+    if type(seq) is V.ListValue:
+        return iterators.ListIterator(seq, reverse=True)
+    if isinstance(seq, V.IteratorValue) or iterators.is_iterator(seq):
+        raise UserException(V.ExceptionValue(TypeError, [C(f"{seq.python_type().__name__!r} object is not reversible")]))
     return V.IteratorValue(list(reversed(seq.unpack(tx))))
 
 
@@ -346,7 +397,7 @@ def _sorted(tx, it, key=None, reverse=None):
 
 
 def _minmax(tx, which, args, key, default):
-    items = args[0].unpack(tx) if len(args) == 1 else list(args)
+    items = list(iterators.iterate(tx, args[0])) if len(args) == 1 else list(args)
     if not items:
         if default is not None:
             return default
@@ -375,14 +426,14 @@ def _min(tx, *args, key=None, default=None):
 @rule(sum)
 def _sum(tx, it, start=None):
     acc = start if start is not None else C(0)
-    for x in it.unpack(tx):
+    for x in iterators.iterate(tx, it):
         acc = binary_op(tx, "NB_ADD", acc, x)
     return acc
 
 
 @rule(any)
 def _any(tx, it):
-    for x in it.unpack(tx):
+    for x in iterators.iterate(tx, it):
         if x.truth(tx):
             return C(True)
     return C(False)
@@ -390,7 +441,7 @@ def _any(tx, it):
 
 @rule(all)
 def _all(tx, it):
-    for x in it.unpack(tx):
+    for x in iterators.iterate(tx, it):
         if not x.truth(tx):
             return C(False)
     return C(True)
@@ -456,7 +507,9 @@ def _dict(tx, it=None, **kwargs):
 
 @rule(set)
 def _set(tx, it=None):
-    return V.SetValue([] if it is None else [x.const() for x in it.unpack(tx)])
+    from kiln.capture.containers import set_operand
+
+    return V.SetValue(set() if it is None else set(set_operand(tx, it)))
 
 
 @rule(frozenset)
@@ -502,8 +555,8 @@ BUILTINS[operator.not_] = lambda tx, a: unary_op(tx, "UNARY_NOT", a)
 BUILTINS[operator.truth] = lambda tx, a: C(a.truth(tx))
 BUILTINS[operator.getitem] = lambda tx, a, b: subscr(tx, a, b)
 BUILTINS[operator.contains] = lambda tx, a, b: C(contains_op(tx, b, a))
-BUILTINS[operator.is_] = lambda tx, a, b: C(is_same(a, b))
-BUILTINS[operator.is_not] = lambda tx, a, b: C(not is_same(a, b))
+BUILTINS[operator.is_] = lambda tx, a, b: C(is_same(tx, a, b))
+BUILTINS[operator.is_not] = lambda tx, a, b: C(not is_same(tx, a, b))
 
 
 class _Getter(V.Value):
@@ -539,14 +592,21 @@ def _attrgetter(tx, *keys):
 
 @rule(itertools.chain.from_iterable)
 def _chain_from_iterable(tx, it):
-    out = []
-    for i in it.unpack(tx):
-        out.extend(i.unpack(tx))
-    return V.IteratorValue(out)
+    return iterators.ChainIterator(iterators.get_iter(tx, it))
+
+
+@rule(dir)
+def _dir(tx, *args):
+    if not args:
+        needs_own_frame(tx, "dir()")
+    raise Unsupported("dir() of a traced value")
 
 
 @rule(vars)
-def _vars(tx, obj):
+def _vars(tx, *args):
+    if not args:
+        needs_own_frame(tx, "vars()")
+    obj, = args
     if isinstance(obj, V.NewObjectValue):
         return V.DictValue(dict(obj.attrs))
     raise Unsupported("vars() of an existing object")
@@ -555,13 +615,13 @@ def _vars(tx, obj):
 # --- functools / itertools ----------------------------------------------------------
 @rule(functools.reduce)
 def _reduce(tx, fn, it, *init):
-    items = it.unpack(tx)
+    items = iterators.iterate(tx, it)
     if init:
         acc = init[0]
     else:
-        if not items:
+        acc = next(items, None)
+        if acc is None:
             raise UserException(V.ExceptionValue(TypeError, [C("reduce() of empty iterable with no initial value")]))
-        acc, items = items[0], items[1:]
     for x in items:
         acc = fn.call(tx, [acc, x], {})
     return acc
@@ -576,10 +636,7 @@ def _partial(tx, fn, *args, **kwargs):
 
 @rule(itertools.chain)
 def _chain(tx, *its):
-    out = []
-    for i in its:
-        out.extend(i.unpack(tx))
-    return V.IteratorValue(out)
+    return iterators.ChainIterator(V.IteratorValue(its))
 
 
 @rule(itertools.product)
@@ -590,25 +647,18 @@ def _product(tx, *its, repeat=None):
 
 @rule(itertools.accumulate)
 def _accumulate(tx, it, func=None, initial=None):
-    items = it.unpack(tx)
-    out = []
-    acc = initial
-    if acc is not None:
-        out.append(acc)
-    for x in items:
-        if acc is None:
-            acc = x
-        elif func is None or (isinstance(func, V.ConstantValue) and func.value is None):
-            acc = binary_op(tx, "NB_ADD", acc, x)
-        else:
-            acc = func.call(tx, [acc, x], {})
-        out.append(acc)
-    return V.IteratorValue(out)
+    return iterators.AccumulateIterator(iterators.get_iter(tx, it), func,
+                                        None if initial is None or iterators.is_none(initial) else initial)
 
 
 @rule(itertools.islice)
 def _islice(tx, it, *args):
-    return V.IteratorValue(list(itertools.islice(it.unpack(tx), *[a.const() for a in args])))
+    bounds = slice(*[a.const() for a in args])
+    start, stop, step = bounds.start or 0, bounds.stop, bounds.step or 1
+    if start < 0 or (stop is not None and stop < 0) or step < 1:
+        raise UserException(V.ExceptionValue(ValueError, [C(
+            "Indices for islice() must be None or an integer: 0 <= x <= sys.maxsize.")]))
+    return iterators.IsliceIterator(iterators.get_iter(tx, it), start, stop, step)
 
 
 @rule(itertools.repeat)
@@ -620,10 +670,8 @@ def _repeat(tx, x, times=None):
 
 @rule(itertools.zip_longest)
 def _zip_longest(tx, *its, fillvalue=None):
-    lists = [i.unpack(tx) for i in its]
-    fill = fillvalue if fillvalue is not None else C(None)
-    n = max((len(l) for l in lists), default=0)
-    return V.IteratorValue([V.TupleValue([l[i] if i < len(l) else fill for l in lists]) for i in range(n)])
+    return iterators.ZipLongestIterator([iterators.get_iter(tx, i) for i in its],
+                                        fillvalue if fillvalue is not None else C(None))
 
 
 @rule(math.isclose)

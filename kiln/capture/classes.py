@@ -10,7 +10,8 @@ import torch
 
 from kiln.capture import values as V
 from kiln.capture.builder import lookup_class_attr
-from kiln.capture.errors import Unsupported
+from kiln.capture.errors import Unsupported, UserException
+from kiln.capture.sources import AttrSource
 
 
 def construct(tx, cv, args, kwargs):
@@ -19,7 +20,9 @@ def construct(tx, cv, args, kwargs):
     cls = cv.cls
     h = BUILTINS.get(cls)
     if h is not None:
-        return h(tx, *args, **kwargs)
+        from kiln.capture.builtins import apply_rule
+
+        return apply_rule(tx, cls, h, args, kwargs)
     if cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo):
         try:
             return V.ConstantValue(cls(*[a.const() for a in args], **{k: v.const() for k, v in kwargs.items()}))
@@ -34,7 +37,7 @@ def construct(tx, cv, args, kwargs):
 
         return _set_grad_enabled(tx, args, kwargs)
     if issubclass(cls, BaseException):
-        return V.ExceptionValue(cls, args)
+        return _construct_exception(tx, cls, args, kwargs)
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):
         fields = cls._fields
         vals = list(args)
@@ -75,3 +78,88 @@ def construct(tx, cv, args, kwargs):
     else:
         raise Unsupported(f"{cls.__qualname__}.__init__ is not Python code")
     return obj
+
+
+# exception classes whose __init__ only stores its arguments as ``args``
+PLAIN_EXCEPTION_INIT = (BaseException, Exception, ArithmeticError, AssertionError, LookupError,
+                        IndexError, KeyError, ValueError, TypeError, RuntimeError,
+                        NotImplementedError, ZeroDivisionError, OverflowError, RecursionError,
+                        Warning, UserWarning, DeprecationWarning, RuntimeWarning, FutureWarning)
+
+
+def _construct_exception(tx, cls, args, kwargs):
+    """``E(*args)``: BaseException.__new__ keeps the arguments as ``args``; a Python
+    ``__init__`` then runs inlined (``super().__init__(a)`` resets ``args``, and the
+    attributes it sets stay on the Value)."""
+    new_owner, _ = lookup_class_attr(cls, "__new__")
+    if new_owner is None or new_owner.__module__ != "builtins":
+        raise Unsupported(f"{cls.__qualname__} defines __new__")
+    _, init = lookup_class_attr(cls, "__init__")
+    if isinstance(init, types.FunctionType):
+        ev = V.ExceptionValue(cls, args, custom_init=True)
+        V.UserFunctionValue(init).call(tx, [ev] + list(args), kwargs)
+        return ev
+    if kwargs:
+        raise Unsupported(f"{cls.__qualname__}() with keyword arguments")
+    return V.ExceptionValue(cls, args)
+
+
+def exception_init(tx, cls, args, kwargs):
+    """``BaseException.__init__(self, *args)`` (``super().__init__(msg)`` in a user
+    exception's ``__init__``): sets ``self.args``."""
+    if cls not in PLAIN_EXCEPTION_INIT or kwargs:
+        raise Unsupported(f"{cls.__qualname__}.__init__ with these arguments")
+    args[0].args = list(args[1:])
+    return V.ConstantValue(None)
+
+
+def metaclass_getattr(tx, cv, name):
+    """``cls.name`` where ``type(cls)`` is a user metaclass, as ``type.__getattribute__``
+    looks it up: a data descriptor of the metaclass (a ``@property``) first, then the
+    class's own MRO (None: the caller reads it there), then the metaclass's other
+    attributes and its ``__getattr__``."""
+    cls = cv.cls
+    meta = type(cls)
+    m_owner, m_attr = lookup_class_attr(meta, name)
+    if m_owner is type or m_owner is object:
+        m_owner = None  # type's own attributes: ClassValue.getattr and the MRO read them
+    if m_owner is not None and _is_data_descriptor(m_attr):
+        if isinstance(m_attr, property):
+            if m_attr.fget is None:
+                raise UserException(V.ExceptionValue(AttributeError, [V.ConstantValue(
+                    f"property {name!r} of {meta.__qualname__!r} object has no getter")]))
+            return _function_value(m_attr.fget).call(tx, [cv], {})
+        return _read_for_real(tx, cv, name)
+    if lookup_class_attr(cls, name)[0] is not None:
+        return None
+    if m_owner is not None:
+        if isinstance(m_attr, types.FunctionType):
+            return V.MethodValue(V.UserFunctionValue(m_attr), cv)
+        if isinstance(m_attr, (staticmethod, classmethod)) or hasattr(type(m_attr), "__get__"):
+            return _read_for_real(tx, cv, name)
+        from kiln.capture.builder import wrap, wrap_static
+
+        return wrap(tx, m_attr, AttrSource(cv.source, name)) if cv.source is not None else wrap_static(m_attr)
+    ga_owner, ga = lookup_class_attr(meta, "__getattr__")
+    if ga_owner not in (None, type, object) and isinstance(ga, types.FunctionType):
+        return V.UserFunctionValue(ga).call(tx, [cv, V.ConstantValue(name)], {})
+    return None
+
+
+def _is_data_descriptor(attr) -> bool:
+    t = type(attr)
+    return hasattr(t, "__set__") or hasattr(t, "__delete__")
+
+
+def _function_value(fn):
+    return V.UserFunctionValue(fn) if isinstance(fn, types.FunctionType) else V.BuiltinValue(fn)
+
+
+def _read_for_real(tx, cv, name):
+    """A C-level descriptor of the metaclass: read through the class's source (the
+    guard re-reads it the same way)."""
+    if cv.source is None:
+        raise Unsupported(f"metaclass attribute {name!r} of {cv.cls.__qualname__} (no source to re-read)")
+    from kiln.capture.builder import wrap
+
+    return wrap(tx, getattr(cv.cls, name), AttrSource(cv.source, name))

@@ -9,12 +9,14 @@ the namespace.
 """
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
 
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
+from kiln.capture.sources import LocalSource
 
 MISS = object()  # returned by an entry whose guards fail
 
@@ -31,6 +33,8 @@ class EntryCodegen:
         self._input_nodes = {node: src for src, node, _ in output.inputs}
         self._temps: dict = {}
         self._n = 0
+        self.reads: list[str] = []  # source reads hoisted before the side effects
+        self._read_names: dict = {}
 
     # --- namespace helpers -------------------------------------------------------------
     def ref(self, obj, hint="r") -> str:
@@ -45,6 +49,19 @@ class EntryCodegen:
     def temp(self) -> str:
         name = f"__t{self._n}"
         self._n += 1
+        return name
+
+    def read(self, src) -> str:
+        """``src`` as it was on entry. When the program writes state, every read is
+        hoisted before the writes: a value read from ``o.t`` before ``o.t = new`` is
+        the old object, and a mutation applies to the object the program mutated."""
+        if not self.output.mutated or isinstance(src, LocalSource):
+            return src.expr()
+        e = src.expr()
+        name = self._read_names.get(e)
+        if name is None:
+            name = self._read_names[e] = self.temp()
+            self.reads.append(f"{name} = {e}")
         return name
 
     # --- graph outputs -----------------------------------------------------------------
@@ -75,10 +92,10 @@ class EntryCodegen:
             self.need(v.self_value, seen)
             self.need(v.func, seen)
         elif isinstance(v, V.ExceptionValue):
-            for i in v.args:
+            for i in v.args + list(v.attrs.values()):
                 self.need(i, seen)
-        elif isinstance(v, V.IteratorValue):
-            for i in v.items[v.index:]:
+        elif hasattr(v, "referenced"):  # iterators, dict views
+            for i in v.referenced():
                 self.need(i, seen)
         elif hasattr(v, "func") and hasattr(v, "args"):  # partial
             self.need(v.func, seen)
@@ -96,11 +113,11 @@ class EntryCodegen:
         if t is not None:
             return t
         if isinstance(v, V.LazyArg):
-            return v.source.expr()
+            return self.read(v.source)
         if isinstance(v, V.TensorValue):
             src = self._input_nodes.get(v.node)
             if src is not None:
-                return src.expr()
+                return self.read(src)
             return f"__o[{self._out_index[id(v)]}]"
         if isinstance(v, V.ConstantValue):
             val = v.value
@@ -115,14 +132,14 @@ class EntryCodegen:
             return f"{cls}(({items},))"
         if isinstance(v, V.TupleValue):
             if v.source is not None and not getattr(v, "_changed", False):
-                return v.source.expr()
+                return self.read(v.source)
             items = ", ".join(self.expr(i) for i in v.items)
             return f"({items},)" if v.items else "()"
         if hasattr(v, "rebuild_kwargs"):
             return self._new_dataclass_dict(v)
         if isinstance(v, (V.ListValue, V.DictValue, V.SetValue)):
             if v.source is not None:
-                return v.source.expr()
+                return self.read(v.source)
             return self._new_mutable(v)
         if isinstance(v, V.NewObjectValue):
             return self._new_object(v)
@@ -131,16 +148,16 @@ class EntryCodegen:
                 if v.obj is not None and not v.attrs:
                     return self.ref(v.obj, "obj")  # the same real object, unchanged
                 raise Unsupported(f"rebuilding {v}")
-            return v.source.expr()
+            return self.read(v.source)
         if isinstance(v, (V.UserFunctionValue, V.BuiltinValue, V.TorchFunctionValue)):
-            return v.source.expr() if v.source is not None else self.ref(v.fn, "f")
+            return self.read(v.source) if v.source is not None else self.ref(v.fn, "f")
         if isinstance(v, V.ClassValue):
-            return v.source.expr() if v.source is not None else self.ref(v.cls, "cls")
+            return self.read(v.source) if v.source is not None else self.ref(v.cls, "cls")
         if isinstance(v, V.PythonModuleValue):
-            return v.source.expr() if v.source is not None else self.ref(v.mod, "m")
+            return self.read(v.source) if v.source is not None else self.ref(v.mod, "m")
         if isinstance(v, V.MethodValue):
             if v.source is not None:
-                return v.source.expr()
+                return self.read(v.source)
             fn = v.func
             if isinstance(fn, (V.BuiltinValue, V.TorchFunctionValue)):
                 name = getattr(fn.fn, "__name__", None)
@@ -155,10 +172,13 @@ class EntryCodegen:
                 raise Unsupported("rebuilding a nested function with keyword defaults")
             return fn
         if isinstance(v, V.ExceptionValue):
-            return f"{self.ref(v.cls, 'cls')}({', '.join(self.expr(a) for a in v.args)})"
-        if isinstance(v, V.IteratorValue):
-            items = v.items[v.index:]
-            return f"iter(({''.join(self.expr(i) + ', ' for i in items)}))"
+            if not v.attrs and not v.custom_init:
+                return f"{self.ref(v.cls, 'cls')}({', '.join(self.expr(a) for a in v.args)})"
+            args = "".join(self.expr(a) + ", " for a in v.args)
+            attrs = ", ".join(f"{k!r}: {self.expr(a)}" for k, a in v.attrs.items())
+            return f"{self.ref(made_exception, 'exc')}({self.ref(v.cls, 'cls')}, ({args}), {{{attrs}}})"
+        if hasattr(v, "rebuild"):  # iterators, dict views
+            return self._rebuilt(v)
         from kiln.capture.interpreter import _ExitValue
 
         if isinstance(v, _ExitValue) and isinstance(v.ctx, V.GradModeValue):
@@ -186,6 +206,14 @@ class EntryCodegen:
             inner = "{" + ", ".join(f"{self.key(k)}: {self.expr(i)}" for k, i in v.items.items()) + "}"
             body = inner if v.cls is dict else f"{self.ref(v.cls, 'cls')}({inner})"
         self.lines.append(f"{name} = {body}")
+        return name
+
+    def _rebuilt(self, v):
+        """An iterator or a view, made once (aliases stay one object)."""
+        text = v.rebuild(self)
+        name = self.temp()
+        self._temps[id(v)] = name
+        self.lines.append(f"{name} = {text}")
         return name
 
     def _new_dataclass_dict(self, v):
@@ -236,23 +264,23 @@ class EntryCodegen:
                 apply.append(f"{m.source.expr()} = {v}")
             elif isinstance(m, V.ListValue):
                 v = val("[" + ", ".join(self.expr(i) for i in m.items) + "]")
-                apply.append(f"{m.source.expr()}[:] = {v}")
+                apply.append(f"{self.read(m.source)}[:] = {v}")
             elif isinstance(m, V.DictValue):
                 inner = ", ".join(f"{self.key(k)}: {self.expr(i)}" for k, i in m.items.items())
                 v = val("{" + inner + "}")
                 t = self.temp()
-                apply.append(f"{t} = {m.source.expr()}; {t}.clear(); {t}.update({v})")
+                apply.append(f"{t} = {self.read(m.source)}; {t}.clear(); {t}.update({v})")
             elif isinstance(m, V.SetValue):
                 v = val("[" + ", ".join(self.key(i) for i in m.items) + "]")
                 t = self.temp()
-                apply.append(f"{t} = {m.source.expr()}; {t}.clear(); {t}.update({v})")
+                apply.append(f"{t} = {self.read(m.source)}; {t}.clear(); {t}.update({v})")
             elif isinstance(m, V.ObjectValue):
                 for k, a in m.attrs.items():
                     if a is DELETED:
-                        apply.append(f"delattr({m.source.expr()}, {k!r})")
+                        apply.append(f"delattr({self.read(m.source)}, {k!r})")
                         continue
                     v = val(self.expr(a))
-                    apply.append(f"setattr({m.source.expr()}, {k!r}, {v})")
+                    apply.append(f"setattr({self.read(m.source)}, {k!r}, {v})")
             else:
                 raise Unsupported(f"applying a side effect on {m}")
         self.lines += compute + apply
@@ -278,6 +306,50 @@ def grad_mode_exit(enabled: bool, prev: bool):
     cm = torch.enable_grad() if enabled else torch.no_grad()
     cm.prev = prev
     return cm.__exit__
+
+
+def made_exception(cls, args, attrs):
+    """An exception the program made whose ``__init__`` is Python code: its state as the
+    trace left it (``args``, attributes), without running ``__init__`` again."""
+    e = cls.__new__(cls)
+    e.args = args
+    e.__dict__.update(attrs)
+    return e
+
+
+def call_source(code) -> str:
+    """Arguments passing a frame's parameters on: ``a, b, *args, c=c, **kw``."""
+    names = code.co_varnames
+    n = code.co_argcount
+    k = code.co_kwonlyargcount
+    parts = list(names[:n])
+    i = n + k
+    if code.co_flags & 0x04:
+        parts.append("*" + names[i])
+        i += 1
+    parts.extend(f"{x}={x}" for x in names[n:n + k])
+    if code.co_flags & 0x08:
+        parts.append("**" + names[i])
+    return ", ".join(parts)
+
+
+@functools.lru_cache(maxsize=None)
+def call_at(filename: str, lineno: int, name: str):
+    """``f(*args, **kwargs)``, called from the user's line: a call run at a graph break
+    goes through it, so the traceback of an exception it raises shows
+    ``File "user.py", line N, in f`` and the user's source line, not kiln's entry."""
+    import ast
+
+    tree = ast.parse("def call(__f, /, *args, **kwargs):\n    return __f(*args, **kwargs)\n")
+    for node in ast.walk(tree):
+        if hasattr(node, "lineno"):  # the whole line, no carets
+            node.lineno = node.end_lineno = lineno
+            node.col_offset, node.end_col_offset = 0, 10_000
+    ns: dict = {}
+    exec(compile(tree, filename, "exec"), ns)
+    fn = ns["call"]
+    fn.__code__ = fn.__code__.replace(co_name=name, co_qualname=name)
+    return fn
 
 
 def signature_source(code) -> str:

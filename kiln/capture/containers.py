@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported, UserException
+from kiln.capture.operators import values_equal
 
 
 def _err(cls, msg):
@@ -13,18 +14,6 @@ def _err(cls, msg):
 def _mutated(tx, c):
     if c.source is not None:
         tx.output.mark_mutated(c)
-
-
-def _eq(a, b):
-    from kiln.capture.operators import is_same
-
-    if is_same(a, b):
-        return True
-    if a.is_const() and b.is_const():
-        return a.const() == b.const()
-    if isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue):
-        return False
-    raise Unsupported("comparing non-constant values")
 
 
 def list_method(tx, lst, name, args, kwargs):
@@ -43,7 +32,7 @@ def list_method(tx, lst, name, args, kwargs):
         return r
     elif name == "remove":
         for i, x in enumerate(items):
-            if _eq(x, args[0]):
+            if values_equal(tx, x, args[0]):
                 del items[i]
                 break
         else:
@@ -74,11 +63,11 @@ def tuple_method(tx, seq, name, args, kwargs):
     items = seq.items
     if name == "index":
         for i, x in enumerate(items):
-            if _eq(x, args[0]):
+            if values_equal(tx, x, args[0]):
                 return V.ConstantValue(i)
         raise _err(ValueError, "x not in sequence")
     if name == "count":
-        return V.ConstantValue(sum(1 for x in items if _eq(x, args[0])))
+        return V.ConstantValue(sum(1 for x in items if values_equal(tx, x, args[0])))
     if name == "__len__":
         return V.ConstantValue(len(items))
     if name == "__getitem__":
@@ -101,20 +90,23 @@ def tuple_method(tx, seq, name, args, kwargs):
 
 
 def dict_items_of(tx, v):
-    """(key, Value) pairs of a mapping Value, for ``**kwargs`` and ``dict.update``."""
+    """(key, Value) pairs of a mapping Value, or of an iterable of pairs, for
+    ``dict(x)``, ``**kwargs`` and ``dict.update``."""
     if isinstance(v, V.DictValue):
         return list(v.items.items())
-    if isinstance(v, (V.ListValue, V.TupleValue)):
-        out = []
-        for pair in v.items:
-            k, val = pair.unpack(tx)
-            out.append((k.const(), val))
-        return out
-    if isinstance(v, V.ObjectValue):
+    from kiln.capture import iterators
+
+    if isinstance(v, V.ObjectValue) and not iterators.is_iterator(v):
         from kiln.capture.objects import object_mapping_items
 
         return object_mapping_items(tx, v)
-    raise Unsupported(f"a mapping from {v}")
+    out = []
+    for i, pair in enumerate(iterators.iterate(tx, v)):
+        kv = pair.unpack(tx)
+        if len(kv) != 2:
+            raise _err(ValueError, f"dictionary update sequence element #{i} has length {len(kv)}; 2 is required")
+        out.append((kv[0].const(), kv[1]))
+    return out
 
 
 def dict_method(tx, d, name, args, kwargs):
@@ -122,12 +114,10 @@ def dict_method(tx, d, name, args, kwargs):
     if name == "get":
         k = args[0].const()
         return items.get(k, args[1] if len(args) > 1 else V.ConstantValue(None))
-    if name == "keys":
-        return V.ListValue([V.ConstantValue(k) for k in items]) if False else _view([V.ConstantValue(k) for k in items])
-    if name == "values":
-        return _view(list(items.values()))
-    if name == "items":
-        return _view([V.TupleValue([V.ConstantValue(k), v]) for k, v in items.items()])
+    if name in ("keys", "values", "items"):
+        from kiln.capture.dict_views import DictViewValue
+
+        return DictViewValue(d, name)
     if name == "__getitem__":
         from kiln.capture.operators import subscr
 
@@ -180,43 +170,54 @@ def dict_method(tx, d, name, args, kwargs):
     return V.ConstantValue(None)
 
 
-def _view(items):
-    """dict views are iterated, len()-ed and tested with `in`: a tuple serves."""
-    return V.TupleValue(items)
+def set_operand(tx, v):
+    """What a set method receives for ``v``, as real as kiln can make it: the mirrored
+    set, the constant itself, a dict of the same keys (CPython sizes its table from
+    these), or the items one by one."""
+    if isinstance(v, V.SetValue):
+        return v.items
+    if isinstance(v, V.ConstantValue):
+        return v.value
+    if type(v) is V.DictValue:
+        return dict.fromkeys(v.items)
+    from kiln.capture.iterators import iterate
+
+    return [x.const() for x in iterate(tx, v)]
+
+
+_SET_READS = ("union", "intersection", "difference", "symmetric_difference", "issubset",
+              "issuperset", "isdisjoint")
+_SET_UPDATES = ("update", "intersection_update", "difference_update", "symmetric_difference_update")
 
 
 def set_method(tx, s, name, args, kwargs):
+    """The method run on the real set of constants (same results, same order)."""
     items = s.items
-    if name == "add":
-        c = args[0].const()
-        if c not in items:
-            items.append(c)
-    elif name == "update":
-        for v in args[0].unpack(tx):
-            if v.const() not in items:
-                items.append(v.const())
-    elif name == "discard" or name == "remove":
-        c = args[0].const()
-        if c in items:
-            items.remove(c)
-        elif name == "remove":
+    if name in ("add", "discard"):
+        getattr(items, name)(args[0].const())
+    elif name == "remove":
+        if args[0].const() not in items:
             raise UserException(V.ExceptionValue(KeyError, [args[0]]))
+        items.remove(args[0].const())
+    elif name in _SET_UPDATES:
+        getattr(items, name)(*[set_operand(tx, a) for a in args])
     elif name == "clear":
         items.clear()
     elif name == "pop":
         if not items:
             raise _err(KeyError, "pop from an empty set")
-        r = items.pop(0)
+        r = items.pop()
         _mutated(tx, s)
         return V.ConstantValue(r)
-    elif name in ("union", "intersection", "difference", "symmetric_difference", "issubset", "issuperset", "isdisjoint"):
-        other = [set(a.items) if isinstance(a, V.SetValue) else set(x.const() for x in a.unpack(tx)) for a in args]
-        r = getattr(set(items), name)(*other)
-        return V.SetValue(list(r)) if isinstance(r, set) else V.ConstantValue(r)
+    elif name in _SET_READS:
+        r = getattr(items, name)(*[set_operand(tx, a) for a in args])
+        return V.SetValue(r) if isinstance(r, set) else V.ConstantValue(r)
     elif name == "copy":
-        return V.SetValue(list(items))
+        return V.SetValue(items.copy())
     elif name == "__contains__":
         return V.ConstantValue(args[0].const() in items)
+    elif name == "__len__":
+        return V.ConstantValue(len(items))
     else:
         raise Unsupported(f"set.{name}")
     _mutated(tx, s)

@@ -30,9 +30,11 @@ class SkipFrame(Exception):
 class UserException(Exception):
     """The traced program raised ``value`` (a Value of an exception)."""
 
-    def __init__(self, value):
+    def __init__(self, value, from_fake=False):
         super().__init__(repr(value))
         self.value = value
+        # raised by an op run on fake tensors: a handler in the program cannot trust it
+        self.from_fake = from_fake
 
 
 class RestartWithBreak(Exception):
@@ -42,3 +44,19 @@ class RestartWithBreak(Exception):
         self.ip = ip
         self.reason = reason
         self.user_stack = user_stack
+
+
+class ReturnSignal(Exception):
+    """A frame being interpreted returned ``value``."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+class YieldSignal(Exception):
+    """A generator frame being interpreted yielded ``value``; ``delegate`` is the
+    sub-iterator when the yield is a ``yield from``'s."""
+
+    def __init__(self, value, delegate=None):
+        self.value = value
+        self.delegate = delegate

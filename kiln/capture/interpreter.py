@@ -15,21 +15,17 @@ import types
 import torch
 
 from kiln import config
+from kiln.capture import generators, iterators
 from kiln.capture import values as V
 from kiln.capture.builder import builtins_dict, wrap, wrap_static
 from kiln.capture.bytecode_info import BINARY_OPS, PY312, decode, exception_table
-from kiln.capture.errors import Unsupported, UserException
+from kiln.capture.errors import ReturnSignal, Unsupported, UserException
 from kiln.capture.operators import binary_op, compare_op, contains_op, format_value, subscr, unary_op
 from kiln.capture.sources import ClosureSource, FuncCellSource, GlobalSource, ItemSource, LocalSource
 
 _CO_GENERATOR = 0x20
 _CO_VARARGS = 0x04
 _CO_VARKEYWORDS = 0x08
-
-
-class ReturnSignal(Exception):
-    def __init__(self, value):
-        self.value = value
 
 
 class Frame:
@@ -56,7 +52,6 @@ class Frame:
         self.kw_names = None
         self.exc_stack: list = []  # exceptions being handled (PUSH_EXC_INFO)
         self.is_generator = is_generator
-        self.yielded: list = []
         self.steps = 0
 
     def local(self, name):
@@ -113,6 +108,9 @@ class Frame:
                 break
         if entry is None:
             raise e
+        if e.from_fake:
+            raise Unsupported(f"the program handles {e.value.cls.__name__} raised by an op on fake "
+                              "tensors (the real op's error, if any, is eager's to say)")
         del self.stack[entry.depth:]
         if entry.lasti:
             self.push(V.ConstantValue(self.inst.offset))
@@ -175,21 +173,20 @@ class Frame:
                       is_generator=bool(code.co_flags & _CO_GENERATOR))
         for i, name in enumerate(code.co_freevars):
             cell = closure[i]
-            if isinstance(cell, V.CellValue):
+            if isinstance(cell, (V.CellValue, RealCell)):  # the caller's cell, shared
                 child.cells[name] = cell
             else:
                 child.cells[name] = RealCell(cell, FuncCellSource(fsrc, i) if fsrc is not None else None)
+        if child.is_generator:  # runs nothing until its consumer pulls
+            return generators.GeneratorValue(child, fnv, args, kwargs)
         try:
-            result = child.run()
+            return child.run()
         except Unsupported as e:
             # remember the deepest frame's stack: errors name the line that could not
             # be traced, with every inlined call leading to it
             if getattr(e, "_kiln_stack", None) is None:
                 e._kiln_stack = child.user_stack()
             raise
-        if child.is_generator:
-            return V.IteratorValue(child.yielded)
-        return result
 
     # --- cells ------------------------------------------------------------------------
     def _cell_names(self):
@@ -597,7 +594,7 @@ def IS_OP(tx, inst):
     a = tx.pop()
     from kiln.capture.operators import is_same
 
-    r = is_same(a, b)
+    r = is_same(tx, a, b)
     tx.push(V.ConstantValue(r if not inst.arg else not r))
 
 
@@ -622,7 +619,7 @@ def BUILD_LIST(tx, inst):
 @handles("BUILD_SET")
 def BUILD_SET(tx, inst):
     items = tx.popn(inst.arg)
-    tx.push(V.SetValue([i.const() for i in items]))
+    tx.push(V.SetValue(set(i.const() for i in items)))
 
 
 @handles("BUILD_MAP")
@@ -657,9 +654,7 @@ def LIST_APPEND(tx, inst):
 def SET_ADD(tx, inst):
     v = tx.pop()
     s = tx.stack[-inst.arg]
-    c = v.const()
-    if c not in s.items:
-        s.items.append(c)
+    s.items.add(v.const())
 
 
 @handles("MAP_ADD")
@@ -679,10 +674,9 @@ def LIST_EXTEND(tx, inst):
 def SET_UPDATE(tx, inst):
     v = tx.pop()
     s = tx.stack[-inst.arg]
-    for i in v.unpack(tx):
-        c = i.const()
-        if c not in s.items:
-            s.items.append(c)
+    from kiln.capture.containers import set_operand
+
+    s.items.update(set_operand(tx, v))
 
 
 @handles("DICT_UPDATE", "DICT_MERGE")
@@ -727,7 +721,7 @@ def CALL_INTRINSIC_1(tx, inst):
     elif kind == "INTRINSIC_UNARY_POSITIVE":
         tx.push(unary_op(tx, "UNARY_POSITIVE", tx.pop()))
     elif kind == "INTRINSIC_STOPITERATION_ERROR":
-        raise Unsupported("StopIteration inside a generator")
+        generators.stopiteration_error(tx)
     else:
         raise Unsupported(f"intrinsic {kind}")
 
@@ -735,7 +729,7 @@ def CALL_INTRINSIC_1(tx, inst):
 @handles("UNPACK_SEQUENCE")
 def UNPACK_SEQUENCE(tx, inst):
     seq = tx.pop()
-    items = seq.unpack(tx)
+    items = iterators.unpack_exactly(tx, seq, inst.arg)
     if len(items) != inst.arg:
         msg = (f"too many values to unpack (expected {inst.arg})" if len(items) > inst.arg
                else f"not enough values to unpack (expected {inst.arg}, got {len(items)})")
@@ -772,19 +766,12 @@ def FORMAT_VALUE(tx, inst):
 
 @handles("GET_ITER")
 def GET_ITER(tx, inst):
-    v = tx.pop()
-    if isinstance(v, V.IteratorValue):
-        tx.push(v)
-    else:
-        tx.push(V.IteratorValue(v.unpack(tx)))
+    tx.push(iterators.get_iter(tx, tx.pop()))
 
 
 @handles("FOR_ITER")
 def FOR_ITER(tx, inst):
-    it = tx.stack[-1]
-    if not isinstance(it, V.IteratorValue):
-        raise Unsupported(f"iterating over {it}")
-    v = it.next(tx)
+    v = iterators.next_of(tx, tx.stack[-1])
     if v is None:
         tx.pop()
         target = inst.target
@@ -915,45 +902,6 @@ def RETURN_GENERATOR(tx, inst):
     tx.push(V.ConstantValue(None))
 
 
-@handles("YIELD_VALUE")
-def YIELD_VALUE(tx, inst):
-    if not tx.is_generator:
-        raise Unsupported("yield outside an inlined generator")
-    tx.yielded.append(tx.pop())
-    tx.push(V.ConstantValue(None))
-
-
-@handles("GET_YIELD_FROM_ITER")
-def GET_YIELD_FROM_ITER(tx, inst):
-    v = tx.pop()
-    tx.push(v if isinstance(v, V.IteratorValue) else V.IteratorValue(v.unpack(tx)))
-
-
-@handles("SEND")
-def SEND(tx, inst):
-    tx.pop()  # value sent (None)
-    it = tx.stack[-1]
-    if not isinstance(it, V.IteratorValue):
-        raise Unsupported("yield from a non-iterator")
-    # `yield from` a finite iterator: yield all its items at once
-    for item in it.unpack(tx):
-        tx.yielded.append(item)
-    if PY312:
-        tx.push(V.ConstantValue(None))
-        tx.ip = inst.target
-    else:
-        tx.pop()
-        tx.push(V.ConstantValue(None))
-        tx.ip = inst.target
-
-
-@handles("END_SEND")
-def END_SEND(tx, inst):
-    v = tx.pop()
-    tx.pop()
-    tx.push(v)
-
-
 @handles("BEFORE_WITH")
 def BEFORE_WITH(tx, inst):
     ctx = tx.pop()
@@ -1047,22 +995,33 @@ def LOAD_ASSERTION_ERROR(tx, inst):
 
 @handles("IMPORT_NAME")
 def IMPORT_NAME(tx, inst):
-    tx.pop()
-    tx.pop()
-    import importlib
+    """``import a.b`` pushes package ``a``; ``from a.b import c`` and ``import a.b as c``
+    (then IMPORT_FROM) the module named: exactly what ``__import__`` returns."""
+    fromlist = tx.pop().const()
+    level = tx.pop().const()
+    try:
+        mod = __import__(inst.argval, tx.f_globals, None, fromlist, level)
+    except ImportError as e:
+        raise UserException(V.ExceptionValue(type(e), [V.ConstantValue(a) for a in e.args]))
+    from kiln.capture.sources import RefSource
 
-    name = inst.argval
-    mod = importlib.import_module(name)
-    top = mod if "." not in name else importlib.import_module(name.split(".")[0])
-    tx.push(V.PythonModuleValue(top))
-    tx._last_import = mod
+    tx.push(V.PythonModuleValue(mod, RefSource(tx.output.guards.const(mod, "mod"))))
 
 
 @handles("IMPORT_FROM")
 def IMPORT_FROM(tx, inst):
     mod = tx.stack[-1]
-    real = getattr(tx, "_last_import", None) or mod.mod
-    tx.push(wrap(tx, getattr(real, inst.argval), None, module_member=True))
+    name = inst.argval
+    if not hasattr(mod.mod, name):  # a submodule not bound on its package: sys.modules has it
+        import sys
+
+        full = f"{mod.mod.__name__}.{name}"
+        if full not in sys.modules:
+            raise UserException(V.ExceptionValue(ImportError, [V.ConstantValue(
+                f"cannot import name {name!r} from {mod.mod.__name__!r}")]))
+        tx.push(wrap(tx, sys.modules[full], None))
+        return
+    tx.push(mod.getattr(tx, name))
 
 
 @handles("GET_LEN")
@@ -1074,6 +1033,9 @@ del operator
 
 
 # --- structural pattern matching (match/case) ------------------------------------------
+_HANDLERS.update(generators.HANDLERS)
+
+
 @handles("MATCH_SEQUENCE")
 def MATCH_SEQUENCE(tx, inst):
     v = tx.stack[-1]

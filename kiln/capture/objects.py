@@ -201,8 +201,9 @@ def object_truth(tx, ov):
 def object_unpack(tx, ov):
     owner, attr = lookup_class_attr(ov.python_type(), "__iter__")
     if owner is not None and isinstance(attr, types.FunctionType):
-        it = V.UserFunctionValue(attr).call(tx, [ov], {})
-        return it.unpack(tx)
+        from kiln.capture.iterators import iterate
+
+        return list(iterate(tx, ov))
     if has_dunder(ov, "__getitem__") and has_dunder(ov, "__len__"):
         n = call_dunder(tx, ov, "__len__", [], {}).const()
         return [call_dunder(tx, ov, "__getitem__", [V.ConstantValue(i)], {}) for i in range(n)]

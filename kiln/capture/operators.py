@@ -3,6 +3,7 @@ container semantics of ``+``, ``*``, ``in``, ``[]``."""
 from __future__ import annotations
 
 import operator
+import types
 
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported, UserException
@@ -29,12 +30,12 @@ COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operato
 
 
 def _user_error(e):
-    return UserException(V.ExceptionValue(type(e), [V.ConstantValue(str(e))]))
+    return UserException(V.ExceptionValue.of_real(e))
 
 
-def fold(fn, *vals):
+def fold(fn, *vals, **kwargs):
     try:
-        return fn(*vals)
+        return fn(*vals, **kwargs)
     except Exception as e:  # the user's own error, e.g. ZeroDivisionError
         raise _user_error(e)
 
@@ -46,6 +47,10 @@ def binary_op(tx, name, a, b):
         if isinstance(a, V.TensorValue):
             return tx.output.op("call_function", fn, [a, b], {})
         return tx.output.op("call_function", _INPLACE_TO_BINARY.get(name, fn), [a, b], {})
+    from kiln.capture.dict_views import DictViewValue, view_binary_op
+
+    if isinstance(a, DictViewValue) or isinstance(b, DictViewValue):
+        return view_binary_op(tx, _INPLACE_TO_BINARY.get(name, fn), a, b)
     if a.is_const() and b.is_const() and not isinstance(a, V.ListValue):
         from kiln.capture.builder import wrap_static
 
@@ -72,8 +77,18 @@ def binary_op(tx, name, a, b):
         if isinstance(b, (V.ListValue, V.TupleValue)) and a.is_const():
             return binary_op(tx, "NB_MULTIPLY", b, a)
     if base in (operator.or_, operator.and_, operator.sub, operator.xor) and isinstance(a, V.SetValue):
-        bs = set(b.const()) if not isinstance(b, V.SetValue) else set(b.items)
-        return V.SetValue(list(base(set(a.items), bs)))
+        bs = b.items if isinstance(b, V.SetValue) else b.const()
+        if not isinstance(bs, (set, frozenset)):
+            raise UserException(V.ExceptionValue(TypeError, [V.ConstantValue(
+                f"unsupported operand type(s) for {_SYMBOL[base]}{'=' if inplace else ''}: "
+                f"'set' and {type(bs).__name__!r}")]))
+        if inplace:  # s |= t changes s itself
+            {operator.or_: a.items.__ior__, operator.and_: a.items.__iand__,
+             operator.sub: a.items.__isub__, operator.xor: a.items.__ixor__}[base](bs)
+            if a.source is not None:
+                tx.output.mark_mutated(a)
+            return a
+        return V.SetValue(base(a.items, bs))
     if base is operator.or_ and isinstance(a, V.DictValue) and isinstance(b, V.DictValue):
         if inplace:
             a.items.update(b.items)
@@ -81,13 +96,149 @@ def binary_op(tx, name, a, b):
         d = dict(a.items)
         d.update(b.items)
         return V.DictValue(d)
-    if isinstance(a, V.ObjectValue):
-        from kiln.capture.objects import call_dunder, has_dunder
-
-        dunder = "__" + fn.__name__.strip("_") + "__"
-        if has_dunder(a, dunder):
-            return call_dunder(tx, a, dunder, [b], {})
+    if isinstance(a, V.ObjectValue) or isinstance(b, V.ObjectValue):
+        return _object_binary(tx, base, inplace, a, b)
     raise Unsupported(f"operator {name} on {a} and {b}")
+
+
+_SYMBOL = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
+           operator.floordiv: "//", operator.mod: "%", operator.pow: "** or pow()",
+           operator.matmul: "@", operator.and_: "&", operator.or_: "|", operator.xor: "^",
+           operator.lshift: "<<", operator.rshift: ">>"}
+
+
+def _object_binary(tx, base, inplace, a, b):
+    """``a <op> b`` with a user object on either side: ``__iop__`` for an augmented
+    assignment, then ``__op__`` / ``__rop__`` in Python's order (the right operand's
+    reflected method first when its type is a subclass that overrides it)."""
+    name = base.__name__.strip("_")
+    if inplace:
+        r = _call_slot(tx, a, f"__i{name}__", b)
+        if r is not NotImplemented:
+            return r
+    ta, tb = a.python_type(), b.python_type()
+    forward = (a, f"__{name}__", b)
+    reflected = (b, f"__r{name}__", a)
+    order = [forward] if ta is tb else (
+        [reflected, forward] if issubclass(tb, ta) and _overrides(tb, ta, reflected[1]) else [forward, reflected])
+    for x, dunder, y in order:
+        r = _call_slot(tx, x, dunder, y)
+        if r is not NotImplemented:
+            return r
+    sym = _SYMBOL.get(base, base.__name__)
+    if inplace and base is not operator.pow:
+        sym = sym + "="
+    raise UserException(V.ExceptionValue(TypeError, [V.ConstantValue(
+        f"unsupported operand type(s) for {sym}: {ta.__name__!r} and {tb.__name__!r}")]))
+
+
+def _overrides(sub, base, dunder):
+    return getattr(sub, dunder, None) is not getattr(base, dunder, None)
+
+
+def _call_slot(tx, x, dunder, y):
+    """``type(x).dunder(x, y)``: a Value, or NotImplemented when the method is missing
+    or says so. Builtin types do not know user classes (NotImplemented); anything
+    kiln cannot tell is Unsupported."""
+    if isinstance(x, V.ObjectValue):
+        from kiln.capture.builder import lookup_class_attr
+        from kiln.capture.objects import call_dunder
+
+        owner, attr = lookup_class_attr(x.python_type(), dunder)
+        if owner is None or owner is object:
+            return _object_default(tx, x, dunder, y)
+        if attr is None:
+            return NotImplemented
+        if not isinstance(attr, types.FunctionType):
+            return _immutable_dunder(tx, x, attr, y)
+        r = call_dunder(tx, x, dunder, [y], {})
+        return NotImplemented if isinstance(r, V.ConstantValue) and r.value is NotImplemented else r
+    if isinstance(x, (V.ConstantValue, V._Sequence, V.DictValue, V.SetValue, V.ClassValue, V.FunctionValue)) \
+            and not issubclass(y.python_type(), x.python_type()):
+        return NotImplemented
+    raise Unsupported(f"{dunder} of {x} with {y}")
+
+
+_IMMUTABLE = (str, int, float, complex, bytes, tuple, frozenset)
+
+
+def _immutable_dunder(tx, x, method, y):
+    """A C-level method of an existing object of an immutable builtin type (a ``str``
+    or ``int`` enum member): its answer depends on which objects these are only, so
+    it is computed now, with both pinned by identity guards."""
+    if x.obj is None or x.attrs or not isinstance(x.obj, _IMMUTABLE):
+        raise Unsupported(f"{type(x.obj).__qualname__}.{method.__name__} is implemented in C")
+    if isinstance(y, V.ConstantValue):
+        other = y.value
+    elif isinstance(y, V.ObjectValue) and y.obj is not None and not y.attrs and isinstance(y.obj, _IMMUTABLE):
+        other = y.obj
+        _pin(tx, y, other)
+    else:
+        raise Unsupported(f"{method.__name__} of {x} with {y}")
+    _pin(tx, x, x.obj)
+    r = method(x.obj, other)
+    if r is NotImplemented:
+        return NotImplemented
+    from kiln.capture.builder import wrap_static
+
+    return wrap_static(r)
+
+
+def _object_default(tx, x, dunder, y):
+    """object's own comparison methods: ``__eq__`` is identity, ``__ne__`` inverts the
+    type's ``__eq__``; the rest are not implemented."""
+    if dunder == "__eq__":
+        return V.ConstantValue(True) if is_same(tx, x, y) else NotImplemented
+    if dunder == "__ne__":
+        r = _call_slot(tx, x, "__eq__", y)
+        return r if r is NotImplemented else V.ConstantValue(not r.truth(tx))
+    return NotImplemented
+
+
+_REFLECTED = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+_COMPARE_DUNDER = {"==": "__eq__", "!=": "__ne__", "<": "__lt__", "<=": "__le__",
+                   ">": "__gt__", ">=": "__ge__"}
+
+
+def _object_compare(tx, op, a, b):
+    """Rich comparison with a user object on either side, in Python's order; ``==``
+    and ``!=`` fall back to identity."""
+    ta, tb = a.python_type(), b.python_type()
+    forward = (a, _COMPARE_DUNDER[op], b)
+    reflected = (b, _COMPARE_DUNDER[_REFLECTED[op]], a)
+    order = [forward, reflected]
+    if ta is not tb and issubclass(tb, ta) and _overrides(tb, ta, reflected[1]):
+        order.reverse()
+    for x, dunder, y in order:
+        r = _call_slot(tx, x, dunder, y)
+        if r is not NotImplemented:
+            return r
+    if op in ("==", "!="):
+        return V.ConstantValue((op == "==") == is_same(tx, a, b))
+    raise UserException(V.ExceptionValue(TypeError, [V.ConstantValue(
+        f"{op!r} not supported between instances of {ta.__name__!r} and {tb.__name__!r}")]))
+
+
+def _compare_sequences(tx, op, a, b):
+    """Lists with lists, tuples with tuples: item by item (identity first, as CPython
+    does), then by length."""
+    ia, ib = a.items, b.items
+    if op in ("==", "!=") and len(ia) != len(ib):
+        return V.ConstantValue(op == "!=")
+    for x, y in zip(ia, ib):
+        if not values_equal(tx, x, y):
+            if op in ("==", "!="):
+                return V.ConstantValue(op == "!=")
+            return compare_op(tx, op, x, y)
+    return V.ConstantValue(COMPARE[op](len(ia), len(ib)))
+
+
+def values_equal(tx, a, b) -> bool:
+    """CPython's ``PyObject_RichCompareBool(a, b, Py_EQ)``: identity first, then ``==``
+    (``in``, ``list.index``, ``list.count``, ``list.remove``)."""
+    if is_same(tx, a, b):
+        return True
+    return compare_op(tx, "==", a, b).truth(tx)
 
 
 def compare_op(tx, op, a, b):
@@ -98,43 +249,83 @@ def compare_op(tx, op, a, b):
         return tx.output.op("call_function", fn, [a, b], {})
     if a.is_const() and b.is_const():
         return V.ConstantValue(fold(fn, a.const(), b.const()))
-    if isinstance(a, (V.ListValue, V.TupleValue)) and isinstance(b, (V.ListValue, V.TupleValue)):
-        if type(a) is not type(b) and op in ("==", "!="):
+    from kiln.capture.dict_views import DictViewValue, view_compare
+
+    if isinstance(a, DictViewValue) or isinstance(b, DictViewValue):
+        return view_compare(tx, fn, a, b)
+    if isinstance(a, V.ObjectValue) or isinstance(b, V.ObjectValue):
+        return _object_compare(tx, op, a, b)
+    if isinstance(a, V._Sequence) and isinstance(b, V._Sequence):
+        same_kind = all(issubclass(v.python_type(), tuple) for v in (a, b)) or \
+            all(issubclass(v.python_type(), list) for v in (a, b))
+        if same_kind:
+            return _compare_sequences(tx, op, a, b)
+        if op in ("==", "!="):
             return V.ConstantValue(op == "!=")
-        try:
-            return V.ConstantValue(fn([i.const() for i in a.items], [i.const() for i in b.items]))
-        except Unsupported:
-            pass
     if op in ("==", "!="):
-        if is_same(a, b):
+        if is_same(tx, a, b):
             return V.ConstantValue(op == "==")
-        if type(a) is not type(b) or isinstance(a, (V.ObjectValue, V.UserFunctionValue, V.ClassValue)):
-            if not (isinstance(a, V.ObjectValue) and _has_eq(a)):
-                return V.ConstantValue(op == "!=")
+        if type(a) is not type(b) or isinstance(a, (V.UserFunctionValue, V.ClassValue)):
+            return V.ConstantValue(op == "!=")
     raise Unsupported(f"comparison {op} between {a} and {b}")
 
 
-def _has_eq(a):
-    return type(a.python_type()).__eq__ is not type.__eq__ and a.python_type().__eq__ is not object.__eq__
+def _real_object(v):
+    """The existing object a Value stands for (None for one made by the program)."""
+    if isinstance(v, V.NewObjectValue):
+        return None
+    if isinstance(v, V.ObjectValue):
+        return v.obj
+    if isinstance(v, V.ClassValue):
+        return v.cls
+    if isinstance(v, (V.UserFunctionValue, V._CallableRef)):
+        return v.fn
+    if isinstance(v, V.PythonModuleValue):
+        return v.mod
+    return None
 
 
-def is_same(a, b) -> bool:
+def _one_value_per_object(v) -> bool:
+    """Values that are the only Value of their object: two different ones are two
+    different objects (tensors, mutable containers, objects, iterators, and whatever
+    the program made: functions, exceptions, views, bound methods). Not tuples: CPython
+    shares some (``()``, constants, ``tuple(t)`` is ``t``)."""
+    from kiln.capture.dict_views import DictViewValue
+
+    return isinstance(v, (V.TensorValue, V.ListValue, V.DictValue, V.SetValue, V.ObjectValue,
+                          V.IteratorValue, V.ExceptionValue, V.NestedFunctionValue, V.MethodValue,
+                          V.CellValue, V.GradModeValue, DictViewValue))
+
+
+def _pin(tx, v, real):
+    """The trace assumes which object ``v`` is: guard that (objects are otherwise
+    guarded on their type only)."""
+    if isinstance(v, V.ObjectValue) and v.source is not None:
+        tx.output.guards.identity(v.source, real)
+
+
+def is_same(tx, a, b) -> bool:
+    """``a is b``."""
     if a is b:
         return True
     if isinstance(a, V.ConstantValue) and isinstance(b, V.ConstantValue):
         return a.value is b.value or (type(a.value) is type(b.value) and a.value == b.value and type(a.value) in (bool, type(None)))
-    for attr in ("obj", "fn", "cls", "mod"):
-        x, y = getattr(a, attr, None), getattr(b, attr, None)
-        if x is not None and y is not None:
-            return x is y
+    ra, rb = _real_object(a), _real_object(b)
+    if ra is not None and rb is not None:
+        _pin(tx, a, ra)
+        _pin(tx, b, rb)
+        return ra is rb
+    if _one_value_per_object(a) or _one_value_per_object(b):
+        return False
     if isinstance(a, V.ConstantValue) and a.value is None:
         return False
     if isinstance(b, V.ConstantValue) and b.value is None:
         return False
-    if isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue):
-        return False
     if type(a) is not type(b):
         return False
+    if isinstance(a, V.TupleValue) and ((a.source is not None and a.source == b.source)
+                                        or (not a.items and not b.items)):
+        return True  # one tuple read twice; the empty tuple (a singleton)
     raise Unsupported(f"identity of {a} and {b}")
 
 
@@ -165,24 +356,23 @@ def contains_op(tx, item, container) -> bool:
         return item.const() in container.items
     if isinstance(container, V.SetValue):
         return item.const() in container.items
-    if isinstance(container, V.ConstantValue):
+    if isinstance(container, V.ConstantValue) and (item.is_const() or isinstance(container.value, (str, bytes))):
         return fold(operator.contains, container.value, item.const())
     if isinstance(container, V.ModuleValue) and hasattr(container.mod, "__contains__"):
         return item.const() in container.mod
+    from kiln.capture.dict_views import DictViewValue
+
+    if isinstance(container, DictViewValue):
+        return container.contains(tx, item)
     if isinstance(container, V.ObjectValue):
         from kiln.capture.objects import call_dunder, has_dunder
 
         if has_dunder(container, "__contains__"):
             return call_dunder(tx, container, "__contains__", [item], {}).truth(tx)
-    items = container.unpack(tx)
-    for i in items:
-        if is_same(i, item):
-            return True
-        if i.is_const() and item.is_const() and i.const() == item.const():
-            return True
-        if isinstance(i, V.TensorValue) or isinstance(item, V.TensorValue):
-            continue
-    return False
+    from kiln.capture.iterators import iterate
+
+    # item by item, as CPython's search does: an iterator stops at the first match
+    return any(values_equal(tx, i, item) for i in iterate(tx, container))
 
 
 def subscr(tx, o, k):
@@ -192,8 +382,9 @@ def subscr(tx, o, k):
         key = k.const()
         try:
             r = o.items[key]
-        except (IndexError, TypeError) as e:
-            raise _user_error(e)
+        except (IndexError, TypeError):  # the error (and message) of the real type
+            fold(operator.getitem, (list if isinstance(o, V.ListValue) else tuple)(o.items), key)
+            raise
         if isinstance(key, slice):
             return V.ListValue(r) if isinstance(o, V.ListValue) else V.TupleValue(r)
         return r

@@ -72,11 +72,17 @@ class OutputGraph:
 
     def object_value(self, obj, source, cls=V.ObjectValue):
         """The one Value of a real object (a module, a user object) in this trace."""
-        v = self._objects.get(id(obj))
+        v = self.known_value(obj, source)
         return v if v is not None else self.remember(obj, cls(obj, source))
 
-    def known_value(self, obj):
-        return self._objects.get(id(obj))
+    def known_value(self, obj, source=None):
+        """The Value already made for ``obj``; reached again through another source,
+        the trace now assumes the two are one object, and guards that."""
+        v = self._objects.get(id(obj))
+        if v is not None and source is not None and v.source is not None and v.source != source:
+            self.guards.expression(f"{source.expr()} is {v.source.expr()}",
+                                   f"{source.pretty()} is {v.source.pretty()}")
+        return v
 
     def remember(self, obj, v):
         self._objects[id(obj)] = v
@@ -102,13 +108,17 @@ class OutputGraph:
             raise Unsupported(str(e))
         except Unsupported:
             raise
-        except (RuntimeError, TypeError, ValueError, IndexError, AttributeError) as e:
+        except Exception as e:  # noqa: BLE001 -- the op's (or a user Function's) own error
             msg = str(e)
             if "meta" in msg or "fake" in msg.lower() or "Cannot copy out" in msg:
                 raise Unsupported(f"{_target_name(target)}: {msg.splitlines()[0]}")
-            raise UserException(V.ExceptionValue(type(e), [V.ConstantValue(msg)]))
+            # raised on fake tensors: whether the real op raises, and its message, are
+            # eager's to say (uncaught, the frame re-runs eagerly; caught, it breaks)
+            raise UserException(V.ExceptionValue.of_real(e), from_fake=True)
         node_args = tuple(_to_arg(a) for a in args)
         node_kwargs = {k: _to_arg(v) for k, v in kwargs.items()}
+        if _has_class((node_args, node_kwargs)):  # an FX graph cannot print a class argument
+            raise Unsupported(f"{_target_name(target)} with a class as argument")
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
         result = self._wrap_result(out, node)
         if not node.users and out is not None and not _has_tensor(out):
@@ -184,6 +194,16 @@ def _has_tensor(x) -> bool:
         return any(_has_tensor(i) for i in x)
     if isinstance(x, dict):
         return any(_has_tensor(i) for i in x.values())
+    return False
+
+
+def _has_class(x) -> bool:
+    if isinstance(x, type):
+        return True
+    if isinstance(x, (tuple, list)):
+        return any(_has_class(i) for i in x)
+    if isinstance(x, dict):
+        return any(_has_class(i) for i in x.values())
     return False
 
 

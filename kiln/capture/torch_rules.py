@@ -49,8 +49,26 @@ def _const(value):
     return V.ConstantValue(value)
 
 
+def _first(args, kwargs, *names):
+    """The first argument, given by position or by one of its keyword ``names``
+    (``torch.numel(input=x)``); a call missing it runs as Python (its TypeError)."""
+    if args:
+        return args[0]
+    for n in names:
+        if n in kwargs:
+            return kwargs[n]
+    raise Unsupported(f"a call without its {names[0]!r} argument")
+
+
+def _fake_of(args, kwargs):
+    v = _first(args, kwargs, "input")
+    if not isinstance(v, V.TensorValue):
+        raise Unsupported(f"a tensor query on {v}")
+    return v.fake
+
+
 def _is_tensor(tx, args, kwargs):
-    return _const(isinstance(args[0], V.TensorValue))
+    return _const(isinstance(_first(args, kwargs), V.TensorValue))
 
 
 def _grad_enabled(tx, args, kwargs):
@@ -58,7 +76,7 @@ def _grad_enabled(tx, args, kwargs):
 
 
 def _set_grad_enabled(tx, args, kwargs):
-    mode = args[0].const()
+    mode = _first(args, kwargs, "mode", "enabled").const()
     prev = tx.output.grad_enabled
     tx.output.set_grad_enabled(mode)
     gm = V.GradModeValue(mode)
@@ -67,7 +85,7 @@ def _set_grad_enabled(tx, args, kwargs):
 
 
 def _numel(tx, args, kwargs):
-    return _const(args[0].fake.numel())
+    return _const(_fake_of(args, kwargs).numel())
 
 
 # Evaluated at trace time to a Python constant (answers that a trace may assume).
@@ -75,8 +93,8 @@ CONST_FOLD = {
     torch.is_tensor: _is_tensor,
     torch.is_grad_enabled: _grad_enabled,
     torch.numel: _numel,
-    torch.is_floating_point: lambda tx, a, k: _const(a[0].fake.is_floating_point()),
-    torch.is_complex: lambda tx, a, k: _const(a[0].fake.is_complex()),
+    torch.is_floating_point: lambda tx, a, k: _const(_fake_of(a, k).is_floating_point()),
+    torch.is_complex: lambda tx, a, k: _const(_fake_of(a, k).is_complex()),
     torch.get_default_dtype: lambda tx, a, k: _const(torch.get_default_dtype()),
     torch.is_autocast_enabled: lambda tx, a, k: _const(False),
     torch._C._get_tracing_state: lambda tx, a, k: _const(None),
@@ -155,7 +173,7 @@ def tensor_attribute(tx, tv, name):
     if name == "device":
         return V.ConstantValue(f.device)
     if name == "T":
-        return tx.output.op("call_method", "permute", [tv, *[V.ConstantValue(i) for i in reversed(range(f.dim()))]], {})
+        return tx.output.op("call_method", "permute", [tv, V.ConstantValue(tuple(reversed(range(f.dim()))))], {})
     if name == "mT":
         return tx.output.op("call_method", "transpose", [tv, V.ConstantValue(-2), V.ConstantValue(-1)], {})
     if name == "data":
@@ -192,8 +210,8 @@ def tensor_method(tx, tv, name, args, kwargs):
         except Unsupported:
             raise Unsupported(f"Tensor.{name} with non-constant arguments")
         return V.ConstantValue(getattr(tv.fake, name)(*fake_args, **fake_kwargs))
-    if name == "type" and not args and not kwargs:
-        return V.ConstantValue(_type_string(tv.fake))
+    if name == "type":
+        return _tensor_type(tx, tv, args, kwargs)
     if name in ("requires_grad_",):
         raise Unsupported("Tensor.requires_grad_ inside a compiled region")
     if name == "__getattribute__":
@@ -202,12 +220,42 @@ def tensor_method(tx, tv, name, args, kwargs):
 
 
 def _type_string(f):
-    names = {torch.float32: "FloatTensor", torch.float64: "DoubleTensor",
-             torch.float16: "HalfTensor", torch.bfloat16: "BFloat16Tensor",
-             torch.int64: "LongTensor", torch.int32: "IntTensor", torch.int16: "ShortTensor",
-             torch.int8: "CharTensor", torch.uint8: "ByteTensor", torch.bool: "BoolTensor"}
-    base = names.get(f.dtype, "Tensor")
-    return ("torch.cuda." if f.device.type == "cuda" else "torch.") + base
+    """``x.type()``: what eager answers for a tensor of this dtype and device."""
+    base = torch.empty(0, dtype=f.dtype).type()  # "torch.FloatTensor"
+    if f.device.type == "cpu":
+        return base
+    if f.device.type == "cuda":
+        return base.replace("torch.", "torch.cuda.", 1)
+    raise Unsupported(f"Tensor.type() of a {f.device.type} tensor")
+
+
+def _tensor_type(tx, tv, args, kwargs):
+    """``x.type()`` is a string; ``x.type(t)`` casts to a dtype, a tensor type
+    (``torch.HalfTensor``, ``torch.cuda.FloatTensor``) or its name: the same as ``.to``
+    with that dtype and device, which returns ``x`` itself when nothing changes."""
+    kwargs = dict(kwargs)
+    target = args[0] if args else kwargs.pop("dtype", V.ConstantValue(None))
+    non_blocking = args[1] if len(args) > 1 else kwargs.pop("non_blocking", V.ConstantValue(False))
+    if kwargs or len(args) > 2:
+        raise Unsupported("Tensor.type() with extra arguments")
+    t = target.const()
+    if t is None:
+        return V.ConstantValue(_type_string(tv.fake))
+    if isinstance(t, str):
+        mod, _, cls = t.rpartition(".")
+        t = getattr({"torch": torch, "torch.cuda": torch.cuda}.get(mod), cls, None)
+        if t is None:
+            raise Unsupported(f"Tensor.type({target.const()!r})")
+    if isinstance(t, torch.dtype):
+        to = {"dtype": V.ConstantValue(t)}
+    elif type(t).__name__ == "tensortype" and not t.is_sparse:
+        device = torch.device("cuda") if t.is_cuda else torch.device("cpu")
+        if tv.fake.device.type == device.type:
+            device = tv.fake.device  # the same device (a CUDA tensor keeps its index)
+        to = {"device": V.ConstantValue(device), "dtype": V.ConstantValue(t.dtype)}
+    else:
+        raise Unsupported(f"Tensor.type({t!r})")
+    return tx.output.op("call_method", "to", [tv], {**to, "non_blocking": non_blocking})
 
 
 del math

@@ -18,8 +18,9 @@ import torch
 import torch.fx as fx
 
 from kiln.capture import values as V
-from kiln.capture.codegen import EntryCodegen, build_entry
+from kiln.capture.codegen import EntryCodegen, build_entry, call_at, call_source
 from kiln.capture.errors import RestartWithBreak, SkipFrame, Unsupported, UserException
+from kiln.capture.frame_access import reads_own_frame
 from kiln.capture.interpreter import Frame, RealCell, ReturnSignal
 from kiln.capture.output import OutputGraph
 from kiln.capture.resume import resume_code
@@ -61,7 +62,13 @@ class TraceContext:
         self.recorder = recorder
 
 
+_GENERATOR_FLAGS = 0x20 | 0x80 | 0x200  # generator, coroutine, async generator
+
+
 def trace_frame(fn: types.FunctionType, code, bound_args: dict, ctx: TraceContext) -> Entry:
+    if code.co_flags & _GENERATOR_FLAGS:
+        raise SkipFrame("a generator or coroutine function: a call only makes the generator "
+                        "object, so it runs as it is")
     break_at = None
     first_reason = None
     for _attempt in range(32):
@@ -74,6 +81,9 @@ def trace_frame(fn: types.FunctionType, code, bound_args: dict, ctx: TraceContex
         except RestartWithBreak as r:
             if break_at == r.ip:
                 raise SkipFrame(r.reason)
+            if reads_own_frame(code):
+                raise SkipFrame(f"graph break ({r.reason}) in a frame that reads its own Python frame "
+                                "(inspect.currentframe, locals()...): a resume function would not be it")
             break_at = r.ip
             first_reason = BreakInfo(r.reason, r.user_stack)
     raise SkipFrame("too many restarts")
@@ -170,14 +180,14 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext):
     return [f"__o = {name}({args})"], gm
 
 
-def _finish(fn, code, out, cg, ctx, tail_lines, guards_extra=None, break_info=None):
+def _finish(fn, code, out, cg, ctx, tail_lines, guards_extra=None, break_info=None, graph=True):
     lines = []
-    res = _compile_graph(out, cg, ctx)
+    res = _compile_graph(out, cg, ctx) if graph else None
     gm = None
     if res:
         call_lines, gm = res
         lines += call_lines
-    lines += cg.lines
+    lines += cg.reads + cg.lines
     entry_lines = lines + tail_lines
     guards = list(out.guards.guards)
     ns = cg.ns
@@ -216,15 +226,13 @@ def _compile_return(fn, code, frame, ctx, ns, value):
 
 
 def _compile_raise(fn, code, frame, ctx, ns, exc):
-    out = frame.output
-    cg = EntryCodegen(out, ns)
-    cg.need(exc)
-    for m in cg.mutated_values():
-        cg.need(m)
-    cg.side_effects()
-    lines = cg.lines
-    cg.lines = []
-    return _finish(fn, code, out, cg, ctx, lines + [f"raise {cg.expr(exc)}"])
+    """The traced path ends in an exception: its entry runs the frame eagerly (under the
+    same guards), so what escapes is eager's own exception (type, args, attributes,
+    cause and context) with the user's frames and lines in its traceback, as
+    torch.compile users see it. Nothing the graph would compute is used."""
+    cg = EntryCodegen(frame.output, ns)
+    return _finish(fn, code, frame.output, cg, ctx, [f"return {cg.ref(fn, 'eager')}({call_source(code)})"],
+                   graph=False)
 
 
 def _grad_exits(frame, inst):
@@ -297,7 +305,7 @@ def _compile_break(fn, code, frame, ctx, ns, info: BreakInfo):
         else:
             tail.append(f"if {cond}:")
             tail.append(f"    {call}")
-    body_all = cg.lines + body
+    body_all = body + cg.lines  # side effects, the call's operands, then the resume's
     cg.lines = []
     return _finish(fn, code, out, cg, ctx, body_all + tail, break_info=info)
 
@@ -326,7 +334,7 @@ def _native_call(frame, inst, stack, cg, ctx):
             argtxt.insert(0, cg.expr(fn_v.self_value))
         if isinstance(fn_v, V.ModuleValue) and _module_forward_compilable(fn_v):
             argtxt.insert(0, cg.expr(fn_v))
-        line = f"__r = {fn_expr}({', '.join(argtxt)})"
+        line = f"__r = {_at_user_line(frame, cg)}({', '.join([fn_expr] + argtxt)})"
     else:  # CALL_FUNCTION_EX
         has_kw = inst.arg & 1
         n = 3 + has_kw if len(stack) >= 3 + has_kw and stack[len(stack) - 3 - has_kw] is V.NULL else 2 + has_kw
@@ -343,8 +351,16 @@ def _native_call(frame, inst, stack, cg, ctx):
             pre = f"{cg.expr(fn_v.self_value)}, "
         if isinstance(fn_v, V.ModuleValue) and _module_forward_compilable(fn_v):
             pre = f"{cg.expr(fn_v)}, "
-        line = f"__r = {fn_expr}({pre}*{cg.expr(args_v)}{kw})"
+        line = f"__r = {_at_user_line(frame, cg)}({fn_expr}, {pre}*{cg.expr(args_v)}{kw})"
     return [line], rest, ["__r"], [(None, inst.index + 1, ["__r"])]
+
+
+def _at_user_line(frame, cg):
+    """The caller that makes the step run at a break show as the user's line in
+    tracebacks (``codegen.call_at``)."""
+    code = frame.code
+    line = frame.insts[frame.ip].line or code.co_firstlineno
+    return cg.ref(call_at(code.co_filename, line, code.co_name), "at")
 
 
 def _is_python_fn(v):
@@ -376,7 +392,7 @@ def _native_jump(frame, inst, stack, cg):
     name = inst.opname
     jump_if_true = "TRUE" in name
     keeps = name.startswith("JUMP_IF_")  # JUMP_IF_X_OR_POP keeps the value on a jump
-    lines = [f"__c = bool({c})"]
+    lines = [f"__c = {_at_user_line(frame, cg)}(bool, {c})"]
     target_cond = "__c" if jump_if_true else "not __c"
     targets = [(target_cond, inst.target, [c] if keeps else []),
                (None, inst.index + 1, [])]

@@ -294,10 +294,13 @@ class DictValue(Value):
 
 
 class SetValue(Value):
+    """A set of constants, kept in a real Python set that goes through the program's own
+    additions and removals: it iterates (and pops) in the order eager's set does."""
+
     mutable = True
 
     def __init__(self, items, source=None):
-        self.items = list(dict.fromkeys(items))  # constants, insertion ordered
+        self.items = items if type(items) is set else set(items)
         self.source = source
 
     def python_type(self):
@@ -318,7 +321,8 @@ class SetValue(Value):
 
 
 class IteratorValue(Value):
-    """An iterator over a finite list of values known at trace time."""
+    """An iterator over a fixed list of values (a tuple's or a constant's items); the
+    lazy and live ones (generators, map, a list's iterator) are in iterators.py."""
 
     mutable = True
 
@@ -327,6 +331,7 @@ class IteratorValue(Value):
         self.index = index
 
     def next(self, tx):
+        """The next item, or None when exhausted."""
         if self.index >= len(self.items):
             return None
         v = self.items[self.index]
@@ -340,6 +345,24 @@ class IteratorValue(Value):
 
     def python_type(self):
         return type(iter(()))
+
+    def truth(self, tx):
+        return True
+
+    getattr = _container_getattr
+
+    def call_method(self, tx, name, args, kwargs):
+        from kiln.capture.iterators import iterator_method
+
+        return iterator_method(tx, self, name, args, kwargs)
+
+    def referenced(self) -> list:
+        """The Values a rebuilt iterator is made of."""
+        return self.items[self.index:]
+
+    def rebuild(self, cg) -> str:
+        """Python source making this iterator, in its current position."""
+        return f"iter(({''.join(cg.expr(i) + ', ' for i in self.items[self.index:])}))"
 
 
 class CellValue(Value):
@@ -535,6 +558,12 @@ class ClassValue(Value):
         if name == "apply" and isinstance(self.cls, type) and issubclass(self.cls, torch.autograd.Function) \
                 and _defined_by_torch(self.cls, "apply"):
             return AutogradFunctionApply(self.cls)
+        if type(self.cls) is not type:  # a metaclass's data descriptors come first
+            from kiln.capture.classes import metaclass_getattr
+
+            found = metaclass_getattr(tx, self, name)
+            if found is not None:
+                return found
         return wrap_class_attr(tx, None, self.cls, name, source=self.source)
 
     def __repr__(self):
@@ -682,11 +711,27 @@ class SuperValue(Value):
 
 
 class ExceptionValue(Value):
-    """An exception instance raised or created by the traced program."""
+    """An exception instance raised or created by the traced program: its ``args`` and
+    the attributes its ``__init__`` set (``custom_init``: that ``__init__`` is Python
+    code, so it is rebuilt from this state, not by calling the class again)."""
 
-    def __init__(self, cls, args):
+    def __init__(self, cls, args, custom_init=False):
         self.cls = cls
         self.args = list(args)
+        self.attrs: dict = {}
+        self.custom_init = custom_init
+
+    @classmethod
+    def of_real(cls_, e: BaseException):
+        """The Value of a real exception raised while tracing (by a folded builtin, an
+        op): its args and attributes as they are."""
+        from kiln.capture.builder import lookup_class_attr, wrap_static
+
+        _, init = lookup_class_attr(type(e), "__init__")
+        ev = cls_(type(e), [wrap_static(a) for a in e.args], custom_init=isinstance(init, types.FunctionType))
+        if ev.custom_init:
+            ev.attrs = {k: wrap_static(a) for k, a in vars(e).items()}
+        return ev
 
     def python_type(self):
         return self.cls
@@ -694,7 +739,28 @@ class ExceptionValue(Value):
     def getattr(self, tx, name):
         if name == "args":
             return TupleValue(self.args)
-        raise Unsupported(f"attribute {name!r} of exception {self.cls.__name__}")
+        if name in self.attrs:
+            return self.attrs[name]
+        if name == "__class__":
+            return ClassValue(self.cls)
+        if name in ("__cause__", "__context__", "__traceback__", "__notes__", "__suppress_context__"):
+            raise Unsupported(f"{name} of an exception made in the trace")
+        if name == "value" and issubclass(self.cls, StopIteration) and not self.custom_init:
+            return self.args[0] if self.args else ConstantValue(None)
+        from kiln.capture.builder import lookup_class_attr, wrap_class_attr
+
+        _, attr = lookup_class_attr(self.cls, name)
+        if isinstance(attr, (types.MemberDescriptorType, types.GetSetDescriptorType)):
+            raise Unsupported(f"{self.cls.__name__}.{name} (kept by the exception's C code)")
+        return wrap_class_attr(tx, self, self.cls, name)
+
+    def setattr(self, tx, name, value):
+        if name == "args":
+            self.args = value.unpack(tx)
+            return
+        if name.startswith("__"):
+            raise Unsupported(f"setting {name} of an exception")
+        self.attrs[name] = value
 
     def __repr__(self):
         return f"Exception({self.cls.__name__}, {self.args})"

@@ -12,8 +12,9 @@ from .compile import compile_aten_graph
 
 
 def _on_cuda(values) -> bool:
-    return any(getattr(t, "device", None) is not None and t.device.type == "cuda"
-               for t in values)
+    import torch
+
+    return any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in values)
 
 
 def prepare(args) -> None:
