@@ -194,6 +194,15 @@ def try_except(g):
     return block(rng.choice(opts), defines=[n], features=["try"])
 
 
+def deliberate_raise(g):
+    """A user exception out of ``prog`` on some inputs (exception parity: the compiled
+    run must raise the same type, with the same state changes made before it)."""
+    cond = _tensor_cond(g) if g.rng.random() < 0.7 else _py_cond(g)
+    if cond is None:
+        return None
+    return block(f"if {cond}:\n    raise ValueError('deliberate')", features=["raise"])
+
+
 BODY_RULES = [
     (30, S.assign), (12, S.inplace), (4, S.scalar), (5, S.container), (4, S.global_state), (1, S.objects),
     (2, S.closure), (3, S.grad_stmt), (8, S.graph_break_stmt), (3, if_py), (3, if_tensor), (3, for_loop),

@@ -15,13 +15,17 @@ import types
 import torch
 
 from .compare import compare
-from .gen_blocks import TOP_RULES, _indent
+from .gen_blocks import TOP_RULES, _indent, deliberate_raise
 from .gen_core import Gen
 from .gen_inputs import plan_inputs
 from .program import PREAMBLE, Program
 from .runner import CALLS, eager_observations
 
 MAX_BODY_LINES = 28
+#: Share of programs that raise a ValueError of their own on some inputs.
+RAISE_PROBABILITY = 0.06
+#: The only exception eager may raise in a valid program (a deliberate one).
+DELIBERATE = "ValueError"
 ATTEMPTS = 12
 
 
@@ -82,12 +86,18 @@ def _build(seed: int, rng: random.Random) -> Program:
         if len(g.body) >= steps or sum(b.text.count("\n") + 1 for b in g.body) >= MAX_BODY_LINES:
             break
         g.step(TOP_RULES)
+    if rng.random() < RAISE_PROBABILITY:
+        b = deliberate_raise(g)  # not run now: it may raise on call 1's inputs
+        if b is not None:
+            g.body.append(b)
+            g.features |= b.features
     return Program(seed, assemble(g, make_return(g)), "leaf", tuple(sorted(g.features)))
 
 
 def _deterministic_and_clean(program: Program, train: bool) -> bool:
     first = eager_observations(program, train)
-    if any(o.exc or o.backward_exc for o in first):
+    allowed = (None, DELIBERATE) if "raise" in program.features else (None,)
+    if any(o.exc not in allowed or o.backward_exc for o in first):
         return False
     second = eager_observations(program, train)
     return not any(compare(c, first[c], second[c]) for c in range(CALLS))

@@ -1,0 +1,77 @@
+"""The fuzzer's CI slice: fixed seeds, every kiln mode, compared with eager.
+
+Every (seed, mode) must match eager, except the pairs in ``KNOWN_FAILURES``: bugs found
+by the fuzzer that are being fixed (tests/fuzz/README.md; /work/wt/FUZZ_FINDINGS.md
+groups them). The list is exactly what fails today: when a fix lands, the slow
+``test_known_failures_still_fail`` names the pairs that pass now and they are removed;
+a new failure outside the list is a regression. The programs behind the seeds change
+whenever the generator does: re-run both slices and rewrite the list with it.
+"""
+from __future__ import annotations
+
+import pytest
+
+from .generator import generate
+from .modes import lookup
+from .runner import run_case
+
+MODES = ("eager", "aot_eager", "kiln", "train")
+FAST_SEEDS = range(0, 25)
+SLOW_SEEDS = range(25, 150)
+TIMEOUT = 300.0
+
+# Short reasons, by bug class of FUZZ_FINDINGS.md.
+GRAD_MODE = "G1: grad mode after the call (set_grad_enabled without compute / as a with around a break)"
+INPLACE_NONLEAF = "C1: in-place on a non-leaf input that requires grad raises at trace time"
+OUT_FRESH = "A1: out= into a fresh tensor: no out-of-place twin"
+SHAPE_INPLACE = "A2: shape-changing in-place op on an input (t_/squeeze_/unsqueeze_)"
+RESHAPE_COPY = "A3: reshape that copies, written to, replayed as a view"
+STRIDED_SETITEM = "K1: write into a strided-view input: StorageLayoutError"
+POW_0D = "A4: pow_ on a 0-d half tensor"
+VERSION_AT_TRACE = "A5: backward-time version-counter error raised at compile time"
+GRAD_NONE = "A6: a gradient None in eager is a tensor"
+NO_GRAD_META = "A7: autograd metadata of values made under no_grad"
+DICT_REPLAY = "C2: container side effect replayed after a break"
+
+#: (seed, mode) -> reason.
+KNOWN_FAILURES: dict[tuple[int, str], str] = {}
+
+
+def _failures(seed: int, modes) -> list[str]:
+    program = generate(seed)
+    bad = []
+    for mode in modes:
+        if (seed, mode) in KNOWN_FAILURES:
+            continue
+        r = run_case(program, lookup(mode), timeout=TIMEOUT)
+        if r.status not in ("ok", "skipped"):
+            detail = "\n      ".join(str(m) for m in r.mismatches[:4]) or r.error[:400]
+            bad.append(f"  {mode}: {r.status}\n      {detail}")
+    if bad:
+        bad.insert(0, f"seed {seed} (python -m tests.fuzz --seeds {seed}:{seed + 1} writes a reproducer):")
+        bad.append(program.source)
+    return bad
+
+
+@pytest.mark.parametrize("seed", FAST_SEEDS)
+def test_fuzz_slice(seed):
+    bad = _failures(seed, MODES)
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SLOW_SEEDS)
+def test_fuzz_slice_large(seed):
+    bad = _failures(seed, MODES)
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.slow
+def test_known_failures_still_fail():
+    """Keeps KNOWN_FAILURES exact: a listed pair that passes now must leave the list."""
+    fixed = []
+    for (seed, mode), reason in sorted(KNOWN_FAILURES.items()):
+        r = run_case(generate(seed), lookup(mode), timeout=TIMEOUT)
+        if r.status in ("ok", "skipped"):
+            fixed.append(f"({seed}, {mode!r}): {reason}")
+    assert not fixed, "these pass now; remove them from KNOWN_FAILURES:\n" + "\n".join(fixed)
