@@ -3,7 +3,7 @@ print the outcome table, write a reproducer for every failure.
 
     PYTHONPATH=. python -m tests.fuzz --seeds 0:200 --modes eager,aot_eager,kiln,train \\
         [--torch] [--torch-backend inductor] [--torch-seeds 0:50] [--out DIR] \\
-        [--subprocess] [--jobs N] [--timeout S] [--suppress-errors]
+        [--subprocess] [--jobs N] [--timeout S] [--suppress-errors] [--cache-dir DIR]
 """
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ def parse(argv=None):
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
     ap.add_argument("--suppress-errors", action="store_true",
                     help="let kiln fall back to eager on internal errors (its default) instead of raising")
+    ap.add_argument("--cache-dir", default=None,
+                    help="kiln's compile cache for this run (KILN_CACHE_DIR; default: kiln's own)")
     ap.add_argument("--quiet", action="store_true")
     return ap.parse_args(argv)
 
@@ -45,6 +47,8 @@ def main(argv=None) -> int:
     args = parse(argv)
     if not args.suppress_errors:
         os.environ["KILN_SUPPRESS_ERRORS"] = "0"
+    if args.cache_dir:
+        os.environ["KILN_CACHE_DIR"] = os.path.abspath(args.cache_dir)
     from . import report
     from .generator import GenerationFailed, generate
     from .modes import lookup, torch_peer

@@ -40,6 +40,11 @@ class Program:
     features: tuple[str, ...] = ()
 
     @property
+    def uses_half(self) -> bool:
+        """Whether any value may pass through float16/bfloat16 (looser comparison)."""
+        return any(w in self.source for w in ("float16", "bfloat16", ".half()"))
+
+    @property
     def filename(self) -> str:
         return f"<fuzz-{self.seed}>"
 

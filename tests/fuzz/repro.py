@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from .compare import TOLERANCE, Mismatch
+from .compare import TOLERANCE, Mismatch, tolerance
 from .modes import Mode
 from .program import INPUT_SEEDS, Program
 from .runner import CaseResult
@@ -198,7 +198,7 @@ def repro_text(program: Program, mode: Mode, result: CaseResult) -> str:
     if result.error:
         doc += "\nError:\n" + "\n".join("  " + ln for ln in result.error.replace('"""', "'''").splitlines()) + "\n"
     doc += '\nRun from the kiln repository root: PYTHONPATH=. python THIS_FILE\n"""\n'
-    tol = ", ".join(f"{dt}: {v}" for dt, v in TOLERANCE.items())
+    tol = ", ".join(f"{dt}: {tolerance(dt, program.uses_half)}" for dt in TOLERANCE)
     src = program.source
     source = f"r'''\n{src}'''" if "'''" not in src and "\\" not in src else repr(src)
     body = _PRELUDE.format(imports=imports, source=source, train=mode.train,

@@ -120,7 +120,7 @@ def run_case(program: Program, mode: Mode, timeout: float | None = 300.0) -> Cas
             compiled = observations(program, lambda ns: compiler.compile(ns["prog"]), mode.train,
                                     compiler.graph_break)
         for call in range(CALLS):
-            result.mismatches += compare(call, eager[call], compiled[call])
+            result.mismatches += compare(call, eager[call], compiled[call], program.uses_half)
         result.status, result.error = classify(result.mismatches, compiled)
     except CaseTimeout:
         result.status, result.error = "timeout", f"over {timeout:.0f} s"

@@ -328,3 +328,16 @@ def test_repro_runs_and_checks(tmp_path):
     open(path, "w").write(text)
     done = subprocess.run([sys.executable, path], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode != 0 and "compiled differs from eager" in done.stderr
+
+
+def test_tolerances():
+    from .compare import value_difference
+
+    a = torch.tensor([1.0, 2.0])
+    assert value_difference(a, a + 1e-6) == ""
+    assert value_difference(a, a * (1 + 1e-3)) != ""
+    assert value_difference(a, a * (1 + 1e-3), loose=True) == ""
+    assert value_difference(torch.tensor([1, 2]), torch.tensor([1, 3])) != ""
+    nan = torch.tensor([float("nan"), 1.0])
+    assert value_difference(nan, nan.clone()) == ""
+    assert value_difference(nan, torch.tensor([0.0, 1.0])) != ""
