@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from .compare import TOLERANCE, Mismatch, tolerance
+from .compare import GRAD_TOL, TOLERANCE, Mismatch, tolerance
 from .modes import Mode
 from .program import INPUT_SEEDS, Program
 from .runner import CaseResult
@@ -26,6 +26,7 @@ SOURCE = {source}
 TRAIN = {train}
 CLONE = {clone}
 TOLERANCE = {{{tolerance}}}
+GRAD_TOLERANCE = {grad_tol}
 
 
 def load(graph_break):
@@ -75,9 +76,11 @@ def run(ns, fn, call):
     return r
 
 
-def close(a, b):
+def close(a, b, grad=False):
     a, b = a.detach(), b.detach()
     rtol, atol = TOLERANCE.get(a.dtype, (0.0, 0.0))
+    if grad and a.dtype.is_floating_point:
+        rtol, atol = max(rtol, GRAD_TOLERANCE[0]), max(atol, GRAD_TOLERANCE[1])
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if a.dtype.is_floating_point or a.dtype.is_complex:
@@ -158,7 +161,7 @@ def _facet_check(m: Mismatch) -> str:
         return (f"check({rel.format(e, e2)} == {rel.format(c, c2)}, {what} + ' with {m.other}', "
                 f"{rel.format(e, e2)}, {rel.format(c, c2)})")
     table = {
-        "values": (f"close({e}, {c})", f"{e}", f"{c}"),
+        "values": (f"close({e}, {c}, grad={m.where == 'grad'})", f"{e}", f"{c}"),
         "dtype": (f"{e}.dtype == {c}.dtype", f"{e}.dtype", f"{c}.dtype"),
         "shape": (f"{e}.shape == {c}.shape", f"{e}.shape", f"{c}.shape"),
         "layout": (f"{e}.layout == {c}.layout", f"{e}.layout", f"{c}.layout"),
@@ -202,7 +205,7 @@ def repro_text(program: Program, mode: Mode, result: CaseResult) -> str:
     src = program.source
     source = f"r'''\n{src}'''" if "'''" not in src and "\\" not in src else repr(src)
     body = _PRELUDE.format(imports=imports, source=source, train=mode.train,
-                           clone=program.train_inputs == "clone", tolerance=tol, seeds=INPUT_SEEDS,
+                           clone=program.train_inputs == "clone", tolerance=tol, grad_tol=GRAD_TOL, seeds=INPUT_SEEDS,
                            graph_break=gb, compile=comp, backend=backend)
     calls = _CALLS.format(ncalls=len(INPUT_SEEDS), checks=_checks(result.mismatches))
     return doc + body + calls
