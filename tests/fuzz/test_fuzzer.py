@@ -342,3 +342,17 @@ def test_tolerances():
     nan = torch.tensor([float("nan"), 1.0])
     assert value_difference(nan, nan.clone()) == ""
     assert value_difference(nan, torch.tensor([0.0, 1.0])) != ""
+
+
+def test_pool_reports_segfault_and_timeout(tmp_path):
+    """Subprocess mode: a dying worker is a segfault, a hanging case a timeout, and
+    the pool goes on with the next case in a fresh worker."""
+    from .pool import Pool
+
+    crash = Program(1, SOURCE.replace("    return v, x[0], y", "    import ctypes\n    ctypes.string_at(0)"))
+    hang = Program(2, SOURCE.replace("    return v, x[0], y", "    import time\n    time.sleep(60)"))
+    fine = program()
+    mode = lookup("eager")
+    tasks = [(crash, mode), (hang, mode), (fine, mode)]
+    got = {t[0].seed: r.status for t, r in Pool(1, timeout=3, log_dir=str(tmp_path)).run(tasks)}
+    assert got == {1: "segfault", 2: "timeout", 0: "ok"}
