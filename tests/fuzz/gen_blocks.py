@@ -12,7 +12,7 @@ import torch
 
 from . import gen_stmts as S
 from .gen_exprs import _factor, _shape_arg
-from .gen_state import block
+from .gen_state import block, signature
 
 MAX_DEPTH = 2
 
@@ -104,8 +104,6 @@ def _if(g, cond_fn, feature):
 
 
 def _sig(g):
-    from .gen_state import signature
-
     return signature(g.st)
 
 
