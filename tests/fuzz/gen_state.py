@@ -1,0 +1,125 @@
+"""The generator's live state: the program so far, executed on real tensors.
+
+The generator writes a program one statement block at a time and runs each block at
+once on live values (the arguments of call 1), so every choice it makes next — which
+tensor to use, which dims exist, which dtypes combine — is made against real shapes
+and dtypes, and a block that raises is simply dropped. All names of the program
+(module globals, ``prog``'s locals and arguments) live in one flat namespace while
+generating: locals, globals and helpers never share a name, so a ``global G_n``
+statement behaves the same flattened as inside ``prog``. Dropping a block rebuilds the
+namespace by replaying the accepted blocks from the start.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import torch
+
+from .program import INPUT_SEEDS, PREAMBLE
+
+#: Largest tensor a statement may make (keeps compiled kernels and eager runs quick).
+MAX_NUMEL = 512
+MAX_NDIM = 6
+
+
+@dataclasses.dataclass
+class Block:
+    """A statement (possibly compound, possibly several lines) of ``prog``'s body, at
+    indentation 0; ``defines`` are the locals it leaves bound for later statements."""
+
+    text: str
+    defines: tuple[str, ...] = ()
+    global_writes: frozenset = frozenset()
+    header: tuple[str, ...] = ()
+    features: frozenset = frozenset()
+
+
+def block(text, defines=(), global_writes=(), header=(), features=()) -> Block:
+    return Block(text, tuple(defines), frozenset(global_writes), tuple(header), frozenset(features))
+
+
+def atom(text: str) -> str:
+    """``text`` parenthesized if it is not already one operand (a name, call, index or
+    attribute chain): ``v1 + 2`` becomes ``(v1 + 2)``, ``-v1`` becomes ``(-v1)``."""
+    if text[:1] in "-~" or text.startswith("not "):
+        return f"({text})"
+    depth = 0
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == " " and depth == 0:
+            return f"({text})"
+    return text
+
+
+def _noop():
+    pass
+
+
+class State:
+    """One flat namespace holding the module and ``prog``'s locals, and the names of
+    the locals in the order they were bound."""
+
+    def __init__(self, ns: dict, local_names: list[str]):
+        self.ns = ns
+        self.locals = local_names
+
+    def run(self, text: str):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                exec(compile(text, "<fuzzgen>", "exec"), self.ns)
+            finally:
+                torch.set_grad_enabled(True)
+
+    def eval(self, text: str):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                return eval(compile(text, "<fuzzgen>", "eval"), self.ns)
+            finally:
+                torch.set_grad_enabled(True)
+
+    def value(self, name: str):
+        return self.ns[name]
+
+    def sane(self) -> bool:
+        """No local is a tensor too large or too high-dimensional."""
+        for name in self.locals:
+            v = self.ns.get(name)
+            if isinstance(v, torch.Tensor) and (v.numel() > MAX_NUMEL or v.dim() > MAX_NDIM):
+                return False
+            if isinstance(v, (list, tuple)) and len(v) > 64:
+                return False
+        return True
+
+
+def value_signature(v):
+    """What later statements rely on about a value: its type, and a tensor's shape and
+    dtype."""
+    if isinstance(v, torch.Tensor):
+        return (type(v), tuple(v.shape), v.dtype)
+    if isinstance(v, (list, tuple, dict)):
+        return (type(v), len(v))
+    return type(v)
+
+
+def signature(st: State) -> dict:
+    return {n: value_signature(st.ns[n]) for n in st.locals if n in st.ns}
+
+
+def initial_state(inputs_text: str, params: list[str], header: list[str]) -> State:
+    ns = {"__name__": "fuzzgen", "graph_break": _noop}
+    st = State(ns, list(params))
+    st.run(PREAMBLE)
+    for h in header:
+        st.run(h)
+    st.run(inputs_text)
+    g = torch.Generator().manual_seed(INPUT_SEEDS[0])
+    args, _, _ = ns["make_inputs"](g)
+    for name, value in zip(params, args):
+        ns[name] = value
+    return st
