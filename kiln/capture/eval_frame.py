@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import types
+import weakref
 
 from kiln import config
 from kiln.capture.codegen import MISS
@@ -23,7 +24,7 @@ from kiln.debug.logs import log_for
 from kiln.debug.timing import timed
 
 _state = threading.local()
-_all_compiled: list = []  # weak bookkeeping for kiln.reset()
+_all_compiled = weakref.WeakSet()  # for kiln.reset(); never keeps one alive
 
 
 def is_compiling() -> bool:
@@ -59,7 +60,7 @@ class CompiledFunction:
         except (TypeError, ValueError):
             self._sig = None
         functools.update_wrapper(self, fn)
-        _all_compiled.append(self)
+        _all_compiled.add(self)
 
     def __get__(self, obj, objtype=None):
         if obj is None:
@@ -160,7 +161,7 @@ class CompiledFunction:
 
 
 def reset_all():
-    for c in _all_compiled:
+    for c in list(_all_compiled):
         c.entries.clear()
         c.skip = None
         c._callees.clear()
