@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from kiln.autograd.grad_reach import unreached
 from kiln.autograd.ops import op_set
 from kiln.autograd.partition import partition
 from kiln.autograd.trace import TraceResult, _meta_copy, _replay, trace_joint
@@ -137,6 +138,11 @@ class _Training:
                     if create_graph and g is not None:
                         g = _RefuseDoubleBackward.apply(g, *ctx.anchors)
                     result[i] = g
+                if tr.grad_needs is not None:
+                    present = sum(1 << n for n, k in enumerate(tr.differentiable)
+                                  if grads[k] is not None)
+                    for j in unreached(tr.grad_needs, present):
+                        result[tr.grad_inputs[j]] = None     # eager's .grad stays None
                 return tuple(result)
 
         self.function = _CompiledFunction
@@ -152,11 +158,15 @@ class _Training:
             a = args[i]
             if a.requires_grad:
                 anchors.append(a if a.is_leaf else a.as_strided((0,), (1,)).clone())
+        if not torch.is_grad_enabled():     # the graph turns grad mode on itself
+            with torch.enable_grad():
+                return self.function.apply(*args, *anchors)
         return self.function.apply(*args, *anchors)
 
 
 class _Inference:
     def __init__(self, tr: TraceResult, compiler):
+        self.trace = tr
         graph = tr.graph
         self.module = _module(graph, tr.constants, "KilnInference")
         _log_graph("inference graph", self.module)
@@ -187,27 +197,36 @@ class AotFunction:
         self.fw_compiler = fw_compiler or _default_compiler
         self.bw_compiler = bw_compiler or _default_compiler
         self.inference_compiler = inference_compiler or self.fw_compiler
-        self._training: dict[tuple, _Training] = {}
+        self._training: dict[tuple, _Training] = {}     # (requires_grad pattern, grad mode)
+        self._forward_only: dict[tuple, _Inference] = {}
         self._inference: _Inference | None = None
         self._traces: dict[tuple, TraceResult] = {}
+        #: the graph turns grad mode on (``_set_grad_enabled(True)`` nodes): called with
+        #: grad off, it may still need its training path
+        self._enables_grad = any(n.op == "call_function" and n.target is torch._C._set_grad_enabled
+                                 and n.args and n.args[0] for n in gm.graph.nodes)
         # Compile the path the example inputs ask for now, so errors surface early.
         self._entry(example_inputs)
 
     def _entry(self, args):
-        if not torch.is_grad_enabled():
+        grad = torch.is_grad_enabled()
+        if not grad and not self._enables_grad:
             return self._inference or self._inference_entry(), self._inference_trace
         pattern = tuple([isinstance(a, torch.Tensor) and a.requires_grad for a in args])
         if any(pattern):
-            entry = self._training.get(pattern)
+            key = (pattern, grad)
+            entry = self._training.get(key) or self._forward_only.get(key)
             if entry is None:
                 with timed("aot_trace"):
                     tr = trace_joint(self.gm, self.examples, train=True,
                                      requires_grad=pattern, devices=self.devices,
-                                     ops=self.ops)
-                if not tr.grad_inputs:
-                    return self._inference_entry(), self._inference_trace
-                entry = _Training(tr, self.fw_compiler, self.bw_compiler)
-                self._training[pattern] = entry
+                                     ops=self.ops, grad_at_entry=grad)
+                if tr.grad_inputs:
+                    entry = self._training[key] = _Training(tr, self.fw_compiler,
+                                                            self.bw_compiler)
+                else:   # no output needs a gradient: the forward alone, with this
+                    # trace's outputs (which of its views of inputs need one)
+                    entry = self._forward_only[key] = _Inference(tr, self.inference_compiler)
             return entry, entry.trace
         return self._inference_entry(), self._inference_trace
 
@@ -223,21 +242,21 @@ class AotFunction:
     def _aliased_entry(self, args, key):
         """The path for inputs sharing storage as ``key`` says, traced on first use."""
         paths = self._aliased.setdefault(key, {})
-        train = torch.is_grad_enabled() and any(
+        grad = torch.is_grad_enabled()
+        train = (grad or self._enables_grad) and any(
             isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-        pattern = tuple([isinstance(a, torch.Tensor) and a.requires_grad for a in args]) \
+        pattern = (tuple([isinstance(a, torch.Tensor) and a.requires_grad for a in args]), grad) \
             if train else None
         if pattern not in paths:
             aliases = {m: (b, g) for b, m, g in key}
             with timed("aot_trace"):
-                tr = trace_joint(self.gm, self.examples, train=train, requires_grad=pattern,
-                                 devices=self.devices, ops=self.ops, aliases=aliases)
+                tr = trace_joint(self.gm, self.examples, train=train,
+                                 requires_grad=pattern[0] if train else None,
+                                 devices=self.devices, ops=self.ops, aliases=aliases,
+                                 grad_at_entry=grad if train else None)
             if train and tr.grad_inputs:
                 paths[pattern] = _Training(tr, self.fw_compiler, self.bw_compiler), tr
             else:
-                if train:
-                    tr = trace_joint(self.gm, self.examples, train=False,
-                                     devices=self.devices, ops=self.ops, aliases=aliases)
                 paths[pattern] = _Inference(tr, self.inference_compiler), tr
         return paths[pattern]
 
@@ -283,10 +302,9 @@ class AotFunction:
             kind = spec[0]
             if kind == "fn":
                 result.append(outs[spec[1]])
-            elif kind == "input_view":
-                result.append(_replay(spec[2], args[spec[1]]))
-            elif kind == "base_view":
-                result.append(_replay(spec[2], outs[spec[1]]))
+            elif kind in ("input_view", "base_view"):
+                r = _replay(spec[2], (args if kind == "input_view" else outs)[spec[1]])
+                result.append(r.detach() if spec[3] and r.requires_grad else r)
             else:
                 result.append(spec[1])
         return tuple(result)

@@ -40,6 +40,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln.autograd import ops as opinfo
+from kiln.autograd.grad_reach import inputs_needs
 from ..dispatch_mode import KilnDispatchMode
 from ..fast_meta import meta_result
 
@@ -76,8 +77,10 @@ class TraceResult:
     #: positions of the forward outputs of ``graph`` (the compiled function's outputs):
     #: user outputs, then new values of mutated inputs, then bases of aliased outputs
     num_fw_outputs: int
-    #: how to build each user output: ("fn", k) | ("input_view", i, chain) |
-    #: ("base_view", k, chain) | ("const", value)
+    #: how to build each user output: ("fn", k) | ("input_view", i, chain, detached) |
+    #: ("base_view", k, chain, detached) | ("const", value); ``detached``: the traced
+    #: output needs no gradient (``x.detach()`` is an alias at this level), so a replayed
+    #: view that would require one is detached
     output_specs: list
     #: (input index, forward-output position of its new value)
     mutations: list
@@ -85,6 +88,9 @@ class TraceResult:
     differentiable: list
     #: input indices whose gradient the backward returns, in order
     grad_inputs: list = field(default_factory=list)
+    #: with several differentiable outputs, per grad input: a bitset over
+    #: ``differentiable`` of the outputs whose autograd graph reaches it (``grad_reach``)
+    grad_needs: list | None = None
 
     @functools.cached_property
     def plain_outputs(self) -> int | None:
@@ -235,6 +241,8 @@ class _TraceMode(KilnDispatchMode):
         if func in (aten.lift_fresh.default, aten.lift_fresh_copy.default):
             return args[0] if func is aten.lift_fresh.default else self._record(
                 aten.clone.default, args, kwargs)
+        if torch.Tag.inplace_view in func.tags:
+            return self._inplace_view(func, args, kwargs)
         if opinfo.is_mutation(func):
             return self._mutate(func, args, kwargs)
         table = self.ops.table
@@ -315,6 +323,29 @@ class _TraceMode(KilnDispatchMode):
         self._register_outputs(out, node, info.device, view_of=info,
                                step=(func, tuple(args[1:]), dict(kwargs)))
         return out
+
+    def _inplace_view(self, func, args, kwargs):
+        """``squeeze_``, ``t_``, ``as_strided_``…: the tensor's metadata changes, its data
+        does not (eager's matmul of a vector squeezes its result in place). Recorded as
+        the out-of-place view; the tensor stands for that view from now on."""
+        functional = opinfo.functional_variant(func)
+        if functional is None:
+            raise AotUnsupported(f"no out-of-place twin for in-place view op {func}")
+        t = args[0]
+        info = self.infos[id(t)]
+        with self:
+            view = functional(*args, **kwargs)
+        # what was recorded so far keeps ``t``'s old metadata: a stand-in takes its place
+        old = aten.as_strided.default(t, t.size(), t.stride(), t.storage_offset())
+        self.infos[id(old)] = info
+        self.keep.append(old)
+        if info.node.meta.get("val") is t:
+            info.node.meta["val"] = old
+        if info.storage.base is t:
+            info.storage.base = old
+        func(*args, **kwargs)           # the meta tensor takes the view's metadata
+        self.infos[id(t)] = self.infos[id(view)]
+        return t
 
     def _mutate(self, func, args, kwargs):
         functional = opinfo.functional_variant(func)
@@ -445,7 +476,7 @@ def _meta_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=None,
-                devices=None, ops=None, aliases=None) -> TraceResult:
+                devices=None, ops=None, aliases=None, grad_at_entry=None) -> TraceResult:
     """Trace ``gm`` on meta copies of ``example_inputs``; with ``train``, also the
     backward for every output that requires grad. See the module docstring.
     ``requires_grad`` and ``devices`` (per input) override the examples' own, so that
@@ -455,7 +486,9 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     member is traced as a view of the base input — ``alias`` when ``geometry`` is None
     (the same tensor), else ``as_strided(base, *geometry)`` (the base is contiguous,
     at storage offset 0, and neither requires grad) — so that a write through either
-    is seen through the other (see ``runtime._alias_key``)."""
+    is seen through the other (see ``runtime._alias_key``). ``grad_at_entry``: the grad
+    mode the graph starts in (default: ``train``); a training trace may start with grad
+    off when the graph turns it on itself (``torch._C._set_grad_enabled`` nodes)."""
     ops = opinfo.op_set(ops)
     if devices is None:
         devices = [a.device if isinstance(a, torch.Tensor) else None
@@ -499,7 +532,8 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             else:
                 metas[i] = aten.as_strided.default(metas[base], *geometry)
 
-    with torch.set_grad_enabled(train), mode, _attention_mode(mode):
+    entry_mode = train if grad_at_entry is None else grad_at_entry
+    with torch.set_grad_enabled(entry_mode), mode, _attention_mode(mode):
         outs = _Runner(gm, mode).run(*metas)
     mode.source = None
     flat_outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
@@ -527,11 +561,11 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                 n = len(member.chain)
                 if member.storage is st and n > best and info.chain[:n] == member.chain:
                     owner, chain, best = i, info.chain[n:], n
-            specs.append(("input_view", owner, chain))
+            specs.append(("input_view", owner, chain, not o.requires_grad))
         elif storage_users[id(st)] > 1:
             if id(st) not in bases:
                 bases[id(st)] = -1   # filled below, after mutations
-            specs.append(("base_view", st, info.chain))
+            specs.append(("base_view", st, info.chain, not o.requires_grad))
         else:
             specs.append(("fn", len(fw_values)))
             fw_values.append(o)
@@ -549,7 +583,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             if bases[id(st)] == -1:
                 bases[id(st)] = len(fw_values)
                 fw_values.append(st.base)
-            specs[k] = ("base_view", bases[id(st)], spec[2])
+            specs[k] = ("base_view", bases[id(st)], spec[2], spec[3])
 
     fw_nodes = [mode.value(v) for v in fw_values]
     differentiable = [k for k, v in enumerate(fw_values)
@@ -557,6 +591,9 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                       or (train and v.requires_grad and v.dtype.is_complex)]
 
     bw_nodes = []
+    grad_needs = None
+    if train and len(differentiable) > 1 and leaves:
+        grad_needs = inputs_needs([fw_values[k] for k in differentiable], leaves)
     if train and differentiable and leaves:
         mode.phase = "backward"
         tangents = []
@@ -578,7 +615,8 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     _drop_aliases(graph)
     graph.eliminate_dead_code()
     return TraceResult(graph, mode.constants, len(example_inputs), len(fw_nodes), specs,
-                       mutations, differentiable, grad_inputs)
+                       mutations, differentiable, grad_inputs,
+                       grad_needs if grad_inputs else None)
 
 
 def _attention_mode(mode: _TraceMode):
