@@ -18,8 +18,9 @@ import weakref
 from kiln import config
 from kiln.capture.codegen import MISS
 from kiln.capture.errors import SkipFrame, Unsupported
-from kiln.capture.guards import first_failure
-from kiln.capture.tracer import TraceContext, trace_frame
+from kiln.capture import global_state
+from kiln.capture.guards import Guard, first_failure
+from kiln.capture.tracer import Entry, TraceContext, trace_frame
 from kiln.debug.logs import log_for
 from kiln.debug.timing import timed
 
@@ -87,12 +88,16 @@ class CompiledFunction:
         bound = self._bind(args, kwargs)
         if bound is None:
             return self.fn(*args, **kwargs)  # let Python raise the TypeError
+        state = global_state.snapshot()
+        why = global_state.eager_reason(state)
+        if why is not None:
+            return self._run_eagerly_under(state, why, args, kwargs)
         _state.depth = getattr(_state, "depth", 0) + 1
         t0 = time.perf_counter()
         prepare = getattr(self.backend, "prepare", None)
-        if prepare is not None:     # a backend's one-time set-up, overlapping the capture
-            prepare(list(args) + list(kwargs.values()))
         try:
+            if prepare is not None:  # a backend's one-time set-up, overlapping the capture
+                prepare(list(args) + list(kwargs.values()))
             with timed("capture (incl. backend)"):
                 entry = trace_frame(self.fn, self.code, bound, self._ctx())
         except SkipFrame as s:
@@ -123,6 +128,17 @@ class CompiledFunction:
             reason = first_failure(entry.guards, entry.namespace, bound)
             raise RuntimeError(f"kiln: fresh guards fail on the traced inputs: {reason}")
         return r
+
+    def _run_eagerly_under(self, state, why, args, kwargs):
+        """Global state kiln cannot reproduce: an entry that runs ``fn`` itself while
+        that state lasts (other states still compile)."""
+        if self.fullgraph:
+            raise Unsupported(f"{self.code.co_name}: {why}")
+        log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, why)
+        if self.recorder is not None:
+            self.recorder.skips.append(f"{self.code.co_name}: {why}")
+        self.entries.append(_eager_entry(self.fn, state, why))
+        return self.fn(*args, **kwargs)
 
     def _ctx(self):
         return TraceContext(self.backend, self.fullgraph, self._compile_callee, self.recorder)
@@ -158,6 +174,20 @@ class CompiledFunction:
                 where, config.recompile_limit, reason)
         else:
             log.info("recompiling %s: guard failed: %s", where, reason)
+
+
+def _eager_entry(fn, state, why):
+    snapshot = global_state.snapshot
+
+    def run_eagerly(*args, **kwargs):
+        if snapshot() != state:
+            return MISS
+        return fn(*args, **kwargs)
+
+    guard = Guard("__state() == __S", f"global torch state is ({global_state.describe(state)})",
+                  "__state()")
+    return Entry(run_eagerly, [guard], {"__state": snapshot, "__S": state},
+                 f"# {fn.__qualname__} runs eagerly: {why}")
 
 
 def reset_all():

@@ -242,13 +242,35 @@ class FakeMode(KilnDispatchMode):
 
 
 def to_fake(t: torch.Tensor) -> FakeTensor:
-    """A fake with the same size, strides, dtype, device and requires_grad as ``t``."""
+    """A fake with the same size, strides, dtype, device, requires_grad and autograd
+    standing as ``t``: a leaf, a view of a leaf that requires grad, or another
+    non-leaf — what autograd checks before an in-place op (eager refuses one on a leaf
+    that requires grad, or on a view of one, and allows it on any other tensor)."""
     if isinstance(t, FakeTensor):
         return t
-    elem = torch.empty_strided(
-        t.size(), t.stride(), dtype=t.dtype, device=_META
-    )
-    f = FakeTensor(elem, t.device)
-    if t.requires_grad:
-        f.requires_grad_(True)
+    if not t.requires_grad or t.is_leaf:
+        f = _fake_like(t)
+        return f.requires_grad_(True) if t.requires_grad else f
+    base = t._base
+    if autograd_standing(t) == 1:
+        with torch.enable_grad():
+            return _fake_like(base).requires_grad_(True).as_strided(
+                t.size(), t.stride(), t.storage_offset() - base.storage_offset())
+    f = _fake_like(t)
+    with torch.enable_grad():
+        f.copy_(_fake_like(t).requires_grad_(True))   # a non-leaf, its layout kept
     return f
+
+
+def _fake_like(t: torch.Tensor) -> FakeTensor:
+    elem = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=_META)
+    return FakeTensor(elem, t.device)
+
+
+def autograd_standing(t: torch.Tensor) -> int:
+    """What autograd checks before an in-place op on ``t`` (which requires grad): 0 a
+    leaf, 1 a view of a leaf that requires grad, 2 any other non-leaf."""
+    if t.is_leaf:
+        return 0
+    base = t._base
+    return 1 if base is not None and base.is_leaf and base.requires_grad else 2

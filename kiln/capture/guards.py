@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kiln.capture import global_state
+from kiln.capture.fake import autograd_standing
 from kiln.capture.sources import Source
 
 
@@ -97,11 +99,25 @@ class GuardSet:
         stride = tuple(t.stride())
         self.add(f"{e}.stride() == {stride!r}", f"{p}.stride() == {stride}", f"{e}.stride()")
         rg = bool(t.requires_grad)
-        self.add(f"{e}.requires_grad is {rg}", f"{p}.requires_grad is {rg}", f"{e}.requires_grad")
+        if not rg:
+            self.add(f"{e}.requires_grad is False", f"{p}.requires_grad is False", f"{e}.requires_grad")
+        elif t.is_leaf:     # in-place ops on it are refused: a trace assumed one or the other
+            self.add(f"{e}.requires_grad is True and {e}.is_leaf",
+                     f"{p}.requires_grad is True, a leaf", f"({e}.requires_grad, {e}.is_leaf)")
+        else:
+            standing = autograd_standing(t)
+            what = "a view of a leaf" if standing == 1 else "not a leaf"
+            self.add(f"{e}.requires_grad is True and {self.const(autograd_standing, 'f')}({e}) == {standing}",
+                     f"{p}.requires_grad is True, {what}", f"({e}.requires_grad, {e}.is_leaf)")
 
     def grad_mode(self, enabled: bool):
         self.add(f"__torch.is_grad_enabled() is {enabled}",
                  f"torch.is_grad_enabled() is {enabled}", "__torch.is_grad_enabled()")
+
+    def global_state(self, state: tuple):
+        self.add(f"{self.const(global_state.snapshot, 'state')}() == {self.const(state, 'S')}",
+                 f"global torch state is ({global_state.describe(state)})",
+                 f"{self.const(global_state.snapshot, 'state')}()")
 
     def expression(self, code: str, description: str, lhs: str | None = None):
         self.add(code, description, lhs)

@@ -14,6 +14,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_map
 
+from kiln.capture import global_state
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.fake import DataDependent, FakeMode, FakeTensor, NoMetaKernel, to_fake
@@ -31,7 +32,9 @@ class OutputGraph:
         self.mutated: list = []  # objects/containers the program changed, in order
         self.global_writes: dict = {}  # name -> Value
         self.grad_enabled = torch.is_grad_enabled()
+        self.entry_grad_enabled = self.grad_enabled  # the graph's caller restores the end's
         self.guards.grad_mode(self.grad_enabled)
+        self.guards.global_state(global_state.snapshot())
         self._names: set = set()
         self._keepalive: list = []
 
@@ -86,6 +89,10 @@ class OutputGraph:
     # --- graph ops -----------------------------------------------------------------
     def op(self, kind: str, target, args, kwargs) -> V.Value:
         """Record ``target(*args, **kwargs)`` in the graph; return the result's Value."""
+        rg = kwargs.get("requires_grad")
+        if not (rg is None or isinstance(rg, V.ConstantValue) and rg.value is False):
+            # a new leaf of the user's autograd graph: graph outputs are never leaves
+            raise Unsupported(f"{_target_name(target)}(requires_grad=...) inside a compiled region")
         fake_args = [_to_fake(a) for a in args]
         fake_kwargs = {k: _to_fake(v) for k, v in kwargs.items()}
         try:

@@ -61,9 +61,7 @@ def _set_grad_enabled(tx, args, kwargs):
     mode = args[0].const()
     prev = tx.output.grad_enabled
     tx.output.set_grad_enabled(mode)
-    gm = V.GradModeValue(mode)
-    gm.prev = prev
-    return gm
+    return V.GradModeValue(mode, applied_from=prev)
 
 
 def _numel(tx, args, kwargs):
@@ -87,7 +85,7 @@ CONST_FOLD = {
     torch._C._is_tracing: lambda tx, a, k: _const(False),
     torch.set_grad_enabled: _set_grad_enabled,
     torch._C._set_grad_enabled: _set_grad_enabled,
-    torch.is_inference_mode_enabled: lambda tx, a, k: _const(False),
+    torch.is_inference_mode_enabled: lambda tx, a, k: _const(torch.is_inference_mode_enabled()),
     torch._C._log_api_usage_once: lambda tx, a, k: _const(None),
     # traced values are plain tensors: no __torch_function__ overrides to honour
     torch._C._has_torch_function: lambda tx, a, k: _const(False),

@@ -177,6 +177,10 @@ def _finish(fn, code, out, cg, ctx, tail_lines, guards_extra=None, break_info=No
     if res:
         call_lines, gm = res
         lines += call_lines
+    if out.grad_enabled != out.entry_grad_enabled:
+        # the grad mode the traced code leaves, whatever the backend does with the
+        # graph's own mode changes (aten graphs have none)
+        lines.append(f"__torch._C._set_grad_enabled({out.grad_enabled})")
     lines += cg.lines
     entry_lines = lines + tail_lines
     guards = list(out.guards.guards)
