@@ -9,7 +9,7 @@ import types
 import torch
 
 from kiln.capture import values as V
-from kiln.capture.builder import lookup_class_attr
+from kiln.capture.builder import lookup_guarded
 from kiln.capture.errors import Unsupported
 
 
@@ -66,7 +66,7 @@ def construct(tx, cv, args, kwargs):
     if cls.__new__ is not object.__new__:
         raise Unsupported(f"{cls.__qualname__} defines __new__")
     obj = V.NewObjectValue(cls)
-    owner, init = lookup_class_attr(cls, "__init__")
+    owner, init = lookup_guarded(tx, cls, "__init__")
     if owner is object:
         if args or kwargs:
             raise Unsupported(f"{cls.__qualname__}() takes no arguments")

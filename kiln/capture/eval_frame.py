@@ -56,10 +56,8 @@ class CompiledFunction:
         self.entries: list = []
         self.skip = None  # reason the frame runs eagerly
         self._callees: dict = {}
-        try:
-            self._sig = inspect.signature(fn, follow_wrapped=False)
-        except (TypeError, ValueError):
-            self._sig = None
+        self._defaults = fn.__defaults__
+        self._kwdefaults = fn.__kwdefaults__
         functools.update_wrapper(self, fn)
         _all_compiled.add(self)
 
@@ -69,6 +67,10 @@ class CompiledFunction:
         return types.MethodType(self, obj)
 
     def __call__(self, *args, **kwargs):
+        fn = self.fn
+        if fn.__defaults__ is not self._defaults or fn.__kwdefaults__ is not self._kwdefaults \
+                or fn.__code__ is not self.code:
+            self._function_changed()
         for e in self.entries:
             r = e.fn(*args, **kwargs)
             if r is not MISS:
@@ -140,6 +142,20 @@ class CompiledFunction:
         self.entries.append(_eager_entry(self.fn, state, why))
         return self.fn(*args, **kwargs)
 
+    def _function_changed(self):
+        """The user assigned ``fn.__defaults__``, ``__kwdefaults__`` or ``__code__``
+        after compiling: entries take the new defaults (their guards then check the
+        values a call omits, as for any argument); new code starts afresh."""
+        fn = self.fn
+        if fn.__code__ is not self.code:
+            self.code = fn.__code__
+            self.entries = []
+            self.skip = None
+            self._callees.clear()
+        self._defaults, self._kwdefaults = fn.__defaults__, fn.__kwdefaults__
+        for e in self.entries:
+            e.fn.__defaults__, e.fn.__kwdefaults__ = self._defaults, self._kwdefaults
+
     def _ctx(self):
         return TraceContext(self.backend, self.fullgraph, self._compile_callee, self.recorder)
 
@@ -151,11 +167,11 @@ class CompiledFunction:
         return c
 
     def _bind(self, args, kwargs):
-        if self._sig is None:
-            return None
+        """The call's arguments by name, with the defaults the function has now."""
         try:
-            b = self._sig.bind(*args, **kwargs)
-        except TypeError:
+            sig = inspect.signature(self.fn, follow_wrapped=False)
+            b = sig.bind(*args, **kwargs)
+        except (TypeError, ValueError):
             return None
         b.apply_defaults()
         return dict(b.arguments)

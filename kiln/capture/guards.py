@@ -8,6 +8,8 @@ which assumption broke — that is what ``KILN_LOGS=recompiles`` prints.
 """
 from __future__ import annotations
 
+import keyword
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -113,6 +115,28 @@ class GuardSet:
     def grad_mode(self, enabled: bool):
         self.add(f"__torch.is_grad_enabled() is {enabled}",
                  f"torch.is_grad_enabled() is {enabled}", "__torch.is_grad_enabled()")
+
+    def class_attr(self, cls, name: str):
+        """``cls.name`` is still what the trace found there (a method it inlined, a
+        property it ran, a class attribute it folded): swapping one on the class is a
+        recompile. Read as Python reads it from the class, so a name shadowed later in
+        the MRO fails too."""
+        try:
+            first, second = getattr(cls, name), getattr(cls, name)
+        except Exception:  # noqa: BLE001  (a descriptor that refuses class access)
+            return
+        t = self.const(cls, "T")
+        read = f"{t}.{name}" if name.isidentifier() and not keyword.iskeyword(name) \
+            else f"getattr({t}, {name!r})"
+        if first is second:
+            code = f"{read} is {self.const(first, 'O')}"
+        elif isinstance(first, types.MethodType) and first.__func__ is second.__func__:
+            read += ".__func__"      # a classmethod: bound anew on every read
+            code = f"{read} is {self.const(first.__func__, 'O')}"
+        else:
+            return
+        self.add(code, f"{cls.__qualname__}.{name} is the same object as when compiled ({_short(first)})",
+                 read)
 
     def global_state(self, state: tuple):
         self.add(f"{self.const(global_state.snapshot, 'state')}() == {self.const(state, 'S')}",
