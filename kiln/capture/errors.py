@@ -42,3 +42,9 @@ class RestartWithBreak(Exception):
         self.ip = ip
         self.reason = reason
         self.user_stack = user_stack
+
+
+class InternalError(Exception):
+    """A failure of kiln's own machinery while tracing (not an error of the user's
+    program): it follows ``suppress_errors`` (eager fallback, logged) and is never
+    replayed as the program's exception."""

@@ -17,7 +17,7 @@ import weakref
 
 from kiln import config
 from kiln.capture.codegen import MISS
-from kiln.capture.errors import SkipFrame, Unsupported
+from kiln.capture.errors import InternalError, SkipFrame, Unsupported
 from kiln.capture import global_state
 from kiln.capture.guards import Guard, first_failure
 from kiln.capture.tracer import Entry, TraceContext, trace_frame
@@ -114,10 +114,7 @@ class CompiledFunction:
             raise
         except Exception as ex:
             if config.suppress_errors:
-                logging.getLogger("kiln").warning("kiln failed to compile %s, running it eagerly: %r",
-                                                  self.code.co_name, ex)
-                self.skip = repr(ex)
-                return self.fn(*args, **kwargs)
+                return self._run_eagerly_after(ex, args, kwargs)
             raise
         finally:
             _state.depth -= 1
@@ -127,9 +124,21 @@ class CompiledFunction:
         self.entries.append(entry)
         r = entry.fn(*args, **kwargs)
         if r is MISS:  # a guard that cannot hold right after tracing: a kiln bug
+            self.entries.remove(entry)
             reason = first_failure(entry.guards, entry.namespace, bound)
-            raise RuntimeError(f"kiln: fresh guards fail on the traced inputs: {reason}")
+            ex = InternalError(f"kiln: fresh guards fail on the traced inputs: {reason}")
+            if config.suppress_errors:
+                return self._run_eagerly_after(ex, args, kwargs)
+            raise ex
         return r
+
+    def _run_eagerly_after(self, ex, args, kwargs):
+        """kiln failed (its own error, not the program's): this function runs eagerly
+        from now on, and says why."""
+        logging.getLogger("kiln").warning("kiln failed to compile %s, running it eagerly: %r",
+                                          self.code.co_name, ex)
+        self.skip = repr(ex)
+        return self.fn(*args, **kwargs)
 
     def _run_eagerly_under(self, state, why, args, kwargs):
         """Global state kiln cannot reproduce: an entry that runs ``fn`` itself while

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_map
 from ..dispatch_mode import KilnDispatchMode
+from .errors import InternalError
 from ..fast_meta import meta_result
 
 aten = torch.ops.aten
@@ -104,6 +105,19 @@ def _flat(xs):
 
 
 def fake_dispatch(func, args, kwargs):
+    """``func`` on fakes. PyTorch's own meta kernel refusing the call is the user's
+    error (eager would refuse it too); anything else that fails here is kiln's."""
+    try:
+        return _dispatch(func, args, kwargs)
+    except (DataDependent, NoMetaKernel, InternalError):
+        raise
+    except Exception as e:  # noqa: BLE001
+        if getattr(e, "_kiln_meta_kernel", False):
+            raise
+        raise InternalError(f"fake propagation of {func}: {type(e).__name__}: {e}") from e
+
+
+def _dispatch(func, args, kwargs):
     if func in _DATA_DEPENDENT:
         raise DataDependent(f"{func} needs the tensor's values")
     device = _pick_device(args, kwargs)
@@ -127,6 +141,9 @@ def fake_dispatch(func, args, kwargs):
     u_kwargs = tree_map(unwrap, kwargs)
     try:
         out = meta_result(func, u_args, u_kwargs)
+    except Exception:  # noqa: BLE001  (kiln's shortcut; the meta kernel decides)
+        out = None
+    try:
         if out is None:
             out = func(*u_args, **u_kwargs)
     except NotImplementedError as e:
@@ -137,6 +154,10 @@ def fake_dispatch(func, args, kwargs):
             raise NoMetaKernel(f"{func} has no meta kernel") from None
         if "data-dependent" in msg or "Cannot copy out of meta" in msg:
             raise DataDependent(f"{func}: {msg}") from None
+        e._kiln_meta_kernel = True
+        raise
+    except (TypeError, ValueError, IndexError) as e:   # torch._check_* verdicts: a bad call
+        e._kiln_meta_kernel = True
         raise
 
     # In-place and out= ops return (one of) their inputs: hand back the same wrapper.
