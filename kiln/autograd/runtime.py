@@ -280,9 +280,11 @@ class AotFunction:
             # one multi-tensor copy per device and dtype for the plain ones (BatchNorm's
             # running stats…): a list of mixed dtypes (running_mean with the int64
             # num_batches_tracked) takes _foreach_copy_'s slow path, a copy launch each
+            # a leaf that requires grad can only have been written under no_grad (eager
+            # refuses otherwise): its new value is copied in without history
             groups: dict = {}
             for i, k in tr.mutations:
-                if not outs[k].requires_grad:
+                if not outs[k].requires_grad or args[i].is_leaf:
                     dst, src = groups.setdefault((args[i].device, args[i].dtype, outs[k].dtype),
                                                  ([], []))
                     dst.append(args[i])
@@ -292,7 +294,7 @@ class AotFunction:
                     for dst, src in groups.values():
                         torch._foreach_copy_(dst, src)
             for i, k in tr.mutations:
-                if outs[k].requires_grad:
+                if outs[k].requires_grad and not args[i].is_leaf:
                     args[i].copy_(outs[k])
         n = tr.plain_outputs
         if n is not None:       # outputs are the graph's first n results, nothing to build
