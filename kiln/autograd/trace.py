@@ -285,6 +285,12 @@ class _TraceMode(KilnDispatchMode):
         rec_kwargs = dict(kwargs)
         if "device" in rec_kwargs:
             rec_kwargs["device"] = device
+        if _has_device_arg(func) and isinstance(out, torch.Tensor) and \
+                rec_kwargs.get("dtype") is None and any(
+                    a.name == "dtype" and a.kwarg_only for a in func._schema.arguments):
+            # a factory in the default dtype: the one traced (capture guards it), spelled
+            # out so that no compiler picks its own
+            rec_kwargs["dtype"] = out.dtype
         node = self._node("call_function", func, *self._to_nodes(args, rec_kwargs))
         self._register_outputs(out, node, device)
         return out
