@@ -30,8 +30,10 @@ def _env_str(name: str, default: str) -> str:
 #: and runs it eagerly (KILN_RECOMPILE_LIMIT).
 recompile_limit: int = _env_int("KILN_RECOMPILE_LIMIT", 8)
 #: On an internal error while compiling, run the frame eagerly (with a warning that
-#: says why) instead of raising (KILN_SUPPRESS_ERRORS; the test suite turns it off so
-#: that kiln's own bugs fail loudly).
+#: says why) instead of raising; a graph whose kernels cannot be built or loaded (a
+#: failing C++ compiler, a failing first launch) runs its aten graph eagerly
+#: (KILN_SUPPRESS_ERRORS; the test suite turns it off so that kiln's own bugs fail
+#: loudly).
 suppress_errors: bool = _env_bool("KILN_SUPPRESS_ERRORS", True)
 #: Print full internal tracebacks when compilation fails (KILN_VERBOSE).
 verbose: bool = _env_bool("KILN_VERBOSE", False)
@@ -50,7 +52,9 @@ default_backend: str = _env_str("KILN_BACKEND", "kiln")
 partition_recompute: bool = _env_bool("KILN_PARTITION_RECOMPUTE", True)
 
 # --- kernels -------------------------------------------------------------------
-#: Where compiled kernels are cached between processes (KILN_CACHE_DIR).
+#: Where compiled kernels are cached between processes (KILN_CACHE_DIR); entries are
+#: checked before use, and a directory that cannot be written is replaced by a
+#: process-private one (kiln/disk_cache.py).
 cache_dir: str = _env_str(
     "KILN_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "kiln")
 )

@@ -173,34 +173,46 @@ _FUNCTIONAL_SPECIAL = {
 }
 
 
-def _arg_names(op, drop_out=True):
-    return [a.name for a in op._schema.arguments
-            if not (drop_out and a.alias_info is not None and a.alias_info.is_write
-                    and a.kwarg_only)]
+def _signature(op):
+    """(name, type) of each argument an op reads: an ``out=`` variant's written
+    keyword-only arguments left out, alias annotations ignored."""
+    return [(a.name, str(a.type)) for a in op._schema.arguments
+            if not (a.alias_info is not None and a.alias_info.is_write and a.kwarg_only)]
+
+
+def is_out_variant(op) -> bool:
+    """An ``out=`` form: every argument it writes is keyword-only (``add.out``)."""
+    written = [a for a in op._schema.arguments
+               if a.alias_info is not None and a.alias_info.is_write]
+    return bool(written) and all(a.kwarg_only for a in written)
 
 
 @functools.lru_cache(maxsize=None)
 def functional_variant(op):
-    """The out-of-place twin of a mutating op (``add_.Tensor`` -> ``add.Tensor``), or
-    None. Found by a table of exceptions, then the trailing-underscore naming rule with
-    the same overload, then any overload of the twin taking the same argument names."""
+    """The out-of-place twin of a mutating op (``add_.Tensor`` -> ``add.Tensor``,
+    ``add.out`` -> ``add.Tensor``), or None. Found by a table of exceptions, then the
+    naming rule (trailing underscore dropped; the same name for ``out=`` forms),
+    preferring the same overload: a twin takes the same arguments, by name and type
+    (``pow_.Scalar`` is ``pow.Tensor_Scalar``, not ``pow.Scalar``)."""
     if op in _FUNCTIONAL_SPECIAL:
         return _FUNCTIONAL_SPECIAL[op]
     name = op._schema.name.split("::")[-1]
-    if not name.endswith("_"):
+    if is_out_variant(op):
+        packet = getattr(aten, name, None)
+    elif name.endswith("_"):
+        packet = getattr(aten, name[:-1], None)
+    else:
         return None
-    packet = getattr(aten, name[:-1], None)
     if packet is None:
         return None
-    overload = op._overloadname
-    if overload in packet.overloads():
-        cand = getattr(packet, overload)
-        if not is_mutation(cand):
-            return cand
-    want = _arg_names(op)
-    for ov in packet.overloads():
+    want = _signature(op)
+    overloads = list(packet.overloads())
+    if op._overloadname in overloads:
+        overloads.remove(op._overloadname)
+        overloads.insert(0, op._overloadname)
+    for ov in overloads:
         cand = getattr(packet, ov)
-        if not is_mutation(cand) and _arg_names(cand) == want:
+        if not is_mutation(cand) and _signature(cand) == want:
             return cand
     return None
 

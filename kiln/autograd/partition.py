@@ -12,13 +12,14 @@ forward ops on the sink side are recomputed in the backward.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
 from kiln import config
-from kiln.autograd.ops import is_recomputable
+from kiln.autograd.ops import is_recomputable, is_view
 
 INF = math.inf
 
@@ -101,6 +102,15 @@ def _ancestors(roots, stop) -> list:
     return seen
 
 
+def _view_root(n: fx.Node) -> fx.Node:
+    """The node a chain of view ops (and getitems of their results) starts from."""
+    while n.op == "call_function" and n.args and isinstance(n.args[0], fx.Node) and (
+            n.target is operator.getitem or (isinstance(n.target, torch._ops.OpOverload)
+                                             and is_view(n.target))):
+        n = n.args[0]
+    return n
+
+
 def partition(joint: fx.Graph, num_fw_outputs: int, mutated_inputs=(),
               recompute: bool | None = None) -> Partition:
     """Forward and backward graphs from a joint graph whose output is
@@ -138,7 +148,9 @@ def partition(joint: fx.Graph, num_fw_outputs: int, mutated_inputs=(),
     saved_vals = []
     for s in saved:
         v = env[s]
-        if s in mutated:   # the runtime overwrites this input: save its old value
+        if _view_root(s) in mutated:
+            # the runtime writes this input (or changes its geometry) after the forward,
+            # which bumps the version of every view of it: save the old value
             v = fw.call_function(torch.ops.aten.clone.default, (v,))
             v.meta.update(s.meta)
         saved_vals.append(v)

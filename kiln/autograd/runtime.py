@@ -27,10 +27,10 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from kiln.autograd.grad_reach import unreached
 from kiln.autograd.ops import op_set
 from kiln.autograd.partition import partition
-from kiln.autograd.trace import TraceResult, _meta_copy, _replay, trace_joint
+from kiln.autograd.functionalize import AotUnsupported, _replay
+from kiln.autograd.trace import TraceResult, _meta_copy, trace_joint
 from kiln.debug.logs import enabled, log_for
 from kiln.debug.timing import timed
 
@@ -81,7 +81,8 @@ class _Training:
 
     def __init__(self, tr: TraceResult, fw_compiler, bw_compiler):
         with timed("aot_partition"):
-            part = partition(tr.graph, tr.num_fw_outputs, [i for i, _ in tr.mutations])
+            part = partition(tr.graph, tr.num_fw_outputs,
+                             {i for i, _ in tr.mutations} | {m[0] for m in tr.meta_mutations})
         self.trace = tr
         self.num_saved = len(part.saved)
         self.saved_bytes = part.saved_bytes
@@ -134,15 +135,12 @@ class _Training:
                     ctx.maybe_clear_saved_tensors()
                     gin = fn.bw_boxed(args)
                 result = [None] * (tr.num_inputs + len(ctx.anchors))
-                for i, g in zip(tr.grad_inputs, gin):
+                for i, g, deps in zip(tr.grad_inputs, gin, tr.grad_deps):
+                    if all(grads[tr.differentiable[j]] is None for j in deps):
+                        continue        # eager's backward never reaches this input
                     if create_graph and g is not None:
                         g = _RefuseDoubleBackward.apply(g, *ctx.anchors)
                     result[i] = g
-                if tr.grad_needs is not None:
-                    present = sum(1 << n for n, k in enumerate(tr.differentiable)
-                                  if grads[k] is not None)
-                    for j in unreached(tr.grad_needs, present):
-                        result[tr.grad_inputs[j]] = None     # eager's .grad stays None
                 return tuple(result)
 
         self.function = _CompiledFunction
@@ -166,7 +164,6 @@ class _Training:
 
 class _Inference:
     def __init__(self, tr: TraceResult, compiler):
-        self.trace = tr
         graph = tr.graph
         self.module = _module(graph, tr.constants, "KilnInference")
         _log_graph("inference graph", self.module)
@@ -175,6 +172,14 @@ class _Inference:
 
     def __call__(self, args):
         return tuple(self.fn(*args))
+
+
+class _Eager:
+    """A path the tracer cannot express (``AotUnsupported``): its calls run the
+    torch-level graph eagerly, which is eager's semantics exactly."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
 
 
 class AotFunction:
@@ -189,55 +194,70 @@ class AotFunction:
                          for a in example_inputs]
         self.devices = list(devices) if devices is not None else [
             a.device if isinstance(a, torch.Tensor) else None for a in example_inputs]
-        #: calls run eagerly because inputs shared storage with a mutated input in a way
-        #: the tracer does not model (see ``_alias_key``)
+        #: calls run eagerly: the tracer cannot express the graph (``_Eager``), or inputs
+        #: share storage with a mutated input in a way it does not model (``_alias_key``)
         self.eager_calls = 0
+        #: why calls ran eagerly, each reason once
+        self.eager_reasons: list[str] = []
         #: paths traced for inputs sharing storage: alias key -> {pattern: entry}
         self._aliased: dict[tuple, dict] = {}
         self.fw_compiler = fw_compiler or _default_compiler
         self.bw_compiler = bw_compiler or _default_compiler
         self.inference_compiler = inference_compiler or self.fw_compiler
-        self._training: dict[tuple, _Training] = {}     # (requires_grad pattern, grad mode)
-        self._forward_only: dict[tuple, _Inference] = {}
+        self._training: dict[tuple, _Training] = {}
         self._inference: _Inference | None = None
-        self._traces: dict[tuple, TraceResult] = {}
+        self._inference_trace: TraceResult | None = None
+        #: paths the tracer cannot express: ("train", pattern) | ("inference",) -> _Eager
+        self._eager: dict[tuple, _Eager] = {}
+        #: requires_grad patterns under which no gradient reaches an input
+        self._gradless: set[tuple] = set()
         #: the graph turns grad mode on (``_set_grad_enabled(True)`` nodes): called with
-        #: grad off, it may still need its training path
+        #: grad off, it may still need a training path, traced from grad off
         self._enables_grad = any(n.op == "call_function" and n.target is torch._C._set_grad_enabled
                                  and n.args and n.args[0] for n in gm.graph.nodes)
         # Compile the path the example inputs ask for now, so errors surface early.
         self._entry(example_inputs)
 
+    def _trace(self, train, pattern=None, aliases=None, grad_at_entry=None):
+        """The joint graph of one path, or ``_Eager`` where the tracer cannot express it."""
+        try:
+            with timed("aot_trace"):
+                return trace_joint(self.gm, self.examples, train=train,
+                                   requires_grad=pattern, devices=self.devices,
+                                   ops=self.ops, aliases=aliases,
+                                   grad_at_entry=grad_at_entry)
+        except AotUnsupported as e:
+            return _Eager(str(e).split("\n")[0])
+
     def _entry(self, args):
-        grad = torch.is_grad_enabled()
-        if not grad and not self._enables_grad:
-            return self._inference or self._inference_entry(), self._inference_trace
+        """(entry, trace) of the path these arguments take: a ``_Training`` or
+        ``_Inference`` with its trace, or an ``_Eager`` (trace None)."""
         pattern = tuple([isinstance(a, torch.Tensor) and a.requires_grad for a in args])
-        if any(pattern):
-            key = (pattern, grad)
-            entry = self._training.get(key) or self._forward_only.get(key)
+        grad = torch.is_grad_enabled()
+        key = (pattern, grad)   # the grad mode the graph starts in
+        if (grad or self._enables_grad) and any(pattern) and key not in self._gradless:
+            entry = self._training.get(key) or self._eager.get(("train", key))
             if entry is None:
-                with timed("aot_trace"):
-                    tr = trace_joint(self.gm, self.examples, train=True,
-                                     requires_grad=pattern, devices=self.devices,
-                                     ops=self.ops, grad_at_entry=grad)
-                if tr.grad_inputs:
+                tr = self._trace(True, pattern, grad_at_entry=grad)
+                if isinstance(tr, _Eager):
+                    entry = self._eager[("train", key)] = tr
+                elif tr.grad_inputs:
                     entry = self._training[key] = _Training(tr, self.fw_compiler,
                                                             self.bw_compiler)
-                else:   # no output needs a gradient: the forward alone, with this
-                    # trace's outputs (which of its views of inputs need one)
-                    entry = self._forward_only[key] = _Inference(tr, self.inference_compiler)
-            return entry, entry.trace
-        return self._inference_entry(), self._inference_trace
-
-    def _inference_entry(self):
+                else:
+                    self._gradless.add(key)
+            if entry is not None:
+                return (entry, None) if isinstance(entry, _Eager) else (entry, entry.trace)
+        if ("inference",) in self._eager:
+            return self._eager[("inference",)], None
         if self._inference is None:
-            with timed("aot_trace"):
-                self._inference_trace = trace_joint(
-                    self.gm, self.examples, train=False, devices=self.devices,
-                    ops=self.ops)
-            self._inference = _Inference(self._inference_trace, self.inference_compiler)
-        return self._inference
+            tr = self._trace(False)
+            if isinstance(tr, _Eager):
+                self._eager[("inference",)] = tr
+                return tr, None
+            self._inference_trace = tr
+            self._inference = _Inference(tr, self.inference_compiler)
+        return self._inference, self._inference_trace
 
     def _aliased_entry(self, args, key):
         """The path for inputs sharing storage as ``key`` says, traced on first use."""
@@ -245,28 +265,37 @@ class AotFunction:
         grad = torch.is_grad_enabled()
         train = (grad or self._enables_grad) and any(
             isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-        pattern = (tuple([isinstance(a, torch.Tensor) and a.requires_grad for a in args]), grad) \
+        pattern = tuple([isinstance(a, torch.Tensor) and a.requires_grad for a in args]) \
             if train else None
-        if pattern not in paths:
+        path = (pattern, grad)
+        if path not in paths:
             aliases = {m: (b, g) for b, m, g in key}
-            with timed("aot_trace"):
-                tr = trace_joint(self.gm, self.examples, train=train,
-                                 requires_grad=pattern[0] if train else None,
-                                 devices=self.devices, ops=self.ops, aliases=aliases,
-                                 grad_at_entry=grad if train else None)
-            if train and tr.grad_inputs:
-                paths[pattern] = _Training(tr, self.fw_compiler, self.bw_compiler), tr
+            tr = self._trace(train, pattern, aliases, grad_at_entry=grad if train else None)
+            if isinstance(tr, _Eager):
+                paths[path] = tr, None
+            elif train and tr.grad_inputs:
+                paths[path] = _Training(tr, self.fw_compiler, self.bw_compiler), tr
             else:
-                paths[pattern] = _Inference(tr, self.inference_compiler), tr
-        return paths[pattern]
+                if train:
+                    tr = self._trace(False, aliases=aliases)
+                paths[path] = (tr, None) if isinstance(tr, _Eager) else (
+                    _Inference(tr, self.inference_compiler), tr)
+        return paths[path]
 
     def __call__(self, *args):
         entry, tr = self._entry(args)
-        if tr.mutations and _shares_storage_with_mutated(args, tr.mutations):
+        if tr is not None and tr.mutations and _shares_storage_with_mutated(args,
+                                                                           tr.mutations):
             key = _alias_key(args, tr.mutations)
             if key is None:
-                return self._run_eagerly(args)
+                return self._run_eagerly(args, "inputs share storage with an input the "
+                                               "graph mutates in place")
             entry, tr = self._aliased_entry(args, key)
+        if isinstance(entry, _Eager):
+            return self._run_eagerly(args, entry.reason)
+        if tr.storage_inputs and any(args[i].storage_offset() for i in tr.storage_inputs):
+            return self._run_eagerly(args, "the graph addresses the storage of an input "
+                                           "that does not start its storage")
         if isinstance(entry, _Inference):
             if torch.is_grad_enabled():
                 # no output needs a gradient (grad-free regions): none gets one
@@ -277,50 +306,62 @@ class AotFunction:
         else:
             outs = entry(args)
         if tr.mutations:
-            # one multi-tensor copy per device and dtype for the plain ones (BatchNorm's
-            # running stats…): a list of mixed dtypes (running_mean with the int64
-            # num_batches_tracked) takes _foreach_copy_'s slow path, a copy launch each
-            # a leaf that requires grad can only have been written under no_grad (eager
-            # refuses otherwise): its new value is copied in without history
-            groups: dict = {}
-            for i, k in tr.mutations:
-                if not outs[k].requires_grad or args[i].is_leaf:
-                    dst, src = groups.setdefault((args[i].device, args[i].dtype, outs[k].dtype),
-                                                 ([], []))
-                    dst.append(args[i])
-                    src.append(outs[k])
-            if groups:
-                with torch.no_grad():
-                    for dst, src in groups.values():
-                        torch._foreach_copy_(dst, src)
-            for i, k in tr.mutations:
-                if outs[k].requires_grad and not args[i].is_leaf:
-                    args[i].copy_(outs[k])
+            _copy_mutations(args, outs, tr.mutations)
         n = tr.plain_outputs
-        if n is not None:       # outputs are the graph's first n results, nothing to build
+        if n is not None and not tr.meta_mutations:
+            # outputs are the graph's first n results, nothing to build
             return outs if len(outs) == n else outs[:n]
         result = []
         for spec in tr.output_specs:
             kind = spec[0]
             if kind == "fn":
                 result.append(outs[spec[1]])
-            elif kind in ("input_view", "base_view"):
-                r = _replay(spec[2], (args if kind == "input_view" else outs)[spec[1]])
-                result.append(r.detach() if spec[3] and r.requires_grad else r)
+            elif kind == "input_view":
+                result.append(_replay(spec[2], args[spec[1]]))
+            elif kind == "base_view":
+                result.append(_replay(spec[2], outs[spec[1]]))
+            elif kind == "input":
+                result.append(None)          # after the geometry changes, below
             else:
                 result.append(spec[1])
+        for i, op, rest, kwargs in tr.meta_mutations:
+            op(args[i], *rest, **kwargs)
+        for k, spec in enumerate(tr.output_specs):
+            if spec[0] == "input":
+                result[k] = args[spec[1]]
         return tuple(result)
 
-    def _run_eagerly(self, args):
-        """Inputs share storage with an input the graph writes, in a way ``_alias_key``
-        does not model: run the torch-level graph eagerly (exactly eager's semantics)."""
-        if self.eager_calls == 0:
-            _fallback_log.warning(
-                "kiln: inputs of a compiled graph share storage with an input the graph "
-                "mutates in place; running this graph eagerly for such calls")
+    def _run_eagerly(self, args, reason):
+        """Run the torch-level graph eagerly (exactly eager's semantics), for calls the
+        compiled graphs would not reproduce; each reason is logged once."""
+        if reason not in self.eager_reasons:
+            self.eager_reasons.append(reason)
+            _fallback_log.warning("kiln: running a compiled graph eagerly: %s", reason)
         self.eager_calls += 1
         out = self.gm(*args)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _copy_mutations(args, outs, mutations):
+    """New values into the inputs the graph wrote: one multi-tensor copy per device and
+    dtype for the plain ones (BatchNorm's running stats…): a list of mixed dtypes
+    (running_mean with the int64 num_batches_tracked) takes _foreach_copy_'s slow path, a
+    copy launch each. A value that requires grad is copied under autograd, as eager's
+    in-place op was recorded."""
+    groups: dict = {}
+    for i, k in mutations:
+        if not outs[k].requires_grad:
+            dst, src = groups.setdefault((args[i].device, args[i].dtype, outs[k].dtype),
+                                         ([], []))
+            dst.append(args[i])
+            src.append(outs[k])
+    if groups:
+        with torch.no_grad():
+            for dst, src in groups.values():
+                torch._foreach_copy_(dst, src)
+    for i, k in mutations:
+        if outs[k].requires_grad:
+            args[i].copy_(outs[k])
 
 
 def _shares_storage_with_mutated(args, mutations) -> bool:

@@ -11,11 +11,12 @@ While recording, the mode makes the graph functional:
 * every meta tensor knows its storage and the chain of view ops that produced it from
   the storage's *base* (the tensor that created the storage);
 * a mutation ``op_(t, ...)`` is recorded as its out-of-place twin; the new value is
-  scattered back into the base through the inverse of the view chain (``SCATTER``),
-  and the storage's version moves on, so any other view of it is re-derived from the
-  new base the next time it is read;
+  scattered back into the base through the inverse of the view chain, and the
+  storage's version moves on, so any other view of it is re-derived from the new base
+  the next time it is read (the rules: ``functionalize.py``);
 * an input whose storage was written ends with a new value that the runtime copies
-  into the real input once, after the graph (``TraceResult.mutations``);
+  into the real input once, after the graph (``TraceResult.mutations``); an in-place
+  geometry change of an input is replayed on it (``TraceResult.meta_mutations``);
 * outputs aliasing an input or each other are described as view chains
   (``TraceResult.output_specs``) that the runtime replays on real tensors.
 
@@ -40,7 +41,8 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln.autograd import ops as opinfo
-from kiln.autograd.grad_reach import inputs_needs
+from kiln.autograd.functionalize import (STORAGE_VIEWS, AotUnsupported, Functionalize,
+                                         _replay)
 from ..dispatch_mode import KilnDispatchMode
 from ..fast_meta import meta_result
 
@@ -48,15 +50,15 @@ aten = torch.ops.aten
 _META = torch.device("meta")
 
 
-class AotUnsupported(RuntimeError):
-    """The graph does something the ahead-of-time tracer cannot express."""
-
-
 @dataclass
 class _Storage:
     base: torch.Tensor          # the meta tensor that created the storage
     version: int = 0
     input_index: int | None = None
+    #: the base's current value is laid out as the base (what storage addressing reads)
+    layout_exact: bool = True
+    #: written with grad mode on (else its new value carries no gradient, as in eager)
+    grad_write: bool = False
 
 
 @dataclass
@@ -77,10 +79,8 @@ class TraceResult:
     #: positions of the forward outputs of ``graph`` (the compiled function's outputs):
     #: user outputs, then new values of mutated inputs, then bases of aliased outputs
     num_fw_outputs: int
-    #: how to build each user output: ("fn", k) | ("input_view", i, chain, detached) |
-    #: ("base_view", k, chain, detached) | ("const", value); ``detached``: the traced
-    #: output needs no gradient (``x.detach()`` is an alias at this level), so a replayed
-    #: view that would require one is detached
+    #: how to build each user output: ("fn", k) | ("input", i) (the input tensor itself)
+    #: | ("input_view", i, chain) | ("base_view", k, chain) | ("const", value)
     output_specs: list
     #: (input index, forward-output position of its new value)
     mutations: list
@@ -88,9 +88,14 @@ class TraceResult:
     differentiable: list
     #: input indices whose gradient the backward returns, in order
     grad_inputs: list = field(default_factory=list)
-    #: with several differentiable outputs, per grad input: a bitset over
-    #: ``differentiable`` of the outputs whose autograd graph reaches it (``grad_reach``)
-    grad_needs: list | None = None
+    #: per grad input, the positions in ``differentiable`` its gradient is computed from
+    grad_deps: list = field(default_factory=list)
+    #: in-place geometry changes of inputs (``t_``, ``squeeze_``…) to replay on the real
+    #: inputs after the graph: (input index, op, args after self, kwargs)
+    meta_mutations: list = field(default_factory=list)
+    #: inputs whose storage the graph addresses by offset relative to the input's start,
+    #: exact only for an input that starts its storage (checked per call)
+    storage_inputs: list = field(default_factory=list)
 
     @functools.cached_property
     def plain_outputs(self) -> int | None:
@@ -100,70 +105,11 @@ class TraceResult:
         return None
 
 
-def _replay(chain, t):
-    """Apply a view chain to a tensor (meta under the mode, or real at runtime)."""
-    for op, rest, kwargs, index in chain:
-        t = op(t, *rest, **kwargs)
-        if index is not None:
-            t = t[index]
-    return t
-
-
-# --- scattering a written view back into its base: one rule per view op ----------
-
-def _scatter_view(base, new, rest, kw):
-    return aten.view.default(new, list(base.shape))
-
-
-def _scatter_slice(base, new, rest, kw):
-    return aten.slice_scatter.default(base, new, *rest, **kw)
-
-
-def _scatter_select(base, new, rest, kw):
-    return aten.select_scatter.default(base, new, *rest, **kw)
-
-
-def _scatter_diagonal(base, new, rest, kw):
-    return aten.diagonal_scatter.default(base, new, *rest, **kw)
-
-
-def _scatter_permute(base, new, rest, kw):
-    dims = [d % base.dim() for d in rest[0]]
-    inverse = [dims.index(i) for i in range(len(dims))]
-    return aten.permute.default(new, inverse)
-
-
-def _scatter_alias(base, new, rest, kw):
-    return new
-
-
-def _scatter_as_strided(base, new, rest, kw):
-    return aten.as_strided_scatter.default(base, new, *rest, **kw)
-
-
-def _scatter_transpose(base, new, rest, kw):
-    return aten.transpose.int(new, *rest)
-
-
-SCATTER = {
-    **{op: _scatter_view for op in opinfo._ops(
-        "view.default", "_unsafe_view.default", "squeeze.dims", "squeeze.dim",
-        "squeeze.default", "unsqueeze.default", "reshape.default")},
-    **{op: _scatter_slice for op in opinfo._ops("slice.Tensor")},
-    **{op: _scatter_select for op in opinfo._ops("select.int")},
-    **{op: _scatter_diagonal for op in opinfo._ops("diagonal.default")},
-    **{op: _scatter_permute for op in opinfo._ops("permute.default")},
-    **{op: _scatter_transpose for op in opinfo._ops("transpose.int")},
-    **{op: _scatter_alias for op in opinfo._ops("alias.default", "detach.default")},
-    **{op: _scatter_as_strided for op in opinfo._ops("as_strided.default")},
-}
-
-
 def _has_device_arg(op) -> bool:
     return any(a.name == "device" for a in op._schema.arguments)
 
 
-class _TraceMode(KilnDispatchMode):
+class _TraceMode(Functionalize, KilnDispatchMode):
     """Records aten ops on meta tensors into ``self.graph``, functionalizing as it goes."""
 
     def __init__(self, default_device: torch.device, ops: opinfo.OpSet = opinfo.CORE):
@@ -176,6 +122,12 @@ class _TraceMode(KilnDispatchMode):
         self.default_device = default_device
         self.phase = "forward"
         self.source: fx.Node | None = None       # the torch-level node being run
+        self.input_of: dict[int, int] = {}       # id(meta input) -> input index
+        #: in-place geometry changes of inputs, to replay on the real ones:
+        #: (input index, op, args after self, kwargs)
+        self.meta_mutations: list = []
+        #: inputs addressed by storage offset (as_strided), assumed to start their storage
+        self.storage_inputs: set[int] = set()
 
     # --- bookkeeping ------------------------------------------------------------
     def register(self, t, node, storage=None, chain=(), device=None):
@@ -213,6 +165,7 @@ class _TraceMode(KilnDispatchMode):
             raise AotUnsupported(f"untracked tensor {tuple(t.shape)} {t.device}")
         st = self.infos[id(t)].storage
         if info.version != st.version:
+            self._check_storage_views(info.chain, st)
             with self:
                 fresh = _replay(info.chain, st.base)
             info.node, info.version = self.infos[id(fresh)].node, st.version
@@ -241,10 +194,12 @@ class _TraceMode(KilnDispatchMode):
         if func in (aten.lift_fresh.default, aten.lift_fresh_copy.default):
             return args[0] if func is aten.lift_fresh.default else self._record(
                 aten.clone.default, args, kwargs)
-        if torch.Tag.inplace_view in func.tags:
-            return self._inplace_view(func, args, kwargs)
         if opinfo.is_mutation(func):
             return self._mutate(func, args, kwargs)
+        if func is aten.detach.default:
+            # ``alias`` in the graph; replayed as ``detach`` on a real input it aliases,
+            # which gives eager's tensor (no grad, no view base)
+            return self._view(aten.alias.default, args, kwargs, step_op=func)
         table = self.ops.table
         if func in table:
             with self:
@@ -321,112 +276,25 @@ class _TraceMode(KilnDispatchMode):
         else:
             node.meta["val"] = out
 
-    def _view(self, func, args, kwargs):
+    def _check_storage_views(self, chain, st):
+        """as_strided of a storage written in place addresses the base's functional
+        value, whose layout must be the base's (and whose offsets are relative to it)."""
+        if st.version and any(op in STORAGE_VIEWS for op, *_ in chain):
+            if not st.layout_exact:
+                raise AotUnsupported("as_strided of a tensor written in place whose layout "
+                                     "the functional graph does not keep")
+            self.storage_addressed(st)
+
+    def _view(self, func, args, kwargs, step_op=None):
         src = args[0]
         info = self.infos[id(src)]
+        if func in STORAGE_VIEWS:
+            self._check_storage_views(((func,),), info.storage)
         out = func(*args, **kwargs)
         node = self._node("call_function", func, *self._to_nodes(args, kwargs))
         self._register_outputs(out, node, info.device, view_of=info,
-                               step=(func, tuple(args[1:]), dict(kwargs)))
+                               step=(step_op or func, tuple(args[1:]), dict(kwargs)))
         return out
-
-    def _inplace_view(self, func, args, kwargs):
-        """``squeeze_``, ``t_``, ``as_strided_``…: the tensor's metadata changes, its data
-        does not (eager's matmul of a vector squeezes its result in place). Recorded as
-        the out-of-place view; the tensor stands for that view from now on."""
-        functional = opinfo.functional_variant(func)
-        if functional is None:
-            raise AotUnsupported(f"no out-of-place twin for in-place view op {func}")
-        t = args[0]
-        info = self.infos[id(t)]
-        with self:
-            view = functional(*args, **kwargs)
-        # what was recorded so far keeps ``t``'s old metadata: a stand-in takes its place
-        old = aten.as_strided.default(t, t.size(), t.stride(), t.storage_offset())
-        self.infos[id(old)] = info
-        self.keep.append(old)
-        if info.node.meta.get("val") is t:
-            info.node.meta["val"] = old
-        if info.storage.base is t:
-            info.storage.base = old
-        func(*args, **kwargs)           # the meta tensor takes the view's metadata
-        self.infos[id(t)] = self.infos[id(view)]
-        return t
-
-    def _mutate(self, func, args, kwargs):
-        functional = opinfo.functional_variant(func)
-        if functional is None:
-            raise AotUnsupported(f"no out-of-place twin for mutating op {func}")
-        schema = func._schema
-        args = list(args)
-        for a in schema.arguments[len(args):]:     # spell out defaults for the twin
-            if a.kwarg_only or a.name in kwargs:
-                break
-            if not a.has_default_value():
-                break
-            args.append(a.default_value)
-        written = []
-        for i, a in enumerate(schema.arguments):
-            if a.alias_info is not None and a.alias_info.is_write:
-                v = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
-                if a.kwarg_only or i >= len(args):
-                    kwargs = {k: x for k, x in kwargs.items() if k != a.name}
-                if v is not None:
-                    written.append((a, v))
-        with self:
-            outs = functional(*args, **kwargs)
-        outs_t = outs if isinstance(outs, (tuple, list)) else (outs,)
-        returns = schema.returns
-        aliased = [r for r in returns if r.alias_info is not None and r.alias_info.is_write]
-        if len(aliased) == len(returns):
-            new_values = list(outs_t)[: len(written)]
-            result_vals = [w for _, w in written]
-        else:
-            n = len(returns) - len(aliased)
-            new_values = list(outs_t)[n:]
-            result_vals = list(outs_t)[:n]
-        for (_, target), new in zip(written, new_values):
-            self._write(target, new)
-        if len(returns) == 1:
-            return result_vals[0]
-        return tuple(result_vals)
-
-    def _write(self, t, new):
-        """``t`` now holds ``new``: scatter it into the base and bump the version."""
-        info = self.infos[id(t)]
-        st = info.storage
-        with self:
-            if new.dtype != t.dtype:
-                new = aten._to_copy.default(new, dtype=t.dtype)
-            if tuple(new.shape) != tuple(t.shape):
-                new = aten.expand.default(new, list(t.shape))
-            written = new
-            if info.chain:
-                vals = [st.base]
-                for step in info.chain[:-1]:
-                    vals.append(_replay((step,), vals[-1]))
-                for (op, rest, kw, index), base in zip(reversed(info.chain), reversed(vals)):
-                    rule = SCATTER.get(op)
-                    if rule is None or index is not None:
-                        raise AotUnsupported(f"cannot write through a view made by {op}")
-                    new = rule(base, new, rest, kw)
-            new = self._restride(new, st.base)
-        st.version += 1
-        base_info = self.infos[id(st.base)]
-        base_info.node, base_info.version = self.infos[id(new)].node, st.version
-        info.node, info.version = self.infos[id(written)].node, st.version
-
-    def _restride(self, new, base):
-        """The base's new value must keep the base's strides, so that views re-derived
-        from it (as_strided in particular) address the same elements."""
-        if new.stride() == base.stride() or base.numel() <= 1:
-            return new
-        if base.is_contiguous():
-            return aten.clone.default(new, memory_format=torch.contiguous_format)
-        empty = aten.empty_strided.default(base.size(), base.stride(), dtype=base.dtype,
-                                           device=_META)
-        return aten.as_strided_scatter.default(empty, new, base.size(), base.stride(),
-                                               base.storage_offset())
 
 
 def _batch_norm_with_stats(mode, input, weight, bias, running_mean, running_var,
@@ -481,6 +349,20 @@ def _meta_copy(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=_META)
 
 
+class _StandIn(torch.autograd.Function):
+    """An input that requires grad, traced as a non-leaf (in-place ops then behave as
+    on eager's non-leaf inputs) with the input's very strides (a clone would make an
+    expanded input contiguous, and the graph would view it as if it were)."""
+
+    @staticmethod
+    def forward(ctx, leaf):
+        return _meta_copy(leaf)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
 def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=None,
                 devices=None, ops=None, aliases=None, grad_at_entry=None) -> TraceResult:
     """Trace ``gm`` on meta copies of ``example_inputs``; with ``train``, also the
@@ -527,16 +409,18 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             leaves.append(leaf)
             grad_inputs.append(i)
             with torch.enable_grad():
-                m = leaf.clone()       # a non-leaf, so in-place ops behave as on eager's
+                m = _StandIn.apply(leaf)
         metas.append(m)
         info = mode.register(m, ph, device=devices[i])
         info.storage.input_index = i
+        mode.input_of[id(m)] = i
     for i, (base, geometry) in sorted(aliases.items()):
         with mode:
             if geometry is None:
                 metas[i] = aten.alias.default(metas[base])
             else:
                 metas[i] = aten.as_strided.default(metas[base], *geometry)
+        mode.input_of[id(metas[i])] = i
 
     entry_mode = train if grad_at_entry is None else grad_at_entry
     with torch.set_grad_enabled(entry_mode), mode, _attention_mode(mode):
@@ -559,7 +443,10 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             continue
         info = mode.infos[id(o)]
         st = info.storage
-        if st.input_index is not None:
+        if any(o is m for m in metas):
+            # the input itself (with any in-place geometry change replayed on it)
+            specs.append(("input", next(i for i, m in enumerate(metas) if o is m)))
+        elif st.input_index is not None:
             # relative to an aliased member where the output is (a view of) it
             owner, chain, best = st.input_index, info.chain, 0
             for i in aliases:
@@ -567,20 +454,26 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                 n = len(member.chain)
                 if member.storage is st and n > best and info.chain[:n] == member.chain:
                     owner, chain, best = i, info.chain[n:], n
-            specs.append(("input_view", owner, chain, not o.requires_grad))
+            specs.append(("input_view", owner, chain))
         elif storage_users[id(st)] > 1:
             if id(st) not in bases:
                 bases[id(st)] = -1   # filled below, after mutations
-            specs.append(("base_view", st, info.chain, not o.requires_grad))
+            specs.append(("base_view", st, info.chain))
         else:
             specs.append(("fn", len(fw_values)))
             fw_values.append(o)
 
     mutations = []
+    gradless = set()        # new values of inputs written only without grad
     for i, m in enumerate(metas):
         if isinstance(m, torch.Tensor):
             st = mode.infos[id(m)].storage
             if st.version != 0 and st.input_index == i:
+                if not st.grad_write:
+                    gradless.add(len(fw_values))
+                elif st.base is not m and m.requires_grad:
+                    raise AotUnsupported("an input that requires grad is written in "
+                                         "place after an in-place change of its geometry")
                 mutations.append((i, len(fw_values)))
                 fw_values.append(st.base)
     for k, spec in enumerate(specs):
@@ -589,17 +482,14 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             if bases[id(st)] == -1:
                 bases[id(st)] = len(fw_values)
                 fw_values.append(st.base)
-            specs[k] = ("base_view", bases[id(st)], spec[2], spec[3])
+            specs[k] = ("base_view", bases[id(st)], spec[2])
 
     fw_nodes = [mode.value(v) for v in fw_values]
     differentiable = [k for k, v in enumerate(fw_values)
-                      if train and v.requires_grad and v.dtype.is_floating_point
-                      or (train and v.requires_grad and v.dtype.is_complex)]
+                      if train and v.requires_grad and k not in gradless
+                      and (v.dtype.is_floating_point or v.dtype.is_complex)]
 
     bw_nodes = []
-    grad_needs = None
-    if train and len(differentiable) > 1 and leaves:
-        grad_needs = inputs_needs([fw_values[k] for k in differentiable], leaves)
     if train and differentiable and leaves:
         mode.phase = "backward"
         tangents = []
@@ -609,20 +499,67 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             ph = mode._node("placeholder", f"tangents_{j + 1}", ())
             mode.register(t, ph, device=mode.infos[id(v)].device)
             tangents.append(t)
-        with mode:
-            grads = torch.autograd.grad([fw_values[k] for k in differentiable], leaves,
-                                        tangents, allow_unused=True)
+        try:
+            with mode:
+                grads = torch.autograd.grad([fw_values[k] for k in differentiable],
+                                            leaves, tangents, allow_unused=True)
+        except RuntimeError as e:
+            if "modified by an inplace operation" not in str(e):
+                raise
+            # eager raises this when (and only if) a backward reaches the tensor
+            raise AotUnsupported("the backward reads a tensor the forward modified in "
+                                 "place") from e
         bw_nodes = [mode.value(g) if g is not None else None for g in grads]
+        grad_deps = _grad_deps([fw_values[k] for k in differentiable], leaves)
     else:
-        grad_inputs = []
+        grad_inputs, grad_deps = [], []
 
     _order_placeholders(graph)
     graph.output((*fw_nodes, *bw_nodes))
     _drop_aliases(graph)
     graph.eliminate_dead_code()
     return TraceResult(graph, mode.constants, len(example_inputs), len(fw_nodes), specs,
-                       mutations, differentiable, grad_inputs,
-                       grad_needs if grad_inputs else None)
+                       mutations, differentiable, grad_inputs, grad_deps,
+                       mode.meta_mutations, sorted(mode.storage_inputs))
+
+
+def _grad_deps(outputs, leaves) -> list:
+    """For each leaf, the positions of the outputs whose autograd graph reaches it:
+    eager's backward leaves ``.grad`` alone (None) when none of those outputs gets a
+    gradient, so the compiled backward returns None for it then, not zeros."""
+    position = {id(leaf): j for j, leaf in enumerate(leaves)}
+    memo: dict = {}
+
+    def reach(fn) -> frozenset:
+        if fn is None:
+            return frozenset()
+        if fn in memo:
+            return memo[fn]
+        found = set()
+        var = getattr(fn, "variable", None)
+        if var is not None and id(var) in position:
+            found.add(position[id(var)])
+        stack, seen = [fn], {fn}
+        while stack:                       # iterative: graphs are deep
+            n = stack.pop()
+            if n is not fn and n in memo:
+                found |= memo[n]
+                continue
+            var = getattr(n, "variable", None)
+            if var is not None and id(var) in position:
+                found.add(position[id(var)])
+            for nxt, _ in n.next_functions:
+                if nxt is not None and nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        memo[fn] = frozenset(found)
+        return memo[fn]
+
+    deps = [set() for _ in leaves]
+    for k, o in enumerate(outputs):
+        for j in reach(o.grad_fn):
+            deps[j].add(k)
+    return [frozenset(d) for d in deps]
 
 
 def _attention_mode(mode: _TraceMode):

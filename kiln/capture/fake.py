@@ -30,6 +30,11 @@ class NoMetaKernel(RuntimeError):
     """PyTorch has no meta implementation for this op."""
 
 
+class StorageGrown(NoMetaKernel):
+    """An in-place op grew a tensor's storage (``resize_``, an ``out=`` resized), which
+    a fake's wrapper cannot follow: a graph break."""
+
+
 def _ops(*names):
     out = set()
     for n in names:
@@ -175,11 +180,35 @@ def _dispatch(func, args, kwargs):
         return x
 
     result = tree_map(wrap, out)
+    if key is None and in_by_id:
+        _follow_geometry(in_by_id.values())
     if key is not None and len(_MEMO) < _MEMO_LIMIT:
         described = _describe_out(out)
         if described is not None:
             _MEMO[key] = described
     return result
+
+
+_PYTHON_KEYS = (torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
+                | torch._C.DispatchKeySet(torch._C.DispatchKey.PythonTLSSnapshot))
+
+
+def _follow_geometry(fakes) -> None:
+    """An in-place op that changed a meta tensor's geometry (``t_``, ``squeeze_``,
+    ``as_strided_``) changed it below the wrapper: the wrapper takes it too, so that
+    capture sees the tensor as eager has it afterwards."""
+    for f in fakes:
+        e = f._elem
+        if (f.shape, f.stride(), f.storage_offset()) != (e.shape, e.stride(),
+                                                         e.storage_offset()):
+            extent = 0 if e.numel() == 0 else 1 + sum(
+                (n - 1) * st for n, st in zip(e.shape, e.stride()))
+            if (e.storage_offset() + extent) * e.element_size() > \
+                    f.untyped_storage().nbytes():
+                raise StorageGrown("an in-place op grew a tensor's storage")
+            with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEYS):
+                torch.ops.aten.as_strided_.default(f, e.shape, e.stride(),
+                                                   e.storage_offset())
 
 
 # --- memoized meta computations --------------------------------------------------------

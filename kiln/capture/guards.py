@@ -101,8 +101,9 @@ class GuardSet:
         stride = tuple(t.stride())
         self.add(f"{e}.stride() == {stride!r}", f"{p}.stride() == {stride}", f"{e}.stride()")
         rg = bool(t.requires_grad)
-        if not rg:
-            self.add(f"{e}.requires_grad is False", f"{p}.requires_grad is False", f"{e}.requires_grad")
+        if not rg or isinstance(t, torch.nn.Parameter):
+            # a parameter (its type guarded above) is a leaf
+            self.add(f"{e}.requires_grad is {rg}", f"{p}.requires_grad is {rg}", f"{e}.requires_grad")
         elif t.is_leaf:     # in-place ops on it are refused: a trace assumed one or the other
             self.add(f"{e}.requires_grad is True and {e}.is_leaf",
                      f"{p}.requires_grad is True, a leaf", f"({e}.requires_grad, {e}.is_leaf)")

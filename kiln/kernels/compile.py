@@ -150,8 +150,31 @@ def _leaf_views(tree):
             if isinstance(v, View)]
 
 
+class EagerGraph:
+    """A specialisation whose kernels could not be built or loaded, with
+    ``config.suppress_errors`` on: the aten graph run by PyTorch op by op."""
+
+    def __init__(self, gm, reason: str):
+        self.gm, self.reason = gm, reason
+
+    def __call__(self, *args):
+        return self.gm(*args)
+
+    def call_boxed(self, args: list):
+        inputs = list(args)
+        args.clear()
+        return self.gm(*inputs)
+
+
 class CompiledGraph:
-    """Callable over the graph's inputs, one specialisation per input signature."""
+    """Callable over the graph's inputs, one specialisation per input signature.
+
+    Building a specialisation (lowering, the C++ or Triton compiler, loading the
+    library) and its first call (where Triton compiles what it has not yet and CUDA
+    loads modules) are where kernels fail to build: with ``config.suppress_errors`` the
+    specialisation then runs the aten graph eagerly (``EagerGraph``, a warning naming
+    why); without it the error is raised. The graph is functional, so a first call that
+    failed leaves its inputs as they were and is simply run again eagerly."""
 
     def __init__(self, gm, example_inputs, target=None):
         self.gm = gm
@@ -162,6 +185,8 @@ class CompiledGraph:
         #: the last variant used, with its check: a call with the same signature (every
         #: call, usually) skips building the key
         self._last = None
+        #: id of each built Runtime not yet called -> its signature
+        self._untried = {}
         self.artefacts = None
         # Meta stand-ins (what the autograd stage passes) say nothing of the device nor
         # of real values: compile on the first call instead.
@@ -170,26 +195,62 @@ class CompiledGraph:
             self._build(example_inputs)
 
     def _build(self, args):
-        target = pick_target(args, self.requested_target)
-        if target == "triton" and any(isinstance(a, torch.Tensor) and a.device.type == "cuda"
-                                      for a in args):
-            from . import triton_setup
-            triton_setup.start()          # overlaps this graph's lowering
-        rt, self.artefacts = build(self.gm, list(args), target)
-        self.variants[_signature(args)] = rt
+        sig = _signature(args)
+        try:
+            target = pick_target(args, self.requested_target)
+            if target == "triton" and any(isinstance(a, torch.Tensor) and
+                                          a.device.type == "cuda" for a in args):
+                from . import triton_setup
+                triton_setup.start()          # overlaps this graph's lowering
+            rt, self.artefacts = build(self.gm, list(args), target)
+            self._untried[id(rt)] = sig
+        except Exception as e:                # noqa: BLE001  (suppress_errors: eager)
+            if not config.suppress_errors:
+                raise
+            rt = self._eager(e, "built")
+        self.variants[sig] = rt
         return rt
+
+    def _eager(self, error: Exception, stage: str) -> EagerGraph:
+        reason = f"{type(error).__name__}: {error}"
+        _fallback_log.warning("kiln: the kernels of a graph could not be %s (%s); "
+                              "running that graph with PyTorch eagerly",
+                              stage, reason.strip())
+        if self.artefacts is None:
+            self.artefacts = {"target": "eager", "error": reason}
+        return EagerGraph(self.gm, reason)
 
     @property
     def target(self):
         return self.artefacts["target"] if self.artefacts else None
 
     def __call__(self, *args):
-        return self._variant(args)(*args)
+        rt = self._variant(args)
+        if self._untried and id(rt) in self._untried:
+            return self._first_call(rt, list(args), boxed=False)
+        return rt(*args)
 
     def call_boxed(self, args: list):
         """Call with the inputs in a list the call takes over and empties, so each is
         freed after its last reader (``Runtime.call_boxed``)."""
-        return self._variant(args).call_boxed(args)
+        rt = self._variant(args)
+        if self._untried and id(rt) in self._untried:
+            try:
+                return self._first_call(rt, args, boxed=True)
+            finally:
+                args.clear()
+        return rt.call_boxed(args)
+
+    def _first_call(self, rt, args: list, boxed: bool):
+        sig = self._untried.pop(id(rt))
+        if not config.suppress_errors:
+            return rt.call_boxed(args) if boxed else rt(*args)
+        try:
+            return rt.call_boxed(list(args)) if boxed else rt(*args)
+        except Exception as e:                # noqa: BLE001  (suppress_errors: eager)
+            eager = self.variants[sig] = self._eager(e, "loaded or launched")
+            self._last = None
+            return eager(*args)
 
     def _variant(self, args):
         """The Runtime of the specialisation matching ``args`` (built if new)."""

@@ -17,7 +17,7 @@ import os
 import subprocess
 import tempfile
 
-from ..disk_cache import cache_path, key_of, write_text
+from ..disk_cache import key_of, read_entry, write_entry
 
 log = logging.getLogger("kiln")
 
@@ -73,10 +73,16 @@ def _passes(cxx: str, flags: list[str], name: str, source: str, d: str) -> bool:
     with open(src, "w") as f:
         f.write(source)
     build = [f for f in flags if f not in ("-shared", "-fPIC")]
-    r = subprocess.run([cxx, *build, src, "-o", exe], capture_output=True, text=True)
+    try:
+        r = subprocess.run([cxx, *build, src, "-o", exe], capture_output=True, text=True)
+    except OSError:
+        return True      # no compiler to run: the kernel build says so, not this check
     if r.returncode != 0:
         return True      # a probe the compiler cannot build says nothing about miscompiles
-    return subprocess.run([exe], capture_output=True).returncode == 0
+    try:
+        return subprocess.run([exe], capture_output=True).returncode == 0
+    except OSError:
+        return True      # the compiler made no program: the kernel build says so
 
 
 def failing_probes(cxx: str, flags: list[str]) -> list[str]:
@@ -86,10 +92,10 @@ def failing_probes(cxx: str, flags: list[str]) -> list[str]:
 
 def workaround_flags(cxx: str, flags: list[str], version: str) -> list[str]:
     """Flags to add to ``flags`` so that ``cxx`` passes every probe (remembered on disk)."""
-    path = cache_path("cpp", key_of("probe", cxx, " ".join(flags), version, *PROBES), ".flags")
-    if os.path.exists(path):
-        with open(path) as f:
-            return f.read().split()
+    key = key_of("probe", cxx, " ".join(flags), version, *PROBES)
+    found = read_entry("cpp", key, ".flags")
+    if found is not None:
+        return found[1].decode().split()
     extra: list[str] = []
     bad = failing_probes(cxx, flags)
     if bad:
@@ -99,5 +105,8 @@ def workaround_flags(cxx: str, flags: list[str], version: str) -> list[str]:
                 break
         log.warning("kiln: %s miscompiles %s; kernels are built with %s", version,
                     ", ".join(bad), " ".join(extra) or "no workaround found")
-    write_text(path, " ".join(extra))
+    try:
+        write_entry("cpp", key, ".flags", " ".join(extra).encode())
+    except OSError:
+        pass                                  # checked again by the next process
     return extra

@@ -13,7 +13,9 @@ the torch and Triton versions and the GPU's compute capability.
 
 Plans are pickled, aten operators by name (``torch.ops`` objects do not pickle). A plan
 that cannot be pickled (an extern calling a lambda, a large constant) is simply not
-cached; an unreadable entry is rebuilt. ``KILN_GRAPH_CACHE=0`` switches it off.
+cached. Entries are sealed (``kiln.disk_cache``): one that fails its key and content
+check, or does not unpickle, is a miss, rebuilt and replaced. ``KILN_GRAPH_CACHE=0``
+switches it off.
 """
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ import io
 import os
 import pickle
 import sys
-import tempfile
 from dataclasses import dataclass, field
 
 import torch
@@ -176,25 +177,24 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
-def _path(key: str) -> str:
-    return cache.cache_path("graphs", key, ".pkl")
-
-
 def load(key: str | None) -> Plan | None:
+    """The plan stored under ``key``, if its entry checks out (``disk_cache``) and
+    unpickles; anything else is a miss (logged) that the caller rebuilds and stores."""
     if key is None:
         return None
-    path = _path(key)
-    if not os.path.exists(path):
+    found = cache.read_entry("graphs", key, ".pkl")
+    if found is None:
         stats["misses"] += 1
         return None
     enabled = gc.isenabled()
     gc.disable()          # many small objects at once: no collection passes meanwhile
     try:
-        with open(path, "rb") as f:
-            plan = pickle.load(f)
-    except Exception as e:             # noqa: BLE001  (a stale or torn entry: rebuild)
-        _log.info("kernels: graph cache entry %s unreadable (%s: %s); rebuilding",
-                  key, type(e).__name__, e)
+        plan = pickle.loads(found[1])
+        if not isinstance(plan, Plan):
+            raise TypeError(f"a {type(plan).__name__}, not a Plan")
+    except Exception as e:             # noqa: BLE001  (written by another kiln: rebuild)
+        _log.warning("kiln: graph cache entry %s unreadable (%s: %s); rebuilding it",
+                     found[0], type(e).__name__, e)
         stats["misses"] += 1
         return None
     finally:
@@ -214,10 +214,10 @@ def store(key: str | None, plan: Plan) -> bool:
         stats["uncacheable"] += 1
         _log.info("kernels: graph not cached (%s: %s)", type(e).__name__, e)
         return False
-    path = _path(key)
-    fd, tmp = tempfile.mkstemp(suffix=".pkl", dir=os.path.dirname(path))
-    with os.fdopen(fd, "wb") as f:
-        f.write(buf.getvalue())
-    os.replace(tmp, path)
+    try:
+        cache.write_entry("graphs", key, ".pkl", buf.getvalue())
+    except OSError as e:               # nowhere to keep it: compiled again next time
+        _log.info("kernels: graph not cached (%s: %s)", type(e).__name__, e)
+        return False
     stats["stored"] += 1
     return True

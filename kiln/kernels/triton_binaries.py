@@ -9,6 +9,12 @@ manifest: for each kernel, the compiled hash, its files and the argument signatu
 launcher is built from. A later process with the same module source builds each
 ``CompiledKernel`` straight from those files.
 
+The manifest is a sealed entry (``kiln.disk_cache``: its key and content hash are
+checked before it is unpickled); each kernel file is stored under the sha256 of its
+bytes, which the manifest names and ``load`` checks before Triton reads the file. A
+manifest or file that fails its check makes ``load`` return None: the module then goes
+through Triton's JIT and ``save`` writes everything again.
+
 Loaded kernels were compiled for 16-byte-aligned pointers (what the caching allocator
 returns); the launcher checks the alignment per call and sends anything else through
 Triton's JIT. Any mismatch with the installed Triton (another layout of its classes)
@@ -17,6 +23,7 @@ makes ``load`` return None and the JIT path is taken, so this is only ever a sho
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import pickle
 from types import SimpleNamespace
@@ -27,7 +34,8 @@ from ..debug.logs import log_for
 from . import cache
 
 _log = log_for("cache")
-FORMAT = 1
+#: Bumped when the manifest's layout changes.
+FORMAT = 2
 stats = {"loaded": 0, "saved": 0}
 
 
@@ -38,14 +46,27 @@ def _toolchain() -> str:
     return f"{triton.__version__}|{cap}|{FORMAT}"
 
 
-def _bin_dir(kernel_hash: str) -> str:
-    """Where one compiled kernel's files (cubin, metadata JSON, IRs) are kept."""
-    return cache.cache_path("triton_bin", kernel_hash, "")
+def _manifest_key(source: str, kinfo) -> str:
+    return cache.key_of(source, repr([(k[0], k[3], k[4]) for k in kinfo]), _toolchain())
 
 
-def _manifest_path(source: str, kinfo) -> str:
-    key = cache.key_of(source, repr([(k[0], k[3], k[4]) for k in kinfo]), _toolchain())
-    return cache.cache_path("triton_manifest", key, ".pkl")
+def _file_path(fname: str, digest: str) -> str | None:
+    """Where a kept kernel file whose bytes have sha256 ``digest`` is, checked; None
+    when nowhere (a file there with other bytes is rejected)."""
+    ext = os.path.splitext(fname)[1]
+    for path in cache.locations("triton_bin", digest, ext):
+        try:
+            with open(path, "rb") as f:
+                ok = hashlib.sha256(f.read()).hexdigest() == digest
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            cache.reject(path, f"{type(e).__name__}: {e.strerror or e}")
+            continue
+        if ok:
+            return path
+        cache.reject(path, "its content does not match its sha256")
+    return None
 
 
 def save(source: str, kinfo, compiled: dict) -> bool:
@@ -55,21 +76,17 @@ def save(source: str, kinfo, compiled: dict) -> bool:
     if not wanted or any(n not in compiled for n in wanted):
         return False
     try:
-        path = _manifest_path(source, kinfo)
-        if os.path.exists(path):
-            return True
         entries = {}
         for name in wanted:
             ck = compiled[name]
-            files = []
-            d = _bin_dir(ck.hash)
-            os.makedirs(d, exist_ok=True)
+            files = {}
             for fname, src_path in ck.metadata_group.items():
-                dst = os.path.join(d, fname)
-                if not os.path.exists(dst):
-                    with open(src_path, "rb") as f:
-                        cache.write_bytes(dst, f.read())
-                files.append(fname)
+                with open(src_path, "rb") as f:
+                    data = f.read()
+                digest = hashlib.sha256(data).hexdigest()
+                if _file_path(fname, digest) is None:
+                    cache.store_file("triton_bin", digest, os.path.splitext(fname)[1], data)
+                files[fname] = digest
             src = ck.src
             entries[name] = {
                 "hash": ck.hash, "files": files,
@@ -78,7 +95,8 @@ def save(source: str, kinfo, compiled: dict) -> bool:
                 "attrs": dict(getattr(src, "attrs", {}) or {}),
                 "arg_names": list(src.fn.arg_names),
             }
-        cache.write_bytes(path, pickle.dumps(entries))
+        cache.write_entry("triton_manifest", _manifest_key(source, kinfo), ".pkl",
+                          pickle.dumps(entries))
         stats["saved"] += 1
         return True
     except Exception as e:                 # noqa: BLE001  (a shortcut: never fatal)
@@ -97,20 +115,25 @@ def compiled_kernel(entry: dict, arg_names):
 
 def load(source: str, kinfo) -> dict | None:
     """Kernel name -> (CompiledKernel, its ``cuda_launch`` kernel or None), loaded for
-    launching, for every kernel of the module; or None."""
+    launching, for every kernel of the module; or None (then the JIT compiles them)."""
     try:
-        path = _manifest_path(source, kinfo)
-        if not os.path.exists(path):
+        found = cache.read_entry("triton_manifest", _manifest_key(source, kinfo), ".pkl")
+        if found is None:
             return None
-        with open(path, "rb") as f:
-            entries = pickle.load(f)
-        from .cuda_launch import ready
+        entries = pickle.loads(found[1])
         n_args = {k[0]: len(k[1]) for k in kinfo}
+        if set(entries) != set(n_args):
+            raise ValueError(f"kernels {sorted(entries)}, not {sorted(n_args)}")
+        groups = {}
+        for name, e in entries.items():
+            group = {fname: _file_path(fname, digest) for fname, digest in e["files"].items()}
+            if None in group.values():
+                return None                # rejected (logged): compiled again, kept again
+            groups[name] = group
+        from .cuda_launch import ready
         out = {}
         for name, e in entries.items():
-            d = _bin_dir(e["hash"])
-            group = {fname: os.path.join(d, fname) for fname in e["files"]}
-            out[name] = ready(compiled_kernel(dict(e, group=group), e["arg_names"]),
+            out[name] = ready(compiled_kernel(dict(e, group=groups[name]), e["arg_names"]),
                               n_args[name])
         stats["loaded"] += 1
         return out

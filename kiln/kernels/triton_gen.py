@@ -12,7 +12,6 @@ imported, since ``triton.jit`` reads its source from a file. On CPU tensors it r
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import re
@@ -1111,11 +1110,7 @@ def load(source: str, entries, kinfo=None):
         else:
             triton_setup.wait()
     with timed("kernels.triton_module"):
-        path = cache.write_source("triton", source, ".py")
-        spec = importlib.util.spec_from_file_location(f"kiln_triton_{cache.key_of(source)}",
-                                                      path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod, path = cache.load_module("triton", source)
     launch = Launcher()
     if kinfo and not _interpreting() and torch.cuda.is_available():
         from . import triton_binaries
