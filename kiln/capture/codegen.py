@@ -280,6 +280,20 @@ def grad_mode_exit(enabled: bool, prev: bool):
     return cm.__exit__
 
 
+def restoring_grad_mode(compiled, mode: bool):
+    """``compiled`` (a graph), restoring grad mode ``mode`` if it raises: the mode eager
+    leaves once the exception has left the grad-mode with-blocks around the failing op
+    (the eager backend stops inside them, aot graphs never change it)."""
+    def call(*args):
+        try:
+            return compiled(*args)
+        except BaseException:
+            torch._C._set_grad_enabled(mode)
+            raise
+
+    return call
+
+
 def signature_source(code) -> str:
     """The parameter list of ``code`` as source: ``a, b, /, *args, c, **kw``."""
     names = code.co_varnames

@@ -34,6 +34,10 @@ class OutputGraph:
         self.grad_enabled = torch.is_grad_enabled()
         self.entry_grad_enabled = self.grad_enabled  # the graph's caller restores the end's
         self.guards.grad_mode(self.grad_enabled)
+        #: the modes grad-mode with-blocks open here restore, outermost first (a resume
+        #: function starts inside the blocks its break was in)
+        self.grad_blocks: list = []
+        self._unwind_modes: set = set()   # the grad mode eager leaves if an op raises
         self.guards.global_state(global_state.snapshot())
         self._names: set = set()
         self._keepalive: list = []
@@ -113,6 +117,7 @@ class OutputGraph:
         node_args = tuple(_to_arg(a) for a in args)
         node_kwargs = {k: _to_arg(v) for k, v in kwargs.items()}
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        self._unwind_modes.add(self.grad_blocks[0] if self.grad_blocks else self.grad_enabled)
         result = self._wrap_result(out, node)
         if not node.users and out is not None and not _has_tensor(out):
             # a metadata query answered at trace time (mutating ops return None or a
@@ -145,6 +150,25 @@ class OutputGraph:
         if _has_tensor(out):
             raise Unsupported(f"an op returning {type(out).__qualname__} of tensors")
         return _static(out)
+
+    def enter_grad_block(self, prev: bool, enabled: bool):
+        self.grad_blocks.append(prev)
+        self.set_grad_enabled(enabled)
+
+    def exit_grad_block(self, prev: bool):
+        if self.grad_blocks:
+            self.grad_blocks.pop()
+        self.set_grad_enabled(prev)
+
+    def grad_mode_on_error(self):
+        """The grad mode to restore when the graph raises (eager unwinds the grad-mode
+        with-blocks around the failing op), or None where every backend leaves the right
+        one: the graph changes no mode and runs inside no block opened before it."""
+        changes = any(n.target is torch._C._set_grad_enabled for n in self.graph.nodes)
+        modes = self._unwind_modes
+        if not changes and modes <= {self.entry_grad_enabled}:
+            return None
+        return next(iter(modes)) if len(modes) == 1 else self.entry_grad_enabled
 
     def set_grad_enabled(self, enabled: bool):
         if enabled != self.grad_enabled:

@@ -729,11 +729,11 @@ class GradModeValue(Value):
     def enter(self, tx):
         if not self.applied:
             self.prev = tx.output.grad_enabled
-        tx.output.set_grad_enabled(self.enabled)
+        tx.output.enter_grad_block(self.prev, self.enabled)
         return ConstantValue(None)
 
     def exit(self, tx):
-        tx.output.set_grad_enabled(self.prev)
+        tx.output.exit_grad_block(self.prev)
         return ConstantValue(None)
 
 

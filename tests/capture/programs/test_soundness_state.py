@@ -651,3 +651,45 @@ def test_user_shape_error_is_still_the_users(backend):
     def f(x):
         return F.linear(x, torch.ones(4, 4))
     check(f, lambda i: (T(2, 3),), backend=backend)
+
+
+# --- 1b. an exception the graph itself raises, inside grad-mode blocks ---------------------
+
+def _index_in_no_grad(x, idx):
+    with torch.no_grad():
+        y = torch.index_select(x, 0, idx)
+    return y * 2
+
+
+def _index_in_no_grad_after_break(x, idx):
+    with torch.no_grad():
+        y = x * 2
+        kiln.graph_break()
+        y = torch.index_select(y, 0, idx)
+    return y * 2
+
+
+def _index_after_bare_set_grad_enabled(x, idx):
+    torch.set_grad_enabled(False)
+    return torch.index_select(x, 0, idx)
+
+
+@backends
+@pytest.mark.parametrize("program", [_index_in_no_grad, _index_in_no_grad_after_break,
+                                     _index_after_bare_set_grad_enabled],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_grad_mode_after_a_runtime_error_in_the_graph(backend, program):
+    """An index out of range is only seen when the graph runs: the grad mode left
+    afterwards is eager's (the with-blocks around the op unwound)."""
+    cf = kiln.compile(program, backend=backend)
+    x = _rg(3)
+    cf(x, torch.tensor([0, 1]))
+    torch.set_grad_enabled(True)
+    modes = []
+    for fn in (program, cf):
+        with pytest.raises(Exception):
+            fn(x, torch.tensor([0, 5]))
+        modes.append(torch.is_grad_enabled())
+        torch.set_grad_enabled(True)
+    assert modes[0] == modes[1]
+    kiln.reset()
