@@ -8,8 +8,9 @@ All of it is one tuple, read by one cheap call (well under a microsecond: no def
 device lookup, only the mode stack's shape), compared with the one the trace saw.
 Grad mode has its own guard (``GuardSet.grad_mode``).
 
-Some state kiln cannot reproduce in a graph: autocast (ops would run in other dtypes)
-and dispatch modes set by the user (they would not see compiled kernels). A call made
+Some state kiln cannot reproduce in a graph: autocast (ops would run in other dtypes),
+dispatch modes set by the user (they would not see compiled kernels) and functorch
+transforms (``vmap``, ``grad``: a trace would see one unbatched sample). A call made
 under such state runs eagerly, in an entry guarded on that state (``eager_reason``).
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ _deterministic = torch.are_deterministic_algorithms_enabled
 _deterministic_warn = torch.is_deterministic_algorithms_warn_only_enabled
 _function_stack_len = torch._C._len_torch_function_stack
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
+_functorch_level = torch._C._functorch.peek_interpreter_stack
 
 
 def _function_modes() -> tuple:
@@ -38,11 +40,12 @@ def _function_modes() -> tuple:
 def snapshot() -> tuple:
     """Everything below, as one comparable value."""
     return (_inference(), _default_dtype(), _any_autocast(), _deterministic(),
-            _deterministic_warn(), _function_modes(), _dispatch_stack_len())
+            _deterministic_warn(), _function_modes(), _dispatch_stack_len(),
+            _functorch_level() is not None)
 
 
 def describe(state: tuple) -> str:
-    inference, dtype, autocast, det, det_warn, modes, dispatch = state
+    inference, dtype, autocast, det, det_warn, modes, dispatch, functorch = state
     parts = [f"inference_mode={inference}", f"default dtype={dtype}", f"autocast={autocast}",
              f"deterministic={det}{' (warn only)' if det_warn else ''}"]
     if modes:
@@ -50,15 +53,19 @@ def describe(state: tuple) -> str:
             t.__qualname__ + (f"({d})" if d is not None else "") for t, d in modes))
     if dispatch:
         parts.append(f"{dispatch} dispatch mode(s)")
+    if functorch:
+        parts.append("inside a functorch transform")
     return ", ".join(parts)
 
 
 def eager_reason(state: tuple) -> str | None:
     """Why a call under ``state`` must run eagerly, or None when kiln can trace it."""
-    _inference_on, _dtype, autocast, _det, _det_warn, _modes, dispatch = state
+    _inference_on, _dtype, autocast, _det, _det_warn, _modes, dispatch, functorch = state
     if autocast:
         return "autocast is enabled (kiln does not reproduce autocast's dtypes)"
     if dispatch:
         return "a TorchDispatchMode is active (compiled kernels would bypass it)"
+    if functorch:
+        return "called inside a functorch transform (vmap, grad…), which kiln does not trace"
     return None
 

@@ -693,3 +693,42 @@ def test_grad_mode_after_a_runtime_error_in_the_graph(backend, program):
         torch.set_grad_enabled(True)
     assert modes[0] == modes[1]
     kiln.reset()
+
+
+@backends
+def test_functorch_transforms_run_the_function_eagerly(backend):
+    def f(x):
+        return (x * 2).sin().sum(0)
+    cf = kiln.compile(f, backend=backend)
+    x = T(4, 3)
+    torch.testing.assert_close(torch.vmap(cf)(x), torch.vmap(f)(x))
+    torch.testing.assert_close(torch.func.grad(lambda t: cf(t).sum())(x),
+                               torch.func.grad(lambda t: f(t).sum())(x))
+    torch.testing.assert_close(cf(x), f(x))
+    kiln.reset()
+
+
+@backends
+def test_a_users_dispatch_mode_sees_every_op(backend):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    def f(x):
+        return (x * 2).sin()
+    cf = kiln.compile(f, backend=backend)
+    x = T(3)
+    cf(x)
+    with Count() as eager:
+        f(x)
+    with Count() as compiled:
+        cf(x)
+    assert compiled.ops == eager.ops
+    kiln.reset()
