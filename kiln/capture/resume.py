@@ -9,6 +9,8 @@ package; cached so that one break point always maps to one code object (and one 
 """
 from __future__ import annotations
 
+import weakref
+
 import bytecode as bc
 from bytecode import Bytecode, Instr, Label
 
@@ -20,13 +22,18 @@ _CO_VARKEYWORDS = 0x08
 _CO_GENERATOR = 0x20
 _CO_NEWLOCALS = 0x02
 
-_cache: dict = {}
+#: code object -> {(index, stack_nulls, local_names): resume code}; weak keys, so the
+#: user's code (and what is built from it) is not kept alive by kiln
+_cache = weakref.WeakKeyDictionary()
 
 
 def resume_code(code, index: int, stack_nulls: tuple, local_names: tuple):
     """``stack_nulls[i]`` is True where stack slot i holds NULL (not passed in)."""
-    key = (code, index, stack_nulls, local_names)
-    hit = _cache.get(key)
+    key = (index, stack_nulls, local_names)
+    per_code = _cache.get(code)
+    if per_code is None:
+        per_code = _cache[code] = {}
+    hit = per_code.get(key)
     if hit is not None:
         return hit
     if code.co_flags & (_CO_GENERATOR | 0x80 | 0x200):
@@ -75,7 +82,7 @@ def resume_code(code, index: int, stack_nulls: tuple, local_names: tuple):
         out = new.to_code()
     except Exception as e:  # the bytecode package cannot lay this jump out
         raise Unsupported(f"cannot build a resume function here ({e})") from None
-    _cache[key] = out
+    per_code[key] = out
     return out
 
 

@@ -100,3 +100,17 @@ def test_distinct_closures_do_not_grow_memory(backend):
     # what remains is process-wide memo tables keyed by op metadata and constants
     # (bounded), and torch.fx's own linecache entries: well under 10 KB a closure
     assert growth < 1_000_000, f"{growth / 1e6:.2f} MB kept by 100 dropped closures"
+
+
+def test_code_objects_are_not_kept_by_kiln():
+    """A function made from source at run time (its own code object): once dropped,
+    nothing kiln cached for it (decoded bytecode, resume code) keeps its code alive."""
+    ns = {"kiln": kiln}
+    exec("def made(x):\n    y = x + 1\n    kiln.graph_break()\n    return y * 2\n", ns)
+    made = ns.pop("made")
+    cf = kiln.compile(made, backend="eager")
+    torch.testing.assert_close(cf(torch.ones(2)), torch.full((2,), 4.0))
+    ref = weakref.ref(made.__code__)
+    del made, cf, ns
+    gc.collect()
+    assert ref() is None
