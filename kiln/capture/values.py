@@ -497,6 +497,9 @@ class PythonModuleValue(Value):
         try:
             v = getattr(self.mod, name)
         except AttributeError as e:
+            if self.source is not None:     # the program may set it later
+                tx.output.guards.expression(f"not hasattr({self.source.expr()}, {name!r})",
+                                            f"{self.source.pretty()} has no attribute {name!r}")
             raise UserException(ExceptionValue(AttributeError, [ConstantValue(str(e))]))
         return wrap(tx, v, AttrSource(self.source, name) if self.source else None, module_member=True)
 

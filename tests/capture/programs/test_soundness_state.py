@@ -732,3 +732,23 @@ def test_a_users_dispatch_mode_sees_every_op(backend):
         cf(x)
     assert compiled.ops == eager.ops
     kiln.reset()
+
+
+_LATE = __import__("types").ModuleType("late")
+
+
+@backends
+def test_module_attribute_missing_when_compiled(backend):
+    """An AttributeError the trace replays holds only while the attribute is missing."""
+    def f(x):
+        return x * _LATE.scale
+    cf = kiln.compile(f, backend=backend)
+    x = T(3)
+    with pytest.raises(AttributeError):
+        cf(x)
+    _LATE.scale = 3.0
+    try:
+        torch.testing.assert_close(cf(x), x * 3.0)
+    finally:
+        del _LATE.scale
+    kiln.reset()
