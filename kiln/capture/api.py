@@ -34,7 +34,8 @@ class CompiledModule(torch.nn.Module):
 
     def __call__(self, *args, **kwargs):
         mod = self._orig_mod
-        if mod._forward_hooks or mod._forward_pre_hooks or "forward" in mod.__dict__:
+        if mod._forward_hooks or mod._forward_pre_hooks or "forward" in mod.__dict__ \
+                or type(mod).forward is not self._kiln_forward.fn:  # patched on the class
             return self._kiln_call(*args, **kwargs)
         return self._kiln_forward(mod, *args, **kwargs)
 
