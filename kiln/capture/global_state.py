@@ -9,7 +9,8 @@ device lookup, only the mode stack's shape), compared with the one the trace saw
 Grad mode has its own guard (``GuardSet.grad_mode``).
 
 Some state kiln cannot reproduce in a graph: autocast (ops would run in other dtypes),
-dispatch modes set by the user (they would not see compiled kernels) and functorch
+torch-function and dispatch modes set by the user (other than ``torch.device`` contexts:
+they would not see compiled kernels) and functorch
 transforms (``vmap``, ``grad``: a trace would see one unbatched sample). A call made
 under such state runs eagerly, in an entry guarded on that state (``eager_reason``).
 """
@@ -60,7 +61,9 @@ def describe(state: tuple) -> str:
 
 def eager_reason(state: tuple) -> str | None:
     """Why a call under ``state`` must run eagerly, or None when kiln can trace it."""
-    _inference_on, _dtype, autocast, _det, _det_warn, _modes, dispatch, functorch = state
+    _inference_on, _dtype, autocast, _det, _det_warn, modes, dispatch, functorch = state
+    if any(t.__name__ != "DeviceContext" for t, _ in modes):
+        return "a TorchFunctionMode is active (compiled kernels would bypass it)"
     if autocast:
         return "autocast is enabled (kiln does not reproduce autocast's dtypes)"
     if dispatch:

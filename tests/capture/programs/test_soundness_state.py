@@ -752,3 +752,29 @@ def test_module_attribute_missing_when_compiled(backend):
     finally:
         del _LATE.scale
     kiln.reset()
+
+
+@backends
+def test_a_users_function_mode_sees_every_call(backend):
+    from torch.overrides import TorchFunctionMode
+
+    class Log(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls.append(func)
+            return func(*args, **(kwargs or {}))
+
+    def f(x):
+        return (x * 2).sin()
+    cf = kiln.compile(f, backend=backend)
+    x = T(3)
+    cf(x)
+    with Log() as eager:
+        f(x)
+    with Log() as compiled:
+        cf(x)
+    assert compiled.calls == eager.calls
+    kiln.reset()
