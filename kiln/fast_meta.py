@@ -144,8 +144,9 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
 
 
 def _mm(a, b):
-    if (not (_plain(a) or _plain(a.t())) or not (_plain(b) or _plain(b.t()))
-            or a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype):
+    if (a.dim() != 2 or b.dim() != 2 or not (_plain(a) or _plain(a.t()))
+            or not (_plain(b) or _plain(b.t()))
+            or a.shape[1] != b.shape[0] or a.dtype != b.dtype):
         return None
     return torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=_META)
 

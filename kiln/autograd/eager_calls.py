@@ -12,6 +12,12 @@ tensor method ``x.<op>(...)``), the C++ argument parser eager code goes through.
 binding is used only when, called on the node's meta example values, it reaches the
 very same overload and nothing else (checked under a dispatch mode); otherwise the
 node keeps its ``OpOverload``. The aten graph itself is left untouched.
+
+A rewritten call spells out, by name, every argument the node leaves to its default,
+with the schema's default, and the binding must hand the op the same arguments as the
+node: a binding's own defaults can differ from the schema's
+(``torch._C._nn.mse_loss(x, y)`` reduces with "none", ``aten.mse_loss(x, y)`` with
+"mean").
 """
 from __future__ import annotations
 
@@ -30,19 +36,30 @@ class _Seen(KilnDispatchMode):
         self.ops = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func)
+        self.ops.append((func, _comparable((args, kwargs or {}))))
         return func(*args, **(kwargs or {}))
 
 
-def _reaches(call, op, args, kwargs) -> bool:
-    """Does ``call(*args, **kwargs)`` on meta values dispatch exactly ``op``, once?"""
+def _comparable(tree):
+    """Arguments as a value equal for equal calls (tensors by identity)."""
+    return tree_map(lambda a: ("tensor", id(a)) if isinstance(a, torch.Tensor) else a, tree)
+
+
+def _dispatched(call, args, kwargs):
     seen = _Seen()
+    with seen:
+        call(*args, **kwargs)
+    return seen.ops
+
+
+def _reaches(call, op, args, kwargs) -> bool:
+    """Does ``call(*args, **kwargs)`` on meta values dispatch exactly ``op``, once, with
+    the arguments ``op(*args, **kwargs)`` gets?"""
     try:
-        with seen:
-            call(*args, **kwargs)
+        seen = _dispatched(call, args, kwargs)
+        return [f for f, _ in seen] == [op] and seen == _dispatched(op, args, kwargs)
     except Exception:
         return False
-    return seen.ops == [op]
 
 
 def _meta(node_or_value):
@@ -66,12 +83,29 @@ def _candidates(op):
         yield "call_method", name
 
 
+def _with_defaults(op, args, kwargs):
+    """``args`` and ``kwargs`` with every argument the call leaves out set to the
+    schema's default (None where the schema gives none: the argument is then required,
+    and the call is left as it is)."""
+    args, kwargs = list(args), dict(kwargs)
+    for i, a in enumerate(op._schema.arguments):
+        if i < len(args) or a.name in kwargs:
+            continue
+        if not a.has_default_value():
+            return None
+        kwargs[a.name] = a.default_value     # by name: bindings order some differently
+    return tuple(args), kwargs
+
+
 def _rewrite(node: fx.Node) -> None:
     op = node.target
     if op.namespace != "aten" or "device" in node.kwargs:
         return
+    full = _with_defaults(op, node.args, node.kwargs)
+    if full is None:
+        return
     try:
-        args, kwargs = _meta((node.args, node.kwargs))
+        args, kwargs = _meta(full)
     except LookupError:
         return
     for kind, target in _candidates(op):
@@ -83,6 +117,7 @@ def _rewrite(node: fx.Node) -> None:
             ok = _reaches(lambda s, *a, **k: getattr(s, target)(*a, **k), op, args, kwargs)
         if ok:
             node.op, node.target = kind, target
+            node.args, node.kwargs = full
             return
 
 

@@ -179,10 +179,19 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         return tree_map(to_meta, (args, kwargs))
 
     def _device_of(self, op, args, kwargs) -> torch.device:
-        for a in tree_flatten((args, kwargs))[0]:
-            if isinstance(a, torch.Tensor) and id(a) in self.infos:
-                return self.infos[id(a)].device
-        return torch.get_default_device()
+        """The device of ``op``'s result: its first tensor argument's, but where every
+        CPU tensor argument is 0-d, an accelerator argument's (eager: ``cuda_t *
+        torch.tensor(2.0)`` is on CUDA); ``copy`` writes into its first argument."""
+        found = [(self.infos[id(a)].device, a.dim() == 0)
+                 for a in tree_flatten((args, kwargs))[0]
+                 if isinstance(a, torch.Tensor) and id(a) in self.infos]
+        if not found:
+            return torch.get_default_device()
+        other = next((d for d, _ in found if d.type != "cpu"), None)
+        if (other is not None and op is not aten.copy.default
+                and all(scalar for d, scalar in found if d.type == "cpu")):
+            return other
+        return found[0][0]
 
     # --- the dispatch rules -----------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -378,6 +387,9 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     mode the graph starts in (default: ``train``); a training trace may start with grad
     off when the graph turns it on itself (``torch._C._set_grad_enabled`` nodes)."""
     ops = opinfo.op_set(ops)
+    if _names_meta_device(gm):
+        raise AotUnsupported("the graph moves tensors to the meta device, the device "
+                             "tracing itself runs on")
     if devices is None:
         devices = [a.device if isinstance(a, torch.Tensor) else None
                    for a in example_inputs]
@@ -560,6 +572,17 @@ def _grad_deps(outputs, leaves) -> list:
         for j in reach(o.grad_fn):
             deps[j].add(k)
     return [frozenset(d) for d in deps]
+
+
+def _names_meta_device(gm: fx.GraphModule) -> bool:
+    """Does an op of ``gm`` name the meta device (``x.to("meta")``)? Tracing reads a
+    ``device=meta`` argument as its own, so such a graph is not traced."""
+    for n in gm.graph.nodes:
+        for a in tree_flatten((n.args, n.kwargs))[0]:
+            if (isinstance(a, torch.device) and a.type == "meta") or (
+                    isinstance(a, str) and a.startswith("meta")):
+                return True
+    return False
 
 
 def _attention_mode(mode: _TraceMode):

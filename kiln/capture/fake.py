@@ -125,6 +125,10 @@ def fake_dispatch(func, args, kwargs):
 def _dispatch(func, args, kwargs):
     if func in _DATA_DEPENDENT:
         raise DataDependent(f"{func} needs the tensor's values")
+    if any(a in _QUANTIZED for a in _flat(list(args) + list(kwargs.values()))
+           if isinstance(a, torch.dtype)):
+        # meta kernels of quantizing ops return plain float tensors
+        raise NoMetaKernel(f"{func} makes a quantized tensor, which fakes do not model")
     device = _pick_device(args, kwargs)
     if "device" in kwargs:
         kwargs = dict(kwargs, device=_META)
@@ -164,6 +168,11 @@ def _dispatch(func, args, kwargs):
     except (TypeError, ValueError, IndexError) as e:   # torch._check_* verdicts: a bad call
         e._kiln_meta_kernel = True
         raise
+
+    for t in _flat(out if isinstance(out, (tuple, list)) else [out]):
+        why = unsupported_tensor(t) if isinstance(t, torch.Tensor) else None
+        if why is not None:
+            raise NoMetaKernel(f"{func} returns {why}, which fakes do not model")
 
     # In-place and out= ops return (one of) their inputs: hand back the same wrapper.
     in_by_id = {}
@@ -289,6 +298,23 @@ class FakeMode(KilnDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return fake_dispatch(func, args, kwargs or {})
+
+
+_QUANTIZED = {getattr(torch, n) for n in ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
+              if hasattr(torch, n)}
+
+
+def unsupported_tensor(t: torch.Tensor) -> str | None:
+    """Why a fake cannot stand in for ``t`` (None: it can). Fakes are strided meta
+    tensors: a sparse, mkldnn, quantized or nested tensor would be traced as a dense
+    one (``to_dense()`` the identity, results of the wrong layout)."""
+    if t.layout != torch.strided:
+        return f"a tensor of layout {t.layout}"
+    if t.is_quantized or t.dtype in _QUANTIZED:     # meta tensors are never is_quantized
+        return "a quantized tensor"
+    if t.is_nested:
+        return "a nested tensor"
+    return None
 
 
 def to_fake(t: torch.Tensor) -> FakeTensor:

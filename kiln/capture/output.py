@@ -17,7 +17,8 @@ from torch.utils._pytree import tree_map
 from kiln.capture import global_state
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported, UserException
-from kiln.capture.fake import DataDependent, FakeMode, FakeTensor, NoMetaKernel, to_fake
+from kiln.capture.fake import (DataDependent, FakeMode, FakeTensor, NoMetaKernel, to_fake,
+                               unsupported_tensor)
 from kiln.capture.guards import GuardSet
 
 
@@ -50,6 +51,9 @@ class OutputGraph:
                 self.guards.expression(f"{source.expr()} is {known.source.expr()}",
                                        f"{source.pretty()} is {known.source.pretty()}")
             return known
+        why = unsupported_tensor(real)
+        if why is not None:
+            raise Unsupported(f"{source.pretty()} is {why}, which capture does not model")
         self.guards.tensor(source, real)
         node = self.graph.placeholder(self._fresh(source.pretty()))
         fake = to_fake(real)

@@ -82,13 +82,14 @@ template <class T> static inline T kiln_abs(T a) {
   else if constexpr (std::is_unsigned<T>::value) return a;
   else return a < 0 ? T(-a) : a;
 }
+// a tie (-0.0 and 0.0) gives the first operand, as eager's clamp, relu and max reductions
 template <class T> static inline T kiln_maximum(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) return a != a ? a : (b != b ? b : (a > b ? a : b));
-  else return a > b ? a : b;
+  if constexpr (std::is_floating_point<T>::value) return a != a ? a : (b != b ? b : (b > a ? b : a));
+  else return b > a ? b : a;
 }
 template <class T> static inline T kiln_minimum(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) return a != a ? a : (b != b ? b : (a < b ? a : b));
-  else return a < b ? a : b;
+  if constexpr (std::is_floating_point<T>::value) return a != a ? a : (b != b ? b : (b < a ? b : a));
+  else return b < a ? b : a;
 }
 template <class T> static inline T kiln_fmod(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) return std::fmod(a, b);
@@ -135,8 +136,7 @@ template <class T> static inline T kiln_pow(T a, T b) {
   }
 }
 template <class T> static inline T kiln_sign(T a) {
-  if constexpr (std::is_floating_point<T>::value) return a != a ? a : T((T(0) < a) - (a < T(0)));
-  else return T((T(0) < a) - (a < T(0)));
+  return T((T(0) < a) - (a < T(0)));     // NaN: 0, as eager
 }
 template <class T> static inline bool kiln_isinf(T a) {
   return a == std::numeric_limits<T>::infinity() || a == -std::numeric_limits<T>::infinity();

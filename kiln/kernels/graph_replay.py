@@ -173,6 +173,10 @@ class GraphReplay:
         self.calls += 1
         if self.calls == 1:                      # warm-up: compiles, library plans
             self.ptrs = ptrs
+            if any(args[pos].device.type != "cuda" for pos, _ in rt.inputs):
+                # a CPU tensor (a 0-d scalar) is read by the host when an op is
+                # launched: a replay would launch with the value it had when recorded
+                self._disable("a graph input is not on the GPU")
             return rt.run(args)
         if self.graph is None:
             # inputs that moved since the first call are read in place for now: the

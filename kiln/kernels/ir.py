@@ -137,10 +137,25 @@ class Load(Expr):
 
 @dataclass(frozen=True)
 class Const(Expr):
-    __hash__ = Expr.__hash__
-    __eq__ = Expr.__eq__
+    """A constant. Equal constants are equal in every bit: -0.0 is not 0.0 (Python's
+    ``-0.0 == 0.0`` would let a shared expression print one for the other), and NaN is
+    NaN."""
     value: Any
     dtype: torch.dtype
+
+    def _key(self):
+        v = self.value
+        return (repr(v) if isinstance(v, float) else v, type(v).__name__, self.dtype)
+
+    def __hash__(self):
+        h = self.__dict__.get("_h")
+        if h is None:
+            h = hash(("Const",) + self._key())
+            object.__setattr__(self, "_h", h)
+        return h
+
+    def __eq__(self, other):
+        return self is other or (type(other) is Const and self._key() == other._key())
 
 
 @dataclass(frozen=True)

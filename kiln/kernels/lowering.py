@@ -29,6 +29,7 @@ from torch.utils import _pytree as pytree
 from ..debug.logs import log_for
 from . import ir
 from ..dispatch_mode import spare_compiler_import
+from .devices import same_device, graph_device
 from .ir import Affine, Const, Index, Load, linear_index, loop_vars
 from .ops import cast, const, op
 
@@ -205,8 +206,7 @@ class GraphLowering:
         self.fallback_messages: list[tuple] = []     # (op, reason), re-logged on cache hits
         self.relaid: set = set()       # buffers whose layout differs from eager's
         self.pinned: set = set()       # buffers an extern's result aliases (own memory slot)
-        tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
-        self.device = tensors[0].device if tensors else torch.device("cpu")
+        self.device = graph_device(example_inputs)
         self._n = 0
         self._record_meta(example_inputs)
 
@@ -371,7 +371,7 @@ class GraphLowering:
         devs = [d for d in pytree.tree_leaves(
             [self.meta[node, "device"]] + [self.meta[a, "device"] for a in node.all_input_nodes])
             if d is not None]
-        return all(d == self.device for d in devs)
+        return all(same_device(d, self.device) for d in devs)
 
     def _call(self, node):
         args, kwargs = self._args(node)
@@ -524,13 +524,11 @@ class GraphLowering:
             return None
 
     def _outputs(self, node):
+        from .lowering_outputs import settle_outputs, store_output
+
         def fix(a):
             if isinstance(a, Lazy):
-                m = self.meta_of_output(node, a)
-                strides = None
-                if m is not None and _dense(m):
-                    strides = tuple(m.stride())
-                return self.realize(a, strides=strides, origin="output")
+                return store_output(self, a, self.meta_of_output(node, a))
             if isinstance(a, View) and a.buf in self.relaid:
                 # stored in a layout of our choosing (channels-last): outputs keep eager's
                 m = self.meta_of_output(node, a)
@@ -541,7 +539,9 @@ class GraphLowering:
         out = pytree.tree_map(lambda a: self.env[a] if isinstance(a, fx.Node) else a,
                               node.args[0])
         self._out_nodes = pytree.tree_leaves(node.args[0])
-        return pytree.tree_map(fix, out, is_leaf=is_box)
+        flat, spec = pytree.tree_flatten(pytree.tree_map(fix, out, is_leaf=is_box),
+                                         is_leaf=is_box)
+        return pytree.tree_unflatten(settle_outputs(self, self._out_nodes, flat), spec)
 
     def meta_of_output(self, out_node, box):
         for a in pytree.tree_leaves(out_node.args[0]):
@@ -1331,3 +1331,4 @@ def _convolution(lo, node, x, w, b, stride, padding, dilation, transposed, outpu
 
 
 from . import lowering_index, lowering_matmul, lowering_pool, lowering_resample, lowering_view  # noqa: E402,F401  (register their lowerings)
+from . import lowering_checks  # noqa: E402,F401  (last: wraps lowerings registered above)

@@ -272,7 +272,9 @@ class ExternStep:
         args, kwargs = self.build(tensors)
         r = b.op(*args, **kwargs)
         if not self.outputs:
-            tensors[b.name] = _fix_layout(r, b)
+            # an op returning nothing (``_linalg_check_errors``: it raises or not) or
+            # one tensor
+            tensors[b.name] = _fix_layout(r, b) if isinstance(r, torch.Tensor) else r
             return
         leaves = pytree.tree_leaves(r)
         for o in self.outputs:
@@ -312,9 +314,15 @@ def _has_arg(x) -> bool:
 
 
 def _fix_layout(t, b):
-    """Kernels were generated for the strides seen at compile time; insist on them."""
-    if tuple(t.stride()) != tuple(b.strides) and t.numel() > 1:
-        c = torch.empty_strided(b.sizes, b.strides, dtype=t.dtype, device=t.device)
+    """Kernels were generated for the strides and dtype seen at compile time; insist on
+    them. (A meta kernel can plan another dtype than the device's kernel returns: half
+    precision LayerNorm statistics are float32 in the meta kernel and on CUDA, half on
+    the CPU.)"""
+    if tuple(t.shape) != tuple(b.sizes):
+        raise RuntimeError(f"kiln: {b.origin}: the library call returned a tensor of "
+                           f"shape {tuple(t.shape)}, planned {tuple(b.sizes)}")
+    if t.dtype != b.dtype or (tuple(t.stride()) != tuple(b.strides) and t.numel() > 1):
+        c = torch.empty_strided(b.sizes, b.strides, dtype=b.dtype, device=t.device)
         c.copy_(t)
         return c
     return t

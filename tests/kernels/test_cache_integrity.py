@@ -42,7 +42,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def _run(cache_dir, program="f", check=True, **env):
-    e = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), PYTHONPATH=ROOT,
+    e = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
              KILN_SUPPRESS_ERRORS="0", PYTHONDONTWRITEBYTECODE="1")
     e.pop("KILN_TEST_CACHE_DIR", None)
     e.update(env)
@@ -323,7 +323,7 @@ GPU_SCRIPT = textwrap.dedent("""
 def test_kept_triton_binary_damaged_is_compiled_again(tmp_path, what):
     """A kept kernel binary (or the module's manifest) that fails its check is not
     loaded: the kernels go through Triton again and are kept again."""
-    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "kiln"), PYTHONPATH=ROOT,
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "kiln"), PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                TRITON_CACHE_DIR=str(tmp_path / "triton"), KILN_GRAPH_CACHE="0")
 
     def run():
