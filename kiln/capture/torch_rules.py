@@ -136,7 +136,7 @@ _DATA_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", 
 # Methods whose result is metadata: computed on the fake, no graph node.
 _META_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride",
                  "is_contiguous", "element_size", "is_floating_point", "is_complex",
-                 "get_device", "storage_offset", "is_signed", "has_names",
+                 "get_device", "is_signed", "has_names",
                  "is_inference", "is_set_to", "__len__"}
 
 
@@ -183,6 +183,8 @@ def tensor_attribute(tx, tv, name):
 def tensor_method(tx, tv, name, args, kwargs):
     if name in _DATA_METHODS:
         raise Unsupported(f"Tensor.{name}() needs the tensor's data")
+    if name == "storage_offset":    # fakes do not carry it, and guards do not check it
+        raise Unsupported("Tensor.storage_offset() is read from the real tensor")
     if name in _META_METHODS:
         try:
             fake_args = [a.const() for a in args]

@@ -778,3 +778,10 @@ def test_a_users_function_mode_sees_every_call(backend):
         cf(x)
     assert compiled.calls == eager.calls
     kiln.reset()
+
+
+@backends
+def test_storage_offset_is_the_real_ones(backend):
+    def f(x):
+        return x * 2, x.storage_offset()
+    check(f, lambda i: (T(6)[i + 1:],), backend=backend)
