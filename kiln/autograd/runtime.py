@@ -156,6 +156,9 @@ class _Training:
             a = args[i]
             if a.requires_grad:
                 anchors.append(a if a.is_leaf else a.as_strided((0,), (1,)).clone())
+        if not torch.is_grad_enabled():     # the graph turns grad mode on itself
+            with torch.enable_grad():
+                return self.function.apply(*args, *anchors)
         return self.function.apply(*args, *anchors)
 
 
@@ -208,16 +211,21 @@ class AotFunction:
         self._eager: dict[tuple, _Eager] = {}
         #: requires_grad patterns under which no gradient reaches an input
         self._gradless: set[tuple] = set()
+        #: the graph turns grad mode on (``_set_grad_enabled(True)`` nodes): called with
+        #: grad off, it may still need a training path, traced from grad off
+        self._enables_grad = any(n.op == "call_function" and n.target is torch._C._set_grad_enabled
+                                 and n.args and n.args[0] for n in gm.graph.nodes)
         # Compile the path the example inputs ask for now, so errors surface early.
         self._entry(example_inputs)
 
-    def _trace(self, train, pattern=None, aliases=None):
+    def _trace(self, train, pattern=None, aliases=None, grad_at_entry=None):
         """The joint graph of one path, or ``_Eager`` where the tracer cannot express it."""
         try:
             with timed("aot_trace"):
                 return trace_joint(self.gm, self.examples, train=train,
                                    requires_grad=pattern, devices=self.devices,
-                                   ops=self.ops, aliases=aliases)
+                                   ops=self.ops, aliases=aliases,
+                                   grad_at_entry=grad_at_entry)
         except AotUnsupported as e:
             return _Eager(str(e).split("\n")[0])
 
@@ -225,17 +233,19 @@ class AotFunction:
         """(entry, trace) of the path these arguments take: a ``_Training`` or
         ``_Inference`` with its trace, or an ``_Eager`` (trace None)."""
         pattern = tuple([isinstance(a, torch.Tensor) and a.requires_grad for a in args])
-        if torch.is_grad_enabled() and any(pattern) and pattern not in self._gradless:
-            entry = self._training.get(pattern) or self._eager.get(("train", pattern))
+        grad = torch.is_grad_enabled()
+        key = (pattern, grad)   # the grad mode the graph starts in
+        if (grad or self._enables_grad) and any(pattern) and key not in self._gradless:
+            entry = self._training.get(key) or self._eager.get(("train", key))
             if entry is None:
-                tr = self._trace(True, pattern)
+                tr = self._trace(True, pattern, grad_at_entry=grad)
                 if isinstance(tr, _Eager):
-                    entry = self._eager[("train", pattern)] = tr
+                    entry = self._eager[("train", key)] = tr
                 elif tr.grad_inputs:
-                    entry = self._training[pattern] = _Training(tr, self.fw_compiler,
-                                                                self.bw_compiler)
+                    entry = self._training[key] = _Training(tr, self.fw_compiler,
+                                                            self.bw_compiler)
                 else:
-                    self._gradless.add(pattern)
+                    self._gradless.add(key)
             if entry is not None:
                 return (entry, None) if isinstance(entry, _Eager) else (entry, entry.trace)
         if ("inference",) in self._eager:
@@ -252,23 +262,25 @@ class AotFunction:
     def _aliased_entry(self, args, key):
         """The path for inputs sharing storage as ``key`` says, traced on first use."""
         paths = self._aliased.setdefault(key, {})
-        train = torch.is_grad_enabled() and any(
+        grad = torch.is_grad_enabled()
+        train = (grad or self._enables_grad) and any(
             isinstance(a, torch.Tensor) and a.requires_grad for a in args)
         pattern = tuple([isinstance(a, torch.Tensor) and a.requires_grad for a in args]) \
             if train else None
-        if pattern not in paths:
+        path = (pattern, grad)
+        if path not in paths:
             aliases = {m: (b, g) for b, m, g in key}
-            tr = self._trace(train, pattern, aliases)
+            tr = self._trace(train, pattern, aliases, grad_at_entry=grad if train else None)
             if isinstance(tr, _Eager):
-                paths[pattern] = tr, None
+                paths[path] = tr, None
             elif train and tr.grad_inputs:
-                paths[pattern] = _Training(tr, self.fw_compiler, self.bw_compiler), tr
+                paths[path] = _Training(tr, self.fw_compiler, self.bw_compiler), tr
             else:
                 if train:
                     tr = self._trace(False, aliases=aliases)
-                paths[pattern] = (tr, None) if isinstance(tr, _Eager) else (
+                paths[path] = (tr, None) if isinstance(tr, _Eager) else (
                     _Inference(tr, self.inference_compiler), tr)
-        return paths[pattern]
+        return paths[path]
 
     def __call__(self, *args):
         entry, tr = self._entry(args)

@@ -249,6 +249,12 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         rec_kwargs = dict(kwargs)
         if "device" in rec_kwargs:
             rec_kwargs["device"] = device
+        if _has_device_arg(func) and isinstance(out, torch.Tensor) and \
+                rec_kwargs.get("dtype") is None and any(
+                    a.name == "dtype" and a.kwarg_only for a in func._schema.arguments):
+            # a factory in the default dtype: the one traced (capture guards it), spelled
+            # out so that no compiler picks its own
+            rec_kwargs["dtype"] = out.dtype
         node = self._node("call_function", func, *self._to_nodes(args, rec_kwargs))
         self._register_outputs(out, node, device)
         return out
@@ -367,7 +373,7 @@ class _StandIn(torch.autograd.Function):
 
 
 def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=None,
-                devices=None, ops=None, aliases=None) -> TraceResult:
+                devices=None, ops=None, aliases=None, grad_at_entry=None) -> TraceResult:
     """Trace ``gm`` on meta copies of ``example_inputs``; with ``train``, also the
     backward for every output that requires grad. See the module docstring.
     ``requires_grad`` and ``devices`` (per input) override the examples' own, so that
@@ -377,7 +383,9 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     member is traced as a view of the base input — ``alias`` when ``geometry`` is None
     (the same tensor), else ``as_strided(base, *geometry)`` (the base is contiguous,
     at storage offset 0, and neither requires grad) — so that a write through either
-    is seen through the other (see ``runtime._alias_key``)."""
+    is seen through the other (see ``runtime._alias_key``). ``grad_at_entry``: the grad
+    mode the graph starts in (default: ``train``); a training trace may start with grad
+    off when the graph turns it on itself (``torch._C._set_grad_enabled`` nodes)."""
     ops = opinfo.op_set(ops)
     if _names_meta_device(gm):
         raise AotUnsupported("the graph moves tensors to the meta device, the device "
@@ -430,7 +438,8 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                 metas[i] = aten.as_strided.default(metas[base], *geometry)
         mode.input_of[id(metas[i])] = i
 
-    with torch.set_grad_enabled(train), mode, _attention_mode(mode):
+    entry_mode = train if grad_at_entry is None else grad_at_entry
+    with torch.set_grad_enabled(entry_mode), mode, _attention_mode(mode):
         outs = _Runner(gm, mode).run(*metas)
     mode.source = None
     flat_outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]

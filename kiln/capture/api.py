@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import types
+import weakref
 
 import torch
 
@@ -33,7 +34,8 @@ class CompiledModule(torch.nn.Module):
 
     def __call__(self, *args, **kwargs):
         mod = self._orig_mod
-        if mod._forward_hooks or mod._forward_pre_hooks or "forward" in mod.__dict__:
+        if mod._forward_hooks or mod._forward_pre_hooks or "forward" in mod.__dict__ \
+                or type(mod).forward is not self._kiln_forward.fn:  # patched on the class
             return self._kiln_call(*args, **kwargs)
         return self._kiln_forward(mod, *args, **kwargs)
 
@@ -161,9 +163,6 @@ def export(fn, *args, **kwargs):
     return captured[0], rec.guards
 
 
-_disabled_fns = set()
-
-
 def disable(fn=None, recursive=True):
     """Run ``fn`` eagerly even when called from compiled code (a graph break at the call)."""
     if fn is None:
@@ -178,12 +177,36 @@ def disable(fn=None, recursive=True):
             eval_frame._state.disabled -= 1
 
     wrapper._kiln_disabled = True
-    _disabled_fns.add(wrapper)
     return wrapper
 
 
-_allowed_in_graph = set()
-_disallowed_in_graph = set()
+class _Registry:
+    """Functions registered by ``allow_in_graph`` / ``disallow_in_graph``: held weakly
+    where Python allows it. Builtins cannot be (they live as long as their module);
+    bound methods are new objects on every read, compared by value: held strongly."""
+
+    def __init__(self):
+        self._weak = weakref.WeakSet()
+        self._strong = set()
+
+    def add(self, fn):
+        if isinstance(fn, types.MethodType):
+            self._strong.add(fn)
+            return
+        try:
+            self._weak.add(fn)
+        except TypeError:
+            self._strong.add(fn)
+
+    def __contains__(self, fn):
+        try:
+            return fn in self._weak or fn in self._strong
+        except TypeError:       # unhashable
+            return False
+
+
+_allowed_in_graph = _Registry()
+_disallowed_in_graph = _Registry()
 
 
 def allow_in_graph(fn):

@@ -286,10 +286,19 @@ def lookup_class_attr(cls, name):
     return None, None
 
 
+def lookup_guarded(tx, cls, name):
+    """``lookup_class_attr`` for an attribute the trace goes on to use: guarded to be
+    the same object on later calls (``GuardSet.class_attr``)."""
+    owner, attr = lookup_class_attr(cls, name)
+    if owner is not None:
+        tx.output.guards.class_attr(cls, name)
+    return owner, attr
+
+
 def wrap_class_attr(tx, self_value, cls, name, source=None):
     """Read ``name`` as found on ``cls`` (through ``self_value`` if not None), applying
     the descriptor protocol for functions, static/class methods and properties."""
-    owner, attr = lookup_class_attr(cls, name)
+    owner, attr = lookup_guarded(tx, cls, name)
     if owner is None:
         raise UserException(V.ExceptionValue(AttributeError, [V.ConstantValue(
             f"type object {cls.__qualname__!r} has no attribute {name!r}")]))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dis
 import sys
+import weakref
 from dataclasses import dataclass
 
 PY312 = sys.version_info >= (3, 12)
@@ -64,3 +65,19 @@ def exception_table(code) -> list[ExcEntry]:
     for e in dis._parse_exception_table(code):
         out.append(ExcEntry(e.start, e.end, e.target, e.depth, e.lasti))
     return out
+
+
+def per_code(compute):
+    """``compute(code)`` remembered while ``code`` lives: code objects are immutable, so
+    each is decoded once, and the cache (weak keys) never keeps one alive, nor what
+    generated it (resume functions of dropped compiled functions)."""
+    cache = weakref.WeakKeyDictionary()
+
+    def get(code):
+        try:
+            return cache[code]
+        except KeyError:
+            value = cache[code] = compute(code)
+            return value
+
+    return get

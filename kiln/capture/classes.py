@@ -9,7 +9,7 @@ import types
 import torch
 
 from kiln.capture import values as V
-from kiln.capture.builder import lookup_class_attr
+from kiln.capture.builder import lookup_class_attr, lookup_guarded
 from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.sources import AttrSource
 
@@ -69,7 +69,7 @@ def construct(tx, cv, args, kwargs):
     if cls.__new__ is not object.__new__:
         raise Unsupported(f"{cls.__qualname__} defines __new__")
     obj = V.NewObjectValue(cls)
-    owner, init = lookup_class_attr(cls, "__init__")
+    owner, init = lookup_guarded(tx, cls, "__init__")
     if owner is object:
         if args or kwargs:
             raise Unsupported(f"{cls.__qualname__}() takes no arguments")
@@ -91,10 +91,10 @@ def _construct_exception(tx, cls, args, kwargs):
     """``E(*args)``: BaseException.__new__ keeps the arguments as ``args``; a Python
     ``__init__`` then runs inlined (``super().__init__(a)`` resets ``args``, and the
     attributes it sets stay on the Value)."""
-    new_owner, _ = lookup_class_attr(cls, "__new__")
+    new_owner, _ = lookup_guarded(tx, cls, "__new__")
     if new_owner is None or new_owner.__module__ != "builtins":
         raise Unsupported(f"{cls.__qualname__} defines __new__")
-    _, init = lookup_class_attr(cls, "__init__")
+    _, init = lookup_guarded(tx, cls, "__init__")
     if isinstance(init, types.FunctionType):
         ev = V.ExceptionValue(cls, args, custom_init=True)
         V.UserFunctionValue(init).call(tx, [ev] + list(args), kwargs)
@@ -120,7 +120,7 @@ def metaclass_getattr(tx, cv, name):
     attributes and its ``__getattr__``."""
     cls = cv.cls
     meta = type(cls)
-    m_owner, m_attr = lookup_class_attr(meta, name)
+    m_owner, m_attr = lookup_guarded(tx, meta, name)
     if m_owner is type or m_owner is object:
         m_owner = None  # type's own attributes: ClassValue.getattr and the MRO read them
     if m_owner is not None and _is_data_descriptor(m_attr):

@@ -352,6 +352,20 @@ def call_at(filename: str, lineno: int, name: str):
     return fn
 
 
+def restoring_grad_mode(compiled, mode: bool):
+    """``compiled`` (a graph), restoring grad mode ``mode`` if it raises: the mode eager
+    leaves once the exception has left the grad-mode with-blocks around the failing op
+    (the eager backend stops inside them, aot graphs never change it)."""
+    def call(*args):
+        try:
+            return compiled(*args)
+        except BaseException:
+            torch._C._set_grad_enabled(mode)
+            raise
+
+    return call
+
+
 def signature_source(code) -> str:
     """The parameter list of ``code`` as source: ``a, b, /, *args, c, **kw``."""
     names = code.co_varnames

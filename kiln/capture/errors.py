@@ -60,3 +60,9 @@ class YieldSignal(Exception):
     def __init__(self, value, delegate=None):
         self.value = value
         self.delegate = delegate
+
+
+class InternalError(Exception):
+    """A failure of kiln's own machinery while tracing (not an error of the user's
+    program): it follows ``suppress_errors`` (eager fallback, logged) and is never
+    replayed as the program's exception."""

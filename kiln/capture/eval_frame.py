@@ -13,17 +13,19 @@ import logging
 import threading
 import time
 import types
+import weakref
 
 from kiln import config
 from kiln.capture.codegen import MISS
-from kiln.capture.errors import SkipFrame, Unsupported
-from kiln.capture.guards import first_failure
-from kiln.capture.tracer import TraceContext, trace_frame
+from kiln.capture.errors import InternalError, SkipFrame, Unsupported
+from kiln.capture import global_state
+from kiln.capture.guards import Guard, first_failure
+from kiln.capture.tracer import Entry, TraceContext, trace_frame
 from kiln.debug.logs import log_for
 from kiln.debug.timing import timed
 
 _state = threading.local()
-_all_compiled: list = []  # weak bookkeeping for kiln.reset()
+_all_compiled = weakref.WeakSet()  # for kiln.reset(); never keeps one alive
 
 
 def is_compiling() -> bool:
@@ -54,12 +56,10 @@ class CompiledFunction:
         self.entries: list = []
         self.skip = None  # reason the frame runs eagerly
         self._callees: dict = {}
-        try:
-            self._sig = inspect.signature(fn, follow_wrapped=False)
-        except (TypeError, ValueError):
-            self._sig = None
+        self._defaults = fn.__defaults__
+        self._kwdefaults = fn.__kwdefaults__
         functools.update_wrapper(self, fn)
-        _all_compiled.append(self)
+        _all_compiled.add(self)
 
     def __get__(self, obj, objtype=None):
         if obj is None:
@@ -67,6 +67,10 @@ class CompiledFunction:
         return types.MethodType(self, obj)
 
     def __call__(self, *args, **kwargs):
+        fn = self.fn
+        if fn.__defaults__ is not self._defaults or fn.__kwdefaults__ is not self._kwdefaults \
+                or fn.__code__ is not self.code:
+            self._function_changed()
         for e in self.entries:
             r = e.fn(*args, **kwargs)
             if r is not MISS:
@@ -86,12 +90,16 @@ class CompiledFunction:
         bound = self._bind(args, kwargs)
         if bound is None:
             return self.fn(*args, **kwargs)  # let Python raise the TypeError
+        state = global_state.snapshot()
+        why = global_state.eager_reason(state)
+        if why is not None:
+            return self._run_eagerly_under(state, why, args, kwargs)
         _state.depth = getattr(_state, "depth", 0) + 1
         t0 = time.perf_counter()
         prepare = getattr(self.backend, "prepare", None)
-        if prepare is not None:     # a backend's one-time set-up, overlapping the capture
-            prepare(list(args) + list(kwargs.values()))
         try:
+            if prepare is not None:  # a backend's one-time set-up, overlapping the capture
+                prepare(list(args) + list(kwargs.values()))
             with timed("capture (incl. backend)"):
                 entry = trace_frame(self.fn, self.code, bound, self._ctx())
         except SkipFrame as s:
@@ -106,10 +114,7 @@ class CompiledFunction:
             raise
         except Exception as ex:
             if config.suppress_errors:
-                logging.getLogger("kiln").warning("kiln failed to compile %s, running it eagerly: %r",
-                                                  self.code.co_name, ex)
-                self.skip = repr(ex)
-                return self.fn(*args, **kwargs)
+                return self._run_eagerly_after(ex, args, kwargs)
             raise
         finally:
             _state.depth -= 1
@@ -119,9 +124,46 @@ class CompiledFunction:
         self.entries.append(entry)
         r = entry.fn(*args, **kwargs)
         if r is MISS:  # a guard that cannot hold right after tracing: a kiln bug
+            self.entries.remove(entry)
             reason = first_failure(entry.guards, entry.namespace, bound)
-            raise RuntimeError(f"kiln: fresh guards fail on the traced inputs: {reason}")
+            ex = InternalError(f"kiln: fresh guards fail on the traced inputs: {reason}")
+            if config.suppress_errors:
+                return self._run_eagerly_after(ex, args, kwargs)
+            raise ex
         return r
+
+    def _run_eagerly_after(self, ex, args, kwargs):
+        """kiln failed (its own error, not the program's): this function runs eagerly
+        from now on, and says why."""
+        logging.getLogger("kiln").warning("kiln failed to compile %s, running it eagerly: %r",
+                                          self.code.co_name, ex)
+        self.skip = repr(ex)
+        return self.fn(*args, **kwargs)
+
+    def _run_eagerly_under(self, state, why, args, kwargs):
+        """Global state kiln cannot reproduce: an entry that runs ``fn`` itself while
+        that state lasts (other states still compile)."""
+        if self.fullgraph:
+            raise Unsupported(f"{self.code.co_name}: {why}")
+        log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, why)
+        if self.recorder is not None:
+            self.recorder.skips.append(f"{self.code.co_name}: {why}")
+        self.entries.append(_eager_entry(self.fn, state, why))
+        return self.fn(*args, **kwargs)
+
+    def _function_changed(self):
+        """The user assigned ``fn.__defaults__``, ``__kwdefaults__`` or ``__code__``
+        after compiling: entries take the new defaults (their guards then check the
+        values a call omits, as for any argument); new code starts afresh."""
+        fn = self.fn
+        if fn.__code__ is not self.code:
+            self.code = fn.__code__
+            self.entries = []
+            self.skip = None
+            self._callees.clear()
+        self._defaults, self._kwdefaults = fn.__defaults__, fn.__kwdefaults__
+        for e in self.entries:
+            e.fn.__defaults__, e.fn.__kwdefaults__ = self._defaults, self._kwdefaults
 
     def _ctx(self):
         return TraceContext(self.backend, self.fullgraph, self._compile_callee, self.recorder)
@@ -134,11 +176,11 @@ class CompiledFunction:
         return c
 
     def _bind(self, args, kwargs):
-        if self._sig is None:
-            return None
+        """The call's arguments by name, with the defaults the function has now."""
         try:
-            b = self._sig.bind(*args, **kwargs)
-        except TypeError:
+            sig = inspect.signature(self.fn, follow_wrapped=False)
+            b = sig.bind(*args, **kwargs)
+        except (TypeError, ValueError):
             return None
         b.apply_defaults()
         return dict(b.arguments)
@@ -159,8 +201,22 @@ class CompiledFunction:
             log.info("recompiling %s: guard failed: %s", where, reason)
 
 
+def _eager_entry(fn, state, why):
+    snapshot = global_state.snapshot
+
+    def run_eagerly(*args, **kwargs):
+        if snapshot() != state:
+            return MISS
+        return fn(*args, **kwargs)
+
+    guard = Guard("__state() == __S", f"global torch state is ({global_state.describe(state)})",
+                  "__state()")
+    return Entry(run_eagerly, [guard], {"__state": snapshot, "__S": state},
+                 f"# {fn.__qualname__} runs eagerly: {why}")
+
+
 def reset_all():
-    for c in _all_compiled:
+    for c in list(_all_compiled):
         c.entries.clear()
         c.skip = None
         c._callees.clear()

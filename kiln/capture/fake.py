@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_map
 from ..dispatch_mode import KilnDispatchMode
+from .errors import InternalError
 from ..fast_meta import meta_result
 
 aten = torch.ops.aten
@@ -109,6 +110,19 @@ def _flat(xs):
 
 
 def fake_dispatch(func, args, kwargs):
+    """``func`` on fakes. PyTorch's own meta kernel refusing the call is the user's
+    error (eager would refuse it too); anything else that fails here is kiln's."""
+    try:
+        return _dispatch(func, args, kwargs)
+    except (DataDependent, NoMetaKernel, InternalError):
+        raise
+    except Exception as e:  # noqa: BLE001
+        if getattr(e, "_kiln_meta_kernel", False):
+            raise
+        raise InternalError(f"fake propagation of {func}: {type(e).__name__}: {e}") from e
+
+
+def _dispatch(func, args, kwargs):
     if func in _DATA_DEPENDENT:
         raise DataDependent(f"{func} needs the tensor's values")
     if any(a in _QUANTIZED for a in _flat(list(args) + list(kwargs.values()))
@@ -136,6 +150,9 @@ def fake_dispatch(func, args, kwargs):
     u_kwargs = tree_map(unwrap, kwargs)
     try:
         out = meta_result(func, u_args, u_kwargs)
+    except Exception:  # noqa: BLE001  (kiln's shortcut; the meta kernel decides)
+        out = None
+    try:
         if out is None:
             out = func(*u_args, **u_kwargs)
     except NotImplementedError as e:
@@ -146,6 +163,10 @@ def fake_dispatch(func, args, kwargs):
             raise NoMetaKernel(f"{func} has no meta kernel") from None
         if "data-dependent" in msg or "Cannot copy out of meta" in msg:
             raise DataDependent(f"{func}: {msg}") from None
+        e._kiln_meta_kernel = True
+        raise
+    except (TypeError, ValueError, IndexError) as e:   # torch._check_* verdicts: a bad call
+        e._kiln_meta_kernel = True
         raise
 
     for t in _flat(out if isinstance(out, (tuple, list)) else [out]):
@@ -297,30 +318,35 @@ def unsupported_tensor(t: torch.Tensor) -> str | None:
 
 
 def to_fake(t: torch.Tensor) -> FakeTensor:
-    """A fake with the same size, strides, dtype, device and requires_grad as ``t``."""
+    """A fake with the same size, strides, dtype, device, requires_grad and autograd
+    standing as ``t``: a leaf, a view of a leaf that requires grad, or another
+    non-leaf — what autograd checks before an in-place op (eager refuses one on a leaf
+    that requires grad, or on a view of one, and allows it on any other tensor)."""
     if isinstance(t, FakeTensor):
         return t
-    elem = torch.empty_strided(
-        t.size(), t.stride(), dtype=t.dtype, device=_META
-    )
-    f = FakeTensor(elem, t.device)
-    if t.requires_grad:
-        f.requires_grad_(True)
-        if not t.is_leaf:
-            with torch.enable_grad():
-                f = _NonLeaf.apply(f)
+    if not t.requires_grad or t.is_leaf:
+        f = _fake_like(t)
+        return f.requires_grad_(True) if t.requires_grad else f
+    base = t._base
+    if autograd_standing(t) == 1:
+        with torch.enable_grad():
+            return _fake_like(base).requires_grad_(True).as_strided(
+                t.size(), t.stride(), t.storage_offset() - base.storage_offset())
+    f = _fake_like(t)
+    with torch.enable_grad():
+        f.copy_(_fake_like(t).requires_grad_(True))   # a non-leaf, its layout kept
     return f
 
 
-class _NonLeaf(torch.autograd.Function):
-    """A fake of a tensor that requires grad but is not a leaf (an activation passed
-    in): in-place ops on it are allowed, as on the real one, where a leaf's raise."""
+def _fake_like(t: torch.Tensor) -> FakeTensor:
+    elem = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=_META)
+    return FakeTensor(elem, t.device)
 
-    @staticmethod
-    def forward(ctx, f):
-        return FakeTensor(torch.empty_strided(f.size(), f.stride(), dtype=f.dtype,
-                                              device=_META), f.fake_device)
 
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
+def autograd_standing(t: torch.Tensor) -> int:
+    """What autograd checks before an in-place op on ``t`` (which requires grad): 0 a
+    leaf, 1 a view of a leaf that requires grad, 2 any other non-leaf."""
+    if t.is_leaf:
+        return 0
+    base = t._base
+    return 1 if base is not None and base.is_leaf and base.requires_grad else 2

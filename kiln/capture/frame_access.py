@@ -13,12 +13,12 @@ user's frame either. Frames above the compiled function remain kiln's (``f_back`
 from __future__ import annotations
 
 import dis
-import functools
 import inspect
 import sys
 import traceback
 
 from kiln.capture import values as V
+from kiln.capture.bytecode_info import per_code
 from kiln.capture.errors import SkipFrame, Unsupported
 
 FRAME_FUNCTIONS = {
@@ -68,7 +68,7 @@ def frame_function(obj):
         return None
 
 
-@functools.lru_cache(maxsize=None)
+@per_code
 def reads_own_frame(code) -> bool:
     """Whether ``code`` (or a function defined in it) may call one of the functions
     above: then a graph break in it would hand them a resume function's frame."""

@@ -8,10 +8,14 @@ which assumption broke — that is what ``KILN_LOGS=recompiles`` prints.
 """
 from __future__ import annotations
 
+import keyword
+import types
 from dataclasses import dataclass, field
 
 import torch
 
+from kiln.capture import global_state
+from kiln.capture.fake import autograd_standing
 from kiln.capture.sources import Source
 
 
@@ -97,16 +101,48 @@ class GuardSet:
         stride = tuple(t.stride())
         self.add(f"{e}.stride() == {stride!r}", f"{p}.stride() == {stride}", f"{e}.stride()")
         rg = bool(t.requires_grad)
-        self.add(f"{e}.requires_grad is {rg}", f"{p}.requires_grad is {rg}", f"{e}.requires_grad")
-        if rg and not isinstance(t, torch.nn.Parameter):
-            # in-place ops raise on a leaf that requires grad, not on an activation
-            # (a parameter, its type guarded above, is a leaf)
-            leaf = bool(t.is_leaf)
-            self.add(f"{e}.is_leaf is {leaf}", f"{p}.is_leaf is {leaf}", f"{e}.is_leaf")
+        if not rg or isinstance(t, torch.nn.Parameter):
+            # a parameter (its type guarded above) is a leaf
+            self.add(f"{e}.requires_grad is {rg}", f"{p}.requires_grad is {rg}", f"{e}.requires_grad")
+        elif t.is_leaf:     # in-place ops on it are refused: a trace assumed one or the other
+            self.add(f"{e}.requires_grad is True and {e}.is_leaf",
+                     f"{p}.requires_grad is True, a leaf", f"({e}.requires_grad, {e}.is_leaf)")
+        else:
+            standing = autograd_standing(t)
+            what = "a view of a leaf" if standing == 1 else "not a leaf"
+            self.add(f"{e}.requires_grad is True and {self.const(autograd_standing, 'f')}({e}) == {standing}",
+                     f"{p}.requires_grad is True, {what}", f"({e}.requires_grad, {e}.is_leaf)")
 
     def grad_mode(self, enabled: bool):
         self.add(f"__torch.is_grad_enabled() is {enabled}",
                  f"torch.is_grad_enabled() is {enabled}", "__torch.is_grad_enabled()")
+
+    def class_attr(self, cls, name: str):
+        """``cls.name`` is still what the trace found there (a method it inlined, a
+        property it ran, a class attribute it folded): swapping one on the class is a
+        recompile. Read as Python reads it from the class, so a name shadowed later in
+        the MRO fails too."""
+        try:
+            first, second = getattr(cls, name), getattr(cls, name)
+        except Exception:  # noqa: BLE001  (a descriptor that refuses class access)
+            return
+        t = self.const(cls, "T")
+        read = f"{t}.{name}" if name.isidentifier() and not keyword.iskeyword(name) \
+            else f"getattr({t}, {name!r})"
+        if first is second:
+            code = f"{read} is {self.const(first, 'O')}"
+        elif isinstance(first, types.MethodType) and first.__func__ is second.__func__:
+            read += ".__func__"      # a classmethod: bound anew on every read
+            code = f"{read} is {self.const(first.__func__, 'O')}"
+        else:
+            return
+        self.add(code, f"{cls.__qualname__}.{name} is the same object as when compiled ({_short(first)})",
+                 read)
+
+    def global_state(self, state: tuple):
+        self.add(f"{self.const(global_state.snapshot, 'state')}() == {self.const(state, 'S')}",
+                 f"global torch state is ({global_state.describe(state)})",
+                 f"{self.const(global_state.snapshot, 'state')}()")
 
     def expression(self, code: str, description: str, lhs: str | None = None):
         self.add(code, description, lhs)

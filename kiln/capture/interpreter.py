@@ -8,7 +8,6 @@ frames sharing the same OutputGraph; whatever cannot be understood raises
 from __future__ import annotations
 
 import dis
-import functools
 import operator
 import types
 
@@ -18,7 +17,7 @@ from kiln import config
 from kiln.capture import generators, iterators
 from kiln.capture import values as V
 from kiln.capture.builder import builtins_dict, wrap, wrap_static
-from kiln.capture.bytecode_info import BINARY_OPS, PY312, decode, exception_table
+from kiln.capture.bytecode_info import BINARY_OPS, PY312, decode, exception_table, per_code
 from kiln.capture.errors import ReturnSignal, Unsupported, UserException
 from kiln.capture.operators import binary_op, compare_op, contains_op, format_value, subscr, unary_op
 from kiln.capture.sources import ClosureSource, FuncCellSource, GlobalSource, ItemSource, LocalSource
@@ -270,9 +269,8 @@ def _globals_dict_source(output, f_globals):
     return RefSource(output.guards.const(f_globals, "g"))
 
 
-# code objects are immutable: decode each once per process
-_decoded = functools.lru_cache(maxsize=None)(decode)
-_exc_table = functools.lru_cache(maxsize=None)(exception_table)
+_decoded = per_code(decode)
+_exc_table = per_code(exception_table)
 
 
 def _index_of(insts, offset):

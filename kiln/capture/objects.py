@@ -11,7 +11,7 @@ import types
 import torch
 
 from kiln.capture import values as V
-from kiln.capture.builder import lookup_class_attr, wrap, wrap_class_attr
+from kiln.capture.builder import lookup_class_attr, lookup_guarded, wrap, wrap_class_attr
 from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.sources import AttrSource, ItemSource
 
@@ -94,6 +94,7 @@ def object_getattr(tx, ov, name):
     _, method = lookup_class_attr(cls, name)
     if isinstance(method, types.FunctionType) and is_pure_method(method) \
             and name not in getattr(getattr(ov, "obj", None), "__dict__", {}):
+        tx.output.guards.class_attr(cls, name)
         return PureMethodValue(ov, method)
     if not isinstance(ov, V.NewObjectValue) and _custom_getattribute(cls):
         # a Python __getattribute__ (transformers' configs map aliases through one):
@@ -133,6 +134,7 @@ def object_getattr(tx, ov, name):
     ga_owner, ga = lookup_class_attr(cls, "__getattr__")
     if ga_owner is not None and ga_owner is not object and isinstance(ga, types.FunctionType) \
             and ga is not torch.nn.Module.__getattr__:  # the module tables were searched above
+        tx.output.guards.class_attr(cls, "__getattr__")
         return V.UserFunctionValue(ga).call(tx, [ov, V.ConstantValue(name)], {})
     if ov.source is not None:
         tx.output.guards.expression(f"not hasattr({ov.source.expr()}, {name!r})",
@@ -147,7 +149,7 @@ def _custom_getattribute(cls) -> bool:
 
 def object_setattr(tx, ov, name, value):
     cls = ov.python_type()
-    owner, attr = lookup_class_attr(cls, name)
+    owner, attr = lookup_guarded(tx, cls, name)
     if owner is not None and isinstance(attr, property):
         if attr.fset is None:
             raise UserException(V.ExceptionValue(AttributeError, [V.ConstantValue(f"property {name!r} has no setter")]))
@@ -178,7 +180,7 @@ def call_dunder(tx, ov, name, args, kwargs):
     if is_environ(getattr(ov, "obj", None)):
         return environ_read(tx, name, args, kwargs)
     cls = ov.python_type()
-    owner, attr = lookup_class_attr(cls, name)
+    owner, attr = lookup_guarded(tx, cls, name)
     if owner is None or owner is object:
         raise UserException(V.ExceptionValue(TypeError, [V.ConstantValue(
             f"{cls.__qualname__!r} object does not support {name}")]))
@@ -189,7 +191,7 @@ def call_dunder(tx, ov, name, args, kwargs):
 
 def object_truth(tx, ov):
     for dunder in ("__bool__", "__len__"):
-        owner, attr = lookup_class_attr(ov.python_type(), dunder)
+        owner, attr = lookup_guarded(tx, ov.python_type(), dunder)
         if owner is not None and owner is not object:
             if isinstance(attr, types.FunctionType):
                 r = V.UserFunctionValue(attr).call(tx, [ov], {})
@@ -199,7 +201,7 @@ def object_truth(tx, ov):
 
 
 def object_unpack(tx, ov):
-    owner, attr = lookup_class_attr(ov.python_type(), "__iter__")
+    owner, attr = lookup_guarded(tx, ov.python_type(), "__iter__")
     if owner is not None and isinstance(attr, types.FunctionType):
         from kiln.capture.iterators import iterate
 

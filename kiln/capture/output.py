@@ -14,8 +14,9 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_map
 
+from kiln.capture import global_state
 from kiln.capture import values as V
-from kiln.capture.errors import Unsupported, UserException
+from kiln.capture.errors import InternalError, Unsupported, UserException
 from kiln.capture.fake import (DataDependent, FakeMode, FakeTensor, NoMetaKernel, to_fake,
                                unsupported_tensor)
 from kiln.capture.guards import GuardSet
@@ -32,7 +33,13 @@ class OutputGraph:
         self.mutated: list = []  # objects/containers the program changed, in order
         self.global_writes: dict = {}  # name -> Value
         self.grad_enabled = torch.is_grad_enabled()
+        self.entry_grad_enabled = self.grad_enabled  # the graph's caller restores the end's
         self.guards.grad_mode(self.grad_enabled)
+        #: the modes grad-mode with-blocks open here restore, outermost first (a resume
+        #: function starts inside the blocks its break was in)
+        self.grad_blocks: list = []
+        self._unwind_modes: set = set()   # the grad mode eager leaves if an op raises
+        self.guards.global_state(global_state.snapshot())
         self._names: set = set()
         self._keepalive: list = []
 
@@ -96,6 +103,10 @@ class OutputGraph:
     # --- graph ops -----------------------------------------------------------------
     def op(self, kind: str, target, args, kwargs) -> V.Value:
         """Record ``target(*args, **kwargs)`` in the graph; return the result's Value."""
+        rg = kwargs.get("requires_grad")
+        if not (rg is None or isinstance(rg, V.ConstantValue) and rg.value is False):
+            # a new leaf of the user's autograd graph: graph outputs are never leaves
+            raise Unsupported(f"{_target_name(target)}(requires_grad=...) inside a compiled region")
         fake_args = [_to_fake(a) for a in args]
         fake_kwargs = {k: _to_fake(v) for k, v in kwargs.items()}
         try:
@@ -106,7 +117,7 @@ class OutputGraph:
                     out = target(*fake_args, **fake_kwargs)
         except (DataDependent, NoMetaKernel) as e:
             raise Unsupported(str(e))
-        except Unsupported:
+        except (Unsupported, InternalError):
             raise
         except Exception as e:  # noqa: BLE001 -- the op's (or a user Function's) own error
             msg = str(e)
@@ -120,6 +131,7 @@ class OutputGraph:
         if _has_class((node_args, node_kwargs)):  # an FX graph cannot print a class argument
             raise Unsupported(f"{_target_name(target)} with a class as argument")
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        self._unwind_modes.add(self.grad_blocks[0] if self.grad_blocks else self.grad_enabled)
         result = self._wrap_result(out, node)
         if not node.users and out is not None and not _has_tensor(out):
             # a metadata query answered at trace time (mutating ops return None or a
@@ -152,6 +164,25 @@ class OutputGraph:
         if _has_tensor(out):
             raise Unsupported(f"an op returning {type(out).__qualname__} of tensors")
         return _static(out)
+
+    def enter_grad_block(self, prev: bool, enabled: bool):
+        self.grad_blocks.append(prev)
+        self.set_grad_enabled(enabled)
+
+    def exit_grad_block(self, prev: bool):
+        if self.grad_blocks:
+            self.grad_blocks.pop()
+        self.set_grad_enabled(prev)
+
+    def grad_mode_on_error(self):
+        """The grad mode to restore when the graph raises (eager unwinds the grad-mode
+        with-blocks around the failing op), or None where every backend leaves the right
+        one: the graph changes no mode and runs inside no block opened before it."""
+        changes = any(n.target is torch._C._set_grad_enabled for n in self.graph.nodes)
+        modes = self._unwind_modes
+        if not changes and modes <= {self.entry_grad_enabled}:
+            return None
+        return next(iter(modes)) if len(modes) == 1 else self.entry_grad_enabled
 
     def set_grad_enabled(self, enabled: bool):
         if enabled != self.grad_enabled:

@@ -9,6 +9,8 @@ package; cached so that one break point always maps to one code object (and one 
 """
 from __future__ import annotations
 
+import weakref
+
 import bytecode as bc
 from bytecode import Bytecode, Instr, Label
 
@@ -20,18 +22,23 @@ _CO_VARKEYWORDS = 0x08
 _CO_GENERATOR = 0x20
 _CO_NEWLOCALS = 0x02
 
-_cache: dict = {}
+#: code object -> {(index, stack_nulls, local_names): resume code}; weak keys, so the
+#: user's code (and what is built from it) is not kept alive by kiln
+_cache = weakref.WeakKeyDictionary()
 
 
 def resume_code(code, index: int, stack_nulls: tuple, local_names: tuple):
     """``stack_nulls[i]`` is True where stack slot i holds NULL (not passed in)."""
-    key = (code, index, stack_nulls, local_names)
-    hit = _cache.get(key)
+    key = (index, stack_nulls, local_names)
+    per_code = _cache.get(code)
+    if per_code is None:
+        per_code = _cache[code] = {}
+    hit = per_code.get(key)
     if hit is not None:
         return hit
     if code.co_flags & (_CO_GENERATOR | 0x80 | 0x200):
         raise Unsupported("a graph break in a generator or coroutine")
-    b = Bytecode.from_code(code)
+    b = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     instrs = [x for x in b if isinstance(x, Instr)]
     target = instrs[index]
     label = Label()
@@ -72,10 +79,15 @@ def resume_code(code, index: int, stack_nulls: tuple, local_names: tuple):
     if PY312 or hasattr(new, "qualname"):
         new.qualname = new.name
     try:
-        out = new.to_code()
+        # the original code's exception-table depths and stack size hold as they are:
+        # the prologue rebuilds the stack the target had, and the code before the target
+        # is unreachable now, which the bytecode package's own depth analysis (starting
+        # at the entry) cannot see through (it wrote a with-block's handler depth as
+        # 32768: CPython then crashed unwinding an exception raised in the block)
+        out = new.to_code(stacksize=code.co_stacksize, compute_exception_stack_depths=False)
     except Exception as e:  # the bytecode package cannot lay this jump out
         raise Unsupported(f"cannot build a resume function here ({e})") from None
-    _cache[key] = out
+    per_code[key] = out
     return out
 
 

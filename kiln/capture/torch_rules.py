@@ -79,9 +79,7 @@ def _set_grad_enabled(tx, args, kwargs):
     mode = _first(args, kwargs, "mode", "enabled").const()
     prev = tx.output.grad_enabled
     tx.output.set_grad_enabled(mode)
-    gm = V.GradModeValue(mode)
-    gm.prev = prev
-    return gm
+    return V.GradModeValue(mode, applied_from=prev)
 
 
 def _numel(tx, args, kwargs):
@@ -105,7 +103,7 @@ CONST_FOLD = {
     torch._C._is_tracing: lambda tx, a, k: _const(False),
     torch.set_grad_enabled: _set_grad_enabled,
     torch._C._set_grad_enabled: _set_grad_enabled,
-    torch.is_inference_mode_enabled: lambda tx, a, k: _const(False),
+    torch.is_inference_mode_enabled: lambda tx, a, k: _const(torch.is_inference_mode_enabled()),
     torch._C._log_api_usage_once: lambda tx, a, k: _const(None),
     # traced values are plain tensors: no __torch_function__ overrides to honour
     torch._C._has_torch_function: lambda tx, a, k: _const(False),
@@ -156,7 +154,7 @@ _DATA_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", 
 # Methods whose result is metadata: computed on the fake, no graph node.
 _META_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride",
                  "is_contiguous", "element_size", "is_floating_point", "is_complex",
-                 "get_device", "storage_offset", "is_signed", "has_names",
+                 "get_device", "is_signed", "has_names",
                  "is_inference", "is_set_to", "__len__"}
 
 
@@ -203,6 +201,8 @@ def tensor_attribute(tx, tv, name):
 def tensor_method(tx, tv, name, args, kwargs):
     if name in _DATA_METHODS:
         raise Unsupported(f"Tensor.{name}() needs the tensor's data")
+    if name == "storage_offset":    # fakes do not carry it, and guards do not check it
+        raise Unsupported("Tensor.storage_offset() is read from the real tensor")
     if name in _META_METHODS:
         try:
             fake_args = [a.const() for a in args]

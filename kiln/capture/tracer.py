@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from kiln.capture import values as V
-from kiln.capture.codegen import EntryCodegen, build_entry, call_at, call_source
+from kiln.capture.codegen import EntryCodegen, build_entry, call_at, call_source, restoring_grad_mode
 from kiln.capture.errors import RestartWithBreak, SkipFrame, Unsupported, UserException
 from kiln.capture.frame_access import reads_own_frame
 from kiln.capture.interpreter import Frame, RealCell, ReturnSignal
@@ -91,6 +91,7 @@ def trace_frame(fn: types.FunctionType, code, bound_args: dict, ctx: TraceContex
 
 def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
     out = OutputGraph()
+    out.grad_blocks = list(getattr(fn, "_kiln_grad_blocks", ()))
     out.root_globals = fn.__globals__
     g = out.guards
     ns = {"__G": fn.__globals__, "__closure": fn.__closure__, "__torch": torch,
@@ -172,6 +173,9 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext):
         log.info("captured graph:\n%s", gm.print_readable(print_output=False))
     t0 = time.perf_counter()
     compiled = ctx.backend(gm, example_inputs)
+    on_error = out.grad_mode_on_error()
+    if on_error is not None:
+        compiled = restoring_grad_mode(compiled, on_error)
     if ctx.recorder is not None:
         ctx.recorder.graphs.append(gm)
         ctx.recorder.compile_time += time.perf_counter() - t0
@@ -187,6 +191,10 @@ def _finish(fn, code, out, cg, ctx, tail_lines, guards_extra=None, break_info=No
     if res:
         call_lines, gm = res
         lines += call_lines
+    if out.grad_enabled != out.entry_grad_enabled:
+        # the grad mode the traced code leaves, whatever the backend does with the
+        # graph's own mode changes (aten graphs have none)
+        lines.append(f"__torch._C._set_grad_enabled({out.grad_enabled})")
     lines += cg.reads + cg.lines
     entry_lines = lines + tail_lines
     guards = list(out.guards.guards)
@@ -296,6 +304,7 @@ def _compile_break(fn, code, frame, ctx, ns, info: BreakInfo):
         nulls = tuple(e is None for e in stack_exprs) + tuple(False for _ in extra)
         rcode = resume_code(code, target_index, nulls, local_names)
         rfn = types.FunctionType(rcode, fn.__globals__, rcode.co_name, None, fn.__closure__)
+        rfn._kiln_grad_blocks = [e.ctx.prev for e in exits]   # it starts inside them
         compiled = ctx.compile_callee(rfn)
         name = cg.ref(compiled, "resume")
         args = [e for e in stack_exprs if e is not None] + list(extra) + local_exprs

@@ -520,6 +520,9 @@ class PythonModuleValue(Value):
         try:
             v = getattr(self.mod, name)
         except AttributeError as e:
+            if self.source is not None:     # the program may set it later
+                tx.output.guards.expression(f"not hasattr({self.source.expr()}, {name!r})",
+                                            f"{self.source.pretty()} has no attribute {name!r}")
             raise UserException(ExceptionValue(AttributeError, [ConstantValue(str(e))]))
         return wrap(tx, v, AttrSource(self.source, name) if self.source else None, module_member=True)
 
@@ -770,9 +773,12 @@ class GradModeValue(Value):
     """``torch.no_grad()`` / ``enable_grad()`` / ``set_grad_enabled(b)`` as a context
     manager (also usable as a decorator's effect on an inlined call)."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, applied_from=None):
         self.enabled = enabled
-        self.prev = None
+        self.prev = applied_from
+        # ``set_grad_enabled(b)`` applies its mode when made, remembering the previous
+        # one; its ``__enter__`` changes nothing
+        self.applied = applied_from is not None
 
     def python_type(self):
         return torch.no_grad if not self.enabled else torch.enable_grad
@@ -783,16 +789,20 @@ class GradModeValue(Value):
         raise Unsupported(f"attribute {name!r} of a grad-mode context manager")
 
     def call(self, tx, args, kwargs):
-        # used as a decorator: no_grad()(fn) -> a function that runs fn in this mode
+        # used as a decorator: no_grad()(fn) -> a function that runs fn in this mode;
+        # set_grad_enabled(b)(fn) first undoes what making it did
+        if self.applied:
+            tx.output.set_grad_enabled(self.prev)
         return _GradModeWrapped(self.enabled, args[0])
 
     def enter(self, tx):
-        self.prev = tx.output.grad_enabled
-        tx.output.set_grad_enabled(self.enabled)
+        if not self.applied:
+            self.prev = tx.output.grad_enabled
+        tx.output.enter_grad_block(self.prev, self.enabled)
         return ConstantValue(None)
 
     def exit(self, tx):
-        tx.output.set_grad_enabled(self.prev)
+        tx.output.exit_grad_block(self.prev)
         return ConstantValue(None)
 
 

@@ -8,12 +8,13 @@ and backward graphs and hands each to ``compile_aten_graph``.
 # follows (DESIGN.md); nothing here imports or calls torch's compiler stack.
 from __future__ import annotations
 
+import torch
+
 from .compile import compile_aten_graph
 
 
 def _on_cuda(values) -> bool:
-    import torch
-
+    """Any CUDA tensor among ``values`` (arguments of any type: only tensors count)."""
     return any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in values)
 
 

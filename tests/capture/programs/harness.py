@@ -162,6 +162,7 @@ def snapshot(obj):
     memo = {}
     for t in _nonleaf_tensors(obj, set()):
         memo[id(t)] = t.detach().clone().requires_grad_(t.requires_grad)
+        memo[id(t)].snapshot_of_nonleaf = True     # compared as the non-leaf it was
     return copy.deepcopy(obj, memo)
 
 
@@ -236,6 +237,9 @@ def _cmp_tensor(a, b, path):
     assert isinstance(b, torch.Tensor), f"{path}: eager gave a tensor, compiled {type(b)}"
     torch.testing.assert_close(b, a, rtol=RTOL, atol=ATOL, equal_nan=True, msg=lambda m: f"{path}: {m}")
     assert a.requires_grad == b.requires_grad, f"{path}: requires_grad {a.requires_grad} vs {b.requires_grad}"
+    a_leaf = a.is_leaf and not getattr(a, "snapshot_of_nonleaf", False)
+    assert a_leaf == b.is_leaf, f"{path}: is_leaf {a_leaf} vs {b.is_leaf}"
+    assert a_leaf == (b.grad_fn is None), f"{path}: grad_fn {a.grad_fn} vs {b.grad_fn}"
 
 
 def _cmp_seq(a, b, path):
@@ -351,7 +355,7 @@ def _clear_grads(states):
 
 
 def check(fn, make_inputs, *, graphs=None, breaks=None, calls=3, state=None,
-          fullgraph=False, ops=None, backward=False):
+          fullgraph=False, ops=None, backward=False, backend=None):
     """Run ``fn`` eagerly and compiled on ``calls`` fresh input sets and compare.
 
     ``make_inputs(i)`` builds the inputs of call ``i`` (a tuple of positional args, one
@@ -361,8 +365,10 @@ def check(fn, make_inputs, *, graphs=None, breaks=None, calls=3, state=None,
     ``graphs``: graphs compiled by the first call; ``breaks``: ``explain``'s
     graph_break_count on the first input set; ``ops``: list of op counts per graph
     compiled by the first call.  ``backward``: also backpropagate from the outputs
-    that require grad and compare the gradients of arguments and state.  Returns the
-    counting backend.
+    that require grad and compare the gradients of arguments and state.  ``backend``:
+    compile with this backend ("eager", "aot_eager", "kiln") instead of the counting
+    one (``graphs``/``ops`` are then not counted).  The grad mode after each call is
+    compared too.  Returns the counting backend.
     """
     states = _states(state)
     torch.manual_seed(0)
@@ -375,15 +381,19 @@ def check(fn, make_inputs, *, graphs=None, breaks=None, calls=3, state=None,
         )
 
     _reset()
-    backend = CountingBackend()
-    cfn = _compile(fn, backend, fullgraph)
+    counting = CountingBackend()
+    assert backend is None or (graphs is None and ops is None), "graphs/ops are counted on the counting backend"
+    cfn = _compile(fn, counting if backend is None else backend, fullgraph)
     try:
         for i in range(calls):
             inputs = first if i == 0 else _as_args(make_inputs(i))
             snaps = [snapshot(s) for s in states]
 
+            grad_mode = torch.is_grad_enabled()
             e_args = copy.deepcopy(inputs)
             e_out, e_exc = _run(fn, e_args)
+            e_grad_mode = torch.is_grad_enabled()
+            torch.set_grad_enabled(grad_mode)
             if backward and e_exc is None:
                 _backward(e_out)
                 e_grads = snapshot(_grads(e_args, states))
@@ -394,10 +404,14 @@ def check(fn, make_inputs, *, graphs=None, breaks=None, calls=3, state=None,
 
             c_args = copy.deepcopy(inputs)
             c_out, c_exc = _run(cfn, c_args)
+            c_grad_mode = torch.is_grad_enabled()
+            torch.set_grad_enabled(grad_mode)
             if fullgraph and isinstance(c_exc, Unsupported):
                 raise c_exc
 
             where = f"call {i}"
+            assert c_grad_mode == e_grad_mode, \
+                f"{where}: grad mode after the call {c_grad_mode}, eager leaves {e_grad_mode}"
             if e_exc is not None:
                 assert c_exc is not None, f"{where}: eager raised {e_exc!r}, compiled returned {c_out!r}"
                 assert type(c_exc) is type(e_exc), f"{where}: eager raised {e_exc!r}, compiled {c_exc!r}"
@@ -415,15 +429,15 @@ def check(fn, make_inputs, *, graphs=None, breaks=None, calls=3, state=None,
                 compare(es, _view(cs), f"{where}: state[{k}]")
 
             if i == 0:
-                first_graphs = backend.graph_count
-                first_ops = backend.op_counts
+                first_graphs = counting.graph_count
+                first_ops = counting.op_counts
         if graphs is not None:
             assert first_graphs == graphs, f"first call compiled {first_graphs} graphs, expected {graphs}"
         if ops is not None:
             assert first_ops == ops, f"ops per graph {first_ops}, expected {ops}"
     finally:
         _reset()
-    return backend
+    return counting
 
 
 def expect_unsupported(fn, make_inputs):
