@@ -36,6 +36,15 @@ XBLOCK = 1024
 #: elements a thread (XBLOCK 1024), 90% with 16; a bf16 GELU at 89% with 8 and 96% with
 #: 16 (eager's: 95%) — so narrow types get more elements a thread, up to 32.
 THREAD_BYTES = 32
+#: the integer type of each float's width, for constants written as bits
+_BITS = {torch.float64: "tl.int64", torch.float32: "tl.int32", torch.float16: "tl.int16",
+         torch.bfloat16: "tl.int16"}
+
+
+def _negative_zero(dtype) -> str:
+    """-0.0 of ``dtype``: the integer with only the sign bit set, bit-cast."""
+    width = dtype.itemsize * 8
+    return f"tl.full([], {-(1 << (width - 1))}, {_BITS[dtype]}).to({TL[dtype]}, bitcast=True)"
 #: Kernels over fewer elements keep XBLOCK 1024: more programs than multiprocessors.
 WIDE_MIN_NUMEL = 1 << 20
 #: Ops only libdevice provides: Triton's interpreter cannot run them (no extern calls),
@@ -143,9 +152,10 @@ class TBody:
             return self.memo[e]
         cdt = compute_dtype(e.dtype)
         if isinstance(e, Const):
-            # Triton makes any constant equal to 0 a +0.0: -0.0 is +0.0 negated
+            # Triton makes any constant equal to 0 a +0.0, and negates by subtracting
+            # from 0 (+0.0 again): -0.0 is written as its bits, the sign bit alone
             neg0 = cdt.is_floating_point and e.value == 0 and math.copysign(1, e.value) < 0
-            s = self.tmp(f"-tl.full([], 0.0, {TL[cdt]})" if neg0 else
+            s = self.tmp(_negative_zero(cdt) if neg0 else
                          f"tl.full([], {tconst(e.value, cdt)}, {TL[cdt]})")
         elif isinstance(e, Index):
             if e.index.terms:

@@ -322,7 +322,7 @@ def test_repro_runs_and_checks(tmp_path):
     r = CaseResult(0, "eager", "wrong", [Mismatch(0, "output", "values", "out[0]", "planted")])
     path = write_repro(str(tmp_path), p, mode, r)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=root)
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, path], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and "not reproduced" in done.stdout, done.stderr
     text = open(path).read().replace("check(close(E[\"out\"][0], C[\"out\"][0], grad=False)", "check(False")
