@@ -30,6 +30,7 @@ class OutputGraph:
         self._input_by_id: dict = {}
         self._value_by_fake: dict = {}
         self._objects: dict = {}  # id(real object) -> ObjectValue / ModuleValue
+        self.real_cells: dict = {}  # id(closure cell) -> cells.RealCell
         self.mutated: list = []  # objects/containers the program changed, in order
         self.global_writes: dict = {}  # name -> Value
         self.grad_enabled = torch.is_grad_enabled()

@@ -21,7 +21,8 @@ from kiln.capture import values as V
 from kiln.capture.codegen import EntryCodegen, build_entry, call_at, call_source, restoring_grad_mode
 from kiln.capture.errors import RestartWithBreak, SkipFrame, Unsupported, UserException
 from kiln.capture.frame_access import reads_own_frame
-from kiln.capture.interpreter import Frame, RealCell, ReturnSignal
+from kiln.capture.cells import real_cell
+from kiln.capture.interpreter import Frame, ReturnSignal
 from kiln.capture.output import OutputGraph
 from kiln.capture.resume import resume_code
 from kiln.capture.sources import ClosureSource, LocalSource, RefSource
@@ -103,7 +104,7 @@ def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
         frame.locals[name] = V.LazyArg(val, LocalSource(name))
     if code.co_freevars:
         for i, name in enumerate(code.co_freevars):
-            frame.cells[name] = RealCell(fn.__closure__[i], ClosureSource(i, name))
+            frame.cells[name] = real_cell(out, fn.__closure__[i], ClosureSource(i, name))
     try:
         while True:
             if frame.ip == break_at:
