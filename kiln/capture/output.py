@@ -30,6 +30,7 @@ class OutputGraph:
         self._input_by_id: dict = {}
         self._value_by_fake: dict = {}
         self._objects: dict = {}  # id(real object) -> ObjectValue / ModuleValue
+        self._object_types: dict = {}  # id(real object) -> its type
         self.real_cells: dict = {}  # id(closure cell) -> cells.RealCell
         self.mutated: list = []  # objects/containers the program changed, in order
         self.global_writes: dict = {}  # name -> Value
@@ -94,12 +95,42 @@ class OutputGraph:
 
     def remember(self, obj, v):
         self._objects[id(obj)] = v
+        self._object_types[id(obj)] = type(obj)
         self._keepalive.append(obj)
         return v
 
     def mark_mutated(self, v):
         if not any(m is v for m in self.mutated):
             self.mutated.append(v)
+
+    def guard_mutated_distinct(self):
+        """The trace took the objects it read through different sources for different
+        objects (one object reached twice is one Value, guarded by ``is``). Where it
+        mutated one of them, a later call passing the same object twice (an argument
+        that is a global, two arguments) would see the mutation through both names in
+        eager but not in the trace: guard that each mutated object is none of the
+        others of its type (objects of other types cannot be it)."""
+        mutated = {id(m) for m in self.mutated}
+        by_type: dict = {}
+        for oid, v in self._objects.items():
+            if v.source is not None:
+                by_type.setdefault(self._object_types[oid], []).append(v)
+        # an input tensor whose geometry an in-place op changed (``t_``, ``unsqueeze_``):
+        # views share data (the backends check storage overlap), one object shares shape
+        for _, _, real in self.inputs:
+            tv = self._input_by_id[id(real)]
+            by_type.setdefault(type(real), []).append(tv)
+            if _geometry(tv.fake) != _geometry(real):
+                mutated.add(id(tv))
+        for group in by_type.values():
+            for m in group:
+                if id(m) not in mutated:
+                    continue
+                for o in group:
+                    if o is not m:
+                        a, b = sorted((m.source, o.source), key=lambda s: s.expr())
+                        self.guards.expression(f"{a.expr()} is not {b.expr()}",
+                                               f"{a.pretty()} is not {b.pretty()}")
 
     # --- graph ops -----------------------------------------------------------------
     def op(self, kind: str, target, args, kwargs) -> V.Value:
@@ -237,6 +268,10 @@ def _has_class(x) -> bool:
     if isinstance(x, dict):
         return any(_has_class(i) for i in x.values())
     return False
+
+
+def _geometry(t):
+    return tuple(t.shape), t.stride(), t.storage_offset()
 
 
 def _target_name(t):

@@ -198,6 +198,7 @@ def _finish(fn, code, out, cg, ctx, tail_lines, guards_extra=None, break_info=No
         lines.append(f"__torch._C._set_grad_enabled({out.grad_enabled})")
     lines += cg.reads + cg.lines
     entry_lines = lines + tail_lines
+    out.guard_mutated_distinct()
     guards = list(out.guards.guards)
     ns = cg.ns
     ns.update(out.guards.consts)
