@@ -19,7 +19,8 @@ from kiln.capture import values as V
 from kiln.capture.builder import builtins_dict, wrap, wrap_static
 from kiln.capture.cells import RealCell, real_cell
 from kiln.capture.bytecode_info import BINARY_OPS, PY312, decode, exception_table, per_code
-from kiln.capture.errors import ReturnSignal, Unsupported, UserException
+from kiln.capture.errors import (RestartWithBreak, ReturnSignal, SkipFrame, Unsupported, UserException,
+                                 YieldSignal)
 from kiln.capture.operators import binary_op, compare_op, contains_op, format_value, subscr, unary_op
 from kiln.capture.sources import ClosureSource, FuncCellSource, GlobalSource, ItemSource, LocalSource
 
@@ -97,6 +98,12 @@ class Frame:
             handler(self, inst)
         except UserException as e:
             self.raise_user(e)
+        except _NOT_KILNS_FAILURES:
+            raise
+        except Exception as e:  # kiln's own failure: remember the deepest user line
+            if getattr(e, "_kiln_stack", None) is None:
+                e._kiln_stack = self.user_stack()
+            raise
 
     def raise_user(self, e: UserException):
         """Route an exception raised by the traced program to its handler in this frame,
@@ -308,6 +315,8 @@ def bind_args(code, args, kwargs, defaults, kwdefaults):
 # Instruction handlers: one function per opcode, collected in _HANDLERS.
 # =====================================================================================
 _HANDLERS: dict = {}
+# control flow of the trace, not failures: passed through Frame.step untouched
+_NOT_KILNS_FAILURES = (ReturnSignal, YieldSignal, Unsupported, RestartWithBreak, SkipFrame, StopIteration)
 
 
 def handles(*names):
