@@ -149,7 +149,7 @@ class CompiledFunction:
         """Global state kiln cannot reproduce: an entry that runs ``fn`` itself while
         that state lasts (other states still compile)."""
         if self.fullgraph:
-            raise Unsupported(f"{self.code.co_name}: {why}")
+            raise Unsupported(f"{self.code.co_name}: {why}", _where(self.code))
         log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, why)
         if self.recorder is not None:
             self.recorder.skips.append(f"{self.code.co_name}: {why}")

@@ -78,7 +78,7 @@ def trace_frame(fn: types.FunctionType, code, bound_args: dict, ctx: TraceContex
             return _trace_once(fn, code, bound_args, ctx, break_at, first_reason)
         except _FinishFailed as f:
             if ctx.fullgraph:
-                raise Unsupported(f.reason) from None
+                raise Unsupported(f.reason, f.user_stack) from None
             raise SkipFrame(f.reason) from None
         except RestartWithBreak as r:
             if break_at == r.ip:
@@ -132,17 +132,18 @@ def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
         try:
             return _compile_return(fn, code, frame, ctx, ns, r.value)
         except Unsupported as e:
-            raise _FinishFailed(f"cannot rebuild the return value: {e.reason}") from None
+            raise _FinishFailed(f"cannot rebuild the return value: {e.reason}", frame.user_stack()) from None
     except UserException as e:
         try:
             return _compile_raise(fn, code, frame, ctx, ns, e.value)
         except Unsupported as e2:
-            raise _FinishFailed(f"cannot rebuild the raised exception: {e2.reason}") from None
+            raise _FinishFailed(f"cannot rebuild the raised exception: {e2.reason}", frame.user_stack()) from None
 
 
 class _FinishFailed(Exception):
-    def __init__(self, reason):
+    def __init__(self, reason, user_stack=None):
         self.reason = reason
+        self.user_stack = user_stack
 
 
 def frame_user_stack(e, frame):

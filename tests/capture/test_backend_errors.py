@@ -175,3 +175,19 @@ def test_a_frame_that_cannot_compile_under_fullgraph_names_the_function():
         kiln.compile(gen, backend="eager", fullgraph=True)(torch.randn(3))
     assert f"{__file__}:" in str(info.value) and "def gen(x):" in str(info.value)
     kiln.reset()
+
+
+def test_a_return_value_that_cannot_be_rebuilt_under_fullgraph_names_the_line(monkeypatch):
+    from kiln.capture import codegen
+    from kiln.capture.errors import Unsupported
+
+    def cannot(self, v):
+        raise Unsupported("a value kiln cannot rebuild")
+    monkeypatch.setattr(codegen.EntryCodegen, "expr", cannot)
+
+    def f(x):
+        return x + 1  # returned here
+    with pytest.raises(kiln.Unsupported) as info:
+        kiln.compile(f, backend="eager", fullgraph=True)(torch.randn(3))
+    assert "cannot rebuild" in str(info.value) and "return x + 1  # returned here" in str(info.value)
+    kiln.reset()
