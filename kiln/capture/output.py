@@ -22,6 +22,9 @@ from kiln.capture.fake import (DataDependent, FakeMode, FakeTensor, NoMetaKernel
 from kiln.capture.guards import GuardSet
 
 
+_MAX_DISTINCT_PAIRS = 8  # guards "a is not b"; past that, one id-set guard per type
+
+
 class OutputGraph:
     def __init__(self):
         self.graph = fx.Graph()
@@ -123,14 +126,17 @@ class OutputGraph:
             if _geometry(tv.fake) != _geometry(real):
                 mutated.add(id(tv))
         for group in by_type.values():
-            for m in group:
-                if id(m) not in mutated:
-                    continue
-                for o in group:
-                    if o is not m:
-                        a, b = sorted((m.source, o.source), key=lambda s: s.expr())
-                        self.guards.expression(f"{a.expr()} is not {b.expr()}",
-                                               f"{a.pretty()} is not {b.pretty()}")
+            pairs = [(m.source, o.source) for m in group if id(m) in mutated
+                     for o in group if o is not m]
+            if len(pairs) > _MAX_DISTINCT_PAIRS:  # many: one check that all are distinct
+                reads = ", ".join(f"id({v.source.expr()})" for v in group)
+                self.guards.expression(f"len({{{reads}}}) == {len(group)}",
+                                       f"{', '.join(v.source.pretty() for v in group)} are distinct")
+                continue
+            for pair in pairs:
+                a, b = sorted(pair, key=lambda s: s.expr())
+                self.guards.expression(f"{a.expr()} is not {b.expr()}",
+                                       f"{a.pretty()} is not {b.pretty()}")
 
     # --- graph ops -----------------------------------------------------------------
     def op(self, kind: str, target, args, kwargs) -> V.Value:
