@@ -311,3 +311,24 @@ def test_tensor_arguments_aliased_on_a_later_call(fn, backend):
                 assert a.shape == b.shape and a.stride() == b.stride()
     finally:
         kiln.reset()
+
+
+def test_many_objects_of_one_type_one_mutated():
+    """Past a few pairs the distinctness guard is one check over the whole group."""
+    def f(x, items):
+        items[0].append(1)
+        return x + sum(len(lst) for lst in items[1:])
+    kiln.reset()
+    compiled = kiln.compile(f, backend="eager")
+    try:
+        for aliased in (False, True, False, True):
+            def make():
+                items = [[0] for _ in range(12)]
+                if aliased:
+                    items[7] = items[0]
+                return (items,)
+            e_args, c_args = make(), make()
+            compare(f(torch.zeros(1), *e_args), compiled(torch.zeros(1), *c_args))
+            compare(e_args, c_args, "args")
+    finally:
+        kiln.reset()
