@@ -150,7 +150,7 @@ def _fixed_layout(out, layout):
 
 
 def _lse_shape(q, kernel):
-    """The logsumexp each kernel returns (float32, contiguous once ``sdpa_fused`` is
+    """The logsumexp's shape each kernel returns (contiguous once ``sdpa_fused`` is
     done): the efficient kernel pads the query length to a multiple of 32, cuDNN keeps
     a trailing 1."""
     b, h, length = q.shape[0], q.shape[1], q.shape[2]
@@ -196,9 +196,14 @@ def _sdpa_fused(q, k, v, attn_mask, is_causal, scale, kernel, layout):
     return _fixed_layout(out, layout), lse.contiguous()
 
 
+def _lse_dtype(q):
+    """float32, but float64 for float64 queries (only the CPU kernel takes those)."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
 def _sdpa_fused_meta(q, k, v, attn_mask, is_causal, scale, kernel, layout):
     return (_sdpa_meta(q, k, v, layout=layout),
-            torch.empty(_lse_shape(q, kernel), dtype=torch.float32, device=q.device))
+            torch.empty(_lse_shape(q, kernel), dtype=_lse_dtype(q), device=q.device))
 
 
 def _sdpa_fused_backward(grad, q, k, v, attn_mask, out, lse, is_causal, scale, kernel):

@@ -7,8 +7,8 @@ compilers on a warm cache. This cache keeps the result of all of it, the ``Plan`
 
 The key is everything a plan depends on: the aten graph's code and the values of its
 constants; the sizes, strides, dtypes and devices of the inputs; the target; the
-settings and module-level tuning constants of the kernel compiler and the hash of its
-sources (so editing kiln, or a test patching a block size, never reuses a stale plan);
+settings and module-level tuning constants of the kernel compiler and the hash of all
+of kiln's sources (so editing kiln, or a test patching a block size, never reuses a stale plan);
 the torch and Triton versions and the GPU's compute capability.
 
 Plans are pickled, aten operators by name (``torch.ops`` objects do not pickle). A plan
@@ -73,13 +73,18 @@ class Plan:
 # --- the key --------------------------------------------------------------------------
 @functools.lru_cache(None)
 def _sources_hash() -> str:
-    """Hash of the kernel compiler's own sources and of kiln/config.py."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    """Hash of all of kiln's sources: a plan depends on more than the kernel compiler
+    (the meta kernels of kiln's own ops, fast_meta's layouts, the decompositions), and
+    a plan made by other code planned other dtypes or strides."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     h = hashlib.sha256()
-    files = sorted(f for f in os.listdir(here) if f.endswith(".py"))
-    for f in files + [os.path.join("..", "config.py")]:
-        with open(os.path.join(here, f), "rb") as fh:
-            h.update(f.encode() + b"\0" + fh.read())
+    for d, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for f in sorted(files):
+            if f.endswith(".py"):
+                path = os.path.join(d, f)
+                with open(path, "rb") as fh:
+                    h.update(os.path.relpath(path, root).encode() + b"\0" + fh.read())
     return h.hexdigest()
 
 
