@@ -105,6 +105,15 @@ class TraceResult:
         return None
 
 
+def _owned_by_output(mode, o, owner) -> bool:
+    """Is output ``o`` (of an intermediate storage) the output ``owner`` or a view of
+    it (its view chain extends the owner's)?"""
+    if owner is None:
+        return False
+    chain, own = mode.infos[id(o)].chain, mode.infos[id(owner)].chain
+    return o is owner or (len(chain) >= len(own) and chain[:len(own)] == own)
+
+
 def _has_device_arg(op) -> bool:
     return any(a.name == "device" for a in op._schema.arguments)
 
@@ -453,6 +462,13 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             st = mode.infos[id(o)].storage
             storage_users[id(st)] = storage_users.get(id(st), 0) + 1
     bases: dict[int, int] = {}
+    # an output that is not a view (made here, or its geometry changed in place: ``t_``)
+    # owns its storage: other outputs there are its views, as in eager
+    owners: dict[int, torch.Tensor] = {}
+    for o in flat_outs:
+        if isinstance(o, torch.Tensor) and not o._is_view():
+            owners.setdefault(id(mode.infos[id(o)].storage), o)
+    owner_slot: dict[int, int] = {}
     for o in flat_outs:
         if not isinstance(o, torch.Tensor):
             specs.append(("const", o))
@@ -471,10 +487,23 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                 if member.storage is st and n > best and info.chain[:n] == member.chain:
                     owner, chain, best = i, info.chain[n:], n
             specs.append(("input_view", owner, chain))
-        elif storage_users[id(st)] > 1:
+        elif _owned_by_output(mode, o, owners.get(id(st))):
+            # rebuilt from the output that owns the storage (after ``t_``, say)
+            owner = owners[id(st)]
+            if id(st) not in owner_slot:
+                owner_slot[id(st)] = len(fw_values)
+                fw_values.append(owner)
+            k = owner_slot[id(st)]
+            specs.append(("fn", k) if o is owner else
+                         ("base_view", k, info.chain[len(mode.infos[id(owner)].chain):]))
+        elif (storage_users[id(st)] > 1 or info.chain) and (
+                st.base.requires_grad or not o.requires_grad):
+            # a view of an intermediate is made from its base after the graph, as eager
+            # makes it: one made inside the graph refuses in-place writes that eager's
+            # takes (made by the autograd.Function, or under no_grad by an inference path)
             if id(st) not in bases:
                 bases[id(st)] = -1   # filled below, after mutations
-            specs.append(("base_view", st, info.chain))
+            specs.append(("storage_view", st, info.chain))
         else:
             specs.append(("fn", len(fw_values)))
             fw_values.append(o)
@@ -493,7 +522,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                 mutations.append((i, len(fw_values)))
                 fw_values.append(st.base)
     for k, spec in enumerate(specs):
-        if spec[0] == "base_view":
+        if spec[0] == "storage_view":
             st = spec[1]
             if bases[id(st)] == -1:
                 bases[id(st)] = len(fw_values)
