@@ -143,7 +143,10 @@ def key_of(gm, example_inputs, target: str) -> str | None:
             device = str(a.device) if a.device.type != "cpu" else device
         else:
             sig.append(f"V{type(a).__name__}:{a!r}")
-    return cache.key_of(gm.code, consts, ";".join(sig), target, _sources_hash(),
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    internal = out.meta.get("kiln_internal_outputs_from")
+    return cache.key_of(gm.code, consts, ";".join(sig), f"internal={internal}", target,
+                        _sources_hash(),
                         _module_constants(), _versions(target, device),
                         f"fallback_random={config.fallback_random}",
                         f"matmul_epilogue={config.matmul_epilogue != 'off'}",
