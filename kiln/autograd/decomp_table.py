@@ -22,7 +22,7 @@ from torch._decomp import _core_aten_decompositions_post_autograd, core_aten_dec
 
 from kiln.disk_cache import key_of, read_entry, write_entry
 
-FORMAT = 1
+FORMAT = 2          # 2: a sealed entry
 
 
 def _name(op) -> str:
