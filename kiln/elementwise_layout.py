@@ -18,16 +18,20 @@ from __future__ import annotations
 import torch
 
 _META = torch.device("meta")
-#: pointwise-tagged ops whose eager result is not laid out by the rule (``mvlgamma`` is
-#: contiguous; ``conj_physical`` of a real tensor is its input's layout, dense or not);
-#: tests/test_elementwise_layout.py checks every other one against eager
+#: pointwise-tagged ops (or single overloads) whose eager result is not laid out by the
+#: rule: ``mvlgamma``, ``masked_fill`` and ``pow`` of a number are contiguous;
+#: ``conj_physical`` of a real tensor keeps its input's layout, dense or not;
+#: ``threshold_backward`` iterates its operands in another order than its schema's.
+#: tests/test_elementwise_layout.py checks every other one against eager.
 _NOT_BY_RULE = frozenset({"aten::conj_physical", "aten::_conj_physical", "aten::mvlgamma",
-                          "aten::isin"})
+                          "aten::isin", "aten::masked_fill", "aten::pow.Scalar",
+                          "aten::threshold_backward"})
 
 
 def follows_rule(func) -> bool:
     """Is ``func`` (a functional, pointwise-tagged op) laid out by the rule in eager?"""
-    return func._schema.name not in _NOT_BY_RULE
+    name = func._schema.name
+    return name not in _NOT_BY_RULE and f"{name}.{func._overloadname}" not in _NOT_BY_RULE
 
 
 def _contiguous(shape) -> tuple:
