@@ -142,7 +142,7 @@ def relayout(func, args, kwargs, out):
     """``out`` (``func``'s meta result) with the strides eager gives it, when ``func``
     is laid out by the rule and they differ; else ``out`` itself."""
     if not isinstance(out, torch.Tensor) or out.device.type != "meta" or \
-            out.layout != torch.strided or not follows_rule(func) or \
+            out.layout != torch.strided or out.numel() == 0 or not follows_rule(func) or \
             kwargs.get("memory_format") is not None:
         return out
     tensors = operands(func, args, kwargs)

@@ -190,8 +190,23 @@ def meta_result(func, args, kwargs):
             return None
     if _is_pointwise(func):
         out = _pointwise(func, args, kwargs)
-        if out is None and not any(isinstance(a, torch.Tensor) and a.device.type != "meta"
-                                   for a in list(args) + list(kwargs.values())):
-            out = relayout(func, args, kwargs, func(*args, **kwargs))
-        return out
+        return out if out is not None else _pointwise_laid_out(func, args, kwargs)
     return None
+
+
+def _pointwise_laid_out(func, args, kwargs):
+    """The meta kernel's result laid out as eager lays it out (``elementwise_layout``),
+    of eager's dtype (as for plain inputs); None where the kernel raises (the caller runs it again, for its error) or an input
+    is not a meta tensor."""
+    if any(isinstance(a, torch.Tensor) and a.device.type != "meta"
+           for a in list(args) + list(kwargs.values())):
+        return None
+    try:
+        out = func(*args, **kwargs)
+        dtype = _pointwise_dtype(func, args, kwargs)      # eager's, as for plain inputs
+    except Exception:                # noqa: BLE001  (the caller's call raises it)
+        return None
+    out = relayout(func, args, kwargs, out)
+    if dtype == out.dtype:
+        return out
+    return torch.empty_strided(tuple(out.shape), out.stride(), dtype=dtype, device=_META)

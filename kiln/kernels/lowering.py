@@ -413,7 +413,7 @@ class GraphLowering:
         if isinstance(out, (tuple, list)):
             return type(out)(self.realize(o, origin=node.name) if isinstance(o, Lazy) else o
                              for o in out)
-        if isinstance(out, Lazy):
+        if isinstance(out, Lazy) and node not in self.out_roots:  # (stored in eager's layout)
             probe = out.load(loop_vars(out.sizes))
             n_ops = ir.op_count(probe)
             if n_ops > MAX_INLINE_OPS or (len(node.users) > 1 and n_ops > 0
