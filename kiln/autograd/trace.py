@@ -106,6 +106,11 @@ class TraceResult:
         return None
 
 
+#: view ops whose result is not a view (``detach``): made from the base after the graph,
+#: sharing its version counter as eager's do
+_ALIASES = (aten.detach.default, aten.alias.default)
+
+
 def _view_grad_mode(view, base):
     """The grad mode ``view`` of ``base`` was made in, where it matters (``base``
     requires grad; else None): with grad when it has a ``grad_fn`` (a view made
@@ -480,8 +485,8 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
         if isinstance(o, torch.Tensor) and not o._is_view():
             info = mode.infos[id(o)]
             st = info.storage
-            if st.input_index is None and info.chain and (
-                    o.requires_grad or not st.base.requires_grad):
+            if st.input_index is None and info.chain and info.chain[-1][0] not in _ALIASES \
+                    and (o.requires_grad or not st.base.requires_grad):
                 owners.setdefault(id(st), o)
     owner_slot: dict[int, int] = {}
     for o in flat_outs:
