@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from kiln import config
 from kiln.backends import list_backends, lookup_backend, register_backend
+from kiln.capture.errors import BackendCompilerFailed
 from kiln.capture.api import (
     Unsupported,
     allow_in_graph,
@@ -47,6 +48,7 @@ def wait_for_compiles(timeout: float | None = None) -> bool:
 
 
 __all__ = [
+    "BackendCompilerFailed",
     "Unsupported",
     "allow_in_graph",
     "compile",

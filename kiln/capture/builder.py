@@ -77,7 +77,8 @@ def wrap(tx, obj, source, module_member=False):
         return V.NamedTupleValue(t, items, source)
     if t is dict or (isinstance(obj, dict) and t.__module__ == "collections"):
         keys = tuple(obj.keys())
-        if not all(type(k) in (str, int, bool, type(None), float) for k in keys):
+        if not all(type(k) in (str, int, bool, type(None), float) and k == k for k in keys):
+            # a NaN key is found by identity alone: no source expression can name it
             return _wrap_object(tx, obj, source)
         if g:
             g.type_is(source, t)
@@ -94,8 +95,7 @@ def wrap(tx, obj, source, module_member=False):
             return V.ConstantValue(obj, source)
         if g:
             g.type_is(source, t)
-            g.expression(f"{source.expr()} == {g.const(set(obj), 'v')}",
-                         f"{source.pretty()} == {set(obj)!r}", source.expr())
+            g.equal(source, set(obj))
         return tx.output.remember(obj, V.SetValue(set(obj), source))
     if isinstance(obj, torch.nn.Module):
         if g:

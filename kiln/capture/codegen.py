@@ -227,7 +227,9 @@ class EntryCodegen:
         return name
 
     def key(self, k):
-        return repr(k) if type(k) in _LITERAL_TYPES else self.ref(k, "k")
+        if type(k) in _LITERAL_TYPES and (type(k) is not float or k == k and abs(k) != float("inf")):
+            return repr(k)
+        return self.ref(k, "k")
 
     def _new_object(self, v):
         name = self.temp()

@@ -17,10 +17,7 @@ class Unsupported(RuntimeError):
         self.user_stack = user_stack or []
 
     def __str__(self):
-        s = self.reason
-        if self.user_stack:
-            s += "\n" + "\n".join(f"  {fr}" for fr in self.user_stack)
-        return s
+        return with_user_lines(self.reason, self.user_stack)
 
 
 class SkipFrame(Exception):
@@ -65,4 +62,32 @@ class YieldSignal(Exception):
 class InternalError(Exception):
     """A failure of kiln's own machinery while tracing (not an error of the user's
     program): it follows ``suppress_errors`` (eager fallback, logged) and is never
-    replayed as the program's exception."""
+    replayed as the program's exception. Its message ends with the user's lines being
+    traced when it happened (``_kiln_stack``, set where it passed through a frame)."""
+
+    def __str__(self):
+        return with_user_lines(super().__str__(), getattr(self, "_kiln_stack", None))
+
+
+class BackendCompilerFailed(RuntimeError):
+    """The backend failed on a graph kiln captured: while compiling it (``phase``
+    "compiling"), or at its first run where the captured graph run eagerly does not
+    fail ("running"). The backend's exception is ``__cause__``."""
+
+    def __init__(self, backend: str, phase: str, cause: BaseException, where=None):
+        super().__init__(f"kiln: backend {backend!r} raised {type(cause).__name__} while {phase} "
+                         f"the graph captured up to the line below: {cause}")
+        self.backend = backend
+        self.phase = phase
+        self._kiln_stack = list(where or [])
+
+    def __str__(self):
+        return with_user_lines(super().__str__(), self._kiln_stack)
+
+
+def with_user_lines(message: str, user_stack) -> str:
+    """``message``, then the user's code it concerns: one "file:line in fn: source"
+    per frame, outermost first."""
+    if not user_stack:
+        return message
+    return message + "\n" + "\n".join(f"  {fr}" for fr in user_stack)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import linecache
 import logging
 import threading
 import time
@@ -17,7 +18,7 @@ import weakref
 
 from kiln import config
 from kiln.capture.codegen import MISS
-from kiln.capture.errors import InternalError, SkipFrame, Unsupported
+from kiln.capture.errors import BackendCompilerFailed, InternalError, SkipFrame, Unsupported
 from kiln.capture import global_state
 from kiln.capture.guards import Guard, first_failure
 from kiln.capture.tracer import Entry, TraceContext, trace_frame
@@ -104,7 +105,7 @@ class CompiledFunction:
                 entry = trace_frame(self.fn, self.code, bound, self._ctx())
         except SkipFrame as s:
             if self.fullgraph:
-                raise Unsupported(str(s)) from None
+                raise Unsupported(str(s), _where(self.code)) from None
             self.skip = str(s)
             log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, s)
             if self.recorder is not None:
@@ -113,9 +114,12 @@ class CompiledFunction:
         except Unsupported:
             raise
         except Exception as ex:
+            err = _as_kiln_error(ex, self.code)
             if config.suppress_errors:
-                return self._run_eagerly_after(ex, args, kwargs)
-            raise
+                return self._run_eagerly_after(err, args, kwargs)
+            if err is ex:
+                raise
+            raise err from ex
         finally:
             _state.depth -= 1
         if self.recorder is not None:
@@ -127,6 +131,7 @@ class CompiledFunction:
             self.entries.remove(entry)
             reason = first_failure(entry.guards, entry.namespace, bound)
             ex = InternalError(f"kiln: fresh guards fail on the traced inputs: {reason}")
+            ex._kiln_stack = _where(self.code)
             if config.suppress_errors:
                 return self._run_eagerly_after(ex, args, kwargs)
             raise ex
@@ -135,8 +140,8 @@ class CompiledFunction:
     def _run_eagerly_after(self, ex, args, kwargs):
         """kiln failed (its own error, not the program's): this function runs eagerly
         from now on, and says why."""
-        logging.getLogger("kiln").warning("kiln failed to compile %s, running it eagerly: %r",
-                                          self.code.co_name, ex)
+        logging.getLogger("kiln").warning("kiln failed to compile %s, running it eagerly: %s: %s",
+                                          self.code.co_name, type(ex).__name__, ex)
         self.skip = repr(ex)
         return self.fn(*args, **kwargs)
 
@@ -144,7 +149,7 @@ class CompiledFunction:
         """Global state kiln cannot reproduce: an entry that runs ``fn`` itself while
         that state lasts (other states still compile)."""
         if self.fullgraph:
-            raise Unsupported(f"{self.code.co_name}: {why}")
+            raise Unsupported(f"{self.code.co_name}: {why}", _where(self.code))
         log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, why)
         if self.recorder is not None:
             self.recorder.skips.append(f"{self.code.co_name}: {why}")
@@ -199,6 +204,28 @@ class CompiledFunction:
                 where, config.recompile_limit, reason)
         else:
             log.info("recompiling %s: guard failed: %s", where, reason)
+
+
+def _where(code) -> list:
+    """The user's function, as a one-frame user stack ("file:line in fn: source")."""
+    line = code.co_firstlineno
+    text = linecache.getline(code.co_filename, line).strip()
+    return [f"{code.co_filename}:{line} in {code.co_name}: {text}"]
+
+
+def _as_kiln_error(ex, code):
+    """What kiln raises for a failure of its own while compiling ``code``: kiln's
+    errors as they are, anything else as an InternalError (``ex`` its cause); both end
+    with the user's line being traced (the function, when no line is known)."""
+    if isinstance(ex, (InternalError, BackendCompilerFailed)):
+        err = ex
+    else:
+        err = InternalError(f"kiln: internal error while compiling {code.co_name}: "
+                            f"{type(ex).__name__}: {ex}")
+        err._kiln_stack = getattr(ex, "_kiln_stack", None)
+    if not getattr(err, "_kiln_stack", None):
+        err._kiln_stack = _where(code)
+    return err
 
 
 def _eager_entry(fn, state, why):

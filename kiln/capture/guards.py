@@ -9,6 +9,7 @@ which assumption broke — that is what ``KILN_LOGS=recompiles`` prints.
 from __future__ import annotations
 
 import keyword
+import math
 import types
 from dataclasses import dataclass, field
 
@@ -70,15 +71,26 @@ class GuardSet:
             self.add(f"{e} is {value!r}", f"{src.pretty()} is {value!r}", e)
             return
         t = type(value)
-        if t in (int, float, str, bytes, complex):
-            lit = repr(value)
-            if t is float and (value != value or value in (float("inf"), float("-inf"))):
-                lit = self.const(value, "v")
-            self.add(f"type({e}) is {t.__name__} and {e} == {lit}",
+        if t in (int, str, bytes) or t is float and _plain_float(value):
+            self.add(f"type({e}) is {t.__name__} and {e} == {value!r}",
                      f"{src.pretty()} == {value!r}", e)
             return
+        if t in (float, complex):  # NaN, a signed zero, an infinity
+            self.add(f"type({e}) is {t.__name__} and {self.const(same_value, 'same')}({e}, {self.const(value, 'v')})",
+                     f"{src.pretty()} is {_float_words(value)}", e)
+            return
         # dtype, device, Size, other hashable constants: equality against a stored copy
-        self.add(f"{e} == {self.const(value, 'v')}", f"{src.pretty()} == {value!r}", e)
+        self.equal(src, value)
+
+    def equal(self, src: Source, value, description: str | None = None):
+        """``src`` equals ``value`` as the trace saw it: ``==``, unless the value holds
+        floats, where NaN must equal NaN and 0.0 must differ from -0.0 (``same_value``)."""
+        e = src.expr()
+        if _holds_float(value):
+            code = f"{self.const(same_value, 'same')}({e}, {self.const(value, 'v')})"
+        else:
+            code = f"{e} == {self.const(value, 'v')}"
+        self.add(code, description or f"{src.pretty()} == {value!r}", e)
 
     def length(self, src: Source, n: int):
         e = src.expr()
@@ -86,8 +98,9 @@ class GuardSet:
 
     def dict_keys(self, src: Source, keys: tuple):
         e = src.expr()
-        self.add(f"tuple({e}) == {self.const(keys, 'k')}",
-                 f"keys of {src.pretty()} == {list(keys)}", f"tuple({e})")
+        same = f"{self.const(same_value, 'same')}(tuple({e}), {self.const(keys, 'k')})" \
+            if _holds_float(keys) else f"tuple({e}) == {self.const(keys, 'k')}"
+        self.add(same, f"keys of {src.pretty()} == {list(keys)}", f"tuple({e})")
 
     def tensor(self, src: Source, t: torch.Tensor):
         """Type, dtype, device, shape, strides and requires_grad: what a trace assumed."""
@@ -146,6 +159,66 @@ class GuardSet:
 
     def expression(self, code: str, description: str, lhs: str | None = None):
         self.add(code, description, lhs)
+
+
+def same_value(a, b) -> bool:
+    """Equality as a trace depends on it: types equal, NaN equal to NaN, 0.0 different
+    from -0.0 (``math.copysign``, ``1 / x``, ``str`` tell them apart), containers item by
+    item (dicts and sets too, in their order); anything else by ``==``."""
+    if a is b:
+        return True
+    t = type(a)
+    if t is not type(b):
+        return False
+    rule = _SAME_RULES.get(t)
+    if rule is not None:
+        return rule(a, b)
+    if isinstance(a, dict):
+        return _same_items(tuple(a.items()), tuple(b.items()))
+    return bool(a == b)
+
+
+def _same_float(a, b):
+    if a != a:
+        return b != b
+    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+
+
+def _same_items(a, b):
+    return len(a) == len(b) and all(map(same_value, a, b))
+
+
+_SAME_RULES = {
+    float: _same_float,
+    complex: lambda a, b: _same_float(a.real, b.real) and _same_float(a.imag, b.imag),
+    tuple: _same_items,
+    list: _same_items,
+    set: lambda a, b: _same_items(tuple(a), tuple(b)),
+    frozenset: lambda a, b: _same_items(tuple(a), tuple(b)),
+    slice: lambda a, b: _same_items((a.start, a.stop, a.step), (b.start, b.stop, b.step)),
+}
+
+
+def _plain_float(x: float) -> bool:
+    """Compared exactly by ``==`` and written exactly by ``repr``: finite and nonzero."""
+    return x == x and x != 0.0 and abs(x) != math.inf
+
+
+def _holds_float(value) -> bool:
+    t = type(value)
+    if t in (float, complex):
+        return True
+    if t in (tuple, list, set, frozenset):
+        return any(_holds_float(x) for x in value)
+    if isinstance(value, dict):
+        return any(_holds_float(k) or _holds_float(v) for k, v in value.items())
+    if t is slice:
+        return _holds_float((value.start, value.stop, value.step))
+    return False
+
+
+def _float_words(x) -> str:
+    return "NaN" if x != x else repr(x)
 
 
 def _short(obj) -> str:

@@ -17,8 +17,10 @@ from kiln import config
 from kiln.capture import generators, iterators
 from kiln.capture import values as V
 from kiln.capture.builder import builtins_dict, wrap, wrap_static
+from kiln.capture.cells import RealCell, real_cell
 from kiln.capture.bytecode_info import BINARY_OPS, PY312, decode, exception_table, per_code
-from kiln.capture.errors import ReturnSignal, Unsupported, UserException
+from kiln.capture.errors import (RestartWithBreak, ReturnSignal, SkipFrame, Unsupported, UserException,
+                                 YieldSignal)
 from kiln.capture.operators import binary_op, compare_op, contains_op, format_value, subscr, unary_op
 from kiln.capture.sources import ClosureSource, FuncCellSource, GlobalSource, ItemSource, LocalSource
 
@@ -96,6 +98,12 @@ class Frame:
             handler(self, inst)
         except UserException as e:
             self.raise_user(e)
+        except _NOT_KILNS_FAILURES:
+            raise
+        except Exception as e:  # kiln's own failure: remember the deepest user line
+            if getattr(e, "_kiln_stack", None) is None:
+                e._kiln_stack = self.user_stack()
+            raise
 
     def raise_user(self, e: UserException):
         """Route an exception raised by the traced program to its handler in this frame,
@@ -175,7 +183,7 @@ class Frame:
             if isinstance(cell, (V.CellValue, RealCell)):  # the caller's cell, shared
                 child.cells[name] = cell
             else:
-                child.cells[name] = RealCell(cell, FuncCellSource(fsrc, i) if fsrc is not None else None)
+                child.cells[name] = real_cell(self.output, cell, FuncCellSource(fsrc, i) if fsrc is not None else None)
         if child.is_generator:  # runs nothing until its consumer pulls
             return generators.GeneratorValue(child, fnv, args, kwargs)
         try:
@@ -222,39 +230,6 @@ class Frame:
         if name in self.f_builtins:
             return wrap(self, self.f_builtins[name], None, module_member=True)
         raise UserException(V.ExceptionValue(NameError, [V.ConstantValue(f"name {name!r} is not defined")]))
-
-
-class RealCell:
-    """A closure cell of a real function, read and written through its source."""
-
-    def __init__(self, cell, source):
-        self.cell = cell
-        self.source = source
-        self.written = None
-
-    def read(self, tx):
-        if self.written is not None:
-            return self.written
-        try:
-            obj = self.cell.cell_contents
-        except ValueError:
-            raise UserException(V.ExceptionValue(NameError, [V.ConstantValue("free variable referenced before assignment")]))
-        if self.source is None:
-            from kiln.capture.builder import wrap_static
-
-            if isinstance(obj, torch.Tensor) or type(obj) in (list, dict, set):
-                raise Unsupported("a tensor or mutable container in a closure kiln cannot re-read")
-            try:
-                return wrap_static(obj)
-            except Unsupported:
-                return wrap(tx, obj, None)
-        return wrap(tx, obj, self.source)
-
-    def write(self, tx, value):
-        if self.source is None:
-            raise Unsupported("writing a closure cell kiln cannot re-read")
-        self.written = value
-        tx.output.mark_mutated(self)
 
 
 def _wrap_default(tx, d, fsrc, key):
@@ -340,6 +315,8 @@ def bind_args(code, args, kwargs, defaults, kwdefaults):
 # Instruction handlers: one function per opcode, collected in _HANDLERS.
 # =====================================================================================
 _HANDLERS: dict = {}
+# control flow of the trace, not failures: passed through Frame.step untouched
+_NOT_KILNS_FAILURES = (ReturnSignal, YieldSignal, Unsupported, RestartWithBreak, SkipFrame, StopIteration)
 
 
 def handles(*names):

@@ -22,6 +22,9 @@ from kiln.capture.fake import (DataDependent, FakeMode, FakeTensor, NoMetaKernel
 from kiln.capture.guards import GuardSet
 
 
+_MAX_DISTINCT_PAIRS = 8  # guards "a is not b"; past that, one id-set guard per type
+
+
 class OutputGraph:
     def __init__(self):
         self.graph = fx.Graph()
@@ -30,6 +33,8 @@ class OutputGraph:
         self._input_by_id: dict = {}
         self._value_by_fake: dict = {}
         self._objects: dict = {}  # id(real object) -> ObjectValue / ModuleValue
+        self._object_types: dict = {}  # id(real object) -> its type
+        self.real_cells: dict = {}  # id(closure cell) -> cells.RealCell
         self.mutated: list = []  # objects/containers the program changed, in order
         self.global_writes: dict = {}  # name -> Value
         self.grad_enabled = torch.is_grad_enabled()
@@ -93,12 +98,45 @@ class OutputGraph:
 
     def remember(self, obj, v):
         self._objects[id(obj)] = v
+        self._object_types[id(obj)] = type(obj)
         self._keepalive.append(obj)
         return v
 
     def mark_mutated(self, v):
         if not any(m is v for m in self.mutated):
             self.mutated.append(v)
+
+    def guard_mutated_distinct(self):
+        """The trace took the objects it read through different sources for different
+        objects (one object reached twice is one Value, guarded by ``is``). Where it
+        mutated one of them, a later call passing the same object twice (an argument
+        that is a global, two arguments) would see the mutation through both names in
+        eager but not in the trace: guard that each mutated object is none of the
+        others of its type (objects of other types cannot be it)."""
+        mutated = {id(m) for m in self.mutated}
+        by_type: dict = {}
+        for oid, v in self._objects.items():
+            if v.source is not None:
+                by_type.setdefault(self._object_types[oid], []).append(v)
+        # an input tensor whose geometry an in-place op changed (``t_``, ``unsqueeze_``):
+        # views share data (the backends check storage overlap), one object shares shape
+        for _, _, real in self.inputs:
+            tv = self._input_by_id[id(real)]
+            by_type.setdefault(type(real), []).append(tv)
+            if _geometry(tv.fake) != _geometry(real):
+                mutated.add(id(tv))
+        for group in by_type.values():
+            pairs = [(m.source, o.source) for m in group if id(m) in mutated
+                     for o in group if o is not m]
+            if len(pairs) > _MAX_DISTINCT_PAIRS:  # many: one check that all are distinct
+                reads = ", ".join(f"id({v.source.expr()})" for v in group)
+                self.guards.expression(f"len({{{reads}}}) == {len(group)}",
+                                       f"{', '.join(v.source.pretty() for v in group)} are distinct")
+                continue
+            for pair in pairs:
+                a, b = sorted(pair, key=lambda s: s.expr())
+                self.guards.expression(f"{a.expr()} is not {b.expr()}",
+                                       f"{a.pretty()} is not {b.pretty()}")
 
     # --- graph ops -----------------------------------------------------------------
     def op(self, kind: str, target, args, kwargs) -> V.Value:
@@ -236,6 +274,10 @@ def _has_class(x) -> bool:
     if isinstance(x, dict):
         return any(_has_class(i) for i in x.values())
     return False
+
+
+def _geometry(t):
+    return tuple(t.shape), t.stride(), t.storage_offset()
 
 
 def _target_name(t):

@@ -15,6 +15,7 @@ import copy
 
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
+from kiln.capture.sources import AttrSource
 
 # (module prefix, qualified names) of the methods treated as pure
 _PURE = {
@@ -47,9 +48,8 @@ class PureMethodValue(V.Value):
         obj = ov.obj
         snapshot = copy.deepcopy(obj.__dict__)
         g = tx.output.guards
-        e = ov.source.expr()
-        g.expression(f"{e}.__dict__ == {g.const(snapshot, 'snap')}",
-                     f"{ov.source.pretty()} is unchanged since it was traced ({self.fn.__qualname__})")
+        g.equal(AttrSource(ov.source, "__dict__"), snapshot,
+                f"{ov.source.pretty()} is unchanged since it was traced ({self.fn.__qualname__})")
         result = self.fn(obj, *cargs, **ckw)
         from kiln.capture.builder import wrap_static
 

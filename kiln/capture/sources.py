@@ -88,10 +88,18 @@ class ItemSource(Source):
     key: object  # an int or a str (or another hashable constant)
 
     def expr(self):
-        return f"{self.base.expr()}[{self.key!r}]"
+        return f"{self.base.expr()}[{_literal(self.key)}]"
 
     def pretty(self):
         return f"{self.base.pretty()}[{self.key!r}]"
+
+
+def _literal(key) -> str:
+    """``key`` as source text: ``repr``, except for infinite floats (``inf`` is no
+    Python name)."""
+    if type(key) is float and key in (float("inf"), float("-inf")):
+        return f"float('{key!r}')"
+    return repr(key)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ from kiln.capture import values as V
 from kiln.capture.codegen import EntryCodegen, build_entry, call_at, call_source, restoring_grad_mode
 from kiln.capture.errors import RestartWithBreak, SkipFrame, Unsupported, UserException
 from kiln.capture.frame_access import reads_own_frame
-from kiln.capture.interpreter import Frame, RealCell, ReturnSignal
+from kiln.capture.backend_call import FirstRun, compile_graph
+from kiln.capture.cells import real_cell
+from kiln.capture.interpreter import Frame, ReturnSignal
 from kiln.capture.output import OutputGraph
 from kiln.capture.resume import resume_code
 from kiln.capture.sources import ClosureSource, LocalSource, RefSource
@@ -76,7 +78,7 @@ def trace_frame(fn: types.FunctionType, code, bound_args: dict, ctx: TraceContex
             return _trace_once(fn, code, bound_args, ctx, break_at, first_reason)
         except _FinishFailed as f:
             if ctx.fullgraph:
-                raise Unsupported(f.reason) from None
+                raise Unsupported(f.reason, f.user_stack) from None
             raise SkipFrame(f.reason) from None
         except RestartWithBreak as r:
             if break_at == r.ip:
@@ -103,7 +105,7 @@ def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
         frame.locals[name] = V.LazyArg(val, LocalSource(name))
     if code.co_freevars:
         for i, name in enumerate(code.co_freevars):
-            frame.cells[name] = RealCell(fn.__closure__[i], ClosureSource(i, name))
+            frame.cells[name] = real_cell(out, fn.__closure__[i], ClosureSource(i, name))
     try:
         while True:
             if frame.ip == break_at:
@@ -130,17 +132,18 @@ def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
         try:
             return _compile_return(fn, code, frame, ctx, ns, r.value)
         except Unsupported as e:
-            raise _FinishFailed(f"cannot rebuild the return value: {e.reason}") from None
+            raise _FinishFailed(f"cannot rebuild the return value: {e.reason}", frame.user_stack()) from None
     except UserException as e:
         try:
             return _compile_raise(fn, code, frame, ctx, ns, e.value)
         except Unsupported as e2:
-            raise _FinishFailed(f"cannot rebuild the raised exception: {e2.reason}") from None
+            raise _FinishFailed(f"cannot rebuild the raised exception: {e2.reason}", frame.user_stack()) from None
 
 
 class _FinishFailed(Exception):
-    def __init__(self, reason):
+    def __init__(self, reason, user_stack=None):
         self.reason = reason
+        self.user_stack = user_stack
 
 
 def frame_user_stack(e, frame):
@@ -155,9 +158,10 @@ def _wrap_arg(frame, val, name):
 
 
 # --- finishing a trace -------------------------------------------------------------------
-def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext):
+def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where: list):
     """Close the graph over the tensors the rest of the code needs; hand it to the
-    backend. Returns the graph call line(s) to put in the entry function."""
+    backend (``where``: the user's lines, for its errors). Returns the graph call
+    line(s) to put in the entry function."""
     if out.op_count() == 0 and not cg.graph_outputs:
         return []
     graph = out.graph
@@ -172,21 +176,30 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext):
     if log.isEnabledFor(logging.INFO):
         log.info("captured graph:\n%s", gm.print_readable(print_output=False))
     t0 = time.perf_counter()
-    compiled = ctx.backend(gm, example_inputs)
+    compiled = compile_graph(ctx.backend, gm, example_inputs, where)
+    eager = gm.forward
+    checked = not _is_method(compiled, gm, "forward")  # the eager backend's graph: no check
     on_error = out.grad_mode_on_error()
     if on_error is not None:
         compiled = restoring_grad_mode(compiled, on_error)
+        eager = restoring_grad_mode(eager, on_error)
     if ctx.recorder is not None:
         ctx.recorder.graphs.append(gm)
         ctx.recorder.compile_time += time.perf_counter() - t0
     name = cg.ref(compiled, "graph")
+    if checked:
+        cg.ns[name] = FirstRun(compiled, eager, ctx.backend, where, cg.ns, name)
     args = ", ".join(src.expr() for src, _, _ in out.inputs)
     return [f"__o = {name}({args})"], gm
 
 
-def _finish(fn, code, out, cg, ctx, tail_lines, guards_extra=None, break_info=None, graph=True):
+def _is_method(f, obj, name) -> bool:
+    return getattr(f, "__self__", None) is obj and getattr(f, "__name__", None) == name
+
+
+def _finish(fn, code, out, cg, ctx, tail_lines, where, break_info=None, graph=True):
     lines = []
-    res = _compile_graph(out, cg, ctx) if graph else None
+    res = _compile_graph(out, cg, ctx, where) if graph else None
     gm = None
     if res:
         call_lines, gm = res
@@ -197,6 +210,7 @@ def _finish(fn, code, out, cg, ctx, tail_lines, guards_extra=None, break_info=No
         lines.append(f"__torch._C._set_grad_enabled({out.grad_enabled})")
     lines += cg.reads + cg.lines
     entry_lines = lines + tail_lines
+    out.guard_mutated_distinct()
     guards = list(out.guards.guards)
     ns = cg.ns
     ns.update(out.guards.consts)
@@ -230,7 +244,7 @@ def _compile_return(fn, code, frame, ctx, ns, value):
     tail.append(f"return {ret}")
     lines = cg.lines[cg_lines_start:]
     cg.lines = cg.lines[:cg_lines_start]
-    return _finish(fn, code, out, cg, ctx, lines + tail)
+    return _finish(fn, code, out, cg, ctx, lines + tail, frame.user_stack())
 
 
 def _compile_raise(fn, code, frame, ctx, ns, exc):
@@ -240,7 +254,7 @@ def _compile_raise(fn, code, frame, ctx, ns, exc):
     torch.compile users see it. Nothing the graph would compute is used."""
     cg = EntryCodegen(frame.output, ns)
     return _finish(fn, code, frame.output, cg, ctx, [f"return {cg.ref(fn, 'eager')}({call_source(code)})"],
-                   graph=False)
+                   frame.user_stack(), graph=False)
 
 
 def _grad_exits(frame, inst):
@@ -316,7 +330,7 @@ def _compile_break(fn, code, frame, ctx, ns, info: BreakInfo):
             tail.append(f"    {call}")
     body_all = body + cg.lines  # side effects, the call's operands, then the resume's
     cg.lines = []
-    return _finish(fn, code, out, cg, ctx, body_all + tail, break_info=info)
+    return _finish(fn, code, out, cg, ctx, body_all + tail, frame.user_stack(), break_info=info)
 
 
 def _native_call(frame, inst, stack, cg, ctx):

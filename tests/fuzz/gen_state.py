@@ -11,16 +11,72 @@ namespace by replaying the accepted blocks from the start.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
+import threading
 import warnings
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
 
 from .program import INPUT_SEEDS, PREAMBLE
 
 #: Largest tensor a statement may make (keeps compiled kernels and eager runs quick).
 MAX_NUMEL = 512
 MAX_NDIM = 6
+#: Largest result any single op may make while generating: checked on meta copies
+#: before the op runs, so a block that would allocate gigabytes (a repeat of a repeat in
+#: a loop) is dropped before it does.
+MAX_OP_NUMEL = 1 << 16
+
+
+#: Longest a statement may run while generating (a loop over a list it extends).
+STATEMENT_SECONDS = 2.0
+
+
+class TooLarge(RuntimeError):
+    pass
+
+
+class TooSlow(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit():
+    """Raise TooSlow in the statement after STATEMENT_SECONDS (main thread only)."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TooSlow(f"a statement ran over {STATEMENT_SECONDS} s")
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, STATEMENT_SECONDS)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+class _SizeCap(TorchDispatchMode):
+    """Refuses ops whose results would exceed MAX_OP_NUMEL elements."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        try:
+            meta = tree_map(lambda a: a.to("meta") if isinstance(a, torch.Tensor) else a,
+                            (args, kwargs))
+            out = func(*meta[0], **meta[1])
+        except Exception:       # noqa: BLE001  (no meta kernel, or it raises: run it)
+            out = None
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.numel() > MAX_OP_NUMEL:
+                raise TooLarge(f"{func} would make {t.numel()} elements")
+        return func(*args, **kwargs)
 
 
 @dataclasses.dataclass
@@ -68,7 +124,7 @@ class State:
         self.locals = local_names
 
     def run(self, text: str):
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _SizeCap(), _time_limit():
             warnings.simplefilter("ignore")
             try:
                 exec(compile(text, "<fuzzgen>", "exec"), self.ns)
@@ -76,7 +132,7 @@ class State:
                 torch.set_grad_enabled(True)
 
     def eval(self, text: str):
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _SizeCap(), _time_limit():
             warnings.simplefilter("ignore")
             try:
                 return eval(compile(text, "<fuzzgen>", "eval"), self.ns)

@@ -1,8 +1,7 @@
 """The fuzzer's CI slice: fixed seeds, every kiln mode, compared with eager.
 
 Every (seed, mode) must match eager, except the pairs in ``KNOWN_FAILURES``: bugs found
-by the fuzzer that are being fixed (tests/fuzz/README.md; /work/wt/FUZZ_FINDINGS.md
-groups them). The list is exactly what fails today: when a fix lands, the slow
+by the fuzzer that are being fixed (tests/fuzz/README.md). The list is exactly what fails today: when a fix lands, the slow
 ``test_known_failures_still_fail`` names the pairs that pass now and they are removed;
 a new failure outside the list is a regression. The programs behind the seeds change
 whenever the generator does: re-run both slices and rewrite the list with it.
@@ -20,7 +19,7 @@ FAST_SEEDS = range(0, 50)
 SLOW_SEEDS = range(50, 150)
 TIMEOUT = 300.0
 
-# Short reasons, by bug class of FUZZ_FINDINGS.md (generator and comparator of this commit).
+# Short reasons, by bug class (generator and comparator of this commit).
 GRAD_MODE = "G1: grad mode after the call (set_grad_enabled without compute, or around a break)"
 INPLACE_NONLEAF = "C1: in-place on a non-leaf input that requires grad raises at trace time"
 OUT_FRESH = "A1: out= into a fresh tensor: no out-of-place twin"

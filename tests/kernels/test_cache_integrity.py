@@ -105,7 +105,8 @@ def _damage(path, how, other):
         f.write(data)
 
 
-@pytest.mark.parametrize("how", ["garbage", "truncated", "emptied", "swapped"])
+@pytest.mark.parametrize("how", [pytest.param("garbage", marks=pytest.mark.slow), "truncated",
+                                 pytest.param("emptied", marks=pytest.mark.slow), "swapped"])
 def test_damaged_entries_are_rebuilt(cache, how):
     """The graph's library (.so) and its plan (.pkl) both damaged the same way."""
     d, other = cache
@@ -116,6 +117,7 @@ def test_damaged_entries_are_rebuilt(cache, how):
     assert out["disk"]["rejected"] == 2 and out["stderr"].count("rejected") == 2, out
 
 
+@pytest.mark.slow
 def test_damaged_compiler_probe_verdict_is_rebuilt(cache):
     """The remembered workaround flags of the C++ compiler: garbage there must not
     reach the compiler's command line (nor drop a workaround)."""
@@ -147,7 +149,7 @@ def test_entry_paths_that_are_directories(cache):
     assert all(os.path.isdir(p) for p in paths)
 
 
-@pytest.mark.parametrize("where", ["file", "under_file"])
+@pytest.mark.parametrize("where", ["file", pytest.param("under_file", marks=pytest.mark.slow)])
 def test_cache_dir_that_cannot_be_a_directory(tmp_path, where):
     f = tmp_path / "plain-file"
     f.write_text("not a directory")
@@ -189,7 +191,7 @@ def failing_cxx(tmp_path):
     return str(cxx)
 
 
-@pytest.mark.parametrize("program", ["f", "train"])
+@pytest.mark.parametrize("program", ["f", pytest.param("train", marks=pytest.mark.slow)])
 def test_failing_compiler_with_suppress_errors_runs_eagerly(tmp_path, failing_cxx, program):
     out = _run(tmp_path / "c", program, CXX=failing_cxx, KILN_SUPPRESS_ERRORS="1")
     err = out["stderr"]
@@ -197,7 +199,7 @@ def test_failing_compiler_with_suppress_errors_runs_eagerly(tmp_path, failing_cx
     assert failing_cxx in err and "the test compiler refuses" in err, err
 
 
-@pytest.mark.parametrize("cxx", ["script", "/no/such/compiler"])
+@pytest.mark.parametrize("cxx", ["script", pytest.param("/no/such/compiler", marks=pytest.mark.slow)])
 def test_failing_compiler_without_suppress_errors_says_what_failed(tmp_path, failing_cxx,
                                                                    cxx):
     cxx = failing_cxx if cxx == "script" else cxx
@@ -282,6 +284,7 @@ def test_failure_at_first_call_of_built_kernels(monkeypatch, tmp_path):
 TRITON = dict(TRITON_INTERPRET="1", KILN_KERNEL_TARGET="triton")
 
 
+@pytest.mark.slow
 def test_triton_module_swapped_or_code_damaged_is_rebuilt(tmp_path):
     """The generated Triton module (imported from the cache) and its code object."""
     pytest.importorskip("triton")
