@@ -15,14 +15,18 @@ computes them here:
 * ``_softmax`` / ``_log_softmax``, ``native_layer_norm``, ``mm`` / ``addmm`` / ``bmm``:
   their shapes and dtypes, checked as the meta kernels check them.
 
-Anything else, or any input that is not laid out contiguously (with the strides
-``torch.empty`` gives), returns None and the caller runs the meta kernel. A test
-compares every shortcut with PyTorch's meta kernel over many shapes and dtypes.
+Anything else returns None and the caller runs the meta kernel; but a pointwise op on
+inputs not laid out contiguously runs its meta kernel here, its result given the
+strides eager's TensorIterator gives it (``elementwise_layout``: several meta kernels
+are references that lay the result out otherwise). A test compares every shortcut
+with PyTorch's meta kernel over many shapes and dtypes.
 """
 # Names torch.fx.experimental.symbolic_shapes only to say what it avoids (never imported).
 from __future__ import annotations
 
 import torch
+
+from .elementwise_layout import relayout
 
 aten = torch.ops.aten
 _META = torch.device("meta")
@@ -185,5 +189,24 @@ def meta_result(func, args, kwargs):
         except TypeError:                # an unexpected argument: the kernel decides
             return None
     if _is_pointwise(func):
-        return _pointwise(func, args, kwargs)
+        out = _pointwise(func, args, kwargs)
+        return out if out is not None else _pointwise_laid_out(func, args, kwargs)
     return None
+
+
+def _pointwise_laid_out(func, args, kwargs):
+    """The meta kernel's result laid out as eager lays it out (``elementwise_layout``),
+    of eager's dtype (as for plain inputs); None where the kernel raises (the caller runs it again, for its error) or an input
+    is not a meta tensor."""
+    if any(isinstance(a, torch.Tensor) and a.device.type != "meta"
+           for a in list(args) + list(kwargs.values())):
+        return None
+    try:
+        out = func(*args, **kwargs)
+        dtype = _pointwise_dtype(func, args, kwargs)      # eager's, as for plain inputs
+    except Exception:                # noqa: BLE001  (the caller's call raises it)
+        return None
+    out = relayout(func, args, kwargs, out)
+    if dtype == out.dtype:
+        return out
+    return torch.empty_strided(tuple(out.shape), out.stride(), dtype=dtype, device=_META)

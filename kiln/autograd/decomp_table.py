@@ -9,20 +9,20 @@ registered CompositeImplicitAutograd kernels, so their names are kept under
 registrations; a later process rebuilds the same table (same keys; each added entry
 runs the op's CompositeImplicitAutograd kernel, as PyTorch's does) in microseconds: the
 remembered ops are matched by name, resolved to op objects only if the table is
-iterated.
+iterated. The list is a sealed cache entry (``disk_cache.read_entry``): a file that
+fails its check (garbage, truncated, another entry's) is a miss, rebuilt.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 import torch
 from torch._ops import OpOverload
 from torch._decomp import _core_aten_decompositions_post_autograd, core_aten_decompositions
 
-from kiln.disk_cache import cache_path, key_of, write_text
+from kiln.disk_cache import key_of, read_entry, write_entry
 
-FORMAT = 1
+FORMAT = 2          # 2: a sealed entry
 
 
 def _name(op) -> str:
@@ -35,10 +35,12 @@ def _resolve(name: str):
     return getattr(getattr(getattr(torch.ops, ns), op), overload)
 
 
-def _path() -> str:
+_KIND, _SUFFIX = "decompositions", ".txt"
+
+
+def _key() -> str:
     regs = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
-    key = key_of(str(FORMAT), torch.__version__, str(torch.version.git_version), *sorted(regs))
-    return cache_path("decompositions", key, ".txt")
+    return key_of(str(FORMAT), torch.__version__, str(torch.version.git_version), *sorted(regs))
 
 
 class DecompositionTable(Mapping):
@@ -84,14 +86,16 @@ class DecompositionTable(Mapping):
         return len(self._materialised())
 
 
-def _remembered(path: str) -> DecompositionTable | None:
+def _remembered(key: str) -> DecompositionTable | None:
+    found = read_entry(_KIND, key, _SUFFIX)
+    if found is None:
+        return None
     try:
-        with open(path) as f:
-            names = f.read().split()
+        names = found[1].decode().split()
         # what PyTorch's table holds for such an op: run its Python
         # CompositeImplicitAutograd kernel if it has one, else the C++ one
         return DecompositionTable(_core_aten_decompositions_post_autograd(), names)
-    except (OSError, AttributeError, ValueError, RuntimeError):
+    except (UnicodeDecodeError, AttributeError, ValueError, RuntimeError):
         return None
 
 
@@ -99,16 +103,17 @@ def core_aten_table() -> DecompositionTable:
     """``core_aten_decompositions()``'s table, from the remembered op list when there is
     one."""
     try:
-        path = _path()
+        key = _key()
     except Exception:                 # noqa: BLE001  (another PyTorch: no shortcut)
         return DecompositionTable(core_aten_decompositions())
-    table = _remembered(path) if os.path.exists(path) else None
+    table = _remembered(key)
     if table is not None:
         return table
     table = dict(core_aten_decompositions())
     try:
         base = _core_aten_decompositions_post_autograd()
-        write_text(path, "\n".join(sorted(_name(op) for op in table if op not in base)))
+        names = "\n".join(sorted(_name(op) for op in table if op not in base))
+        write_entry(_KIND, key, _SUFFIX, names.encode())
     except (OSError, AttributeError):
         pass
     return DecompositionTable(table)

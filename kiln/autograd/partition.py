@@ -157,7 +157,10 @@ def partition(joint: fx.Graph, num_fw_outputs: int, mutated_inputs=(),
             v = fw.call_function(torch.ops.aten.clone.default, (v,))
             v.meta.update(s.meta)
         saved_vals.append(v)
-    fw.output((*[env[o] if o is not None else None for o in fw_outs], *saved_vals))
+    out = fw.output((*[env[o] if o is not None else None for o in fw_outs], *saved_vals))
+    # what follows the forward outputs is saved for the backward alone: the kernel
+    # compiler may keep its own layout there (kernels.lowering_outputs.INTERNAL_OUTPUTS)
+    out.meta["kiln_internal_outputs_from"] = len(fw_outs)
 
     bw = fx.Graph()
     benv: dict = {}

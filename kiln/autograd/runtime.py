@@ -319,7 +319,11 @@ class AotFunction:
             elif kind == "input_view":
                 result.append(_replay(spec[2], args[spec[1]]))
             elif kind == "base_view":
-                result.append(_replay(spec[2], outs[spec[1]]))
+                if spec[3] is None or spec[3] == torch.is_grad_enabled():
+                    result.append(_replay(spec[2], outs[spec[1]]))
+                else:
+                    with torch.set_grad_enabled(spec[3]):
+                        result.append(_replay(spec[2], outs[spec[1]]))
             elif kind == "input":
                 result.append(None)          # after the geometry changes, below
             else:

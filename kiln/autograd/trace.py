@@ -80,7 +80,8 @@ class TraceResult:
     #: user outputs, then new values of mutated inputs, then bases of aliased outputs
     num_fw_outputs: int
     #: how to build each user output: ("fn", k) | ("input", i) (the input tensor itself)
-    #: | ("input_view", i, chain) | ("base_view", k, chain) | ("const", value)
+    #: | ("input_view", i, chain) | ("base_view", k, chain, grad) | ("const", value);
+    #: ``grad``: the grad mode a view of a base that requires grad is made in (None: any)
     output_specs: list
     #: (input index, forward-output position of its new value)
     mutations: list
@@ -103,6 +104,29 @@ class TraceResult:
         if all(s[0] == "fn" and s[1] == k for k, s in enumerate(self.output_specs)):
             return len(self.output_specs)
         return None
+
+
+#: view ops whose result is not a view (``detach``): made from the base after the graph,
+#: sharing its version counter as eager's do
+_ALIASES = (aten.detach.default, aten.alias.default)
+
+
+def _view_grad_mode(view, base):
+    """The grad mode ``view`` of ``base`` was made in, where it matters (``base``
+    requires grad; else None): with grad when it has a ``grad_fn`` (a view made
+    without grad requires grad too, as a leaf)."""
+    if not base.requires_grad:
+        return None
+    return view.grad_fn is not None
+
+
+def _owned_by_output(mode, o, owner) -> bool:
+    """Is output ``o`` (of an intermediate storage) the output ``owner`` or a view of
+    it (its view chain extends the owner's)?"""
+    if owner is None:
+        return False
+    chain, own = mode.infos[id(o)].chain, mode.infos[id(owner)].chain
+    return o is owner or (len(chain) >= len(own) and chain[:len(own)] == own)
 
 
 def _has_device_arg(op) -> bool:
@@ -453,6 +477,18 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             st = mode.infos[id(o)].storage
             storage_users[id(st)] = storage_users.get(id(st), 0) + 1
     bases: dict[int, int] = {}
+    # an output that is not a view but whose geometry changed in place (``t_``: a view
+    # chain from its storage's base, which is now a stand-in without its gradient) owns
+    # its storage: it is returned as it is, and the other outputs there as its views
+    owners: dict[int, torch.Tensor] = {}
+    for o in flat_outs:
+        if isinstance(o, torch.Tensor) and not o._is_view():
+            info = mode.infos[id(o)]
+            st = info.storage
+            if st.input_index is None and info.chain and info.chain[-1][0] not in _ALIASES \
+                    and (o.requires_grad or not st.base.requires_grad):
+                owners.setdefault(id(st), o)
+    owner_slot: dict[int, int] = {}
     for o in flat_outs:
         if not isinstance(o, torch.Tensor):
             specs.append(("const", o))
@@ -471,10 +507,24 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                 if member.storage is st and n > best and info.chain[:n] == member.chain:
                     owner, chain, best = i, info.chain[n:], n
             specs.append(("input_view", owner, chain))
-        elif storage_users[id(st)] > 1:
+        elif _owned_by_output(mode, o, owners.get(id(st))):
+            # rebuilt from the output that owns the storage (after ``t_``, say)
+            owner = owners[id(st)]
+            if id(st) not in owner_slot:
+                owner_slot[id(st)] = len(fw_values)
+                fw_values.append(owner)
+            k = owner_slot[id(st)]
+            specs.append(("fn", k) if o is owner else
+                         ("base_view", k, info.chain[len(mode.infos[id(owner)].chain):],
+                          _view_grad_mode(o, owner)))
+        elif (storage_users[id(st)] > 1 or info.chain) and (
+                st.base.requires_grad or not o.requires_grad):
+            # a view of an intermediate is made from its base after the graph, as eager
+            # makes it: one made inside the graph refuses in-place writes that eager's
+            # takes (made by the autograd.Function, or under no_grad by an inference path)
             if id(st) not in bases:
                 bases[id(st)] = -1   # filled below, after mutations
-            specs.append(("base_view", st, info.chain))
+            specs.append(("storage_view", st, info.chain, _view_grad_mode(o, st.base)))
         else:
             specs.append(("fn", len(fw_values)))
             fw_values.append(o)
@@ -493,12 +543,12 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                 mutations.append((i, len(fw_values)))
                 fw_values.append(st.base)
     for k, spec in enumerate(specs):
-        if spec[0] == "base_view":
+        if spec[0] == "storage_view":
             st = spec[1]
             if bases[id(st)] == -1:
                 bases[id(st)] = len(fw_values)
                 fw_values.append(st.base)
-            specs[k] = ("base_view", bases[id(st)], spec[2])
+            specs[k] = ("base_view", bases[id(st)], spec[2], spec[3])
 
     fw_nodes = [mode.value(v) for v in fw_values]
     differentiable = [k for k, v in enumerate(fw_values)

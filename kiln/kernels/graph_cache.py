@@ -6,9 +6,10 @@ its metadata, lowering every node, fusing, generating source — about as long a
 compilers on a warm cache. This cache keeps the result of all of it, the ``Plan``.
 
 The key is everything a plan depends on: the aten graph's code and the values of its
-constants; the sizes, strides, dtypes and devices of the inputs; the target; the
-settings and module-level tuning constants of the kernel compiler and the hash of all
-of kiln's sources (so editing kiln, or a test patching a block size, never reuses a stale plan);
+constants; the strides its nodes were traced with; the sizes, strides, dtypes and
+devices of the inputs; the target; the settings and module-level tuning constants of
+the kernel compiler and the hash of all of kiln's sources (so editing kiln, or a test
+patching a block size, never reuses a stale plan);
 the torch and Triton versions and the GPU's compute capability.
 
 Plans are pickled, aten operators by name (``torch.ops`` objects do not pickle). A plan
@@ -30,6 +31,7 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils import _pytree as pytree
 
 from .. import config
 from ..debug.logs import log_for
@@ -133,6 +135,17 @@ def _constants(gm) -> str | None:
     return h.hexdigest()
 
 
+def _layouts(gm) -> str:
+    """The strides the graph's nodes were traced with (``meta["val"]``): the layouts of
+    outputs and library results follow them, and the graph's code does not say them."""
+    parts = []
+    for node in gm.graph.nodes:
+        for v in pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(v, torch.Tensor):
+                parts.append(f"{v.stride()}{v.storage_offset()}")
+    return ",".join(parts)
+
+
 def key_of(gm, example_inputs, target: str) -> str | None:
     """The cache key of compiling ``gm`` for these inputs, or None (do not cache)."""
     if not config.graph_cache:
@@ -148,7 +161,10 @@ def key_of(gm, example_inputs, target: str) -> str | None:
             device = str(a.device) if a.device.type != "cpu" else device
         else:
             sig.append(f"V{type(a).__name__}:{a!r}")
-    return cache.key_of(gm.code, consts, ";".join(sig), target, _sources_hash(),
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    internal = out.meta.get("kiln_internal_outputs_from")
+    return cache.key_of(gm.code, consts, ";".join(sig), f"internal={internal}",
+                        _layouts(gm), target, _sources_hash(),
                         _module_constants(), _versions(target, device),
                         f"fallback_random={config.fallback_random}",
                         f"matmul_epilogue={config.matmul_epilogue != 'off'}",

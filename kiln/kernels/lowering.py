@@ -206,6 +206,11 @@ class GraphLowering:
         self.fallback_messages: list[tuple] = []     # (op, reason), re-logged on cache hits
         self.relaid: set = set()       # buffers whose layout differs from eager's
         self.pinned: set = set()       # buffers an extern's result aliases (own memory slot)
+        from .lowering_outputs import output_roots, user_outputs
+        self.visible_outputs = set(user_outputs(gm))
+        self.out_roots = output_roots(gm)    # stored in eager's layout (lowering_outputs)
+        self.root_views: dict = {}     # output root node -> its View in eager's layout
+        self.rooted: dict = {}         # buffer -> the output root it holds
         self.device = graph_device(example_inputs)
         self._n = 0
         self._record_meta(example_inputs)
@@ -323,6 +328,7 @@ class GraphLowering:
 
     # --- the walk ---
     def run(self):
+        from .lowering_outputs import lower_outputs, own_eager_layout
         n_in = 0
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
@@ -330,8 +336,10 @@ class GraphLowering:
                 n_in += 1
             elif node.op == "call_function":
                 self.env[node] = self._call(node)
+                if node in self.out_roots:
+                    self.env[node] = own_eager_layout(self, node, self.env[node])
             elif node.op == "output":
-                self.outputs = self._outputs(node)
+                self.outputs = lower_outputs(self, node)
             elif node.op == "get_attr":
                 self.env[node] = self._get_attr(node)
             else:
@@ -405,7 +413,7 @@ class GraphLowering:
         if isinstance(out, (tuple, list)):
             return type(out)(self.realize(o, origin=node.name) if isinstance(o, Lazy) else o
                              for o in out)
-        if isinstance(out, Lazy):
+        if isinstance(out, Lazy) and node not in self.out_roots:  # (stored in eager's layout)
             probe = out.load(loop_vars(out.sizes))
             n_ops = ir.op_count(probe)
             if n_ops > MAX_INLINE_OPS or (len(node.users) > 1 and n_ops > 0
@@ -522,33 +530,6 @@ class GraphLowering:
             return op(*margs, **mkw)
         except Exception:        # noqa: BLE001  (no meta kernel: keep eager's layout)
             return None
-
-    def _outputs(self, node):
-        from .lowering_outputs import settle_outputs, store_output
-
-        def fix(a):
-            if isinstance(a, Lazy):
-                return store_output(self, a, self.meta_of_output(node, a))
-            if isinstance(a, View) and a.buf in self.relaid:
-                # stored in a layout of our choosing (channels-last): outputs keep eager's
-                m = self.meta_of_output(node, a)
-                if m is not None and _dense(m) and tuple(m.stride()) != tuple(a.strides):
-                    return self.realize(Lazy(a.sizes, a.dtype, a.load), strides=tuple(m.stride()),
-                                        origin="output")
-            return a
-        out = pytree.tree_map(lambda a: self.env[a] if isinstance(a, fx.Node) else a,
-                              node.args[0])
-        self._out_nodes = pytree.tree_leaves(node.args[0])
-        flat, spec = pytree.tree_flatten(pytree.tree_map(fix, out, is_leaf=is_box),
-                                         is_leaf=is_box)
-        return pytree.tree_unflatten(settle_outputs(self, self._out_nodes, flat), spec)
-
-    def meta_of_output(self, out_node, box):
-        for a in pytree.tree_leaves(out_node.args[0]):
-            if isinstance(a, fx.Node) and self.env.get(a) is box:
-                m = self.meta[a]
-                return m if isinstance(m, torch.Tensor) else None
-        return None
 
     # --- helpers for lowerings ---
     def out_meta(self, node) -> torch.Tensor:

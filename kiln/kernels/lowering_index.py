@@ -5,9 +5,10 @@ They fuse like any load: the embedding lookup of a transformer becomes part of t
 kernel that adds the position embeddings.
 
 Eager raises on an out-of-range index. So does kiln: each index tensor first goes
-through ``IndexCheck`` (``torch._assert_async``: an error on the CPU, a device-side
-assert on a GPU, nothing to synchronise in a CUDA graph), and the loads themselves are
-masked to the valid range so that no kernel ever reads outside its buffer.
+through ``IndexCheck`` (on the CPU the exception eager raises there, ``index_error``;
+a device-side assert on a GPU, nothing to synchronise in a CUDA graph), and the loads
+themselves are masked to the valid range so that no kernel ever reads outside its
+buffer.
 
 ``index_select`` is a one-tensor index; ``slice_scatter`` (a slice assignment,
 functionalized) is an affine choice between two loads (a gather term when it has a
@@ -21,6 +22,7 @@ dim (``nll_loss``'s backward), which is pointwise; other reductions of
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 
@@ -38,34 +40,66 @@ _ATOMIC_DTYPES = {torch.float32, torch.float64, torch.int32}
 _HALF = {torch.float16, torch.bfloat16}
 
 
-class IndexCheck:
-    """``(index) -> a copy of it``, after asserting every value is in range, as eager
-    does. (A copy: the result is a library result with its own memory, as the runtime
-    assumes of externs.)"""
+#: The exception eager raises on the CPU for an out-of-range index: IndexError but for
+#: these ops...
+_RUNTIME_ERROR_OPS = {aten.gather.default, aten.scatter_add.default, aten.scatter_reduce.two,
+                      aten.scatter.src, aten.scatter.value}
+#: ...and but for a node decomposed from one of these calls (its ``meta["source"]``,
+#: the torch-level node's name): the error is the call's own (``index_add`` decomposes
+#: to ``index_put``, ``nll_loss`` to ``gather``).
+_ERROR_OF_CALL = {"index_add": RuntimeError, "index_add_": RuntimeError,
+                  "nll_loss": IndexError, "nll_loss2d": IndexError,
+                  "cross_entropy": IndexError}
 
-    def __init__(self, size: int, allow_negative: bool, what: str):
+
+def index_error(node, dim=None) -> type:
+    """The exception eager raises for an out-of-range index at ``node`` (``dim``: the
+    indexed dim of an ``index_select``, whose CPU kernel checks dim 1 of a tensor of
+    several dims apart, raising RuntimeError)."""
+    call = re.sub(r"_\d+$", "", str(node.meta.get("source", "")))
+    if call in _ERROR_OF_CALL:
+        return _ERROR_OF_CALL[call]
+    if node.target is aten.index_select.default and dim == 1:
+        return RuntimeError
+    return RuntimeError if node.target in _RUNTIME_ERROR_OPS else IndexError
+
+
+class IndexCheck:
+    """``(index) -> a copy of it``, after checking every value is in range, as eager
+    does: on the CPU raising the exception eager raises there (``error``), on a GPU by
+    ``torch._assert_async`` (a device-side assert, as eager's; nothing to synchronise
+    in a CUDA graph). (A copy: the result is a library result with its own memory, as
+    the runtime assumes of externs.)"""
+
+    def __init__(self, size: int, allow_negative: bool, what: str, error: type = IndexError):
         self.size, self.allow_negative, self.what = int(size), allow_negative, what
+        self.error = error
 
     def __call__(self, idx):
         if idx.numel():
             low = -self.size if self.allow_negative else 0
-            torch._assert_async(((idx >= low) & (idx < self.size)).all(),
-                                f"{self.what}: index out of range for a dimension of size "
-                                f"{self.size}")
+            ok = ((idx >= low) & (idx < self.size)).all()
+            msg = f"{self.what}: index out of range for a dimension of size {self.size}"
+            if idx.device.type == "cpu":
+                if not ok:
+                    raise self.error(msg)
+            else:
+                torch._assert_async(ok, msg)
         return torch.empty(idx.shape, dtype=idx.dtype, device=idx.device).copy_(idx)
 
     def __repr__(self):
         return f"index_check({self.size})"
 
 
-def _checked(lo, node, index, size, allow_negative) -> View:
+def _checked(lo, node, index, size, allow_negative, dim=None) -> View:
     if not is_box(index) or index.dtype not in INDEX_DTYPES:
         raise Unsupported("index tensor of this dtype")
     v = index if isinstance(index, View) else lo.realize(index, origin=node.name)
     name = lo.new_name()
     strides = ir.contiguous_strides(tuple(v.sizes))
     lo.add(ir.Extern(name, tuple(v.sizes), strides, v.dtype,
-                     op=IndexCheck(size, allow_negative, str(node.target)),
+                     op=IndexCheck(size, allow_negative, str(node.target),
+                                     index_error(node, dim)),
                      args=(ir.ExternArg(v.buf, tuple(v.sizes), tuple(v.strides), v.offset),),
                      origin=node.name))
     return View(name, tuple(v.sizes), strides, 0, v.dtype)
@@ -328,14 +362,15 @@ def _embedding_dense_backward(lo, node, grad, indices, num_weights, padding_idx,
 def _index_select(lo, node, x, dim, index):
     if not is_box(x) or not x.sizes:
         raise Unsupported("index_select of a 0-d tensor")
-    return _index_dim(lo, node, x, _dim(dim, len(x.sizes)), index, False)
+    d = _dim(dim, len(x.sizes))
+    return _index_dim(lo, node, x, d, index, False, d if len(x.sizes) > 1 else None)
 
 
-def _index_dim(lo, node, x, d, index, allow_negative):
+def _index_dim(lo, node, x, d, index, allow_negative, error_dim=None):
     """``x`` with dim ``d`` replaced by the dims of ``index`` (its values pick along d)."""
     xv = _stored(lo, node, x)
     n = int(xv.sizes[d])
-    ix = _checked(lo, node, index, n, allow_negative)
+    ix = _checked(lo, node, index, n, allow_negative, error_dim)
     k = len(ix.sizes)
     m = lo.out_meta(node)
     sizes = tuple(xv.sizes[:d]) + tuple(ix.sizes) + tuple(xv.sizes[d + 1:])

@@ -51,8 +51,10 @@ class Runtime:
                     and tuple(v.strides) == tuple(b.strides))
             if static and same:
                 self.out_plan.append(("buf", v.buf))
-            else:
+            elif isinstance(b, ir.Input):
                 self.out_plan.append(("view", v))
+            else:
+                self.out_plan.append(("alias", v))
         self.plain_tuple = self.out_spec == pytree.tree_flatten(tuple(out_flat))[1]
         if self.device.type == "cpu":
             self._read_layouts()
@@ -79,7 +81,7 @@ class Runtime:
         for kind, v in self.out_plan:
             if kind == "buf":
                 want(v, (tuple(self.buffers[v].sizes), tuple(self.buffers[v].strides), 0))
-            elif kind == "view":
+            elif kind in ("view", "alias"):
                 want(v.buf, (tuple(v.sizes), tuple(v.strides), v.offset))
         for step in self.steps:
             if isinstance(step, ExternStep):
@@ -192,6 +194,8 @@ class Runtime:
                 out.append(tensors[v])
             elif kind == "view":
                 out.append(self.tensor_of(tensors, v.buf, v.sizes, v.strides, v.offset))
+            elif kind == "alias":
+                out.append(_alias(tensors[v.buf], v))
             else:
                 out.append(v)
         return out
@@ -282,6 +286,18 @@ class ExternStep:
             # an undefined optional result (attention weights not asked for) is None,
             # where the meta kernel that planned the graph gave an empty tensor
             tensors[o.name] = None if t is None else _fix_layout(t, o)
+
+
+def _alias(t, v):
+    """Output ``v`` of the graph's memory ``t``: ``t`` itself where it has the output's
+    geometry, else a tensor of its own on ``t``'s storage (not a view of ``t``, as
+    eager's output is not: in the kiln flow a view of an intermediate is made from its
+    base after the graph, ``autograd.trace``; a view made here would be one autograd
+    refuses in-place writes into)."""
+    if v.offset == 0 and tuple(t.shape) == tuple(v.sizes) and tuple(t.stride()) == tuple(v.strides):
+        return t
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+        t.untyped_storage(), t.storage_offset() + v.offset, v.sizes, v.strides)
 
 
 def _extern_args(x):

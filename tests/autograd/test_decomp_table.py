@@ -38,3 +38,26 @@ def test_core_ops_membership():
     assert all((op in ops.CORE_OPS) == (op in listed) for op in some if op is not None)
     wider = ops.CORE_OPS | {aten.linear.default}
     assert aten.linear.default in wider and aten.add.Tensor in wider
+
+
+def test_a_bad_op_list_is_a_miss(tmp_path, monkeypatch):
+    """The remembered list is a checked cache entry: a garbage file, a truncated one, a
+    bare list of names (not sealed) or another entry in its place is not read as the
+    list (a wrong list would decompose ops it should not, or miss some); the table is
+    built again and the entry replaced."""
+    from kiln import disk_cache
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
+    decomp_table.core_aten_table()
+    (path,) = disk_cache.locations("decompositions", decomp_table._key(), ".txt")
+    good = open(path, "rb").read()
+    other = disk_cache.seal("decompositions", "0" * 32, b"aten::mm.default")
+    for bad in (b"aten::mm.default\naten::add.Tensor", good[:-7], b"\xff\x00garbage",
+                other, good.replace(b"aten::linear.default", b"aten::mm.defaultXXXXX")):
+        with open(path, "wb") as f:
+            f.write(bad)
+        before = disk_cache.stats["rejected"]
+        table = decomp_table.core_aten_table()
+        assert not table._names, bad[:40]              # built, not read
+        assert aten.mm.default not in table and aten.linear.default in table
+        assert disk_cache.stats["rejected"] == before + 1
+        assert open(path, "rb").read() == good         # replaced

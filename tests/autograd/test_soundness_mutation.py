@@ -253,11 +253,7 @@ INTERMEDIATES = [
 
 
 @pytest.mark.parametrize("name,fn,make,backend", _params(INTERMEDIATES))
-def test_in_place_on_intermediates(name, fn, make, backend, request):
-    if name == "t_" and backend == "kiln":
-        # the kernel compiler returns a transposed view of an intermediate that is also
-        # read by another output as the untransposed buffer: kiln/kernels (output plan)
-        request.node.add_marker(pytest.mark.xfail(reason="kernels: view outputs"))
+def test_in_place_on_intermediates(name, fn, make, backend):
     compare(fn, make, backend)
 
 

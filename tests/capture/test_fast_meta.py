@@ -1,7 +1,7 @@
 """``fast_meta``'s shortcuts give exactly what PyTorch's meta kernels give (shape,
 strides, dtype), over random contiguous shapes with broadcasting, size-1 and size-0
-dims, 0-d tensors, Python scalars and mixed dtypes; anything else is left to the
-kernels (None)."""
+dims, 0-d tensors, Python scalars and mixed dtypes; pointwise ops on other layouts get
+eager's layout; anything else is left to the kernels (None)."""
 import random
 
 import pytest
@@ -89,11 +89,26 @@ def test_pointwise_matches_meta_kernels():
     assert answered > 2000        # the shortcut is taken, not just declined
 
 
-def test_pointwise_declines_other_layouts_and_random_ops():
+def test_pointwise_other_layouts_as_eager_and_declines_random_ops():
+    """On other layouts the meta kernel runs, its result laid out as eager's (several
+    meta kernels are references that lay it out otherwise: ``copysign``)."""
     x = meta((4, 6), torch.float32)
-    assert meta_result(aten.sin.default, (x.t(),), {}) is None          # transposed
-    assert meta_result(aten.sin.default, (x[:, ::2],), {}) is None      # strided
-    assert meta_result(aten.sin.default, (meta((4, 1), torch.float32).expand(4, 3),), {}) is None
+    e = torch.empty(4, 6)
+    for op, args, real in [
+            (aten.sin.default, (x.t(),), (e.t(),)),                                 # transposed
+            (aten.sin.default, (x[:, ::2],), (e[:, ::2],)),                         # strided
+            (aten.sin.default, (meta((4, 1), torch.float32).expand(4, 3),),
+             (torch.empty(4, 1).expand(4, 3),)),                                    # expanded
+            (aten.copysign.Tensor, (x.t(), meta((1,), torch.float64)),
+             (e.t(), torch.empty(1, dtype=torch.float64))),
+            (aten.div.Tensor_mode, (x.t(), x.t().contiguous()),
+             (e.t(), e.t().contiguous()))]:
+        got = meta_result(op, args, {"rounding_mode": "floor"} if op is aten.div.Tensor_mode
+                          else {})
+        want = op(*real, **({"rounding_mode": "floor"} if op is aten.div.Tensor_mode else {}))
+        assert (got.device.type, got.shape, got.stride(), got.dtype) == \
+            ("meta", want.shape, want.stride(), want.dtype), op
+    assert meta_result(aten.add.Tensor, (x.t(), meta((5,), torch.float32)), {}) is None  # raises
     assert meta_result(aten.bernoulli.p, (x, 0.5), {}) is None          # random
     assert meta_result(aten.add_.Tensor, (x, x), {}) is None            # in place
     assert meta_result(aten.clone.default, (x,), {"memory_format": torch.channels_last}) is None

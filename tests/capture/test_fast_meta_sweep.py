@@ -92,14 +92,14 @@ def _args(rng, op):
 
 
 def _real(x):
+    """A CPU tensor laid out as meta tensor ``x`` (strides and offset: expanded too)."""
     if isinstance(x, torch.Tensor):
-        r = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype)
+        n = x.storage_offset() + 1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride()))
         if x.dtype.is_floating_point or x.dtype.is_complex:
-            r = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype)
-            r.copy_(torch.rand(x.shape, dtype=torch.float64).add_(0.5))
+            base = torch.rand(max(n, 1), dtype=torch.float64).add_(0.5).to(x.dtype)
         else:
-            r.fill_(1)
-        return r
+            base = torch.ones(max(n, 1), dtype=x.dtype)
+        return base.as_strided(x.shape, x.stride(), x.storage_offset())
     return x
 
 
