@@ -1,0 +1,213 @@
+"""Training through kiln as in eager: which backward nodes run, what they add, what
+they free, and which ops are differentiated at all.
+
+Each case is a program made twice (``make()``: one copy for eager, one compiled, each
+with its own state), called on two rounds of equal fresh inputs; after each call a
+backward runs from the outputs ``pick`` selects, with fixed random tangents. Compared:
+outputs (values, dtype, requires_grad), the exception each call and each backward
+raises (its type), and ``.grad`` of every leaf made so far (None or values), which
+also shows what a later backward adds to an earlier call's leaves."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kiln
+
+BACKENDS = ["aot_eager", "kiln"]
+
+
+def _tensors(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    return []
+
+
+def _run(prog, inputs, pick, leaves, seed):
+    """One call and its backward: (outputs, call error, backward error)."""
+    try:
+        out = prog(*inputs)
+    except Exception as e:          # noqa: BLE001  (compared by type)
+        return None, type(e), None
+    outs = [o for o in pick(_tensors(out)) if o.requires_grad]
+    if not outs:
+        return out, None, None
+    g = torch.Generator().manual_seed(seed)
+    tangents = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype)
+                for o in outs]
+    try:
+        torch.autograd.backward(outs, tangents)
+    except Exception as e:          # noqa: BLE001
+        return out, None, type(e)
+    return out, None, None
+
+
+def _same(a, b, what):
+    assert type(a) is type(b), what
+    if isinstance(a, torch.Tensor):
+        assert (a.shape, a.dtype, a.requires_grad) == (b.shape, b.dtype, b.requires_grad), what
+        torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-5, atol=1e-5,
+                                   equal_nan=True, msg=what)
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b), what
+        for k, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{what}[{k}]")
+    elif isinstance(a, float) and math.isnan(a):
+        assert math.isnan(b), what
+    else:
+        assert a == b, what
+
+
+def compare(make, make_inputs, backend, pick=lambda outs: outs, calls=2):
+    """``make()`` -> a fresh program; ``make_inputs()`` -> (inputs, leaves)."""
+    eager, compiled = make(), kiln.compile(make(), backend=backend)
+    e_leaves, c_leaves = [], []
+    for call in range(calls):
+        torch.manual_seed(call)
+        e_in, e_new = make_inputs()
+        torch.manual_seed(call)
+        c_in, c_new = make_inputs()
+        e_leaves += e_new
+        c_leaves += c_new
+        e_out, e_err, e_bw = _run(eager, e_in, pick, e_leaves, call)
+        c_out, c_err, c_bw = _run(compiled, c_in, pick, c_leaves, call)
+        assert c_err is e_err, f"call {call}: eager raised {e_err}, compiled {c_err}"
+        assert c_bw is e_bw, f"call {call}: eager's backward raised {e_bw}, compiled's {c_bw}"
+        _same(e_out, c_out, f"call {call} output")
+        for j, (a, b) in enumerate(zip(e_leaves, c_leaves)):
+            assert (a.grad is None) == (b.grad is None), f"call {call}: leaf {j} grad None"
+            if a.grad is not None:
+                _same(a.grad, b.grad, f"call {call}: leaf {j} grad")
+    return compiled
+
+
+def _leaf(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype).requires_grad_()
+
+
+# --- which backward nodes run -------------------------------------------------------
+
+def _held_from_earlier_call():
+    """A global keeps an output of the previous call; this call multiplies it into
+    another global only. Eager's backward from the result never runs the previous
+    call's history (freed by its own backward)."""
+    G = {}
+
+    def prog(x):
+        out = x.sin()
+        if "last" in G:
+            G["acc"] = G["last"] * x
+        G["last"] = x.exp()
+        return out
+    return prog
+
+
+def _dict_entry_lifted_unused():
+    """The trace reads a dict the program writes: its old value (from the previous
+    call) becomes a graph input that no output uses."""
+    G = {}
+
+    def prog(x0, x1):
+        v1 = x1 / x0
+        G["last"] = v1
+        kiln.graph_break()
+        return v1, v1 * 2 + 1
+    return prog
+
+
+def _global_written_in_place():
+    """A global buffer accumulates an input in place (so it requires grad from then
+    on) beside an independent result: the backward from the result never reaches the
+    buffer's history, which an earlier backward freed."""
+    G = {"t": torch.ones(4)}
+
+    def prog(x1, x2):
+        G["t"].mul_(x1)
+        return x2 * 2
+    return prog
+
+
+def _memo_of_first_call():
+    """A closure caches a reduction of the first call's input; later calls add it. The
+    later backward runs the first call's sum again: it saved nothing, so eager allows
+    it (and adds into the first call's leaf again)."""
+    cache = {}
+
+    def prog(x):
+        if "k" not in cache:
+            cache["k"] = x.sum()
+        return x + cache["k"]
+    return prog
+
+
+def _two_results(a, b):
+    return a * 2, b * 3
+
+
+#: (name, make, arguments): the backward runs from every output
+NODE_CASES = [
+    ("held_from_earlier_call", _held_from_earlier_call, lambda: [_leaf(3)]),
+    ("dict_entry_lifted_unused", _dict_entry_lifted_unused,
+     lambda: [_leaf(5), _leaf(2, 1).expand(2, 5)]),
+    ("global_written_in_place", _global_written_in_place, lambda: [_leaf(4), _leaf(4)]),
+    ("memo_of_first_call", _memo_of_first_call, lambda: [_leaf(3)]),
+]
+
+
+def _with_leaves(make_args):
+    def inputs():
+        args = make_args()
+        leaves = [a if a.is_leaf else a._base for a in args
+                  if isinstance(a, torch.Tensor) and a.requires_grad]
+        return args, leaves
+    return inputs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name,make,make_args", NODE_CASES, ids=[c[0] for c in NODE_CASES])
+def test_backward_runs_what_eager_runs(name, make, make_args, backend):
+    compare(make, _with_leaves(make_args), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hook_of_an_input_the_backward_does_not_reach_is_not_called(backend):
+    """Eager never calls a leaf's hook when the backward does not reach the leaf; a
+    compiled graph joining both inputs in one node would call it (with None)."""
+    calls = []
+
+    def make_inputs():
+        a, b = _leaf(3), _leaf(3)
+        b.register_hook(lambda g: calls.append(g.clone()))
+        return [a, b], [a, b]
+
+    compare(lambda: _two_results, make_inputs, backend, pick=lambda outs: outs[:1])
+    assert calls == []
+
+
+# --- what the backward adds ---------------------------------------------------------
+
+def _scaled_twice(x, y):
+    return x * 2, x * y
+
+
+def _live_across_a_break(x, y):
+    a = x * 2
+    b = x * y
+    kiln.graph_break()
+    return a, b > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("prog", [_scaled_twice, _live_across_a_break],
+                         ids=["output_not_backwarded", "value_live_across_a_break"])
+def test_an_output_without_gradient_adds_nothing(prog, backend):
+    """An output the backward does not reach adds nothing: not a zero tangent times an
+    infinite derivative (NaN)."""
+    def make_inputs():
+        x = _leaf(3)
+        return [x, torch.tensor([1.0, math.inf, 2.0])], [x]
+    compare(lambda: prog, make_inputs, backend, pick=lambda outs: outs[:1])
