@@ -520,11 +520,10 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                 grads = torch.autograd.grad([fw_values[k] for k in differentiable],
                                             leaves, tangents, allow_unused=True)
         except RuntimeError as e:
-            if "modified by an inplace operation" not in str(e):
+            reason = next((r for m, r in _BACKWARD_ONLY_ERRORS if m in str(e)), None)
+            if reason is None:
                 raise
-            # eager raises this when (and only if) a backward reaches the tensor
-            raise AotUnsupported("the backward reads a tensor the forward modified in "
-                                 "place") from e
+            raise AotUnsupported(f"{reason}: {str(e).splitlines()[0]}") from e
         bw_nodes = [mode.value(g) if g is not None else None for g in grads]
         grad_deps = _grad_deps([fw_values[k] for k in differentiable], leaves)
     else:
@@ -537,6 +536,17 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     return TraceResult(graph, mode.constants, len(example_inputs), len(fw_nodes), specs,
                        mutations, differentiable, grad_inputs, grad_deps,
                        mode.meta_mutations, sorted(mode.storage_inputs))
+
+
+#: errors eager's backward raises when (and only if) it reaches a node — the trace
+#: differentiates every output that requires grad, wherever a backward will start:
+#: such a graph runs eagerly, raising exactly where eager does
+_BACKWARD_ONLY_ERRORS = (
+    ("modified by an inplace operation",
+     "the backward reads a tensor the forward modified in place"),
+    ("is not implemented",     # floor_divide's NotImplemented node, igamma's formula
+     "the backward reaches an op whose derivative PyTorch does not implement"),
+)
 
 
 def _grad_deps(outputs, leaves) -> list:

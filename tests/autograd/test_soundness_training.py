@@ -211,3 +211,56 @@ def test_an_output_without_gradient_adds_nothing(prog, backend):
         x = _leaf(3)
         return [x, torch.tensor([1.0, math.inf, 2.0])], [x]
     compare(lambda: prog, make_inputs, backend, pick=lambda outs: outs[:1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_input_written_after_the_call_matters_only_where_the_backward_reads_it(backend):
+    """Writing an input in place after the call makes eager's backward fail only where
+    it reads that input (``x.sin()``'s); a backward from the other output works."""
+    def prog(x, y):
+        return y * 2, x.sin()
+
+    results = []
+    for fn in (prog, kiln.compile(prog, backend=backend)):
+        torch.manual_seed(0)
+        xl, y = _leaf(3), _leaf(3)
+        x = xl * 1
+        a, b = fn(x, y)
+        x.mul_(3)
+        a.backward(torch.ones(3))
+        try:
+            b.backward(torch.ones(3))
+            second = None
+        except RuntimeError as e:
+            second = type(e)
+        results.append((y.grad, xl.grad, second))
+    (ey, ex, esecond), (cy, cx, csecond) = results
+    torch.testing.assert_close(cy, ey)
+    assert ex is None and cx is None
+    assert esecond is csecond is RuntimeError
+
+
+# --- ops eager does not differentiate -------------------------------------------------
+
+def _floor_divide_live_across_a_break(x, y):
+    q = x // y
+    kiln.graph_break()
+    return x * 2, q > 0
+
+
+def _floor_divide_returned(x, y):
+    q = x // y
+    kiln.graph_break()
+    return x * 2, q
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("prog", [_floor_divide_live_across_a_break, _floor_divide_returned],
+                         ids=["live_across_a_break", "returned"])
+def test_an_op_without_derivative_raises_only_where_the_backward_reaches_it(prog, backend):
+    """``floor_divide`` has no derivative: eager's backward raises when it reaches one,
+    and only then (here: only when the quotient itself is backwarded)."""
+    def make_inputs():
+        x, y = _leaf(4), _leaf(4)
+        return [x, y], [x, y]
+    compare(lambda: prog, make_inputs, backend)
