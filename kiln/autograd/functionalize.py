@@ -17,6 +17,8 @@ writes that partially overlap an argument, ops that replace a storage (``resize_
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kiln.autograd import ops as opinfo
@@ -35,6 +37,19 @@ def _replay(chain, t):
         t = op(t, *rest, **kwargs)
         if index is not None:
             t = t[index]
+    return t
+
+
+def replay_in_modes(chain, modes, t):
+    """``_replay`` with each step made in the grad mode eager made it in (``modes``: a
+    mode per step, None for the current one): a view made with grad off is one eager
+    refuses to write in place with grad on, and a view of it inherits that."""
+    now = torch.is_grad_enabled()
+    if all(m is None or m == now for m in modes):
+        return _replay(chain, t)
+    for step, mode in zip(chain, modes):
+        with torch.set_grad_enabled(now if mode is None else mode):
+            t = _replay((step,), t)
     return t
 
 
@@ -248,8 +263,7 @@ class Functionalize:
         old = self.infos[id(t)]
         standin = t.as_strided(t.size(), t.stride(), t.storage_offset())
         self.keep.append(standin)
-        self.infos[id(standin)] = type(old)(old.node, old.storage, old.version, old.chain,
-                                            old.device)
+        self.infos[id(standin)] = dataclasses.replace(old)
         for n in (old.node, *old.node.all_input_nodes):
             val = n.meta.get("val")
             if val is t:
@@ -260,7 +274,7 @@ class Functionalize:
             old.storage.base = standin
         func(*args, **kwargs)                # below autograd: geometry only
         v = self.infos[id(view)]
-        self.infos[id(t)] = type(v)(v.node, v.storage, v.version, v.chain, v.device)
+        self.infos[id(t)] = dataclasses.replace(v)
         i = self.input_of.get(id(t))
         if i is not None:
             self.meta_mutations.append((i, func, tuple(args[1:]), dict(kwargs)))
@@ -300,7 +314,6 @@ class Functionalize:
             new = self._scatter(info, t, new)
             new = self._restride(new, st)
         st.version += 1
-        st.grad_write = st.grad_write or torch.is_grad_enabled()
         base_info = self.infos[id(st.base)]
         base_info.node, base_info.version = self.infos[id(new)].node, st.version
         info.node, info.version = self.infos[id(written)].node, st.version

@@ -31,7 +31,7 @@ import torch.fx as fx
 from kiln.autograd.ops import op_set
 from kiln.autograd.grad_parts import restrict_backward, split
 from kiln.autograd.partition import partition
-from kiln.autograd.functionalize import AotUnsupported, _replay
+from kiln.autograd.functionalize import AotUnsupported, replay_in_modes
 from kiln.autograd.trace import TraceResult, _meta_copy, trace_joint
 from kiln.debug.logs import enabled, log_for
 from kiln.debug.timing import timed
@@ -431,9 +431,9 @@ class AotFunction:
             if kind == "fn":
                 result.append(outs[spec[1]])
             elif kind == "input_view":
-                result.append(_replay(spec[2], args[spec[1]]))
+                result.append(replay_in_modes(spec[2], spec[3], args[spec[1]]))
             elif kind == "base_view":
-                result.append(_replay(spec[2], outs[spec[1]]))
+                result.append(replay_in_modes(spec[2], spec[3], outs[spec[1]]))
             elif kind == "input":
                 result.append(None)          # after the geometry changes, below
             else:

@@ -57,8 +57,6 @@ class _Storage:
     input_index: int | None = None
     #: the base's current value is laid out as the base (what storage addressing reads)
     layout_exact: bool = True
-    #: written with grad mode on (else its new value carries no gradient, as in eager)
-    grad_write: bool = False
 
 
 @dataclass
@@ -68,6 +66,9 @@ class _Info:
     version: int
     chain: tuple                # ((op, rest_args, kwargs, index|None), ...) from base
     device: torch.device
+    #: per step of ``chain``, the grad mode the graph had set when it was made (None:
+    #: the mode the graph was called in)
+    modes: tuple = ()
 
 
 @dataclass
@@ -80,7 +81,8 @@ class TraceResult:
     #: user outputs, then new values of mutated inputs, then bases of aliased outputs
     num_fw_outputs: int
     #: how to build each user output: ("fn", k) | ("input", i) (the input tensor itself)
-    #: | ("input_view", i, chain) | ("base_view", k, chain) | ("const", value)
+    #: | ("input_view", i, chain, modes) | ("base_view", k, chain, modes) | ("const", value)
+    #: (``modes``: per view step, the grad mode it was made in, None for the call's)
     output_specs: list
     #: (input index, forward-output position of its new value)
     mutations: list
@@ -128,6 +130,9 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         self.meta_mutations: list = []
         #: inputs addressed by storage offset (as_strided), assumed to start their storage
         self.storage_inputs: set[int] = set()
+        #: the grad mode the graph's own ``_set_grad_enabled`` nodes set last (None: the
+        #: mode it was called in, which the trace's own may not be)
+        self.grad_set: bool | None = None
 
     # --- bookkeeping ------------------------------------------------------------
     def register(self, t, node, storage=None, chain=(), device=None):
@@ -271,8 +276,10 @@ class _TraceMode(Functionalize, KilnDispatchMode):
                 self.register(t, n, device=device)
             else:
                 op, rest, kw = step
-                self.register(t, n, view_of.storage,
-                              view_of.chain + ((op, rest, kw, index),), view_of.device)
+                info = self.register(t, n, view_of.storage,
+                                     view_of.chain + ((op, rest, kw, index),),
+                                     view_of.device)
+                info.modes = view_of.modes + (self.grad_set,)
         if isinstance(out, torch.Tensor):
             reg(out, node, None)
         elif isinstance(out, (tuple, list)):
@@ -351,7 +358,10 @@ class _Runner(fx.Interpreter):
 
     def run_node(self, n):
         self.mode.source = n
-        return super().run_node(n)
+        r = super().run_node(n)
+        if n.op == "call_function" and n.target is torch._C._set_grad_enabled:
+            self.mode.grad_set = bool(n.args[0])
+        return r
 
 
 def _meta_copy(t: torch.Tensor) -> torch.Tensor:
@@ -407,6 +417,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
 
     aliases = aliases or {}
     leaves, metas, grad_inputs = [], [], []
+    history = {}        # input index -> its autograd node before the graph
     for i, a in enumerate(example_inputs):
         ph = graph.placeholder(f"primals_{i + 1}")
         ph.meta["phase"] = "forward"
@@ -427,6 +438,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             with torch.enable_grad():
                 m = _StandIn.apply(leaf)
         metas.append(m)
+        history[i] = m.grad_fn
         info = mode.register(m, ph, device=devices[i])
         info.storage.input_index = i
         mode.input_of[id(m)] = i
@@ -464,28 +476,31 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             specs.append(("input", next(i for i, m in enumerate(metas) if o is m)))
         elif st.input_index is not None:
             # relative to an aliased member where the output is (a view of) it
-            owner, chain, best = st.input_index, info.chain, 0
+            owner, best = st.input_index, 0
             for i in aliases:
                 member = mode.infos[id(metas[i])]
                 n = len(member.chain)
                 if member.storage is st and n > best and info.chain[:n] == member.chain:
-                    owner, chain, best = i, info.chain[n:], n
-            specs.append(("input_view", owner, chain))
+                    owner, best = i, n
+            specs.append(("input_view", owner, info.chain[best:], info.modes[best:]))
         elif storage_users[id(st)] > 1:
             if id(st) not in bases:
                 bases[id(st)] = -1   # filled below, after mutations
-            specs.append(("base_view", st, info.chain))
+            specs.append(("base_view", st, info.chain, info.modes))
         else:
             specs.append(("fn", len(fw_values)))
             fw_values.append(o)
 
     mutations = []
-    gradless = set()        # new values of inputs written only without grad
+    # New values of inputs whose writes autograd did not record (made with grad off,
+    # or through a detached alias): eager's input keeps its autograd history, and its
+    # new value carries no gradient of its own.
+    gradless = set()
     for i, m in enumerate(metas):
         if isinstance(m, torch.Tensor):
             st = mode.infos[id(m)].storage
             if st.version != 0 and st.input_index == i:
-                if not st.grad_write:
+                if m.grad_fn is history[i]:
                     gradless.add(len(fw_values))
                 elif st.base is not m and m.requires_grad:
                     raise AotUnsupported("an input that requires grad is written in "
@@ -498,7 +513,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             if bases[id(st)] == -1:
                 bases[id(st)] = len(fw_values)
                 fw_values.append(st.base)
-            specs[k] = ("base_view", bases[id(st)], spec[2])
+            specs[k] = ("base_view", bases[id(st)], *spec[2:])
 
     fw_nodes = [mode.value(v) for v in fw_values]
     differentiable = [k for k, v in enumerate(fw_values)

@@ -264,3 +264,69 @@ def test_an_op_without_derivative_raises_only_where_the_backward_reaches_it(prog
         x, y = _leaf(4), _leaf(4)
         return [x, y], [x, y]
     compare(lambda: prog, make_inputs, backend)
+
+
+# --- views, grad mode and in-place writes ----------------------------------------------
+
+def _view_made_after_no_grad_block(x):
+    s = x.flatten()[0].item()
+    with torch.set_grad_enabled(False):
+        kiln.graph_break()
+        s = s + x.dim()
+    v = x.unflatten(0, (1, -1))       # made with grad on, in a graph entered with it off
+    with torch.enable_grad():
+        kiln.graph_break()
+        out = x * s
+    v.add_(2)
+    return out, v
+
+
+def _view_made_in_no_grad(x):
+    with torch.no_grad():
+        v = x[1:]
+    return v, x * 2
+
+
+def _write_through_detached_alias(x):
+    v = x.detach()
+    v.zero_()
+    return x * 2
+
+
+def _write_through_detached_view(x):
+    x.detach()[0].fill_(3.0)
+    return x.sin()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("prog,view_of_leaf", [
+    (_view_made_after_no_grad_block, False),
+    (_write_through_detached_alias, True),
+    (_write_through_detached_view, True),
+], ids=["view_made_after_no_grad_block", "detached_alias_of_leaf_view",
+        "detached_view_of_leaf_view"])
+def test_views_and_writes_keep_eager_autograd_standing(prog, view_of_leaf, backend):
+    """A view is made in the grad mode eager makes it in (one made with grad off
+    refuses an in-place write with grad on, one made with grad on does not); a write
+    autograd does not record (through a detached alias, even of a view of a leaf)
+    leaves the input's autograd history as it was."""
+    def make_inputs():
+        leaf = _leaf(5)
+        x = leaf[1:] if view_of_leaf else leaf * 1
+        return [x], [leaf]
+    compare(lambda: prog, make_inputs, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_view_made_in_no_grad_refuses_a_write_with_grad_on(backend):
+    results = []
+    for fn in (_view_made_in_no_grad, kiln.compile(_view_made_in_no_grad, backend=backend)):
+        x = _leaf(4) * 1
+        v, _ = fn(x)
+        try:
+            v.mul_(2)
+            results.append((v.requires_grad, None))
+        except RuntimeError as e:
+            results.append((v.requires_grad, type(e)))
+    assert results[0] == results[1]
+    assert results[0][1] is RuntimeError
