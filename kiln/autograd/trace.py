@@ -43,6 +43,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from kiln.autograd import ops as opinfo
 from kiln.autograd.functionalize import (STORAGE_VIEWS, AotUnsupported, Functionalize,
                                          _replay)
+from kiln.autograd.index_lists import INDEXING, index_tensors
 from ..dispatch_mode import KilnDispatchMode
 from ..fast_meta import meta_result
 
@@ -355,6 +356,14 @@ class _Runner(fx.Interpreter):
     def __init__(self, gm, mode):
         super().__init__(gm)
         self.mode = mode
+
+    def call_function(self, target, args, kwargs):
+        if target in INDEXING and len(args) > 1 and isinstance(args[0], torch.Tensor) \
+                and isinstance(args[1], (list, tuple)):
+            info = self.mode.infos.get(id(args[0]))
+            index = index_tensors(args[1], info.device if info else None)
+            args = (args[0], index, *args[2:])
+        return super().call_function(target, args, kwargs)
 
     def run_node(self, n):
         self.mode.source = n
