@@ -473,9 +473,12 @@ def _copy_mutations(args, outs, mutations):
         with torch.no_grad():
             for dst, src in groups.values():
                 torch._foreach_copy_(dst, src)
-    for i, k in mutations:
-        if outs[k].requires_grad:
-            args[i].copy_(outs[k])
+    # recorded by autograd as eager recorded the write (the graph may have turned grad
+    # mode on for it inside a call made with grad off)
+    with torch.enable_grad():
+        for i, k in mutations:
+            if outs[k].requires_grad:
+                args[i].copy_(outs[k])
 
 
 def _shares_storage_with_mutated(args, mutations) -> bool:

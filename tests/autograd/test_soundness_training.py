@@ -330,3 +330,23 @@ def test_view_made_in_no_grad_refuses_a_write_with_grad_on(backend):
             results.append((v.requires_grad, type(e)))
     assert results[0] == results[1]
     assert results[0][1] is RuntimeError
+
+
+def _write_after_a_no_grad_block(x):
+    with torch.no_grad():
+        kiln.graph_break()
+    for _ in range(2):
+        v = x[None]
+        v.mul_(0.5)           # recorded: grad is on again (the graph turned it on)
+        kiln.graph_break()
+    return v, x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_recorded_in_a_graph_entered_with_grad_off(backend):
+    """A graph entered inside ``no_grad`` that turns grad on and writes an input: the
+    write is copied back into the input under autograd, as eager recorded it."""
+    def make_inputs():
+        leaf = _leaf(4, 1)
+        return [leaf.clone()[1:]], [leaf]
+    compare(lambda: _write_after_a_no_grad_block, make_inputs, backend)
