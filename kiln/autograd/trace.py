@@ -217,8 +217,16 @@ class _TraceMode(Functionalize, KilnDispatchMode):
             return self._view(aten.alias.default, args, kwargs, step_op=func)
         table = self.ops.table
         if func in table:
-            with self:
-                r = table[func](*args, **kwargs)
+            try:
+                with self:
+                    r = table[func](*args, **kwargs)
+            except AotUnsupported:
+                raise
+            except Exception:           # noqa: BLE001  (the op's own kernel decides)
+                # a decomposition refusing arguments the op takes (torch._refs.addcmul:
+                # a float value for integer tensors): the op is recorded whole, and
+                # raises here only where its own (meta) kernel does, as eager's would
+                r = NotImplemented
             if r is not NotImplemented:
                 return r
         if func in _HIDDEN_WRITES:
