@@ -87,7 +87,8 @@ class _Training:
     def __init__(self, tr: TraceResult, fw_compiler, bw_compiler):
         with timed("aot_partition"):
             part = partition(tr.graph, tr.num_fw_outputs,
-                             {i for i, _ in tr.mutations} | {m[0] for m in tr.meta_mutations})
+                             {i for i, _ in tr.mutations} | {m[0] for m in tr.meta_mutations},
+                             copied=tr.copied)
         self.trace = tr
         self.num_saved = len(part.saved)
         self.saved_bytes = part.saved_bytes

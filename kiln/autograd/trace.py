@@ -43,6 +43,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from kiln.autograd import ops as opinfo
 from kiln.autograd.functionalize import (STORAGE_VIEWS, AotUnsupported, Functionalize,
                                          _replay)
+from kiln.autograd.eager_saved import saved_storages, storage_of
 from kiln.autograd.index_lists import INDEXING, index_tensors
 from ..dispatch_mode import KilnDispatchMode
 from ..fast_meta import meta_result
@@ -99,6 +100,10 @@ class TraceResult:
     #: inputs whose storage the graph addresses by offset relative to the input's start,
     #: exact only for an input that starts its storage (checked per call)
     storage_inputs: list = field(default_factory=list)
+    #: forward nodes whose values the backward must keep as copies: of storages the
+    #: user can write after the call (inputs', outputs') that eager's autograd does not
+    #: save, so that such a write never fails the backward (``eager_saved``)
+    copied: frozenset = frozenset()
 
     @functools.cached_property
     def plain_outputs(self) -> int | None:
@@ -538,7 +543,11 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                       and (v.dtype.is_floating_point or v.dtype.is_complex)]
 
     bw_nodes = []
+    copied = frozenset()
     if train and differentiable and leaves:
+        copied = _private_values(graph, [fw_values[k] for k in differentiable],
+                                 [m for m in metas if isinstance(m, torch.Tensor)] +
+                                 [o for o in flat_outs if isinstance(o, torch.Tensor)])
         mode.phase = "backward"
         tangents = []
         for j, k in enumerate(differentiable):
@@ -567,7 +576,18 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     graph.eliminate_dead_code(is_impure_node=opinfo.has_effect)
     return TraceResult(graph, mode.constants, len(example_inputs), len(fw_nodes), specs,
                        mutations, differentiable, grad_inputs, grad_deps,
-                       mode.meta_mutations, sorted(mode.storage_inputs))
+                       mode.meta_mutations, sorted(mode.storage_inputs), copied)
+
+
+def _private_values(graph: fx.Graph, differentiable, visible) -> frozenset:
+    """Forward nodes holding (views of) a ``visible`` tensor's storage (what the user
+    can write after the call) that eager's autograd saves nothing of."""
+    private = {storage_of(t) for t in visible} - saved_storages(differentiable)
+    if not private:
+        return frozenset()
+    return frozenset(n for n in graph.nodes
+                     if isinstance(n.meta.get("val"), torch.Tensor)
+                     and storage_of(n.meta["val"]) in private)
 
 
 #: errors eager's backward raises when (and only if) it reaches a node — the trace

@@ -350,3 +350,39 @@ def test_write_recorded_in_a_graph_entered_with_grad_off(backend):
         leaf = _leaf(4, 1)
         return [leaf.clone()[1:]], [leaf]
     compare(lambda: _write_after_a_no_grad_block, make_inputs, backend)
+
+
+# --- what the backward keeps ----------------------------------------------------------
+
+def _exp_then_write_input(x):
+    y = x.exp()               # eager keeps y: writing x later is fine
+    kiln.graph_break()
+    x.add_(1)
+    return y
+
+
+def _scaled_sin_then_write_input(x):
+    y = (x * 2).sin()         # eager keeps x * 2, not x
+    kiln.graph_break()
+    x.mul_(3)
+    return y
+
+
+def _sin_then_write_input(x):
+    y = x.sin()               # eager keeps x: its backward fails after the write
+    kiln.graph_break()
+    x.add_(1)
+    return y
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_later_write_fails_the_backward_only_where_eager_kept_the_tensor(backend):
+    """The compiled backward may recompute from an input eager never kept; a later
+    in-place write to that input must not fail it (eager's does not), while one to an
+    input eager kept still does."""
+    def make_inputs():
+        leaf = _leaf(4)
+        return [leaf * 1], [leaf]
+    for prog in (_exp_then_write_input, _scaled_sin_then_write_input,
+                 _sin_then_write_input):
+        compare(lambda: prog, make_inputs, backend)
