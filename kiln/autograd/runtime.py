@@ -31,6 +31,7 @@ import torch.fx as fx
 from kiln.autograd.ops import op_set
 from kiln.autograd.grad_parts import restrict_backward, split
 from kiln.autograd.partition import partition
+from kiln.autograd.eager_saved import Witnesses
 from kiln.autograd.functionalize import AotUnsupported, replay_in_modes
 from kiln.autograd.trace import TraceResult, _meta_copy, trace_joint
 from kiln.debug.logs import enabled, log_for
@@ -138,9 +139,15 @@ class _Training:
         n = tr.num_fw_outputs
         fw_outs, saved = list(outs[:n]), tuple(outs[n:])
         del outs
+        witnesses = Witnesses()
         with torch.enable_grad():       # the graph may turn grad mode on itself
             for node in nodes:
-                node(args, fw_outs, saved)
+                node(args, fw_outs, saved, witnesses)
+        if tr.witnesses:
+            witnesses.watch([(args[i] if kind == "input" else fw_outs[i], deps)
+                             for kind, i, deps in tr.witnesses])
+            #: settled by the caller once the call is over (inputs written back)
+            self.unsettled = witnesses
         return fw_outs
 
 
@@ -222,7 +229,7 @@ class _Node:
         class _CompiledFunction(torch.autograd.Function):
             @staticmethod
             def forward(ctx, produced, *inputs_and_anchors):
-                fw_outs, saved = produced
+                fw_outs, saved, ctx.witnesses = produced
                 ctx.anchors = inputs_and_anchors[n_inputs:]
                 ctx.save_for_backward(*(saved[k] for k in node.saved))
                 # autograd would fill a zero gradient for every output the loss does
@@ -237,6 +244,7 @@ class _Node:
                 present = tuple(g is not None for g in grads)
                 if not any(present):
                     return (None,) * (1 + n_inputs + len(ctx.anchors))
+                ctx.witnesses.check({p for p, on in zip(node.part.outputs, present) if on})
                 bw, saved_at, tangents_at = node.backward_for(present)
                 with torch.no_grad():
                     # read only when used: a second backward through a node that saves
@@ -260,10 +268,10 @@ class _Node:
 
         return _CompiledFunction
 
-    def __call__(self, args, fw_outs, saved):
+    def __call__(self, args, fw_outs, saved, witnesses):
         ins = [args[i] for i in self.inputs]
         anchors = [_anchor(a) for a in ins if a.requires_grad]
-        res = self.function.apply((fw_outs, saved), *ins, *anchors)
+        res = self.function.apply((fw_outs, saved, witnesses), *ins, *anchors)
         for k, r in zip(self.outputs, res):
             fw_outs[k] = r
 
@@ -422,6 +430,8 @@ class AotFunction:
             outs = entry(args)
         if tr.mutations:
             _copy_mutations(args, outs, tr.mutations)
+        if tr.witnesses and isinstance(entry, _Training):
+            entry.unsettled.settle()
         n = tr.plain_outputs
         if n is not None and not tr.meta_mutations:
             # outputs are the graph's first n results, nothing to build
@@ -441,6 +451,8 @@ class AotFunction:
                 result.append(spec[1])
         for i, op, rest, kwargs in tr.meta_mutations:
             op(args[i], *rest, **kwargs)
+        if tr.witnesses and isinstance(entry, _Training):
+            entry.unsettled.settle()        # again: after the geometry changes too
         for k, spec in enumerate(tr.output_specs):
             if spec[0] == "input":
                 result[k] = args[spec[1]]

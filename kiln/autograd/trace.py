@@ -104,6 +104,10 @@ class TraceResult:
     #: user can write after the call (inputs', outputs') that eager's autograd does not
     #: save, so that such a write never fails the backward (``eager_saved``)
     copied: frozenset = frozenset()
+    #: (("input", i) | ("output", k)) + (positions in ``differentiable`` whose eager
+    #: backward reads the tensor's storage,): tensors whose later in-place writes fail
+    #: eager's backward from those outputs (``eager_saved.Witnesses``)
+    witnesses: list = field(default_factory=list)
 
     @functools.cached_property
     def plain_outputs(self) -> int | None:
@@ -543,11 +547,9 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                       and (v.dtype.is_floating_point or v.dtype.is_complex)]
 
     bw_nodes = []
-    copied = frozenset()
+    copied, witnesses = frozenset(), []
     if train and differentiable and leaves:
-        copied = _private_values(graph, [fw_values[k] for k in differentiable],
-                                 [m for m in metas if isinstance(m, torch.Tensor)] +
-                                 [o for o in flat_outs if isinstance(o, torch.Tensor)])
+        copied, witnesses = _user_writable(graph, metas, fw_values, specs, differentiable)
         mode.phase = "backward"
         tangents = []
         for j, k in enumerate(differentiable):
@@ -576,18 +578,31 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     graph.eliminate_dead_code(is_impure_node=opinfo.has_effect)
     return TraceResult(graph, mode.constants, len(example_inputs), len(fw_nodes), specs,
                        mutations, differentiable, grad_inputs, grad_deps,
-                       mode.meta_mutations, sorted(mode.storage_inputs), copied)
+                       mode.meta_mutations, sorted(mode.storage_inputs), copied,
+                       witnesses)
 
 
-def _private_values(graph: fx.Graph, differentiable, visible) -> frozenset:
-    """Forward nodes holding (views of) a ``visible`` tensor's storage (what the user
-    can write after the call) that eager's autograd saves nothing of."""
-    private = {storage_of(t) for t in visible} - saved_storages(differentiable)
-    if not private:
-        return frozenset()
-    return frozenset(n for n in graph.nodes
-                     if isinstance(n.meta.get("val"), torch.Tensor)
-                     and storage_of(n.meta["val"]) in private)
+def _user_writable(graph: fx.Graph, metas, fw_values, specs, differentiable):
+    """What the user can write after the call — the inputs, and the outputs the graph
+    hands out — against what eager's autograd saves (``eager_saved``): the forward
+    nodes of storages it saves nothing of (``TraceResult.copied``), and the witnesses
+    of those it does (``TraceResult.witnesses``)."""
+    visible: dict = {}       # storage -> ("input", i) | ("output", k)
+    for i, m in enumerate(metas):
+        if isinstance(m, torch.Tensor):
+            visible.setdefault(storage_of(m), ("input", i))
+    for spec in specs:
+        if spec[0] in ("fn", "base_view"):
+            visible.setdefault(storage_of(fw_values[spec[1]]), ("output", spec[1]))
+    per_output = saved_storages([fw_values[k] for k in differentiable], set(visible))
+    saved = frozenset().union(*per_output)
+    private = set(visible) - saved
+    copied = frozenset(n for n in graph.nodes
+                       if isinstance(n.meta.get("val"), torch.Tensor)
+                       and storage_of(n.meta["val"]) in private) if private else frozenset()
+    witnesses = [(*who, frozenset(p for p, s in enumerate(per_output) if st in s))
+                 for st, who in visible.items() if st in saved]
+    return copied, witnesses
 
 
 #: errors eager's backward raises when (and only if) it reaches a node — the trace

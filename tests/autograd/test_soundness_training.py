@@ -386,3 +386,26 @@ def test_a_later_write_fails_the_backward_only_where_eager_kept_the_tensor(backe
     for prog in (_exp_then_write_input, _scaled_sin_then_write_input,
                  _sin_then_write_input):
         compare(lambda: prog, make_inputs, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("prog,written", [
+    (lambda x: x.exp(), lambda out: out),
+    (lambda x: (x.sigmoid() * 1, x.tanh()), lambda out: out[1]),
+], ids=["exp_result", "tanh_result_beside_another"])
+def test_a_later_write_to_an_output_eager_kept_fails_the_backward(prog, written, backend):
+    """Eager keeps the results of exp and tanh: writing one in place after the call fails
+    its backward, whatever the compiled backward kept (a copy, or a recomputation)."""
+    results = []
+    for fn in (prog, kiln.compile(prog, backend=backend)):
+        x = _leaf(4) * 1
+        out = fn(x)
+        written(out).add_(1)
+        outs = list(out) if isinstance(out, tuple) else [out]
+        try:
+            sum(o.sum() for o in outs).backward()
+            results.append(None)
+        except RuntimeError as e:
+            results.append(type(e))
+    assert results[0] is RuntimeError
+    assert results[1] is results[0]
