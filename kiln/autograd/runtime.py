@@ -104,6 +104,9 @@ class _Training:
         self._nodes: dict[tuple, _Node] = {}
         #: which grad inputs are leaves without hooks -> the nodes of such a call
         self._plans: dict[tuple, list] = {}
+        #: the last call's witnesses (``eager_saved``), settled by ``AotFunction`` once
+        #: the call is over (inputs written back)
+        self.unsettled: Witnesses | None = None
         parts = split(tr.grad_deps, len(tr.differentiable))
         self._single = [self._node(parts[0])] if len(parts) == 1 else None
         if self._single is not None and self._single[0].whole:
@@ -146,7 +149,6 @@ class _Training:
         if tr.witnesses:
             witnesses.watch([(args[i] if kind == "input" else fw_outs[i], deps)
                              for kind, i, deps in tr.witnesses])
-            #: settled by the caller once the call is over (inputs written back)
             self.unsettled = witnesses
         return fw_outs
 
