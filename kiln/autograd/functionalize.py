@@ -257,6 +257,11 @@ class Functionalize:
         (its chain grows, no value changes); the meta tensor takes the new geometry, so
         that autograd and later ops see it as eager's tensor."""
         t = args[0]
+        if t.requires_grad and not torch.is_grad_enabled() and \
+                self.input_of.get(id(t)) is not None:
+            # autograd does not see it: on a leaf (traced as a non-leaf stand-in) the
+            # gradient takes the new shape, on a non-leaf eager's backward then fails
+            raise AotUnsupported(f"{func} with grad off on an input that requires grad")
         with self:
             view = view_op(*args, **kwargs)
         # the recorded value keeps its geometry: a stand-in takes t's place in it
@@ -277,7 +282,8 @@ class Functionalize:
         self.infos[id(t)] = dataclasses.replace(v)
         i = self.input_of.get(id(t))
         if i is not None:
-            self.meta_mutations.append((i, func, tuple(args[1:]), dict(kwargs)))
+            self.meta_mutations.append((i, func, tuple(args[1:]), dict(kwargs),
+                                        self.grad_set))
         return t
 
     def _check_writes(self, func, targets, read):

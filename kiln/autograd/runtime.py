@@ -451,8 +451,9 @@ class AotFunction:
                 result.append(None)          # after the geometry changes, below
             else:
                 result.append(spec[1])
-        for i, op, rest, kwargs in tr.meta_mutations:
-            op(args[i], *rest, **kwargs)
+        for i, op, rest, kwargs, grad in tr.meta_mutations:
+            with torch.set_grad_enabled(torch.is_grad_enabled() if grad is None else grad):
+                op(args[i], *rest, **kwargs)
         if tr.witnesses and isinstance(entry, _Training):
             entry.unsettled.settle()        # again: after the geometry changes too
         for k, spec in enumerate(tr.output_specs):

@@ -95,7 +95,8 @@ class TraceResult:
     #: per grad input, the positions in ``differentiable`` its gradient is computed from
     grad_deps: list = field(default_factory=list)
     #: in-place geometry changes of inputs (``t_``, ``squeeze_``…) to replay on the real
-    #: inputs after the graph: (input index, op, args after self, kwargs)
+    #: inputs after the graph: (input index, op, args after self, kwargs, the grad mode
+    #: the graph had set, None for the call's)
     meta_mutations: list = field(default_factory=list)
     #: inputs whose storage the graph addresses by offset relative to the input's start,
     #: exact only for an input that starts its storage (checked per call)
@@ -136,7 +137,7 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         self.source: fx.Node | None = None       # the torch-level node being run
         self.input_of: dict[int, int] = {}       # id(meta input) -> input index
         #: in-place geometry changes of inputs, to replay on the real ones:
-        #: (input index, op, args after self, kwargs)
+        #: (input index, op, args after self, kwargs, grad mode set)
         self.meta_mutations: list = []
         #: inputs addressed by storage offset (as_strided), assumed to start their storage
         self.storage_inputs: set[int] = set()

@@ -409,3 +409,30 @@ def test_a_later_write_to_an_output_eager_kept_fails_the_backward(prog, written,
             results.append(type(e))
     assert results[0] is RuntimeError
     assert results[1] is results[0]
+
+
+def _squeeze_leaf_in_no_grad(x):
+    with torch.no_grad():
+        x.squeeze_()          # allowed on a leaf that requires grad: grad is off
+    return x * 2
+
+
+def _transpose_after_a_no_grad_block(x):
+    with torch.no_grad():
+        kiln.graph_break()
+        s = x.sum()
+    x.t_()                    # grad on again (the graph turned it on): recorded
+    return x * s, x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("prog,leaf_input", [(_squeeze_leaf_in_no_grad, True),
+                                             (_transpose_after_a_no_grad_block, False)],
+                         ids=["squeeze_leaf_in_no_grad", "transpose_after_no_grad_block"])
+def test_geometry_change_of_an_input_in_the_graphs_grad_mode(prog, leaf_input, backend):
+    """An in-place geometry change of an input happens in the grad mode the graph had
+    set, which autograd sees (or not) as eager's did."""
+    def make_inputs():
+        leaf = _leaf(3, 1)
+        return [leaf if leaf_input else leaf * 1], [leaf]
+    compare(lambda: prog, make_inputs, backend)
