@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
+from torch.fx.node import _get_qualified_name
 from torch.utils._pytree import tree_map
 from ..dispatch_mode import KilnDispatchMode
 
@@ -73,11 +74,21 @@ def _meta(node_or_value):
     return tree_map(val, node_or_value)
 
 
+def _nameable(fn) -> bool:
+    """Can FX's generated code name ``fn``? Not the dunders of ``_VariableFunctions``
+    (``__lshift__``: no module) nor ``unique_dim``; the tensor method is used then."""
+    try:
+        _get_qualified_name(fn)
+    except RuntimeError:
+        return False
+    return True
+
+
 def _candidates(op):
     name = op._schema.name.split("::")[-1]
     for ns in (_VARIABLE_FUNCTIONS, _NN):
         fn = getattr(ns, name, None)
-        if fn is not None:
+        if fn is not None and _nameable(fn):
             yield "call_function", fn
     if hasattr(torch.Tensor, name):
         yield "call_method", name

@@ -17,6 +17,8 @@ writes that partially overlap an argument, ops that replace a storage (``resize_
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kiln.autograd import ops as opinfo
@@ -35,6 +37,20 @@ def _replay(chain, t):
         t = op(t, *rest, **kwargs)
         if index is not None:
             t = t[index]
+    return t
+
+
+def replay_in_modes(chain, modes, t):
+    """``_replay`` with each step made in the grad mode eager made it in (``modes``: a
+    mode per step, None for the current one): a view made with grad off is one eager
+    refuses to write in place with grad on, and a view of it inherits that."""
+    now = torch.is_grad_enabled()
+    if all(m is None or m == now for m in modes):
+        return _replay(chain, t)
+    modes = tuple(modes) + (None,) * (len(chain) - len(modes))
+    for step, mode in zip(chain, modes):
+        with torch.set_grad_enabled(now if mode is None else mode):
+            t = _replay((step,), t)
     return t
 
 
@@ -242,14 +258,18 @@ class Functionalize:
         (its chain grows, no value changes); the meta tensor takes the new geometry, so
         that autograd and later ops see it as eager's tensor."""
         t = args[0]
+        if t.requires_grad and not torch.is_grad_enabled() and \
+                self.input_of.get(id(t)) is not None:
+            # autograd does not see it: on a leaf (traced as a non-leaf stand-in) the
+            # gradient takes the new shape, on a non-leaf eager's backward then fails
+            raise AotUnsupported(f"{func} with grad off on an input that requires grad")
         with self:
             view = view_op(*args, **kwargs)
         # the recorded value keeps its geometry: a stand-in takes t's place in it
         old = self.infos[id(t)]
         standin = t.as_strided(t.size(), t.stride(), t.storage_offset())
         self.keep.append(standin)
-        self.infos[id(standin)] = type(old)(old.node, old.storage, old.version, old.chain,
-                                            old.device)
+        self.infos[id(standin)] = dataclasses.replace(old)
         for n in (old.node, *old.node.all_input_nodes):
             val = n.meta.get("val")
             if val is t:
@@ -260,10 +280,11 @@ class Functionalize:
             old.storage.base = standin
         func(*args, **kwargs)                # below autograd: geometry only
         v = self.infos[id(view)]
-        self.infos[id(t)] = type(v)(v.node, v.storage, v.version, v.chain, v.device)
+        self.infos[id(t)] = dataclasses.replace(v)
         i = self.input_of.get(id(t))
         if i is not None:
-            self.meta_mutations.append((i, func, tuple(args[1:]), dict(kwargs)))
+            self.meta_mutations.append((i, func, tuple(args[1:]), dict(kwargs),
+                                        self.grad_set))
         return t
 
     def _check_writes(self, func, targets, read):
@@ -300,7 +321,6 @@ class Functionalize:
             new = self._scatter(info, t, new)
             new = self._restride(new, st)
         st.version += 1
-        st.grad_write = st.grad_write or torch.is_grad_enabled()
         base_info = self.infos[id(st.base)]
         base_info.node, base_info.version = self.infos[id(new)].node, st.version
         info.node, info.version = self.infos[id(written)].node, st.version

@@ -47,8 +47,11 @@ def _is_backward(n: fx.Node) -> bool:
     return n.meta.get("phase") == "backward"
 
 
-def choose_saved(joint: fx.Graph, recompute: bool | None = None) -> list[fx.Node]:
-    """The joint-graph nodes to save for the backward: a minimum cut (see module doc)."""
+def choose_saved(joint: fx.Graph, recompute: bool | None = None,
+                 copied=frozenset()) -> list[fx.Node]:
+    """The joint-graph nodes to save for the backward: a minimum cut (see module doc).
+    ``copied``: nodes that would be saved as copies, which costs more than keeping
+    another value of the same size."""
     if recompute is None:
         recompute = config.partition_recompute
     import networkx as nx     # here, not at import: 0.3 s, and inference never needs it
@@ -66,7 +69,8 @@ def choose_saved(joint: fx.Graph, recompute: bool | None = None) -> list[fx.Node
                 g.add_edge("source", f"{n.name}_in", capacity=INF)
             # One byte more for computed values: on a tie, save the input itself
             # (alive anyway) rather than a view or copy of it.
-            cap = nbytes(n) + (0 if n.op == "placeholder" else 1)
+            cap = nbytes(n) + (0 if n.op == "placeholder" else 1) + \
+                (2 if n in copied else 0)
             g.add_edge(f"{n.name}_in", f"{n.name}_out",
                        **({} if cap == INF else {"capacity": cap}))
         for u in n.users:
@@ -112,15 +116,16 @@ def _view_root(n: fx.Node) -> fx.Node:
 
 
 def partition(joint: fx.Graph, num_fw_outputs: int, mutated_inputs=(),
-              recompute: bool | None = None) -> Partition:
+              recompute: bool | None = None, copied=frozenset()) -> Partition:
     """Forward and backward graphs from a joint graph whose output is
     ``(*forward outputs, *grads)``. ``mutated_inputs``: indices of primals the runtime
-    overwrites after the forward; those are saved as copies."""
+    overwrites after the forward; those are saved as copies, as are the ``copied``
+    nodes (``TraceResult.copied``)."""
     out = next(n for n in reversed(joint.nodes) if n.op == "output")
     outs = list(out.args[0])
     fw_outs, bw_outs = outs[:num_fw_outputs], outs[num_fw_outputs:]
     order = {n: i for i, n in enumerate(joint.nodes)}
-    saved = choose_saved(joint, recompute)
+    saved = choose_saved(joint, recompute, copied)
 
     # Backward: everything the grads need, stopping at saved values and tangents;
     # a forward value reached that is not recomputable is saved after all.
@@ -151,9 +156,10 @@ def partition(joint: fx.Graph, num_fw_outputs: int, mutated_inputs=(),
     saved_vals = []
     for s in saved:
         v = env[s]
-        if _view_root(s) in mutated:
+        if _view_root(s) in mutated or s in copied:
             # the runtime writes this input (or changes its geometry) after the forward,
-            # which bumps the version of every view of it: save the old value
+            # which bumps the version of every view of it, or the user may write it
+            # where eager's backward would not mind: save the old value
             v = fw.call_function(torch.ops.aten.clone.default, (v,))
             v.meta.update(s.meta)
         saved_vals.append(v)

@@ -2,12 +2,13 @@
 
 ``aot_compile`` returns an ``AotFunction``. Each call picks a path:
 
-* **training** (grad mode on and an input requires grad): the forward graph runs inside
-  ``_CompiledFunction.forward``, saving what the partitioner chose with
-  ``ctx.save_for_backward``; ``.backward()`` from user code runs the whole backward
-  graph as one autograd node. Saved tensors follow autograd's rules, so
-  ``retain_graph`` works and a second backward without it fails as in eager; double
-  backward is refused clearly (``once_differentiable``).
+* **training** (grad mode on and an input requires grad): the forward graph runs once;
+  its differentiable outputs then hang from one ``torch.autograd.Function`` node per
+  independent part of the gradient dependencies (``grad_parts``; usually one), which
+  saves what the partitioner chose (``ctx.save_for_backward``) and whose backward runs
+  its backward graph. Saved tensors follow autograd's rules, so ``retain_graph`` works
+  and a second backward without it fails as in eager; double backward is refused
+  clearly (``_RefuseDoubleBackward``).
 * **inference**: a forward-only graph, nothing saved.
 
 After either, new values of mutated inputs are copied into the real inputs (once),
@@ -28,8 +29,10 @@ import torch
 import torch.fx as fx
 
 from kiln.autograd.ops import op_set
+from kiln.autograd.grad_parts import restrict_backward, split
 from kiln.autograd.partition import partition
-from kiln.autograd.functionalize import AotUnsupported, _replay
+from kiln.autograd.eager_saved import Witnesses
+from kiln.autograd.functionalize import AotUnsupported, replay_in_modes
 from kiln.autograd.trace import TraceResult, _meta_copy, trace_joint
 from kiln.debug.logs import enabled, log_for
 from kiln.debug.timing import timed
@@ -77,12 +80,16 @@ class _RefuseDoubleBackward(torch.autograd.Function):
 
 
 class _Training:
-    """A compiled forward/backward pair for one requires_grad pattern."""
+    """A compiled forward/backward pair for one requires_grad pattern. The forward runs
+    once; its differentiable outputs then hang from one autograd node per group of
+    outputs reaching the same inputs (``grad_parts``: usually one), whose backward runs
+    the backward graph specialised to the tangents it gets."""
 
     def __init__(self, tr: TraceResult, fw_compiler, bw_compiler):
         with timed("aot_partition"):
             part = partition(tr.graph, tr.num_fw_outputs,
-                             {i for i, _ in tr.mutations} | {m[0] for m in tr.meta_mutations})
+                             {i for i, _ in tr.mutations} | {m[0] for m in tr.meta_mutations},
+                             copied=tr.copied)
         self.trace = tr
         self.num_saved = len(part.saved)
         self.saved_bytes = part.saved_bytes
@@ -90,76 +97,194 @@ class _Training:
         self.bw_module = _module(part.backward, tr.constants, "KilnBackward")
         _log_graph("forward graph", self.fw_module)
         _log_graph("backward graph", self.bw_module)
+        self.bw_compiler = bw_compiler
         with timed("aot_compile_fw"):
             self.fw = fw_compiler(self.fw_module, _example_values(part.forward))
-        with timed("aot_compile_bw"):
-            self.bw = bw_compiler(self.bw_module, _example_values(part.backward))
-        boxed = getattr(self.bw, "call_boxed", None)
-        self.bw_boxed = boxed if boxed is not None else (lambda args: self.bw(*args))
-        fn = self
-        diff = frozenset(tr.differentiable)
+        #: (grad slots, outputs) -> _Node
+        self._nodes: dict[tuple, _Node] = {}
+        #: which grad inputs are leaves without hooks -> the nodes of such a call
+        self._plans: dict[tuple, list] = {}
+        #: the last call's witnesses (``eager_saved``), settled by ``AotFunction`` once
+        #: the call is over (inputs written back)
+        self.unsettled: Witnesses | None = None
+        parts = split(tr.grad_deps, len(tr.differentiable))
+        self._single = [self._node(parts[0])] if len(parts) == 1 else None
+        if self._single is not None and self._single[0].whole:
+            # the usual case: compiled now, so that errors surface early
+            self._single[0].backward_for((True,) * len(tr.differentiable))
+
+    def _node(self, part) -> _Node:
+        key = (tuple(part.grad_slots), tuple(part.outputs))
+        node = self._nodes.get(key)
+        if node is None:
+            node = self._nodes[key] = _Node(self, part)
+        return node
+
+    def _plan(self, args) -> list:
+        """The nodes of this call: outputs reaching the same inputs share one, where
+        leaves without hooks are not told apart (``grad_parts.split``)."""
+        if self._single is not None:
+            return self._single
+        tr = self.trace
+        plain = tuple(_plain_leaf(args[i]) for i in tr.grad_inputs)
+        nodes = self._plans.get(plain)
+        if nodes is None:
+            parts = split(tr.grad_deps, len(tr.differentiable),
+                          frozenset(j for j, p in enumerate(plain) if p))
+            nodes = self._plans[plain] = [self._node(p) for p in parts]
+        return nodes
+
+    def __call__(self, args):
+        tr = self.trace
+        nodes = self._plan(args)
+        with torch.no_grad():
+            outs = self.fw(*args)
+        n = tr.num_fw_outputs
+        fw_outs, saved = list(outs[:n]), tuple(outs[n:])
+        del outs
+        witnesses = Witnesses()
+        with torch.enable_grad():       # the graph may turn grad mode on itself
+            for node in nodes:
+                node(args, fw_outs, saved, witnesses)
+        if tr.witnesses:
+            witnesses.watch([(args[i] if kind == "input" else fw_outs[i], deps)
+                             for kind, i, deps in tr.witnesses])
+            self.unsettled = witnesses
+        return fw_outs
+
+
+def _plain_leaf(a: torch.Tensor) -> bool:
+    """A leaf without hooks: its gradient accumulation, run with no gradient, does
+    nothing at all."""
+    return a.is_leaf and not a._backward_hooks and not a._post_accumulate_grad_hooks
+
+
+class _Node:
+    """The autograd node of one group of outputs (``grad_parts.Part``): calling it
+    replaces the group's outputs in ``fw_outs`` by the node's (which carry its
+    grad_fn). Its backward graph is specialised per pattern of present tangents and
+    compiled when first needed."""
+
+    def __init__(self, training: _Training, part):
+        tr = training.trace
+        self.training = training
+        self.part = part
+        self.inputs = [tr.grad_inputs[j] for j in part.grad_slots]
+        self.outputs = [tr.differentiable[p] for p in part.outputs]
+        local = {p: q for q, p in enumerate(part.outputs)}
+        #: per input, the positions (among this node's outputs) of those reaching it
+        self.deps = [[local[p] for p in tr.grad_deps[j] if p in local]
+                     for j in part.grad_slots]
+        self.whole = len(part.grad_slots) == len(tr.grad_inputs) and \
+            len(part.outputs) == len(tr.differentiable)
+        #: present-tangent pattern -> [backward module, positions of its saved values
+        #: among the node's, positions of its tangents among the node's outputs,
+        #: the compiled backward (boxed) once compiled]
+        self.backwards: dict[tuple, list] = {}
+        all_present = (True,) * len(self.outputs)
+        if self.whole:
+            #: positions (in the forward's saved values) of those this node keeps
+            self.saved = list(range(training.num_saved))
+            self.backwards[all_present] = [training.bw_module, self.saved,
+                                           list(range(len(self.outputs))), None]
+        else:
+            self.saved = None          # set by the first variant: all present
+            self._variant(all_present)
+        self.function = self._function()
+
+    def _variant(self, present: tuple) -> list:
+        entry = self.backwards.get(present)
+        if entry is None:
+            training = self.training
+            n_saved = training.num_saved
+            graph, kept = restrict_backward(
+                training.bw_module.graph, n_saved, self.part.grad_slots,
+                {p for p, on in zip(self.part.outputs, present) if on})
+            module = _module(graph, training.trace.constants, "KilnBackward")
+            _log_graph(f"backward graph for tangents {present}", module)
+            local = {p: q for q, p in enumerate(self.part.outputs)}
+            saved = [k for k in kept if k < n_saved]
+            if self.saved is None:
+                self.saved = saved
+            # every variant reads a subset of the all-present one's, which the node keeps
+            saved = [self.saved.index(k) for k in saved]
+            entry = self.backwards[present] = [
+                module, saved, [local[k - n_saved] for k in kept if k >= n_saved], None]
+        return entry
+
+    def backward_for(self, present: tuple):
+        """(boxed backward, saved positions, tangent positions) of this node when only
+        the tangents flagged in ``present`` (one per output) carry a gradient."""
+        entry = self._variant(present)
+        if entry[3] is None:
+            module = entry[0]
+            with timed("aot_compile_bw"):
+                bw = self.training.bw_compiler(module, _example_values(module.graph))
+            boxed = getattr(bw, "call_boxed", None)
+            entry[3] = boxed if boxed is not None else (lambda a: bw(*a))
+        return entry[3], entry[1], entry[2]
+
+    def _function(self):
+        node = self
+        n_inputs = len(self.inputs)
 
         class _CompiledFunction(torch.autograd.Function):
             @staticmethod
-            def forward(ctx, *args_and_anchors):
-                args = args_and_anchors[: tr.num_inputs]
-                ctx.anchors = args_and_anchors[tr.num_inputs:]
-                outs = fn.fw(*args)
-                n = tr.num_fw_outputs
-                ctx.save_for_backward(*outs[n:])
-                fw_outs = tuple(outs[:n])
-                ctx.mark_non_differentiable(*[o for k, o in enumerate(fw_outs)
-                                              if k not in diff and
-                                              isinstance(o, torch.Tensor)])
+            def forward(ctx, produced, *inputs_and_anchors):
+                fw_outs, saved, ctx.witnesses = produced
+                ctx.anchors = inputs_and_anchors[n_inputs:]
+                ctx.save_for_backward(*(saved[k] for k in node.saved))
                 # autograd would fill a zero gradient for every output the loss does
-                # not reach — BatchNorm's new running statistics, three per layer, a
-                # fill launch each — though the backward graph reads only the
-                # differentiable ones: those few are made here when missing
+                # not reach, which eager never adds (0 * inf is NaN): the backward is
+                # specialised to the gradients that come instead
                 ctx.set_materialize_grads(False)
-                ctx.diff_meta = [(fw_outs[k].shape, fw_outs[k].dtype, fw_outs[k].device)
-                                 for k in tr.differentiable]
-                return fw_outs
+                return tuple(fw_outs[k] for k in node.outputs)
 
             @staticmethod
             def backward(ctx, *grads):
                 create_graph = torch.is_grad_enabled()
+                present = tuple(g is not None for g in grads)
+                if not any(present):
+                    return (None,) * (1 + n_inputs + len(ctx.anchors))
+                ctx.witnesses.check({p for p, on in zip(node.part.outputs, present) if on})
+                bw, saved_at, tangents_at = node.backward_for(present)
                 with torch.no_grad():
-                    tangents = [grads[k].contiguous() if grads[k] is not None
-                                else torch.zeros(shape, dtype=dtype, device=device)
-                                for k, (shape, dtype, device) in zip(tr.differentiable,
-                                                                     ctx.diff_meta)]
-                    args = [*ctx.saved_tensors, *tangents]
-                    del tangents
+                    # read only when used: a second backward through a node that saves
+                    # nothing works in eager
+                    saved = ctx.saved_tensors if saved_at else ()
+                    args = [*(saved[k] for k in saved_at),
+                            *(grads[q].contiguous() for q in tangents_at)]
+                    del saved
                     # the backward graph frees each saved activation after its last
                     # reader (a boxed call); the ctx's references would outlive it
                     ctx.maybe_clear_saved_tensors()
-                    gin = fn.bw_boxed(args)
-                result = [None] * (tr.num_inputs + len(ctx.anchors))
-                for i, g, deps in zip(tr.grad_inputs, gin, tr.grad_deps):
-                    if all(grads[tr.differentiable[j]] is None for j in deps):
+                    gin = bw(args)
+                result = [None] * (1 + n_inputs + len(ctx.anchors))
+                for q, (g, ds) in enumerate(zip(gin, node.deps)):
+                    if not any(present[d] for d in ds):
                         continue        # eager's backward never reaches this input
                     if create_graph and g is not None:
                         g = _RefuseDoubleBackward.apply(g, *ctx.anchors)
-                    result[i] = g
+                    result[1 + q] = g
                 return tuple(result)
 
-        self.function = _CompiledFunction
+        return _CompiledFunction
 
-    def __call__(self, args):
-        # Tensors whose grad_fn leads to each differentiable input: with
-        # create_graph=True the gradients hang from them, so a double backward reaches
-        # _RefuseDoubleBackward instead of silently missing a term. A leaf (a parameter)
-        # is its own anchor; other inputs get an empty view-copy holding no data, so the
-        # backward graph does not keep their values alive.
-        anchors = []
-        for i in self.trace.grad_inputs:
-            a = args[i]
-            if a.requires_grad:
-                anchors.append(a if a.is_leaf else a.as_strided((0,), (1,)).clone())
-        if not torch.is_grad_enabled():     # the graph turns grad mode on itself
-            with torch.enable_grad():
-                return self.function.apply(*args, *anchors)
-        return self.function.apply(*args, *anchors)
+    def __call__(self, args, fw_outs, saved, witnesses):
+        ins = [args[i] for i in self.inputs]
+        anchors = [_anchor(a) for a in ins if a.requires_grad]
+        res = self.function.apply((fw_outs, saved, witnesses), *ins, *anchors)
+        for k, r in zip(self.outputs, res):
+            fw_outs[k] = r
+
+
+def _anchor(a: torch.Tensor) -> torch.Tensor:
+    """A tensor whose grad_fn leads to input ``a``: with create_graph=True the
+    gradients hang from it, so a double backward reaches _RefuseDoubleBackward instead
+    of silently missing a term. A leaf (a parameter) is its own anchor; other inputs
+    get an empty view-copy holding no data, so the backward does not keep their
+    values alive."""
+    return a if a.is_leaf else a.as_strided((0,), (1,)).clone()
 
 
 class _Inference:
@@ -307,6 +432,8 @@ class AotFunction:
             outs = entry(args)
         if tr.mutations:
             _copy_mutations(args, outs, tr.mutations)
+        if tr.witnesses and isinstance(entry, _Training):
+            entry.unsettled.settle()
         n = tr.plain_outputs
         if n is not None and not tr.meta_mutations:
             # outputs are the graph's first n results, nothing to build
@@ -317,19 +444,18 @@ class AotFunction:
             if kind == "fn":
                 result.append(outs[spec[1]])
             elif kind == "input_view":
-                result.append(_replay(spec[2], args[spec[1]]))
+                result.append(replay_in_modes(spec[2], spec[3], args[spec[1]]))
             elif kind == "base_view":
-                if spec[3] is None or spec[3] == torch.is_grad_enabled():
-                    result.append(_replay(spec[2], outs[spec[1]]))
-                else:
-                    with torch.set_grad_enabled(spec[3]):
-                        result.append(_replay(spec[2], outs[spec[1]]))
+                result.append(replay_in_modes(spec[2], spec[3], outs[spec[1]]))
             elif kind == "input":
                 result.append(None)          # after the geometry changes, below
             else:
                 result.append(spec[1])
-        for i, op, rest, kwargs in tr.meta_mutations:
-            op(args[i], *rest, **kwargs)
+        for i, op, rest, kwargs, grad in tr.meta_mutations:
+            with torch.set_grad_enabled(torch.is_grad_enabled() if grad is None else grad):
+                op(args[i], *rest, **kwargs)
+        if tr.witnesses and isinstance(entry, _Training):
+            entry.unsettled.settle()        # again: after the geometry changes too
         for k, spec in enumerate(tr.output_specs):
             if spec[0] == "input":
                 result[k] = args[spec[1]]
@@ -363,9 +489,12 @@ def _copy_mutations(args, outs, mutations):
         with torch.no_grad():
             for dst, src in groups.values():
                 torch._foreach_copy_(dst, src)
-    for i, k in mutations:
-        if outs[k].requires_grad:
-            args[i].copy_(outs[k])
+    # recorded by autograd as eager recorded the write (the graph may have turned grad
+    # mode on for it inside a call made with grad off)
+    with torch.enable_grad():
+        for i, k in mutations:
+            if outs[k].requires_grad:
+                args[i].copy_(outs[k])
 
 
 def _shares_storage_with_mutated(args, mutations) -> bool:

@@ -43,6 +43,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 from kiln.autograd import ops as opinfo
 from kiln.autograd.functionalize import (STORAGE_VIEWS, AotUnsupported, Functionalize,
                                          _replay)
+from kiln.autograd.eager_saved import saved_storages, storage_of
+from kiln.autograd.index_lists import INDEXING, index_tensors
 from ..dispatch_mode import KilnDispatchMode
 from ..fast_meta import meta_result
 
@@ -57,8 +59,6 @@ class _Storage:
     input_index: int | None = None
     #: the base's current value is laid out as the base (what storage addressing reads)
     layout_exact: bool = True
-    #: written with grad mode on (else its new value carries no gradient, as in eager)
-    grad_write: bool = False
 
 
 @dataclass
@@ -68,6 +68,9 @@ class _Info:
     version: int
     chain: tuple                # ((op, rest_args, kwargs, index|None), ...) from base
     device: torch.device
+    #: per step of ``chain``, the grad mode the graph had set when it was made (None:
+    #: the mode the graph was called in)
+    modes: tuple = ()
 
 
 @dataclass
@@ -80,8 +83,9 @@ class TraceResult:
     #: user outputs, then new values of mutated inputs, then bases of aliased outputs
     num_fw_outputs: int
     #: how to build each user output: ("fn", k) | ("input", i) (the input tensor itself)
-    #: | ("input_view", i, chain) | ("base_view", k, chain, grad) | ("const", value);
-    #: ``grad``: the grad mode a view of a base that requires grad is made in (None: any)
+    #: | ("input_view", i, chain, modes) | ("base_view", k, chain, modes) | ("const", value)
+    #: (``modes``: per view step, the grad mode the graph had set when it was made, None
+    #: for the call's)
     output_specs: list
     #: (input index, forward-output position of its new value)
     mutations: list
@@ -92,11 +96,20 @@ class TraceResult:
     #: per grad input, the positions in ``differentiable`` its gradient is computed from
     grad_deps: list = field(default_factory=list)
     #: in-place geometry changes of inputs (``t_``, ``squeeze_``…) to replay on the real
-    #: inputs after the graph: (input index, op, args after self, kwargs)
+    #: inputs after the graph: (input index, op, args after self, kwargs, the grad mode
+    #: the graph had set, None for the call's)
     meta_mutations: list = field(default_factory=list)
     #: inputs whose storage the graph addresses by offset relative to the input's start,
     #: exact only for an input that starts its storage (checked per call)
     storage_inputs: list = field(default_factory=list)
+    #: forward nodes whose values the backward must keep as copies: of storages the
+    #: user can write after the call (inputs', outputs') that eager's autograd does not
+    #: save, so that such a write never fails the backward (``eager_saved``)
+    copied: frozenset = frozenset()
+    #: (("input", i) | ("output", k)) + (positions in ``differentiable`` whose eager
+    #: backward reads the tensor's storage,): tensors whose later in-place writes fail
+    #: eager's backward from those outputs (``eager_saved.Witnesses``)
+    witnesses: list = field(default_factory=list)
 
     @functools.cached_property
     def plain_outputs(self) -> int | None:
@@ -109,15 +122,6 @@ class TraceResult:
 #: view ops whose result is not a view (``detach``): made from the base after the graph,
 #: sharing its version counter as eager's do
 _ALIASES = (aten.detach.default, aten.alias.default)
-
-
-def _view_grad_mode(view, base):
-    """The grad mode ``view`` of ``base`` was made in, where it matters (``base``
-    requires grad; else None): with grad when it has a ``grad_fn`` (a view made
-    without grad requires grad too, as a leaf)."""
-    if not base.requires_grad:
-        return None
-    return view.grad_fn is not None
 
 
 def _owned_by_output(mode, o, owner) -> bool:
@@ -148,10 +152,13 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         self.source: fx.Node | None = None       # the torch-level node being run
         self.input_of: dict[int, int] = {}       # id(meta input) -> input index
         #: in-place geometry changes of inputs, to replay on the real ones:
-        #: (input index, op, args after self, kwargs)
+        #: (input index, op, args after self, kwargs, grad mode set)
         self.meta_mutations: list = []
         #: inputs addressed by storage offset (as_strided), assumed to start their storage
         self.storage_inputs: set[int] = set()
+        #: the grad mode the graph's own ``_set_grad_enabled`` nodes set last (None: the
+        #: mode it was called in, which the trace's own may not be)
+        self.grad_set: bool | None = None
 
     # --- bookkeeping ------------------------------------------------------------
     def register(self, t, node, storage=None, chain=(), device=None):
@@ -235,8 +242,16 @@ class _TraceMode(Functionalize, KilnDispatchMode):
             return self._view(aten.alias.default, args, kwargs, step_op=func)
         table = self.ops.table
         if func in table:
-            with self:
-                r = table[func](*args, **kwargs)
+            try:
+                with self:
+                    r = table[func](*args, **kwargs)
+            except AotUnsupported:
+                raise
+            except Exception:           # noqa: BLE001  (the op's own kernel decides)
+                # a decomposition refusing arguments the op takes (torch._refs.addcmul:
+                # a float value for integer tensors): the op is recorded whole, and
+                # raises here only where its own (meta) kernel does, as eager's would
+                r = NotImplemented
             if r is not NotImplemented:
                 return r
         if func in _HIDDEN_WRITES:
@@ -295,8 +310,10 @@ class _TraceMode(Functionalize, KilnDispatchMode):
                 self.register(t, n, device=device)
             else:
                 op, rest, kw = step
-                self.register(t, n, view_of.storage,
-                              view_of.chain + ((op, rest, kw, index),), view_of.device)
+                info = self.register(t, n, view_of.storage,
+                                     view_of.chain + ((op, rest, kw, index),),
+                                     view_of.device)
+                info.modes = view_of.modes + (self.grad_set,)
         if isinstance(out, torch.Tensor):
             reg(out, node, None)
         elif isinstance(out, (tuple, list)):
@@ -373,9 +390,20 @@ class _Runner(fx.Interpreter):
         super().__init__(gm)
         self.mode = mode
 
+    def call_function(self, target, args, kwargs):
+        if target in INDEXING and len(args) > 1 and isinstance(args[0], torch.Tensor) \
+                and isinstance(args[1], (list, tuple)):
+            info = self.mode.infos.get(id(args[0]))
+            index = index_tensors(args[1], info.device if info else None)
+            args = (args[0], index, *args[2:])
+        return super().call_function(target, args, kwargs)
+
     def run_node(self, n):
         self.mode.source = n
-        return super().run_node(n)
+        r = super().run_node(n)
+        if n.op == "call_function" and n.target is torch._C._set_grad_enabled:
+            self.mode.grad_set = bool(n.args[0])
+        return r
 
 
 def _meta_copy(t: torch.Tensor) -> torch.Tensor:
@@ -431,6 +459,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
 
     aliases = aliases or {}
     leaves, metas, grad_inputs = [], [], []
+    history = {}        # input index -> its autograd node before the graph
     for i, a in enumerate(example_inputs):
         ph = graph.placeholder(f"primals_{i + 1}")
         ph.meta["phase"] = "forward"
@@ -451,6 +480,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             with torch.enable_grad():
                 m = _StandIn.apply(leaf)
         metas.append(m)
+        history[i] = m.grad_fn
         info = mode.register(m, ph, device=devices[i])
         info.storage.input_index = i
         mode.input_of[id(m)] = i
@@ -500,13 +530,13 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             specs.append(("input", next(i for i, m in enumerate(metas) if o is m)))
         elif st.input_index is not None:
             # relative to an aliased member where the output is (a view of) it
-            owner, chain, best = st.input_index, info.chain, 0
+            owner, best = st.input_index, 0
             for i in aliases:
                 member = mode.infos[id(metas[i])]
                 n = len(member.chain)
                 if member.storage is st and n > best and info.chain[:n] == member.chain:
-                    owner, chain, best = i, info.chain[n:], n
-            specs.append(("input_view", owner, chain))
+                    owner, best = i, n
+            specs.append(("input_view", owner, info.chain[best:], info.modes[best:]))
         elif _owned_by_output(mode, o, owners.get(id(st))):
             # rebuilt from the output that owns the storage (after ``t_``, say)
             owner = owners[id(st)]
@@ -514,9 +544,9 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                 owner_slot[id(st)] = len(fw_values)
                 fw_values.append(owner)
             k = owner_slot[id(st)]
+            n = len(mode.infos[id(owner)].chain)
             specs.append(("fn", k) if o is owner else
-                         ("base_view", k, info.chain[len(mode.infos[id(owner)].chain):],
-                          _view_grad_mode(o, owner)))
+                         ("base_view", k, info.chain[n:], info.modes[n:]))
         elif (storage_users[id(st)] > 1 or info.chain) and (
                 st.base.requires_grad or not o.requires_grad):
             # a view of an intermediate is made from its base after the graph, as eager
@@ -524,18 +554,21 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             # takes (made by the autograd.Function, or under no_grad by an inference path)
             if id(st) not in bases:
                 bases[id(st)] = -1   # filled below, after mutations
-            specs.append(("storage_view", st, info.chain, _view_grad_mode(o, st.base)))
+            specs.append(("storage_view", st, info.chain, info.modes))
         else:
             specs.append(("fn", len(fw_values)))
             fw_values.append(o)
 
     mutations = []
-    gradless = set()        # new values of inputs written only without grad
+    # New values of inputs whose writes autograd did not record (made with grad off,
+    # or through a detached alias): eager's input keeps its autograd history, and its
+    # new value carries no gradient of its own.
+    gradless = set()
     for i, m in enumerate(metas):
         if isinstance(m, torch.Tensor):
             st = mode.infos[id(m)].storage
             if st.version != 0 and st.input_index == i:
-                if not st.grad_write:
+                if m.grad_fn is history[i]:
                     gradless.add(len(fw_values))
                 elif st.base is not m and m.requires_grad:
                     raise AotUnsupported("an input that requires grad is written in "
@@ -548,7 +581,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             if bases[id(st)] == -1:
                 bases[id(st)] = len(fw_values)
                 fw_values.append(st.base)
-            specs[k] = ("base_view", bases[id(st)], spec[2], spec[3])
+            specs[k] = ("base_view", bases[id(st)], *spec[2:])
 
     fw_nodes = [mode.value(v) for v in fw_values]
     differentiable = [k for k, v in enumerate(fw_values)
@@ -556,7 +589,9 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                       and (v.dtype.is_floating_point or v.dtype.is_complex)]
 
     bw_nodes = []
+    copied, witnesses = frozenset(), []
     if train and differentiable and leaves:
+        copied, witnesses = _user_writable(graph, metas, fw_values, specs, differentiable)
         mode.phase = "backward"
         tangents = []
         for j, k in enumerate(differentiable):
@@ -570,11 +605,10 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                 grads = torch.autograd.grad([fw_values[k] for k in differentiable],
                                             leaves, tangents, allow_unused=True)
         except RuntimeError as e:
-            if "modified by an inplace operation" not in str(e):
+            reason = next((r for m, r in _BACKWARD_ONLY_ERRORS if m in str(e)), None)
+            if reason is None:
                 raise
-            # eager raises this when (and only if) a backward reaches the tensor
-            raise AotUnsupported("the backward reads a tensor the forward modified in "
-                                 "place") from e
+            raise AotUnsupported(f"{reason}: {str(e).splitlines()[0]}") from e
         bw_nodes = [mode.value(g) if g is not None else None for g in grads]
         grad_deps = _grad_deps([fw_values[k] for k in differentiable], leaves)
     else:
@@ -586,7 +620,42 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     graph.eliminate_dead_code(is_impure_node=opinfo.has_effect)
     return TraceResult(graph, mode.constants, len(example_inputs), len(fw_nodes), specs,
                        mutations, differentiable, grad_inputs, grad_deps,
-                       mode.meta_mutations, sorted(mode.storage_inputs))
+                       mode.meta_mutations, sorted(mode.storage_inputs), copied,
+                       witnesses)
+
+
+def _user_writable(graph: fx.Graph, metas, fw_values, specs, differentiable):
+    """What the user can write after the call — the inputs, and the outputs the graph
+    hands out — against what eager's autograd saves (``eager_saved``): the forward
+    nodes of storages it saves nothing of (``TraceResult.copied``), and the witnesses
+    of those it does (``TraceResult.witnesses``)."""
+    visible: dict = {}       # storage -> ("input", i) | ("output", k)
+    for i, m in enumerate(metas):
+        if isinstance(m, torch.Tensor):
+            visible.setdefault(storage_of(m), ("input", i))
+    for spec in specs:
+        if spec[0] in ("fn", "base_view"):
+            visible.setdefault(storage_of(fw_values[spec[1]]), ("output", spec[1]))
+    per_output = saved_storages([fw_values[k] for k in differentiable], set(visible))
+    saved = frozenset().union(*per_output)
+    private = set(visible) - saved
+    copied = frozenset(n for n in graph.nodes
+                       if isinstance(n.meta.get("val"), torch.Tensor)
+                       and storage_of(n.meta["val"]) in private) if private else frozenset()
+    witnesses = [(*who, frozenset(p for p, s in enumerate(per_output) if st in s))
+                 for st, who in visible.items() if st in saved]
+    return copied, witnesses
+
+
+#: errors eager's backward raises when (and only if) it reaches a node — the trace
+#: differentiates every output that requires grad, wherever a backward will start:
+#: such a graph runs eagerly, raising exactly where eager does
+_BACKWARD_ONLY_ERRORS = (
+    ("modified by an inplace operation",
+     "the backward reads a tensor the forward modified in place"),
+    ("is not implemented",     # floor_divide's NotImplemented node, igamma's formula
+     "the backward reaches an op whose derivative PyTorch does not implement"),
+)
 
 
 def _grad_deps(outputs, leaves) -> list:

@@ -315,8 +315,8 @@ def test_backward_makes_no_zero_gradients_for_running_stats():
     assert not fills, fills
 
 
-def test_unreached_differentiable_output_gets_a_zero_gradient():
-    # a differentiable output the loss does not use still feeds the backward graph
+def test_unreached_differentiable_output_adds_nothing():
+    # a differentiable output the loss does not use adds nothing to the gradients
     def f(x, w):
         return (x * w, (x + w).sin())
 

@@ -373,3 +373,26 @@ def test_fused_attention_ops_meta_match_the_kernels():
         grads = SDPA_FUSED_BACKWARD(torch.randn_like(real[0]), q, q, q, None, *real, False,
                                     None, FLASH)
         assert all(gr.stride() == q.stride() for gr in grads)
+
+
+def test_a_decomposition_refusing_arguments_leaves_the_op_to_its_kernel():
+    """torch._refs.addcmul refuses a float ``value`` for integer tensors, which eager's
+    kernel takes (truncating it); the op is then recorded whole (the core op set), and
+    raises only where its own kernel does (integer addcdiv: RuntimeError in eager too)."""
+    import kiln
+
+    for op in ("addcmul", "addcdiv"):
+        def f(a, x):
+            return getattr(torch, op)(a, a, a, value=0.5), x.sin()
+
+        results = []
+        for fn in (f, kiln.compile(f, backend="kiln")):
+            a, x = torch.tensor([1, 2, 3]), torch.randn(3, requires_grad=True)
+            try:
+                results.append(fn(a, x)[0])
+            except RuntimeError as e:
+                results.append(type(e))
+        if isinstance(results[0], torch.Tensor):
+            torch.testing.assert_close(results[1], results[0])
+        else:
+            assert results[1] is results[0], op

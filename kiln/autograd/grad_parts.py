@@ -1,0 +1,136 @@
+"""A compiled graph's autograd as eager's: which nodes a backward runs, and what it adds.
+
+Eager's autograd graph keeps apart what is apart: a backward from one output runs only
+the nodes that output reaches. A compiled graph run as a single autograd node would
+join every differentiable output to every input that requires grad, and PyTorch's
+engine runs every node it reaches, even with no gradient for it. A backward from one
+output would then run the history of inputs that output never touched: one freed by
+an earlier backward (a tensor kept in a global by an earlier call) fails with "Trying
+to backward through the graph a second time" where eager never goes there, and hooks
+on such inputs are called (with None). So the differentiable outputs are grouped by
+the set of inputs they reach (``TraceResult.grad_deps``; ``split``), and each group is
+its own autograd node, connected to exactly those inputs (leaves without hooks aside).
+Usually there is one group.
+
+Within a node, an output the backward does not reach has no gradient. Eager never
+runs its part of the backward; a zero tangent in its place is not the same (``0 *
+inf`` is NaN, added to the other outputs' gradient). So each node's backward graph is
+specialised to the tangents present (``restrict_backward``): the contributions of
+absent ones are pruned, as structural zeros, before they are added to anything.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+
+@dataclass
+class Part:
+    """One autograd node: outputs reaching the same inputs."""
+    #: positions in ``TraceResult.grad_inputs`` (= the backward graph's outputs)
+    grad_slots: list
+    #: positions in ``TraceResult.differentiable`` (= the backward graph's tangents)
+    outputs: list
+
+
+def split(grad_deps, num_differentiable: int, plain=frozenset()) -> list[Part]:
+    """The differentiable outputs grouped by the grad inputs they reach, not counting
+    the ``plain`` ones (slots of leaves without hooks: the engine running a leaf's
+    gradient accumulation with no gradient does nothing, so reaching one more costs
+    nothing and saves running a shared part of the backward once per group). A node
+    is connected to every input its outputs reach. A differentiable output that
+    reaches no grad input (a tensor made with ``requires_grad=True`` inside the graph)
+    keeps the single-node behaviour: one part for everything."""
+    reach: list[list] = [[] for _ in range(num_differentiable)]
+    for j, deps in enumerate(grad_deps):
+        for p in deps:
+            reach[p].append(j)
+    if any(not r for r in reach):
+        return [Part(list(range(len(grad_deps))), list(range(num_differentiable)))]
+    parts: dict[tuple, Part] = {}
+    for p, r in enumerate(reach):
+        part = parts.setdefault(tuple(j for j in r if j not in plain), Part([], []))
+        part.outputs.append(p)
+        part.grad_slots = sorted(set(part.grad_slots) | set(r))
+    return list(parts.values())
+
+
+def restrict_backward(backward: fx.Graph, num_saved: int, grad_slots,
+                      present) -> tuple[fx.Graph, list]:
+    """``backward`` (placeholders ``(*saved, *tangents)``, output: one gradient per
+    grad input) cut down to the gradients at ``grad_slots``, computed from the tangents
+    at positions ``present`` only (the others are absent: what they would add is
+    pruned, see the module docstring). Returns the graph and the positions of the
+    placeholders it keeps."""
+    g = fx.Graph()
+    env: dict = {}
+    absent: set = set()       # nodes of ``backward`` that carry absent tangents only
+    tangent_of: set = set()   # nodes of ``backward`` that depend on a tangent
+    placeholders = [n for n in backward.nodes if n.op == "placeholder"]
+    for k, n in enumerate(placeholders):
+        env[n] = g.node_copy(n)
+        if k >= num_saved:
+            tangent_of.add(n)
+            if k - num_saved not in present:
+                absent.add(n)
+    for n in backward.nodes:
+        if n.op == "placeholder":
+            continue
+        if n.op == "output":
+            grads = n.args[0]
+            g.output(tuple(_present(g, env, absent, grads[j]) for j in grad_slots))
+            continue
+        ins = [a for a in n.all_input_nodes if a in tangent_of]
+        if ins:
+            tangent_of.add(n)
+        live = [a for a in ins if a not in absent]
+        if ins and not live:
+            absent.add(n)           # linear in absent tangents only: a structural zero
+            continue
+        if len(live) < len(ins):
+            kept = _sum_without_absent(n, absent)
+            if kept is not None:
+                env[n] = env[kept]
+                continue
+        env[n] = g.node_copy(n, lambda a: _present(g, env, absent, a))
+    g.eliminate_dead_code()
+    kept = []
+    for k, n in enumerate([n for n in g.nodes if n.op == "placeholder"]):
+        if n.users:
+            kept.append(k)
+        else:
+            g.erase_node(n)
+    return g, kept
+
+
+def _sum_without_absent(n: fx.Node, absent: set):
+    """For ``a + b`` (how the engine accumulates gradients) with one term absent and the
+    other of the sum's own shape and dtype, that other term."""
+    if n.target is not aten.add.Tensor or len(n.args) != 2 or n.kwargs:
+        return None
+    a, b = n.args
+    other = b if a in absent else a if b in absent else None
+    if not isinstance(other, fx.Node):
+        return None
+    v, w = other.meta.get("val"), n.meta.get("val")
+    if isinstance(v, torch.Tensor) and isinstance(w, torch.Tensor) and \
+            v.shape == w.shape and v.dtype == w.dtype:
+        return other
+    return None
+
+
+def _present(g: fx.Graph, env: dict, absent: set, a):
+    """``a`` in the new graph; an absent value read beside present ones is zeros."""
+    if not isinstance(a, fx.Node):
+        return a
+    if a not in absent:
+        return env[a]
+    v = a.meta["val"]
+    z = g.call_function(aten.zeros.default, (list(v.shape),),
+                        {"dtype": v.dtype, "device": a.meta.get("device", v.device)})
+    z.meta.update(a.meta)
+    return z
