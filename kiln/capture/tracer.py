@@ -398,10 +398,12 @@ def _module_forward_compilable(mv):
 
 
 def _callee_expr(fn_v, cg, ctx):
+    from kiln.capture.optimizers import callee_for
+
     if isinstance(fn_v, V.UserFunctionValue):
-        return cg.ref(ctx.compile_callee(fn_v.fn), "callee")
+        return cg.ref(ctx.compile_callee(callee_for(fn_v.fn)), "callee")
     if isinstance(fn_v, V.MethodValue) and isinstance(fn_v.func, V.UserFunctionValue):
-        return cg.ref(ctx.compile_callee(fn_v.func.fn), "callee")
+        return cg.ref(ctx.compile_callee(callee_for(fn_v.func.fn)), "callee")
     if isinstance(fn_v, V.ModuleValue) and _module_forward_compilable(fn_v):
         return cg.ref(ctx.compile_callee(type(fn_v.mod).forward), "callee")
     return cg.expr(fn_v)

@@ -1,0 +1,210 @@
+"""Capture rules for ``torch.optim``: ``opt.step()`` and ``opt.zero_grad()`` traced into
+the graph.
+
+PyTorch wraps its optimizers' methods for its own compiler, and those wrappers are
+what a trace meets first:
+- ``torch._disable_dynamo(f)`` (``zero_grad``, ``add_param_group``…) keeps that
+  compiler out of ``f``; for kiln it is ``f`` itself, traced.
+- ``_use_grad_for_differentiable`` runs ``step`` with grad mode set to the group's
+  ``differentiable`` flag (and asks that compiler for a break around it): a grad-mode
+  block around the inlined ``step``.
+- ``Optimizer.profile_hook_step`` opens a ``record_function`` profiler range, which
+  is a no-op annotation in a graph (``NoOpContextValue``), and runs the step hooks.
+While compiling, PyTorch's optimizers keep the step count as a tensor and compute the
+bias corrections from it; the path written for that is the ``capturable`` one, so a
+trace of ``step`` sees ``capturable=True`` (as PyTorch's own compiler arranges), except
+where that would change the state eager creates (a step tensor on a GPU where eager
+keeps it on the CPU): there it sees the group as it is. The real group is never changed.
+An optimizer's ``state`` is a dict keyed by its parameters (``tensor_keyed_dicts``).
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+
+import torch
+import torch.optim.optimizer as torch_optimizer
+
+from kiln.capture import values as V
+from kiln.capture.errors import Unsupported
+from kiln.capture.sources import AttrSource
+
+
+def _probe():
+    pass
+
+
+class NoOpContextValue(V.Value):
+    """A profiler annotation (``record_function(name)``): nothing in the graph."""
+
+    def python_type(self):
+        return torch.autograd.profiler.record_function
+
+    def enter(self, tx):
+        return self
+
+    def exit(self, tx):
+        return V.ConstantValue(None)
+
+    def getattr(self, tx, name):
+        raise Unsupported(f"attribute {name!r} of a profiler range inside a compiled region")
+
+
+class NoOpContextClass(V.Value):
+    """``record_function`` itself: calling it makes a ``NoOpContextValue``."""
+
+    def __init__(self, cls):
+        self.fn = cls
+
+    def python_type(self):
+        return type(self.fn)
+
+    def call(self, tx, args, kwargs):
+        return NoOpContextValue()
+
+
+def special(obj):
+    """The Value for ``obj`` where it is one of the callables these rules model."""
+    if obj is torch.autograd.profiler.record_function:
+        return NoOpContextClass(obj)
+    return None
+
+
+class OptimizerValue(V.ObjectValue):
+    """A ``torch.optim.Optimizer``: an object whose ``state`` is keyed by tensors."""
+
+    _state = None
+
+    def getattr(self, tx, name):
+        if name == "state" and name not in self.attrs and "state" in self.obj.__dict__:
+            if self._state is None:
+                from kiln.capture.tensor_keyed_dicts import TensorKeyedDictValue
+
+                state = self.obj.__dict__["state"]
+                src = AttrSource(self.source, "state")
+                tx.output.guards.type_is(src, type(state))
+                self._state = TensorKeyedDictValue(state, src)
+            return self._state
+        return super().getattr(tx, name)
+
+
+def wrap_optimizer(tx, obj, source):
+    tx.output.guards.type_is(source, type(obj))
+    return tx.output.object_value(obj, source, OptimizerValue)
+
+
+# --- the wrappers, recognised by their code objects ------------------------------------
+
+def _traced_unwrapped(tx, fnv, args, kwargs):
+    """``torch._disable_dynamo(f)``: ``f``, traced."""
+    inner = getattr(fnv.fn, "__wrapped__", None)
+    if not isinstance(inner, type(_probe)):
+        raise Unsupported(f"{fnv.fn.__qualname__} wraps {inner!r}")
+    return V.UserFunctionValue(inner).call(tx, args, kwargs)
+
+
+def _step_in_grad_mode(tx, fnv, args, kwargs):
+    """``_use_grad_for_differentiable(step)``: ``step`` under grad mode
+    ``self.defaults["differentiable"]``, restored afterwards, seeing ``capturable``."""
+    inner = getattr(fnv.fn, "__wrapped__", None)
+    if not args or not isinstance(inner, type(_probe)):
+        raise Unsupported(f"{fnv.fn.__qualname__} called without its optimizer")
+    opt = args[0]
+    defaults = opt.getattr(tx, "defaults")
+    from kiln.capture.operators import subscr
+
+    differentiable = subscr(tx, defaults, V.ConstantValue("differentiable")).const()
+    restore = _see_capturable(tx, opt) if isinstance(opt, OptimizerValue) else []
+    try:
+        return V._GradModeWrapped(bool(differentiable), V.UserFunctionValue(inner)).call(tx, args, kwargs)
+    finally:
+        for group, value in restore:
+            group.items["capturable"] = value
+
+
+def _see_capturable(tx, opt):
+    """Show ``capturable=True`` in each of the trace's param groups where eager's state
+    layout is unchanged by it; returns what to put back."""
+    groups = opt.getattr(tx, "param_groups")
+    restore = []
+    for group in getattr(groups, "items", ()):
+        flag = group.items.get("capturable") if isinstance(group, V.DictValue) else None
+        if not (isinstance(flag, V.ConstantValue) and flag.value is False):
+            continue
+        params = group.items.get("params")
+        if isinstance(params, V.ListValue) and all(_same_state_if_capturable(tx, opt, p)
+                                                   for p in params.items):
+            restore.append((group, flag))
+            group.items["capturable"] = V.ConstantValue(True)
+    return restore
+
+
+def _same_state_if_capturable(tx, opt, p) -> bool:
+    """A capturable group keeps ``step`` on the parameter's device; eager's keeps it on
+    the CPU. The same where the parameter is on the CPU, gets no step this time (no
+    gradient: its state is not touched), or already has its state. The trace reads
+    each of these (device, ``.grad``, the state entry) and guards it."""
+    if not isinstance(p, V.TensorValue):
+        return False
+    real = tx.output.real_input(p)
+    if real is None:
+        return False
+    if real.device.type == "cpu" or real.grad is None:
+        return True
+    entry = opt.obj.state.get(real) if isinstance(opt.obj.state, dict) else None
+    return isinstance(entry, dict) and "step" in entry
+
+
+def _grad_mode_step(wrapper):
+    """What ``_use_grad_for_differentiable(step)`` does, without the wrapper's calls into
+    PyTorch's compiler (which load it): ``step`` under the optimizer's grad mode."""
+    func = wrapper.__wrapped__
+
+    @functools.wraps(func)
+    def step_in_grad_mode(self, *args, **kwargs):
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return func(self, *args, **kwargs)
+
+    return step_in_grad_mode
+
+
+_CALLEES = {}  # a modelled wrapper's code -> what runs in its place as its own frame
+_replacements = weakref.WeakKeyDictionary()
+
+
+def callee_for(fn):
+    """The function kiln compiles as its own frame when ``fn`` must be one (a graph break
+    inside it): the function a modelled wrapper stands for, else ``fn``."""
+    make = _CALLEES.get(getattr(fn, "__code__", None))
+    if make is None:
+        return fn
+    found = _replacements.get(fn)
+    if found is None:
+        found = _replacements[fn] = make(fn)
+    return found
+
+
+def _rules():
+    table = {}
+    try:
+        import torch._compile   # the wrapper's code object, read to recognise it
+
+        code = torch._compile._disable_dynamo(_probe).__code__
+        table[code] = _traced_unwrapped
+        _CALLEES[code] = lambda wrapper: wrapper.__wrapped__
+    except (ImportError, AttributeError, TypeError):
+        pass
+    use_grad = getattr(torch_optimizer, "_use_grad_for_differentiable", None)
+    if use_grad is not None:
+        code = use_grad(_probe).__code__
+        table[code] = _step_in_grad_mode
+        _CALLEES[code] = _grad_mode_step
+    return table
+
+
+INLINE_RULES = _rules()
+
+
+def inline_rule(fn):
+    """The rule that replaces inlining ``fn`` (a Python function), or None."""
+    return INLINE_RULES.get(getattr(fn, "__code__", None))
