@@ -27,6 +27,7 @@ import torch.optim.optimizer as torch_optimizer
 
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
+from kiln.capture.fake import prime_non_leaf_fakes
 from kiln.capture.sources import AttrSource
 
 
@@ -110,6 +111,7 @@ def _step_in_grad_mode(tx, fnv, args, kwargs):
     if not args or not isinstance(inner, type(_probe)):
         raise Unsupported(f"{fnv.fn.__qualname__} called without its optimizer")
     opt = args[0]
+    prime_non_leaf_fakes()
     defaults = opt.getattr(tx, "defaults")
     from kiln.capture.operators import subscr
 
