@@ -321,3 +321,20 @@ def test_resnet18_train_step_with_adamw(backend):
     for (name, b1), b2, b64 in zip(m1.named_buffers(), m2.buffers(), m64.buffers()):
         assert (b1.double() - b64).abs().max() <= 1.5 * (b2.double() - b64).abs().max() + 1e-4, name
     assert len(be.update_graphs(torch.optim.AdamW)) == 2
+
+
+def test_single_tensor_adam_without_the_capturable_view(monkeypatch):
+    """Where seeing ``capturable=True`` would change eager's state (a GPU's first step:
+    eager keeps ``step`` on the CPU), the step is traced as written: its step size is a
+    0-d tensor passed as ``value=`` (eager reads the number out), computed as tensor
+    math instead. Forced here on the CPU."""
+    from kiln.capture import optimizers
+
+    monkeypatch.setattr(optimizers, "_same_state_if_capturable", lambda tx, opt, p: False)
+    m1, o1, m2, o2 = make_pair(torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1, foreach=False))
+    be = Counting("aot_eager")
+    run_steps(kiln.compile(train_step, backend=be), m1, o1, m2, o2)
+    assert_same_training_state(m1, o1, m2, o2)
+    # addcdiv_(exp_avg, denom, value=-step_size) became add_(exp_avg * -step_size / denom)
+    updates = [g for g in be.graphs if "lerp_" in g and "add_" in g and "addcdiv_" not in g]
+    assert len(updates) == 2, be.graphs
