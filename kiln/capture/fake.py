@@ -350,7 +350,9 @@ def prime_non_leaf_fakes() -> None:
     global _primed
     if not _primed:
         _primed = True
-        to_fake(torch.ones(1, requires_grad=True) * 1)
+        with torch.enable_grad():
+            non_leaf = torch.ones(1, requires_grad=True) * 1
+        to_fake(non_leaf)
 
 
 def _fake_like(t: torch.Tensor) -> FakeTensor:

@@ -20,6 +20,8 @@ An optimizer's ``state`` is a dict keyed by its parameters (``tensor_keyed_dicts
 from __future__ import annotations
 
 import functools
+import sys
+import types
 import weakref
 
 import torch
@@ -170,6 +172,29 @@ def _grad_mode_step(wrapper):
     return step_in_grad_mode
 
 
+def _dynamo_disabled_optim_fn(wrapper):
+    """The torch.optim function inside PyTorch's compiler's ``disable`` wrapper (that
+    compiler, once a user loads it, wraps every optimizer's ``_init_group`` so), or None
+    for any other wrapped function (a user's ``disable`` stays a graph break)."""
+    code = wrapper.__code__
+    if "fn" not in code.co_freevars:
+        return None
+    try:
+        inner = wrapper.__closure__[code.co_freevars.index("fn")].cell_contents
+    except ValueError:
+        return None
+    if isinstance(inner, type(_probe)) and (inner.__module__ or "").startswith("torch.optim"):
+        return inner
+    return None
+
+
+def _traced_dynamo_disabled(tx, fnv, args, kwargs):
+    inner = _dynamo_disabled_optim_fn(fnv.fn)
+    if inner is None:
+        return tx.inline_function(fnv, args, kwargs)
+    return V.UserFunctionValue(inner).call(tx, args, kwargs)
+
+
 _CALLEES = {}  # a modelled wrapper's code -> what runs in its place as its own frame
 _replacements = weakref.WeakKeyDictionary()
 
@@ -177,12 +202,13 @@ _replacements = weakref.WeakKeyDictionary()
 def callee_for(fn):
     """The function kiln compiles as its own frame when ``fn`` must be one (a graph break
     inside it): the function a modelled wrapper stands for, else ``fn``."""
+    inline_rule(fn)  # learns PyTorch's compiler's wrapper, if loaded since
     make = _CALLEES.get(getattr(fn, "__code__", None))
     if make is None:
         return fn
     found = _replacements.get(fn)
     if found is None:
-        found = _replacements[fn] = make(fn)
+        found = _replacements[fn] = make(fn) or fn
     return found
 
 
@@ -205,8 +231,24 @@ def _rules():
 
 
 INLINE_RULES = _rules()
+_dynamo_wrapper_known = False
+
+
+def _learn_dynamo_wrapper() -> None:
+    """Once the user has loaded PyTorch's compiler (kiln never does: a compatibility
+    read of ``sys.modules``), recognise its ``disable`` wrapper's code too."""
+    global _dynamo_wrapper_known
+    mod = sys.modules.get("torch._dynamo.eval_frame")
+    call = getattr(getattr(mod, "DisableContext", None), "__call__", None)
+    for const in getattr(getattr(call, "__code__", None), "co_consts", ()):
+        if isinstance(const, types.CodeType) and const.co_name == "_fn":
+            INLINE_RULES[const] = _traced_dynamo_disabled
+            _CALLEES[const] = _dynamo_disabled_optim_fn
+            _dynamo_wrapper_known = True
 
 
 def inline_rule(fn):
     """The rule that replaces inlining ``fn`` (a Python function), or None."""
+    if not _dynamo_wrapper_known and "torch._dynamo.eval_frame" in sys.modules:
+        _learn_dynamo_wrapper()
     return INLINE_RULES.get(getattr(fn, "__code__", None))

@@ -338,3 +338,29 @@ def test_single_tensor_adam_without_the_capturable_view(monkeypatch):
     # addcdiv_(exp_avg, denom, value=-step_size) became add_(exp_avg * -step_size / denom)
     updates = [g for g in be.graphs if "lerp_" in g and "add_" in g and "addcdiv_" not in g]
     assert len(updates) == 2, be.graphs
+
+
+def test_train_step_after_torch_compile_loaded_its_optimizer_patches():
+    """Once a user's torch.compile has run (loading PyTorch's compiler), every
+    optimizer's ``_init_group`` is wrapped in that compiler's ``disable``: kiln traces
+    the optimizer's own function inside it, and a user's ``disable`` stays a break.
+    (Last in this file: the patches stay for the rest of the process.)"""
+    m0 = torch.nn.Linear(2, 2)
+    o0 = torch.optim.SGD(m0.parameters(), lr=0.1)
+    torch.compile(lambda x: m0(x).sum(), backend="eager")(torch.randn(2, 2)).backward()
+    o0.step()
+    assert "torch._dynamo" in sys.modules
+    m1, o1, m2, o2 = make_pair(torch.optim.Adam, dict(lr=0.01))
+    be = Counting("aot_eager")
+    run_steps(kiln.compile(train_step, backend=be), m1, o1, m2, o2)
+    assert_same_training_state(m1, o1, m2, o2)
+    assert len(be.update_graphs(torch.optim.Adam)) == 2
+
+    dynamo = sys.modules["torch._dynamo"]
+
+    @dynamo.disable
+    def user_disabled(x):
+        return x * 2
+
+    out = kiln.explain(lambda x: user_disabled(x) + 1)(torch.randn(3))
+    assert "set_eval_frame" in out.break_reasons[0].reason, str(out)  # not traced through
