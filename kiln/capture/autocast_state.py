@@ -21,6 +21,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from kiln.amp_off import without_autocast
+
 DEVICES = ("cpu", "cuda")
 #: device types whose autocast kiln does not model
 OTHER_DEVICES = ("xpu", "hpu", "mps", "ipu", "xla", "mtia", "maia")
@@ -136,38 +138,7 @@ def entry_key():
 
 
 # --- what generated entry code calls ----------------------------------------------------
-def graph_without_autocast(compiled):
-    """``compiled`` (a graph whose autocast casts are explicit nodes) called with autocast
-    off, as the graph was traced; the state is back as it was after the call."""
-    def call(*args):
-        if not _any_enabled():
-            return compiled(*args)
-        was = [(d, _is_enabled(d)) for d in DEVICES]
-        for d, _ in was:
-            _set_enabled(d, False)
-        try:
-            return compiled(*args)
-        finally:
-            for d, on in was:
-                _set_enabled(d, on)
-
-    return call
-
-
-@contextlib.contextmanager
-def suspended():
-    """Autocast off while the block runs (a compiled backward: its casts are explicit)."""
-    if not _any_enabled():
-        yield
-        return
-    was = [(d, _is_enabled(d)) for d in DEVICES]
-    for d, _ in was:
-        _set_enabled(d, False)
-    try:
-        yield
-    finally:
-        for d, on in was:
-            _set_enabled(d, on)
+graph_without_autocast = without_autocast   # the graph call (entry code)
 
 
 def leave(state: AmpState, nesting_delta: int) -> None:
