@@ -29,7 +29,7 @@ import torch
 from kiln.capture import values as V
 from kiln.capture.autocast_state import (DEVICES, AmpState, entry_state, graph_without_autocast,
                                         leave, nesting)
-from kiln.capture.errors import Unsupported
+from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.fake import FakeMode
 from kiln.dispatch_mode import KilnDispatchMode
 
@@ -84,7 +84,7 @@ class AmpTracker:
         self.blocks: list[_Block] = []
         self.nesting_delta = 0
         self.used = self.entry.any_enabled       # graphs must run with autocast off
-        self.cache: dict = {}                    # (id(TensorValue), dtype) -> cast Value
+        self.cache: dict = {}                    # id(TensorValue) -> its cached cast
         self.bypass = False
         self._guarded: set = set()
         self._entry_nesting = None
@@ -165,26 +165,18 @@ class AmpTracker:
         return s
 
     # --- the entry code ---------------------------------------------------------------------
-    def wrap_graph(self, compiled):
-        """The graph call: autocast off while it runs; if it raises inside blocks opened
-        before this trace's graph break, those blocks exit as eager's would."""
-        call = graph_without_autocast(compiled)
+    def graph_call_lines(self, cg, line: str) -> list:
+        """The graph call; if it raises inside blocks opened before this trace's graph
+        break, those blocks exit as eager's would (the graph itself runs with autocast
+        off: ``graph_without_autocast``)."""
         k = max(self.open_before_at_ops, default=0)
         if not k:
-            return call
-        blocks = self.start_blocks[:k]
+            return [line]
         s = self.entry
-        for b in reversed(blocks):
+        for b in reversed(self.start_blocks[:k]):
             s = b.undo(s)
-
-        def unwinding(*args):
-            try:
-                return call(*args)
-            except BaseException:
-                leave(s, -k)
-                raise
-
-        return unwinding
+        return ["try:", "    " + line, "except BaseException:",
+                f"    {cg.ref(leave, 'amp_leave')}({cg.ref(s, 'amp')}, {-k})", "    raise"]
 
     def leave_lines(self, cg) -> list:
         """After the graph: the state, and the nesting count, the traced code leaves."""
@@ -214,7 +206,7 @@ class AmpTracker:
         b_out, b_calls = self._probe(out, kind, target, f_args, f_kwargs, None)
         if _same_run(a_out, a_calls, b_out, b_calls):
             return args, kwargs
-        plan = self._cast_plan(tensors, a_calls)
+        plan = self._cast_plan(out, tensors, a_calls)
         if plan is not None:
             casts, n = plan
             c_args, c_kwargs = _map_tensors(
@@ -251,7 +243,7 @@ class AmpTracker:
                               f"on fake tensors: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         return r, probe.calls
 
-    def _cast_plan(self, tensors, calls):
+    def _cast_plan(self, out, tensors, calls):
         """The casts autocast made of the op's own arguments (its first dispatches), as
         {id(fake): (fake cast, dtype)}, and how many dispatches they were; None when they
         do not cover each occurrence of a cast argument."""
@@ -275,7 +267,7 @@ class AmpTracker:
         if any(occurrences[i] != c for i, (_, c) in seen.items()):
             return None
         casts = {}
-        with FakeMode():
+        with torch.set_grad_enabled(out.grad_enabled), FakeMode():
             for i, (d, _) in seen.items():
                 casts[i] = (by_id[i].fake.to(d), d)
         return casts, n
@@ -287,9 +279,17 @@ class AmpTracker:
             d = dtypes.get(id(t.fake))
             if d is None:
                 return t
-            key = (id(t), d)
+            # keyed by the tensor alone, as PyTorch's: a cast cached in bfloat16 is what a
+            # nested float16 block gets too (and its op then refuses the mixed dtypes)
+            key = id(t)
             if self._cacheable(t, d):
                 hit = self.cache.get(key)
+                if hit is not None and hit.fake.dtype is not d:
+                    # eager's op then refuses mixed dtypes; the frame raises eagerly (or,
+                    # where the program catches it, the op runs at a graph break)
+                    raise UserException(V.ExceptionValue.of_real(RuntimeError(
+                        f"autocast's cached {hit.fake.dtype} cast of a weight used in a "
+                        f"{d} autocast block")), from_fake=True)
                 if hit is not None:
                     return hit
             self.bypass = True

@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 
 from kiln.capture import values as V
+from kiln.capture.autocast_state import graph_without_autocast
 from kiln.capture.codegen import EntryCodegen, build_entry, call_at, call_source, restoring_grad_mode
 from kiln.capture.errors import RestartWithBreak, SkipFrame, Unsupported, UserException
 from kiln.capture.frame_access import reads_own_frame
@@ -185,7 +186,7 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where:
         compiled = restoring_grad_mode(compiled, on_error)
         eager = restoring_grad_mode(eager, on_error)
     if out.autocast.used:   # autocast's casts are in the graph: it runs with autocast off
-        compiled, eager = out.autocast.wrap_graph(compiled), out.autocast.wrap_graph(eager)
+        compiled, eager = graph_without_autocast(compiled), graph_without_autocast(eager)
     if ctx.recorder is not None:
         ctx.recorder.graphs.append(gm)
         ctx.recorder.compile_time += time.perf_counter() - t0
@@ -193,7 +194,7 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where:
     if checked:
         cg.ns[name] = FirstRun(compiled, eager, ctx.backend, where, cg.ns, name)
     args = ", ".join(src.expr() for src, _, _ in out.inputs)
-    return [f"__o = {name}({args})"], gm
+    return out.autocast.graph_call_lines(cg, f"__o = {name}({args})"), gm
 
 
 def _is_method(f, obj, name) -> bool:
