@@ -172,6 +172,7 @@ def test_grad_scaler_fp16_with_a_skipped_step(backend, form):
     assert all(torch.equal(a, b) for a, b in zip(pc[0], pc[1]))   # the skipped step
 
 
+@pytest.mark.slow
 def test_triton_interpreter_autocast_graph(tmp_path):
     """One autocast training graph through kiln's Triton path (TRITON_INTERPRET=1, on
     CPU tensors): values, dtypes and gradients as eager's."""
