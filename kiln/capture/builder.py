@@ -14,6 +14,7 @@ import types
 
 import torch
 
+from kiln.capture import autocast
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.sources import AttrSource, ItemSource
@@ -129,6 +130,8 @@ def wrap(tx, obj, source, module_member=False):
         gv = V.GradModeValue(isinstance(cm, torch.enable_grad))
         gv.prev = cm.prev
         return _ExitValue(gv)
+    if autocast.is_real_autocast(obj):
+        return autocast.wrap_real(tx, obj, source)
     if t is types.MethodType:
         func = wrap(tx, obj.__func__, AttrSource(source, "__func__") if source else None)
         self_v = wrap(tx, obj.__self__, AttrSource(source, "__self__") if source else None)

@@ -8,6 +8,7 @@ import types
 
 import torch
 
+from kiln.capture import autocast
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
 
@@ -94,7 +95,6 @@ CONST_FOLD = {
     torch.is_floating_point: lambda tx, a, k: _const(_fake_of(a, k).is_floating_point()),
     torch.is_complex: lambda tx, a, k: _const(_fake_of(a, k).is_complex()),
     torch.get_default_dtype: lambda tx, a, k: _const(torch.get_default_dtype()),
-    torch.is_autocast_enabled: lambda tx, a, k: _const(False),
     torch._C._get_tracing_state: lambda tx, a, k: _const(None),
     # library code asks whether TorchScript is scripting/tracing it: names read only to
     # answer False, for compatibility (DESIGN.md allows reading names); torch.jit is not used
@@ -117,6 +117,7 @@ CONST_FOLD = {
     torch.cuda.is_available: lambda tx, a, k: _const(torch.cuda.is_available()),
     torch.are_deterministic_algorithms_enabled: lambda tx, a, k: _const(torch.are_deterministic_algorithms_enabled()),
 }
+CONST_FOLD.update(autocast.QUERY_RULES)
 # Library code asks these to pick compile-friendly paths: they read True while kiln
 # traces (reading the names only, as DESIGN.md allows).
 for _mod, _attr in ((torch.compiler, "is_compiling"), (torch.compiler, "is_dynamo_compiling")):
