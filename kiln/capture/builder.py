@@ -185,7 +185,7 @@ class _AllowedFunction(V.Value):
 
 
 def _special(obj):
-    from kiln.capture import api
+    from kiln.capture import api, func_transforms
 
     from kiln.capture.frame_access import frame_function
 
@@ -213,6 +213,9 @@ def _special(obj):
             return _BreakingFunction(obj, f"{getattr(obj, '__qualname__', obj)} is disallowed in graph")
         if obj in api._allowed_in_graph:
             return _AllowedFunction(obj)
+        found = func_transforms.special_value(obj)
+        if found is not None:
+            return found
     except TypeError:  # unhashable
         return None
     return None
