@@ -65,7 +65,7 @@ class BodyGraph(OutputGraph):
         tv = V.TensorValue(node, fake)
         self._value_by_fake[id(fake)] = tv
         self._args.append(tv)
-        self._versions.append((fake, fake._elem._version))
+        self._versions.append((fake, fake._version))
         return tv
 
     def _placeholder(self, name):
@@ -87,7 +87,7 @@ class BodyGraph(OutputGraph):
                 self._lifted_by_node[v.node] = known
                 self.lifted.append((v, known))
                 self._value_by_fake[id(v.fake)] = known
-                self._versions.append((v.fake, v.fake._elem._version))
+                self._versions.append((v.fake, v.fake._version))
             return known
         if isinstance(v, V.NamedTupleValue):
             return v if not any(isinstance(i, V.TensorValue) for i in v.items) else \
@@ -115,7 +115,7 @@ class BodyGraph(OutputGraph):
             raise Unsupported(f"{self.what} changes Python state (a transform would replay it "
                               "with its own tensors)")
         for fake, version in self._versions:
-            if fake._elem._version != version:
+            if fake._version != version:
                 raise Unsupported(f"{self.what} writes in place into a tensor it did not create "
                                   "(an input or a captured tensor)")
         for v in outputs:

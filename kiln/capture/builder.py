@@ -116,7 +116,9 @@ def wrap(tx, obj, source, module_member=False):
     if t is types.FunctionType:
         if g:
             g.identity(source, obj)
-        return V.UserFunctionValue(obj, source)
+        from kiln.capture.func_transforms import prebuilt_value
+
+        return prebuilt_value(tx, obj, source) or V.UserFunctionValue(obj, source)
     if t is types.MethodType and isinstance(obj.__self__, (torch.no_grad, torch.enable_grad)) \
             and obj.__func__.__name__ == "__exit__":
         # the exit of a grad-mode with-block entered before a graph break

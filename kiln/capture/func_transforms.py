@@ -71,6 +71,48 @@ def _dummy(*args, **kwargs):
     return None
 
 
+_prebuilt_codes: dict = {}
+
+
+def _prebuilt_table() -> dict:
+    """The code object of the function each transform returns -> the transform (the
+    wrappers keep ``func`` and their options in closure cells of those names)."""
+    if not _prebuilt_codes:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for rule in TRANSFORMS.values():
+                _prebuilt_codes[rule.fn(_dummy).__code__] = rule
+    return _prebuilt_codes
+
+
+def prebuilt_value(tx, fn, source):
+    """``fn`` made by a transform outside the compiled code (``g = vmap(grad(f))`` at
+    module level), as the Value a call of the transform makes inside it; None for any
+    other function. ``fn`` itself is guarded by identity; its cells, by value."""
+    rule = _prebuilt_table().get(fn.__code__)
+    if rule is None or fn.__closure__ is None:
+        return None
+    from kiln.capture.builder import wrap
+    from kiln.capture.sources import FuncCellSource
+
+    names = fn.__code__.co_freevars
+    cells = {n: (i, c.cell_contents) for i, (n, c) in enumerate(zip(names, fn.__closure__))}
+    params = [p for p in inspect.signature(rule.fn).parameters if p != "func"]
+    if "func" not in cells or any(p not in cells for p in params):
+        return None
+    options = {}
+    for p in params:
+        i, value = cells[p]
+        if source is not None:
+            tx.output.guards.constant(FuncCellSource(source, i), value)
+        options[p] = value
+    i, func = cells["func"]
+    fn_value = wrap(tx, func, FuncCellSource(source, i) if source is not None else None)
+    return TransformedFunctionValue(rule, fn_value, options)
+
+
 class TransformValue(V.Value):
     """``torch.func.grad`` itself: calling it with a function makes a transformed one."""
 
@@ -203,7 +245,7 @@ class TransformCall:
 
         def transformed(*a, **k):
             leaves = tree_leaves((a, k))
-            outs = body(*[leaves[i] for i in positions], *lifted)
+            outs = body.forward(*[leaves[i] for i in positions], *lifted)
             return _fill(out_template, outs)
 
         result = self.rule.fn(transformed, **self.options)(*args, **kwargs)
