@@ -25,7 +25,7 @@ import torch
 import torch.fx as fx
 
 from kiln.capture import values as V
-from kiln.capture.errors import Unsupported
+from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.output import OutputGraph
 
 
@@ -161,6 +161,10 @@ def trace_body(tx, body: BodyGraph, fn_value, args, kwargs):
     tx.output = body
     try:
         return fn_value.call(tx, list(args), dict(kwargs))
+    except UserException as e:
+        # raised inside the transform: what the body did before it (Python state it
+        # changed) is not replayed, so the caller cannot go on from here in a graph
+        raise Unsupported(f"{body.what} raises {e.value.cls.__name__}") from None
     finally:
         tx.output = saved
 

@@ -132,8 +132,8 @@ class TransformValue(V.Value):
         else:
             raise Unsupported(f"torch.func.{self.rule.name} without a function")
         try:
-            options = inspect.signature(self.rule.fn).bind(_dummy, *[a.const() for a in args],
-                                                           **{k: v.const() for k, v in kwargs.items()})
+            options = inspect.signature(self.rule.fn).bind(_dummy, *[_option(a) for a in args],
+                                                           **{k: _option(v) for k, v in kwargs.items()})
             options.apply_defaults()
             options = {k: v for k, v in options.arguments.items() if k != "func"}
             self.rule.fn(_dummy, **options)   # the transform's own checks of its options
@@ -145,6 +145,16 @@ class TransformValue(V.Value):
 
     def __repr__(self):
         return f"TorchFunc({self.rule.name})"
+
+
+def _option(v):
+    """A transform's option (``in_dims`` may be a pytree built in the trace) as a constant."""
+    if isinstance(v, V.DictValue) and v.python_type() is dict:
+        return {k: _option(i) for k, i in v.items.items()}
+    if type(v) in (V.TupleValue, V.ListValue):
+        items = [_option(i) for i in v.items]
+        return tuple(items) if isinstance(v, V.TupleValue) else items
+    return v.const()
 
 
 class TransformedFunctionValue(V.Value):
