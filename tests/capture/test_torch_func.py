@@ -160,6 +160,18 @@ def test_vmap_over_a_module(fn, backend):
     check(fn, _batch, backend)
 
 
+def vmap_attention(q):
+    return vmap(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True))(
+        q, q * 2, q - 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vmap_over_attention(backend):
+    """kiln keeps attention whole (autograd/sdpa.py) except under a transform, where
+    functorch's own rules for it apply."""
+    check(vmap_attention, lambda: (torch.randn(2, 2, 5, 8),), backend)
+
+
 def vmap_random(x):
     a = vmap(lambda r: torch.rand_like(r) * r, randomness="different")(x)
     b = vmap(lambda r: torch.rand_like(r) + r, randomness="same")(x)
