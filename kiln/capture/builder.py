@@ -117,7 +117,9 @@ def wrap(tx, obj, source, module_member=False):
     if t is types.FunctionType:
         if g:
             g.identity(source, obj)
-        return V.UserFunctionValue(obj, source)
+        from kiln.capture.func_transforms import prebuilt_value
+
+        return prebuilt_value(tx, obj, source) or V.UserFunctionValue(obj, source)
     if t is types.MethodType and isinstance(obj.__self__, (torch.no_grad, torch.enable_grad)) \
             and obj.__func__.__name__ == "__exit__":
         # the exit of a grad-mode with-block entered before a graph break
@@ -188,7 +190,7 @@ class _AllowedFunction(V.Value):
 
 
 def _special(obj):
-    from kiln.capture import api
+    from kiln.capture import api, func_transforms
 
     from kiln.capture.frame_access import frame_function
 
@@ -216,6 +218,9 @@ def _special(obj):
             return _BreakingFunction(obj, f"{getattr(obj, '__qualname__', obj)} is disallowed in graph")
         if obj in api._allowed_in_graph:
             return _AllowedFunction(obj)
+        found = func_transforms.special_value(obj)
+        if found is not None:
+            return found
     except TypeError:  # unhashable
         return None
     return None

@@ -163,6 +163,8 @@ def tensor_attribute(tx, tv, name):
     f = tv.fake
     if name in ("shape",):
         return V.ConstantValue(torch.Size(f.shape))
+    if name in ("requires_grad", "is_leaf", "grad_fn") and getattr(tx.output, "in_transform", False):
+        raise Unsupported(f"Tensor.{name} inside a torch.func transform (it reports the transform's own tracking)")
     if name in ("dtype", "ndim", "requires_grad", "is_cuda", "is_sparse", "is_quantized",
                 "is_meta", "is_leaf", "layout", "is_mkldnn", "is_nested", "itemsize", "nbytes",
                 "is_cpu", "is_mps", "is_xpu"):
