@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from kiln.amp_off import suspended as autocast_suspended
 from kiln.autograd.ops import op_set
 from kiln.autograd.grad_parts import restrict_backward, split
 from kiln.autograd.partition import partition
@@ -248,7 +249,7 @@ class _Node:
                     return (None,) * (1 + n_inputs + len(ctx.anchors))
                 ctx.witnesses.check({p for p, on in zip(node.part.outputs, present) if on})
                 bw, saved_at, tangents_at = node.backward_for(present)
-                with torch.no_grad():
+                with torch.no_grad(), autocast_suspended():   # casts are in the graph
                     # read only when used: a second backward through a node that saves
                     # nothing works in eager
                     saved = ctx.saved_tensors if saved_at else ()

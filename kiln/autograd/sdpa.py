@@ -320,6 +320,7 @@ def fused_kernel(q, k, v, mask, is_causal, scale, device) -> int | None:
 
 
 _SDPA_FUNCTIONS = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+_functorch_level = torch._C._functorch.peek_interpreter_stack
 
 
 def _bind(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, *,
@@ -337,7 +338,9 @@ class AttentionMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _SDPA_FUNCTIONS:
+        # inside a torch.func transform (a captured ``vmap(attention)``) functorch's own
+        # rules for the op give the aten ops: ``_WholeAttention`` has none
+        if func in _SDPA_FUNCTIONS and _functorch_level() is None:
             try:
                 q, k, v, mask, p, causal, scale, gqa = _bind(*args, **kwargs)
             except TypeError:

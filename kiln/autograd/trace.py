@@ -231,6 +231,8 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         if func is aten._local_scalar_dense.default:
             raise AotUnsupported("a tensor's value (.item(), a data-dependent branch) is "
                                  "needed, but tracing runs on meta tensors")
+        if func is aten._to_copy.default and isinstance(args[0], _NUMBERS):
+            return _number_to_copy(self, *args, **kwargs)
         if func in (aten.lift_fresh.default, aten.lift_fresh_copy.default):
             return args[0] if func is aten.lift_fresh.default else self._record(
                 aten.clone.default, args, kwargs)
@@ -373,6 +375,20 @@ def _batch_norm_backward_in_training(mode, grad_out, input, weight, running_mean
     return mode._record(aten.native_batch_norm_backward.default,
                         (grad_out, input, weight, None, None, save_mean, save_invstd,
                          train, eps, output_mask), {})
+
+
+_NUMBERS = (bool, int, float, complex)
+_NUMBER_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64,
+                  complex: torch.complex128}
+
+
+def _number_to_copy(mode, value, dtype=None, device=None, **_layout):
+    """``_to_copy`` of a Python number: a scalar operand that ``vmap``'s batching rules
+    move to the batched tensor's device (the dispatcher hands the number itself to a
+    dispatch mode). The same 0-d tensor, made directly."""
+    return mode._record(aten.scalar_tensor.default, (value,), {
+        "dtype": dtype or _NUMBER_DTYPES[type(value)],
+        "device": device if device is not None else torch.device("cpu")})
 
 
 #: Ops recorded by a rule of their own (reached only when the op set does not

@@ -16,6 +16,7 @@ import weakref
 
 import torch
 
+from kiln.capture import autocast
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.sources import AttrSource, ItemSource
@@ -122,7 +123,9 @@ def wrap(tx, obj, source, module_member=False):
     if t is types.FunctionType:
         if g:
             g.identity(source, obj)
-        return V.UserFunctionValue(obj, source)
+        from kiln.capture.func_transforms import prebuilt_value
+
+        return prebuilt_value(tx, obj, source) or V.UserFunctionValue(obj, source)
     if t is types.MethodType and isinstance(obj.__self__, (torch.no_grad, torch.enable_grad)) \
             and obj.__func__.__name__ == "__exit__":
         # the exit of a grad-mode with-block entered before a graph break
@@ -135,6 +138,8 @@ def wrap(tx, obj, source, module_member=False):
         gv = V.GradModeValue(isinstance(cm, torch.enable_grad))
         gv.prev = cm.prev
         return _ExitValue(gv)
+    if autocast.is_real_autocast(obj):
+        return autocast.wrap_real(tx, obj, source)
     if t is types.MethodType:
         func = wrap(tx, obj.__func__, AttrSource(source, "__func__") if source else None)
         self_v = wrap(tx, obj.__self__, AttrSource(source, "__self__") if source else None)
@@ -199,7 +204,7 @@ class _AllowedFunction(V.Value):
 
 
 def _special(obj):
-    from kiln.capture import api
+    from kiln.capture import api, func_transforms
 
     from kiln.capture.frame_access import frame_function
     from kiln.capture.optimizers import special as optimizer_special
@@ -230,6 +235,9 @@ def _special(obj):
             return _BreakingFunction(obj, f"{getattr(obj, '__qualname__', obj)} is disallowed in graph")
         if obj in api._allowed_in_graph:
             return _AllowedFunction(obj)
+        found = func_transforms.special_value(obj)
+        if found is not None:
+            return found
     except TypeError:  # unhashable
         return None
     return None

@@ -32,6 +32,10 @@ def construct(tx, cv, args, kwargs):
         return V.GradModeValue(False)
     if cls is torch.enable_grad:
         return V.GradModeValue(True)
+    if issubclass(cls, torch.amp.autocast):
+        from kiln.capture import autocast
+
+        return autocast.construct(tx, cls, args, kwargs)
     if cls is torch.set_grad_enabled:
         from kiln.capture.torch_rules import _set_grad_enabled
 

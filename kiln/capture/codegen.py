@@ -183,6 +183,8 @@ class EntryCodegen:
 
         if isinstance(v, _ExitValue) and isinstance(v.ctx, V.GradModeValue):
             return f"{self.ref(grad_mode_exit, 'gexit')}({v.ctx.enabled}, {v.ctx.prev})"
+        if isinstance(v, _ExitValue) and hasattr(v.ctx, "exit_expr"):
+            return v.ctx.exit_expr(self)
         if isinstance(v, V.SuperValue):
             raise Unsupported("rebuilding super()")
         if hasattr(v, "fn") and not hasattr(v, "code"):  # special kiln functions

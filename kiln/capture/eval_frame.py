@@ -19,7 +19,7 @@ import weakref
 from kiln import config
 from kiln.capture.codegen import MISS
 from kiln.capture.errors import BackendCompilerFailed, InternalError, SkipFrame, Unsupported
-from kiln.capture import global_state
+from kiln.capture import autocast_state, global_state
 from kiln.capture.guards import Guard, first_failure
 from kiln.capture.tracer import Entry, TraceContext, trace_frame
 from kiln.debug.logs import log_for
@@ -101,7 +101,7 @@ class CompiledFunction:
         try:
             if prepare is not None:  # a backend's one-time set-up, overlapping the capture
                 prepare(list(args) + list(kwargs.values()))
-            with timed("capture (incl. backend)"):
+            with timed("capture (incl. backend)"), autocast_state.tracing():
                 entry = trace_frame(self.fn, self.code, bound, self._ctx())
         except SkipFrame as s:
             if self.fullgraph:

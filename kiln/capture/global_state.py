@@ -8,8 +8,10 @@ All of it is one tuple, read by one cheap call (well under a microsecond: no def
 device lookup, only the mode stack's shape), compared with the one the trace saw.
 Grad mode has its own guard (``GuardSet.grad_mode``).
 
-Some state kiln cannot reproduce in a graph: autocast (ops would run in other dtypes),
-torch-function and dispatch modes set by the user (other than ``torch.device`` contexts:
+Autocast on the CPU and CUDA is part of the tuple (enabled device types with their
+dtypes, the cache flag): a trace starts in it and makes autocast's casts explicit
+(``autocast_state.py``). Some state kiln cannot reproduce in a graph: autocast of other
+device types, torch-function and dispatch modes set by the user (other than ``torch.device`` contexts:
 they would not see compiled kernels) and functorch
 transforms (``vmap``, ``grad``: a trace would see one unbatched sample). A call made
 under such state runs eagerly, in an entry guarded on that state (``eager_reason``).
@@ -18,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-_any_autocast = torch._C._is_any_autocast_enabled
+from kiln.capture.autocast_state import entry_key, snapshot_key as _autocast
+
 _inference = torch.is_inference_mode_enabled
 _default_dtype = torch.get_default_dtype
 _deterministic = torch.are_deterministic_algorithms_enabled
@@ -40,14 +43,21 @@ def _function_modes() -> tuple:
 
 def snapshot() -> tuple:
     """Everything below, as one comparable value."""
-    return (_inference(), _default_dtype(), _any_autocast(), _deterministic(),
+    return (_inference(), _default_dtype(), _autocast(), _deterministic(),
             _deterministic_warn(), _function_modes(), _dispatch_stack_len(),
             _functorch_level() is not None)
 
 
+def traced_snapshot() -> tuple:
+    """``snapshot()`` as the call being traced came in (a trace runs with the real
+    autocast state off: ``autocast_state.tracing``)."""
+    s = snapshot()
+    return s[:2] + (entry_key(),) + s[3:]
+
+
 def describe(state: tuple) -> str:
     inference, dtype, autocast, det, det_warn, modes, dispatch, functorch = state
-    parts = [f"inference_mode={inference}", f"default dtype={dtype}", f"autocast={autocast}",
+    parts = [f"inference_mode={inference}", f"default dtype={dtype}", _describe_autocast(autocast),
              f"deterministic={det}{' (warn only)' if det_warn else ''}"]
     if modes:
         parts.append("function modes=" + ", ".join(
@@ -64,11 +74,19 @@ def eager_reason(state: tuple) -> str | None:
     _inference_on, _dtype, autocast, _det, _det_warn, modes, dispatch, functorch = state
     if any(t.__name__ != "DeviceContext" for t, _ in modes):
         return "a TorchFunctionMode is active (compiled kernels would bypass it)"
-    if autocast:
-        return "autocast is enabled (kiln does not reproduce autocast's dtypes)"
+    if autocast is not None and autocast[2]:
+        return f"autocast is enabled on {', '.join(autocast[2])} (kiln models CPU and CUDA autocast)"
     if dispatch:
         return "a TorchDispatchMode is active (compiled kernels would bypass it)"
     if functorch:
         return "called inside a functorch transform (vmap, grad…), which kiln does not trace"
     return None
 
+
+
+def _describe_autocast(key) -> str:
+    if key is None:
+        return "autocast off"
+    on, cache, other = key
+    parts = [f"{d} {dtype}" for d, dtype in on] + list(other)
+    return f"autocast {', '.join(parts) or 'nesting only'} (cache {'on' if cache else 'off'})"

@@ -880,7 +880,7 @@ def RETURN_GENERATOR(tx, inst):
 @handles("BEFORE_WITH")
 def BEFORE_WITH(tx, inst):
     ctx = tx.pop()
-    if hasattr(ctx, "enter"):  # grad mode, a profiler range: modelled context managers
+    if isinstance(ctx, V.ContextValue):
         tx.push(_ExitValue(ctx))
         tx.push(ctx.enter(tx))
         return
@@ -901,7 +901,7 @@ class _ExitValue(V.Value):
         self.ctx = ctx
 
     def call(self, tx, args, kwargs):
-        if hasattr(self.ctx, "exit"):
+        if isinstance(self.ctx, V.ContextValue):
             return self.ctx.exit(tx)
         from kiln.capture.objects import call_dunder
 

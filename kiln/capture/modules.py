@@ -41,6 +41,8 @@ def _iter_items(tx, mv, name, pos, kw):
         out, seen = [], set()
         mods = _walk(tx, mv, "") if recurse else [("", mv)]
         for mprefix, sub in mods:
+            if getattr(sub, "functional_overrides", 0):
+                raise Unsupported(f"nn.Module.{name}() inside torch.func.functional_call")
             for k, t in sub.mod.__dict__[table].items():
                 if t is None or id(t) in seen:
                     continue

@@ -79,6 +79,8 @@ def object_getattr(tx, ov, name):
         return V.ClassValue(cls)
     if name == "__dict__":
         raise Unsupported("reading obj.__dict__")
+    if name in ("_parameters", "_buffers") and getattr(ov, "functional_overrides", 0):
+        raise Unsupported(f"reading Module.{name} inside torch.func.functional_call")
     from kiln.capture.environ import EnvironRead, is_environ
     from kiln.capture.logging_calls import is_logger, logger_attr
 

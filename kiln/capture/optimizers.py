@@ -37,8 +37,18 @@ def _probe():
     pass
 
 
-class NoOpContextValue(V.Value):
-    """A profiler annotation (``record_function(name)``): nothing in the graph."""
+def _no_op_exit(*exc_info):
+    return None
+
+
+class NoOpContextValue(V.ContextValue):
+    """A profiler annotation (``record_function(name)``): nothing in the graph; a
+    break inside it resumes in a block whose exit does nothing either."""
+
+    stateless = True  # no global state to restore or to re-enter at a break
+
+    def exit_expr(self, cg) -> str:
+        return cg.ref(_no_op_exit, "noexit")
 
     def python_type(self):
         return torch.autograd.profiler.record_function

@@ -15,6 +15,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_map
 
 from kiln.capture import global_state
+from kiln.capture.autocast import AmpTracker
 from kiln.capture import values as V
 from kiln.capture.errors import InternalError, Unsupported, UserException
 from kiln.capture.fake import (DataDependent, FakeMode, FakeTensor, NoMetaKernel, to_fake,
@@ -46,7 +47,8 @@ class OutputGraph:
         #: function starts inside the blocks its break was in)
         self.grad_blocks: list = []
         self._unwind_modes: set = set()   # the grad mode eager leaves if an op raises
-        self.guards.global_state(global_state.snapshot())
+        self.guards.global_state(global_state.traced_snapshot())
+        self.autocast = AmpTracker(self.guards)   # autocast state, per op (autocast.py)
         self._names: set = set()
         self._keepalive: list = []
 
@@ -152,6 +154,9 @@ class OutputGraph:
         if not (rg is None or isinstance(rg, V.ConstantValue) and rg.value is False):
             # a new leaf of the user's autograd graph: graph outputs are never leaves
             raise Unsupported(f"{_target_name(target)}(requires_grad=...) inside a compiled region")
+        amp = self.autocast
+        if amp.state.any_enabled and not amp.bypass:  # autocast's casts as nodes of their own
+            args, kwargs = amp.explicit_call(self, kind, target, args, kwargs)
         fake_args = [_to_fake(a) for a in args]
         fake_kwargs = {k: _to_fake(v) for k, v in kwargs.items()}
         try:
@@ -177,6 +182,7 @@ class OutputGraph:
             raise Unsupported(f"{_target_name(target)} with a class as argument")
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
         self._unwind_modes.add(self.grad_blocks[0] if self.grad_blocks else self.grad_enabled)
+        amp.note_op()
         result = self._wrap_result(out, node)
         if not node.users and out is not None and not _has_tensor(out):
             # a metadata query answered at trace time (mutating ops return None or a

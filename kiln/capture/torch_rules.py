@@ -8,6 +8,7 @@ import types
 
 import torch
 
+from kiln.capture import autocast
 from kiln.capture import scalar_tensor_args
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
@@ -95,7 +96,6 @@ CONST_FOLD = {
     torch.is_floating_point: lambda tx, a, k: _const(_fake_of(a, k).is_floating_point()),
     torch.is_complex: lambda tx, a, k: _const(_fake_of(a, k).is_complex()),
     torch.get_default_dtype: lambda tx, a, k: _const(torch.get_default_dtype()),
-    torch.is_autocast_enabled: lambda tx, a, k: _const(False),
     torch._C._get_tracing_state: lambda tx, a, k: _const(None),
     # library code asks whether TorchScript is scripting/tracing it: names read only to
     # answer False, for compatibility (DESIGN.md allows reading names); torch.jit is not used
@@ -119,6 +119,7 @@ CONST_FOLD = {
     torch._C._get_privateuse1_backend_name: lambda tx, a, k: _const(torch._C._get_privateuse1_backend_name()),
     torch.are_deterministic_algorithms_enabled: lambda tx, a, k: _const(torch.are_deterministic_algorithms_enabled()),
 }
+CONST_FOLD.update(autocast.QUERY_RULES)
 # Library code asks these to pick compile-friendly paths: they read True while kiln
 # traces (reading the names only, as DESIGN.md allows).
 for _mod, _attr in ((torch.compiler, "is_compiling"), (torch.compiler, "is_dynamo_compiling")):
@@ -164,6 +165,8 @@ def tensor_attribute(tx, tv, name):
     f = tv.fake
     if name in ("shape",):
         return V.ConstantValue(torch.Size(f.shape))
+    if name in ("requires_grad", "is_leaf", "grad_fn") and getattr(tx.output, "in_transform", False):
+        raise Unsupported(f"Tensor.{name} inside a torch.func transform (it reports the transform's own tracking)")
     if name in ("dtype", "ndim", "requires_grad", "is_cuda", "is_sparse", "is_quantized",
                 "is_meta", "is_leaf", "layout", "is_mkldnn", "is_nested", "itemsize", "nbytes",
                 "is_cpu", "is_mps", "is_xpu"):

@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 
 from kiln.capture import values as V
+from kiln.capture.autocast_state import graph_without_autocast
 from kiln.capture.codegen import EntryCodegen, build_entry, call_at, call_source, restoring_grad_mode
 from kiln.capture.errors import RestartWithBreak, SkipFrame, Unsupported, UserException
 from kiln.capture.frame_access import reads_own_frame
@@ -94,6 +95,7 @@ def trace_frame(fn: types.FunctionType, code, bound_args: dict, ctx: TraceContex
 def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
     out = OutputGraph()
     out.grad_blocks = list(getattr(fn, "_kiln_grad_blocks", ()))
+    out.autocast.resume_inside(getattr(fn, "_kiln_amp_blocks", ()))
     out.root_globals = fn.__globals__
     g = out.guards
     ns = {"__G": fn.__globals__, "__closure": fn.__closure__, "__torch": torch,
@@ -183,6 +185,8 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where:
     if on_error is not None:
         compiled = restoring_grad_mode(compiled, on_error)
         eager = restoring_grad_mode(eager, on_error)
+    if out.autocast.used:   # autocast's casts are in the graph: it runs with autocast off
+        compiled, eager = graph_without_autocast(compiled), graph_without_autocast(eager)
     if ctx.recorder is not None:
         ctx.recorder.graphs.append(gm)
         ctx.recorder.compile_time += time.perf_counter() - t0
@@ -190,7 +194,7 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where:
     if checked:
         cg.ns[name] = FirstRun(compiled, eager, ctx.backend, where, cg.ns, name)
     args = ", ".join(src.expr() for src, _, _ in out.inputs)
-    return [f"__o = {name}({args})"], gm
+    return out.autocast.graph_call_lines(cg, f"__o = {name}({args})"), gm
 
 
 def _is_method(f, obj, name) -> bool:
@@ -208,6 +212,7 @@ def _finish(fn, code, out, cg, ctx, tail_lines, where, break_info=None, graph=Tr
         # the grad mode the traced code leaves, whatever the backend does with the
         # graph's own mode changes (aten graphs have none)
         lines.append(f"__torch._C._set_grad_enabled({out.grad_enabled})")
+    lines += out.autocast.leave_lines(cg)      # the autocast state the traced code leaves
     lines += cg.reads + cg.lines
     entry_lines = lines + tail_lines
     out.guard_mutated_distinct()
@@ -258,7 +263,7 @@ def _compile_raise(fn, code, frame, ctx, ns, exc):
 
 
 def _grad_exits(frame, inst):
-    """The grad-mode with-blocks around ``inst``, outermost first; Unsupported when a
+    """The grad-mode and autocast with-blocks around ``inst``, outermost first; Unsupported when a
     try block (or another context manager) encloses it: the unsupported step would run
     outside the user's handler."""
     from kiln.capture.interpreter import _ExitValue
@@ -267,7 +272,7 @@ def _grad_exits(frame, inst):
     for ent in frame.exc_table:
         if ent.start <= inst.offset <= ent.end:
             slot = frame.stack[ent.depth - 1] if 0 < ent.depth <= len(frame.stack) else None
-            if not (isinstance(slot, _ExitValue) and isinstance(slot.ctx, V.GradModeValue)):
+            if not (isinstance(slot, _ExitValue) and isinstance(slot.ctx, V.ContextValue)):
                 raise Unsupported("the break is inside a try block or a with-block kiln cannot re-enter")
             if slot not in exits:
                 exits.append(slot)
@@ -279,6 +284,10 @@ def _compile_break(fn, code, frame, ctx, ns, info: BreakInfo):
     inst = frame.insts[frame.ip]
     stack = list(frame.stack)
     exits = _grad_exits(frame, inst)
+    grad_exits = [e for e in exits if isinstance(e.ctx, V.GradModeValue)]
+    stateless = [e for e in exits if getattr(e.ctx, "stateless", False)]
+    if len(exits) - len(grad_exits) - len(stateless) != len(out.autocast.blocks):
+        raise Unsupported("a graph break inside torch.autocast blocks entered in another way")
     log_for("graph_breaks").info("graph break in %s: %s", code.co_name, info)
     if ctx.recorder is not None:
         ctx.recorder.breaks.append(info)
@@ -302,12 +311,13 @@ def _compile_break(fn, code, frame, ctx, ns, info: BreakInfo):
     else:
         lines, rest, results, targets = _native_jump(frame, inst, stack, cg)
     if exits:
-        # inside `with torch.no_grad()`: run the step in the block's grad mode and, if it
-        # raises, leave the mode as the with-statement would
-        entry_mode = exits[0].ctx.prev
+        # inside `with torch.no_grad()` / `torch.autocast(...)`: run the step in the
+        # block's state and, if it raises, leave the state as the with-statements would
+        entry_mode = grad_exits[0].ctx.prev if grad_exits else out.grad_enabled
         lines = [f"__torch._C._set_grad_enabled({out.grad_enabled})", "try:"] + \
                 ["    " + ln for ln in lines] + \
-                ["except BaseException:", f"    __torch._C._set_grad_enabled({entry_mode})", "    raise"]
+                ["except BaseException:", f"    __torch._C._set_grad_enabled({entry_mode})"] + \
+                ["    " + ln for ln in out.autocast.unwind_lines(cg)] + ["    raise"]
     body = cg.lines
     cg.lines = []
     stack_exprs = [None if v is V.NULL else cg.expr(v) for v in rest]
@@ -318,7 +328,8 @@ def _compile_break(fn, code, frame, ctx, ns, info: BreakInfo):
         nulls = tuple(e is None for e in stack_exprs) + tuple(False for _ in extra)
         rcode = resume_code(code, target_index, nulls, local_names)
         rfn = types.FunctionType(rcode, fn.__globals__, rcode.co_name, None, fn.__closure__)
-        rfn._kiln_grad_blocks = [e.ctx.prev for e in exits]   # it starts inside them
+        rfn._kiln_grad_blocks = [e.ctx.prev for e in grad_exits]   # it starts inside them
+        rfn._kiln_amp_blocks = [b.fields() for b in out.autocast.blocks]
         compiled = ctx.compile_callee(rfn)
         name = cg.ref(compiled, "resume")
         args = [e for e in stack_exprs if e is not None] + list(extra) + local_exprs

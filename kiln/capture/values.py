@@ -795,7 +795,18 @@ class ExceptionValue(Value):
         return f"Exception({self.cls.__name__}, {self.args})"
 
 
-class GradModeValue(Value):
+class ContextValue(Value):
+    """A context manager whose entering and leaving the trace models as state
+    (``enter``/``exit``), rebuilt as a real one when a graph break falls inside it."""
+
+    def enter(self, tx):
+        raise NotImplementedError
+
+    def exit(self, tx):
+        raise NotImplementedError
+
+
+class GradModeValue(ContextValue):
     """``torch.no_grad()`` / ``enable_grad()`` / ``set_grad_enabled(b)`` as a context
     manager (also usable as a decorator's effect on an inlined call)."""
 

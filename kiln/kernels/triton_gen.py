@@ -178,9 +178,15 @@ class TBody:
             tpl = _TRITON_OVERRIDES.get(e.name, OPS[e.name][1])
             if cdt == torch.float32 and e.name in _IEEE:
                 tpl = _IEEE[e.name]      # fp32 / and sqrt are approximate on GPUs; fp64 is IEEE
+            src = e.args[0].dtype if e.name == "cast" else None
             if e.name == "cast" and cdt != e.dtype:
                 tpl = "{0}.to({t}).to(tl.float32)"     # round to the narrow type, then widen
                 s = self.tmp(tpl.format(self.render(e.args[0]), t=TL[e.dtype]))
+            elif e.name == "cast" and src.is_floating_point and compute_dtype(src) != src:
+                # a narrow value is held unrounded in its compute type (ops between
+                # loads and stores round once, at the store); an explicit cast out of
+                # the narrow type (autocast's ``.float()``) reads it rounded, as eager
+                s = self.tmp(f"{self.render(e.args[0])}.to({TL[src]}).to({TL[cdt]})")
             else:
                 args = [self.render(a) for a in e.args]
                 s = self.tmp(tpl.format(*args, t=TL[cdt]))

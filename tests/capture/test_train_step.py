@@ -216,6 +216,21 @@ def test_record_function_is_a_no_op_annotation():
     torch.testing.assert_close(kiln.compile(f, backend="eager")(x), f(x))
 
 
+def test_graph_break_inside_a_record_function_block_resumes_inside_it():
+    def f(x):
+        with torch.profiler.record_function("range"):
+            y = x * 2
+            kiln.graph_break()
+            y = y + 1
+        return y - 3
+
+    out = kiln.explain(f)(torch.randn(3))
+    assert out.graph_count == 2 and out.graph_break_count == 1, str(out)
+    assert "Frames run eagerly" not in str(out)
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(f, backend="eager")(x), f(x))
+
+
 def test_defaultdict_in_a_compiled_function():
     import collections
 

@@ -50,16 +50,16 @@ class Gen:
     def replay(self) -> State:
         st = initial_state(self.plan.text, self.plan.params, self.header)
         for b in self.body:
-            st.run(b.text)
+            st.run(b.text, limit=False)
             _bind(st, b.defines)
         for setup, setup_defines, headers, blocks in self._pending:
             for h in headers:
-                st.run(h)
+                st.run(h, limit=False)
             if setup:
-                st.run(setup)
+                st.run(setup, limit=False)
                 _bind(st, setup_defines)
             for b in blocks:
-                st.run(b.text)
+                st.run(b.text, limit=False)
                 _bind(st, b.defines)
         return st
 

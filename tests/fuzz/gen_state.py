@@ -45,16 +45,19 @@ class TooSlow(RuntimeError):
 
 
 @contextlib.contextmanager
-def _time_limit():
-    """Raise TooSlow in the statement after STATEMENT_SECONDS (main thread only)."""
-    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+def _time_limit(on: bool = True):
+    """Raise TooSlow in the statement after STATEMENT_SECONDS (main thread only), and
+    again every 0.1 s until it leaves: the statement's own ``except RuntimeError`` (or
+    a meta kernel's refusal, caught below) may swallow one."""
+    if not on or not hasattr(signal, "setitimer") or \
+            threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def expire(signum, frame):
         raise TooSlow(f"a statement ran over {STATEMENT_SECONDS} s")
     old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, STATEMENT_SECONDS)
+    signal.setitimer(signal.ITIMER_REAL, STATEMENT_SECONDS, 0.1)
     try:
         yield
     finally:
@@ -71,6 +74,8 @@ class _SizeCap(TorchDispatchMode):
             meta = tree_map(lambda a: a.to("meta") if isinstance(a, torch.Tensor) else a,
                             (args, kwargs))
             out = func(*meta[0], **meta[1])
+        except TooSlow:
+            raise
         except Exception:       # noqa: BLE001  (no meta kernel, or it raises: run it)
             out = None
         for t in tree_flatten(out)[0]:
@@ -123,8 +128,10 @@ class State:
         self.ns = ns
         self.locals = local_names
 
-    def run(self, text: str):
-        with warnings.catch_warnings(), _SizeCap(), _time_limit():
+    def run(self, text: str, limit: bool = True):
+        """Run a statement; ``limit=False`` for one replayed (it finished before, and a
+        limit could end it on a busy machine: the program would depend on the load)."""
+        with warnings.catch_warnings(), _SizeCap(), _time_limit(limit):
             warnings.simplefilter("ignore")
             try:
                 exec(compile(text, "<fuzzgen>", "exec"), self.ns)

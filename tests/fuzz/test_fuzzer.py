@@ -354,5 +354,5 @@ def test_pool_reports_segfault_and_timeout(tmp_path):
     fine = program()
     mode = lookup("eager")
     tasks = [(crash, mode), (hang, mode), (fine, mode)]
-    got = {t[0].seed: r.status for t, r in Pool(1, timeout=3, log_dir=str(tmp_path)).run(tasks)}
+    got = {t[0].seed: r.status for t, r in Pool(1, timeout=8, log_dir=str(tmp_path)).run(tasks)}
     assert got == {1: "segfault", 2: "timeout", 0: "ok"}
