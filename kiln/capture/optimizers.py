@@ -76,6 +76,17 @@ class NoOpContextClass(V.Value):
         return NoOpContextValue()
 
 
+def _refuse_fused(tx, args, kwargs):
+    raise Unsupported("a fused optimizer kernel (fused=True) runs eagerly: its in-place "
+                      "list op is not captured")
+
+
+#: torch.optim's fused kernels (``fused=True``): a graph break, run as eager runs them
+FUSED_STEP_RULES = {getattr(torch, name): _refuse_fused
+                    for name in ("_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_")
+                    if hasattr(torch, name)}
+
+
 def special(obj):
     """The Value for ``obj`` where it is one of the callables these rules model."""
     if obj is torch.autograd.profiler.record_function:

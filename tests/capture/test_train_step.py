@@ -192,6 +192,19 @@ def test_tensor_lr_from_a_scheduler_is_a_graph_input(name):
     assert len(be.update_graphs(cls)) == 2  # state created, then steady
 
 
+@pytest.mark.parametrize("name", ["sgd_momentum", "adamw"])
+def test_fused_optimizers_run_their_kernel_eagerly(name):
+    """``fused=True``: the state's creation is traced, the fused kernel (an in-place op
+    on lists that the autograd stage does not functionalize) is a graph break."""
+    cls, kw = OPTIMIZERS[name]
+    m1, o1, m2, o2 = make_pair(cls, dict(kw, fused=True))
+    run_steps(kiln.compile(train_step, backend="aot_eager"), m1, o1, m2, o2)
+    assert_same_training_state(m1, o1, m2, o2)
+    m3, o3, _, _ = make_pair(cls, dict(kw, fused=True))
+    out = kiln.explain(train_step)(m3, o3, torch.randn(5, 4), torch.randn(5, 2))
+    assert any("fused optimizer kernel" in b.reason for b in out.break_reasons), str(out)
+
+
 def test_optimizer_state_created_in_the_graph_is_eagers():
     """The first call creates the state inside the graph: the same keys, dtypes and
     devices as eager's (``step`` a float32 CPU scalar tensor)."""
