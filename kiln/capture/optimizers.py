@@ -76,15 +76,21 @@ class NoOpContextClass(V.Value):
         return NoOpContextValue()
 
 
-def _refuse_fused(tx, args, kwargs):
-    raise Unsupported("a fused optimizer kernel (fused=True) runs eagerly: its in-place "
-                      "list op is not captured")
+def _refuse(why):
+    def rule(tx, args, kwargs):
+        raise Unsupported(why)
+
+    return rule
 
 
-#: torch.optim's fused kernels (``fused=True``): a graph break, run as eager runs them
-FUSED_STEP_RULES = {getattr(torch, name): _refuse_fused
-                    for name in ("_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_")
-                    if hasattr(torch, name)}
+_FUSED = "a fused optimizer kernel (fused=True) runs eagerly: its in-place list op is not captured"
+_UNSCALE = ("GradScaler's unscale kernel runs eagerly: its in-place list op is not captured")
+#: kernels of a training step that write lists of tensors in place, which the autograd
+#: stage does not functionalize: a graph break each, run as eager runs them
+STEP_KERNEL_RULES = {getattr(torch, name): _refuse(why) for name, why in (
+    ("_fused_adam_", _FUSED), ("_fused_adamw_", _FUSED), ("_fused_sgd_", _FUSED),
+    ("_fused_adagrad_", _FUSED), ("_amp_foreach_non_finite_check_and_unscale_", _UNSCALE),
+) if hasattr(torch, name)}
 
 
 def special(obj):

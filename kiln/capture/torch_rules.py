@@ -121,7 +121,7 @@ CONST_FOLD = {
     torch.are_deterministic_algorithms_enabled: lambda tx, a, k: _const(torch.are_deterministic_algorithms_enabled()),
 }
 CONST_FOLD.update(autocast.QUERY_RULES)
-CONST_FOLD.update(optimizers.FUSED_STEP_RULES)
+CONST_FOLD.update(optimizers.STEP_KERNEL_RULES)
 # Library code asks these to pick compile-friendly paths: they read True while kiln
 # traces (reading the names only, as DESIGN.md allows).
 for _mod, _attr in ((torch.compiler, "is_compiling"), (torch.compiler, "is_dynamo_compiling")):
