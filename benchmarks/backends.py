@@ -46,9 +46,10 @@ class TorchCompile:
 
     family = "torch.compile"
 
-    def __init__(self, name: str = "torch.compile", inner: str = "inductor"):
+    def __init__(self, name: str = "torch.compile", inner: str = "inductor", mode: str | None = None):
         self.name = name
         self.inner = inner
+        self.mode = mode
 
     def use_cache_dir(self, path: str) -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
@@ -57,6 +58,8 @@ class TorchCompile:
     def compile(self, fn):
         import torch
 
+        if self.mode is not None:
+            return torch.compile(fn, backend=self.inner, mode=self.mode)
         return torch.compile(fn, backend=self.inner)
 
     def explain(self, fn, args) -> Explained:
@@ -121,6 +124,7 @@ DEFAULT_BACKENDS = ("eager", "torch.compile", "kiln-eager", "kiln-aot_eager", "k
 _FIXED = {
     "eager": lambda: Eager(),
     "torch.compile": lambda: TorchCompile(),
+    "torch.compile-ro": lambda: TorchCompile("torch.compile-ro", mode="reduce-overhead"),
     "kiln": lambda: Kiln("kiln", None),
     "kiln-eager": lambda: Kiln("kiln-eager", "eager"),
     "kiln-aot_eager": lambda: Kiln("kiln-aot_eager", "aot_eager"),

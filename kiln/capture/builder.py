@@ -8,9 +8,11 @@ function's identity, an object's type.
 from __future__ import annotations
 
 import builtins
+import collections
 import functools
 import inspect
 import types
+import weakref
 
 import torch
 
@@ -86,6 +88,10 @@ def wrap(tx, obj, source, module_member=False):
             g.dict_keys(source, keys)
         items = {k: wrap(tx, v, ItemSource(source, k) if source is not None else None)
                  for k, v in obj.items()}
+        if t is collections.defaultdict:
+            from kiln.capture.default_dicts import wrap_real
+
+            return tx.output.remember(obj, wrap_real(tx, obj, items, source))
         return tx.output.remember(obj, V.DictValue(items, source, cls=t))
     if t in (set, frozenset):
         if not all(type(k) in _CONST_TYPES for k in obj):
@@ -157,6 +163,14 @@ def wrap(tx, obj, source, module_member=False):
         return PartialValue(func, args, kw, source)
     if isinstance(obj, (torch.no_grad, torch.enable_grad)):
         return V.GradModeValue(isinstance(obj, torch.enable_grad))
+    if isinstance(obj, torch.optim.Optimizer) and source is not None:
+        from kiln.capture.optimizers import wrap_optimizer
+
+        return wrap_optimizer(tx, obj, source)
+    if t is weakref.ref and source is not None:
+        from kiln.capture.weak_refs import wrap_ref
+
+        return wrap_ref(tx, obj, source)
     return _wrap_object(tx, obj, source)
 
 
@@ -193,8 +207,11 @@ def _special(obj):
     from kiln.capture import api, func_transforms
 
     from kiln.capture.frame_access import frame_function
+    from kiln.capture.optimizers import special as optimizer_special
 
     found = frame_function(obj)
+    if found is None:
+        found = optimizer_special(obj)
     if found is not None:
         return found
     try:

@@ -172,6 +172,12 @@ from kiln.capture.logging_calls import warn_rule  # noqa: E402
 
 BUILTINS[warnings.warn] = warn_rule
 
+import collections  # noqa: E402
+
+from kiln.capture import default_dicts  # noqa: E402
+
+BUILTINS[collections.defaultdict] = default_dicts.construct
+
 
 @rule(inspect.signature)
 def _signature(tx, fn, **kwargs):

@@ -206,7 +206,8 @@ class EntryCodegen:
             body = "{" + ", ".join(repr(i) if type(i) in _LITERAL_TYPES else self.ref(i, 'c') for i in v.items) + "}" if v.items else "set()"
         else:
             inner = "{" + ", ".join(f"{self.key(k)}: {self.expr(i)}" for k, i in v.items.items()) + "}"
-            body = inner if v.cls is dict else f"{self.ref(v.cls, 'cls')}({inner})"
+            factory = f"{v.factory_expr(self)}, " if hasattr(v, "factory_expr") else ""
+            body = inner if v.cls is dict else f"{self.ref(v.cls, 'cls')}({factory}{inner})"
         self.lines.append(f"{name} = {body}")
         return name
 
@@ -256,7 +257,9 @@ class EntryCodegen:
         from kiln.capture.objects import DELETED
 
         for m in self.output.mutated:
-            if isinstance(m, tuple) and m[0] == "call":  # a deferred call (logging)
+            if hasattr(m, "write_back"):  # a Value that writes its own changes
+                m.write_back(self, val, apply)
+            elif isinstance(m, tuple) and m[0] == "call":  # a deferred call (logging)
                 _, fn, args, kwargs = m
                 parts = [self.expr(a) for a in args] + [f"{k}={self.expr(a)}" for k, a in kwargs.items()]
                 apply.append(f"{self.ref(fn, 'f')}({', '.join(parts)})")

@@ -338,6 +338,23 @@ def to_fake(t: torch.Tensor) -> FakeTensor:
     return f
 
 
+_primed = False
+
+
+def prime_non_leaf_fakes() -> None:
+    """Make one non-leaf fake now. The first one a process makes has PyTorch import
+    ``torch.distributed.tensor`` (0.4 s), which appends ``DTensor`` to module-level
+    lists that library code reads (``torch.optim``'s foreach type list): a trace that
+    reads those lists and only later wraps a non-leaf input would see them change
+    under its guards. Called before such a trace reads them."""
+    global _primed
+    if not _primed:
+        _primed = True
+        with torch.enable_grad():
+            non_leaf = torch.ones(1, requires_grad=True) * 1
+        to_fake(non_leaf)
+
+
 def _fake_like(t: torch.Tensor) -> FakeTensor:
     elem = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=_META)
     return FakeTensor(elem, t.device)

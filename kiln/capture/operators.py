@@ -350,6 +350,8 @@ def unary_op(tx, opname, v):
 
 
 def contains_op(tx, item, container) -> bool:
+    if hasattr(container, "contains"):  # a container with its own key protocol
+        return container.contains(tx, item)
     if isinstance(container, V.TensorValue) or isinstance(item, V.TensorValue) and not isinstance(container, (V.ListValue, V.TupleValue)):
         raise Unsupported("`in` on a tensor (data-dependent)")
     if isinstance(container, V.DictValue):
@@ -360,10 +362,6 @@ def contains_op(tx, item, container) -> bool:
         return fold(operator.contains, container.value, item.const())
     if isinstance(container, V.ModuleValue) and hasattr(container.mod, "__contains__"):
         return item.const() in container.mod
-    from kiln.capture.dict_views import DictViewValue
-
-    if isinstance(container, DictViewValue):
-        return container.contains(tx, item)
     if isinstance(container, V.ObjectValue):
         from kiln.capture.objects import call_dunder, has_dunder
 
@@ -388,7 +386,7 @@ def subscr(tx, o, k):
         if isinstance(key, slice):
             return V.ListValue(r) if isinstance(o, V.ListValue) else V.TupleValue(r)
         return r
-    if isinstance(o, V.DictValue):
+    if isinstance(o, V.DictValue) or hasattr(o, "getitem"):
         return o.getitem(tx, k)
     if isinstance(o, V.ConstantValue):
         return V.ConstantValue(fold(operator.getitem, o.value, k.const()))
@@ -421,7 +419,7 @@ def store_subscr(tx, o, k, v):
         if o.source is not None:
             tx.output.mark_mutated(o)
         return
-    if isinstance(o, V.DictValue):
+    if isinstance(o, V.DictValue) or hasattr(o, "setitem"):
         o.setitem(tx, k, v)
         return
     if isinstance(o, V.ObjectValue):

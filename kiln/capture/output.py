@@ -32,6 +32,8 @@ class OutputGraph:
         self.guards = GuardSet()
         self.inputs: list = []  # (source, placeholder node, real tensor)
         self._input_by_id: dict = {}
+        self._real_by_node: dict = {}
+        self.grad_writes: dict = {}  # id(input TensorValue) -> tensor_grads.GradWrites
         self._value_by_fake: dict = {}
         self._objects: dict = {}  # id(real object) -> ObjectValue / ModuleValue
         self._object_types: dict = {}  # id(real object) -> its type
@@ -69,9 +71,14 @@ class OutputGraph:
         tv.cls = type(real)
         self.inputs.append((source, node, real))
         self._input_by_id[id(real)] = tv
+        self._real_by_node[node] = real
         self._value_by_fake[id(fake)] = tv
         self._keepalive.append(real)
         return tv
+
+    def real_input(self, tv):
+        """The real tensor the input ``tv`` was read from; None for one the graph makes."""
+        return self._real_by_node.get(tv.node)
 
     def _fresh(self, pretty: str) -> str:
         base = re.sub(r"[^0-9a-zA-Z_]+", "_", pretty).strip("_").lower() or "x"

@@ -9,6 +9,8 @@ import types
 import torch
 
 from kiln.capture import autocast
+from kiln.capture import optimizers
+from kiln.capture import scalar_tensor_args
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
 
@@ -115,9 +117,11 @@ CONST_FOLD = {
     torch.overrides.has_torch_function_unary: lambda tx, a, k: _const(False),
     torch.overrides.has_torch_function_variadic: lambda tx, a, k: _const(False),
     torch.cuda.is_available: lambda tx, a, k: _const(torch.cuda.is_available()),
+    torch._C._get_privateuse1_backend_name: lambda tx, a, k: _const(torch._C._get_privateuse1_backend_name()),
     torch.are_deterministic_algorithms_enabled: lambda tx, a, k: _const(torch.are_deterministic_algorithms_enabled()),
 }
 CONST_FOLD.update(autocast.QUERY_RULES)
+CONST_FOLD.update(optimizers.STEP_KERNEL_RULES)
 # Library code asks these to pick compile-friendly paths: they read True while kiln
 # traces (reading the names only, as DESIGN.md allows).
 for _mod, _attr in ((torch.compiler, "is_compiling"), (torch.compiler, "is_dynamo_compiling")):
@@ -186,7 +190,9 @@ def tensor_attribute(tx, tv, name):
             return V.ConstantValue(None)
         raise Unsupported("reading Tensor.grad_fn")
     if name == "grad":
-        raise Unsupported("reading Tensor.grad")
+        from kiln.capture.tensor_grads import read_grad
+
+        return read_grad(tx, tv)
     if name == "__class__":
         return V.ClassValue(tv.python_type())
     attr = getattr(torch.Tensor, name, None)
@@ -216,10 +222,23 @@ def tensor_method(tx, tv, name, args, kwargs):
     if name == "type":
         return _tensor_type(tx, tv, args, kwargs)
     if name in ("requires_grad_",):
+        if _requires_grad_unchanged(tv, args, kwargs):
+            return tv
         raise Unsupported("Tensor.requires_grad_ inside a compiled region")
     if name == "__getattribute__":
         return tensor_attribute(tx, tv, args[0].const())
+    rewritten = scalar_tensor_args.rewrite(tx, tv, name, args, kwargs)
+    if rewritten is not None:
+        return rewritten
     return tx.output.op("call_method", name, [tv] + list(args), kwargs)
+
+
+def _requires_grad_unchanged(tv, args, kwargs) -> bool:
+    """``x.requires_grad_(flag)`` where ``x`` already has it (``zero_grad`` does this
+    to every gradient): nothing changes."""
+    flag = args[0] if args else kwargs.get("requires_grad", V.ConstantValue(True))
+    return isinstance(flag, V.ConstantValue) and len(args) + len(kwargs) <= 1 \
+        and bool(flag.value) == tv.fake.requires_grad
 
 
 def _type_string(f):

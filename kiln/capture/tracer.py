@@ -285,7 +285,8 @@ def _compile_break(fn, code, frame, ctx, ns, info: BreakInfo):
     stack = list(frame.stack)
     exits = _grad_exits(frame, inst)
     grad_exits = [e for e in exits if isinstance(e.ctx, V.GradModeValue)]
-    if len(exits) - len(grad_exits) != len(out.autocast.blocks):
+    stateless = [e for e in exits if getattr(e.ctx, "stateless", False)]
+    if len(exits) - len(grad_exits) - len(stateless) != len(out.autocast.blocks):
         raise Unsupported("a graph break inside torch.autocast blocks entered in another way")
     log_for("graph_breaks").info("graph break in %s: %s", code.co_name, info)
     if ctx.recorder is not None:
@@ -408,10 +409,12 @@ def _module_forward_compilable(mv):
 
 
 def _callee_expr(fn_v, cg, ctx):
+    from kiln.capture.optimizers import callee_for
+
     if isinstance(fn_v, V.UserFunctionValue):
-        return cg.ref(ctx.compile_callee(fn_v.fn), "callee")
+        return cg.ref(ctx.compile_callee(callee_for(fn_v.fn)), "callee")
     if isinstance(fn_v, V.MethodValue) and isinstance(fn_v.func, V.UserFunctionValue):
-        return cg.ref(ctx.compile_callee(fn_v.func.fn), "callee")
+        return cg.ref(ctx.compile_callee(callee_for(fn_v.func.fn)), "callee")
     if isinstance(fn_v, V.ModuleValue) and _module_forward_compilable(fn_v):
         return cg.ref(ctx.compile_callee(type(fn_v.mod).forward), "callee")
     return cg.expr(fn_v)

@@ -165,6 +165,10 @@ class TensorValue(Value):
         return tensor_attribute(tx, self, name)
 
     def setattr(self, tx, name, value):
+        if name == "grad":
+            from kiln.capture.tensor_grads import write_grad
+
+            return write_grad(tx, self, value)
         raise Unsupported(f"setting attribute {name!r} on a tensor")
 
     def call_method(self, tx, name, args, kwargs):
@@ -385,6 +389,11 @@ class UserFunctionValue(FunctionValue):
         return types.FunctionType
 
     def call(self, tx, args, kwargs):
+        from kiln.capture.optimizers import inline_rule
+
+        rule = inline_rule(self.fn)  # a wrapper kiln models rather than inlines
+        if rule is not None:
+            return rule(tx, self, args, kwargs)
         return tx.inline_function(self, args, kwargs)
 
     def getattr(self, tx, name):
@@ -398,6 +407,8 @@ class UserFunctionValue(FunctionValue):
             from kiln.capture.builder import wrap_static
 
             return wrap_static(getattr(self.fn, name))
+        if name == "__get__":  # the descriptor protocol by hand: fn.__get__(obj, cls)
+            return _FunctionGet(self)
         if name in self.fn.__dict__:
             return wrap(tx, self.fn.__dict__[name],
                         AttrSource(self.source, name) if self.source else None)
@@ -405,6 +416,21 @@ class UserFunctionValue(FunctionValue):
 
     def __repr__(self):
         return f"Function({self.fn.__qualname__})"
+
+
+class _FunctionGet(Value):
+    """``fn.__get__``: called with an instance, the method bound to it; with None, ``fn``."""
+
+    def __init__(self, fnv):
+        self.fnv = fnv
+
+    def call(self, tx, args, kwargs):
+        if kwargs or not 1 <= len(args) <= 2:
+            raise Unsupported("function.__get__ with these arguments")
+        obj = args[0]
+        if isinstance(obj, ConstantValue) and obj.value is None:
+            return self.fnv
+        return MethodValue(self.fnv, obj)
 
 
 class NestedFunctionValue(FunctionValue):
