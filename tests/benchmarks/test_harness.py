@@ -186,6 +186,7 @@ class Slower(Eager):
         return slow
 
 
+@pytest.mark.slow
 def test_interleaved_rounds_time_every_live_cell_again():
     workloads = select("cpu", "micro", quick=True, only=["sin_cos"])
     opts = harness.Options(device="cpu", quick=True, log=lambda s: None, warm_compile=False,

@@ -81,7 +81,7 @@ def _compile_distinct_closures(n, backend):
     gc.collect()
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("backend", ["eager", pytest.param("aot_eager", marks=pytest.mark.slow)])
 def test_distinct_closures_do_not_grow_memory(backend):
     from kiln.capture.eval_frame import CompiledFunction
 

@@ -15,8 +15,8 @@ from .modes import lookup
 from .runner import run_case
 
 MODES = ("eager", "aot_eager", "kiln", "train")
-FAST_SEEDS = range(0, 50)
-SLOW_SEEDS = range(50, 150)
+FAST_SEEDS = range(0, 20)
+SLOW_SEEDS = range(20, 150)
 TIMEOUT = 300.0
 
 # Short reasons, by bug class (generator and comparator of this commit).

@@ -309,6 +309,7 @@ def test_path_expressions():
     assert path_expr("stale[2]", "C") == 'PREV[1]["out"][2]'
 
 
+@pytest.mark.slow
 def test_repro_runs_and_checks(tmp_path):
     """A reproducer of a planted failure: kiln's eager backend is right on this program,
     so the planted 'values differ at out[0]' check must report it is not reproduced —
@@ -344,6 +345,7 @@ def test_tolerances():
     assert value_difference(nan, torch.tensor([0.0, 1.0])) != ""
 
 
+@pytest.mark.slow
 def test_pool_reports_segfault_and_timeout(tmp_path):
     """Subprocess mode: a dying worker is a segfault, a hanging case a timeout, and
     the pool goes on with the next case in a fresh worker."""

@@ -106,7 +106,8 @@ def _damage(path, how, other):
 
 
 @pytest.mark.parametrize("how", [pytest.param("garbage", marks=pytest.mark.slow), "truncated",
-                                 pytest.param("emptied", marks=pytest.mark.slow), "swapped"])
+                                 pytest.param("emptied", marks=pytest.mark.slow),
+                                 pytest.param("swapped", marks=pytest.mark.slow)])
 def test_damaged_entries_are_rebuilt(cache, how):
     """The graph's library (.so) and its plan (.pkl) both damaged the same way."""
     d, other = cache
@@ -132,6 +133,7 @@ def test_damaged_compiler_probe_verdict_is_rebuilt(cache):
     assert _run(d)["disk"]["rejected"] == 0
 
 
+@pytest.mark.slow
 def test_entry_paths_that_are_directories(cache):
     d, _ = cache
     paths = _files(d, ".so") + _files(d, ".pkl")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 import torch.fx as fx
 
@@ -87,6 +88,7 @@ def test_hits_replay_fallback_and_code_logs(tmp_path, monkeypatch, caplog):
     assert 'extern "C" void kiln_seg0' in caplog.text
 
 
+@pytest.mark.slow
 def test_second_process_lowers_nothing(tmp_path):
     script = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {ROOT!r})

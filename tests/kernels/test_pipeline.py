@@ -151,6 +151,7 @@ def test_views_of_inputs_are_returned_as_views():
     assert b is x and a.data_ptr() == x.data_ptr() and a.stride() == (1, 4)
 
 
+@pytest.mark.slow
 def test_second_process_compiles_nothing(tmp_path):
     script = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {ROOT!r})
