@@ -15,8 +15,6 @@ the meta kernel gives them). Only ops whose eager result follows the rule are re
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 _META = torch.device("meta")
@@ -138,23 +136,6 @@ def operands(func, args, kwargs) -> list:
 
 
 _SCALAR = torch.empty((), device=_META)
-
-
-@functools.lru_cache(None)
-def converts_scattered_inputs() -> bool:
-    """Does this PyTorch's CPU TensorIterator copy an input that needs another dtype
-    and is not dense (a slice with gaps) to a contiguous one before it lays out the
-    result? Older versions (2.11) do, so the input's memory order is lost; asked of
-    eager once on a tiny tensor."""
-    a = torch.zeros(6, 4, dtype=torch.int32)[::2].t()         # (4, 3), strides (1, 8)
-    return (a * torch.ones((), dtype=torch.float32)).stride() != (1, 4)
-
-
-def scattered_promoted_input(tensors, dtype) -> bool:
-    """Is one of ``tensors`` of another dtype than ``dtype`` and not dense, where this
-    PyTorch lays such results out otherwise (``converts_scattered_inputs``)?"""
-    return any(t.dim() > 1 and t.dtype != dtype and not _non_overlapping_and_dense(t)
-               for t in tensors) and converts_scattered_inputs()
 
 
 def relayout(func, args, kwargs, out):

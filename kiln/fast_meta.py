@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .elementwise_layout import operands, relayout, scattered_promoted_input
+from .elementwise_layout import relayout
 
 aten = torch.ops.aten
 _META = torch.device("meta")
@@ -206,8 +206,6 @@ def _pointwise_laid_out(func, args, kwargs):
         dtype = _pointwise_dtype(func, args, kwargs)      # eager's, as for plain inputs
     except Exception:                # noqa: BLE001  (the caller's call raises it)
         return None
-    if scattered_promoted_input(operands(func, args, kwargs), dtype):
-        return None                  # laid out as the kernel computes it: it says
     out = relayout(func, args, kwargs, out)
     if dtype == out.dtype:
         return out

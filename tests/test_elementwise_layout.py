@@ -134,18 +134,3 @@ def test_results_laid_out_as_eager(fn, make):
     assert (got.shape, got.stride(), got.is_contiguous()) == \
         (expect.shape, expect.stride(), expect.is_contiguous())
     torch.testing.assert_close(got, expect)
-
-
-def test_scattered_inputs_of_another_dtype_left_to_the_kernel(monkeypatch):
-    """Where this PyTorch's CPU TensorIterator copies a non-dense input that needs
-    another dtype to a contiguous one first (2.11), the rule does not apply: fast_meta
-    leaves such results to the meta kernel."""
-    from kiln import elementwise_layout, fast_meta
-    a = torch.zeros(6, 4, dtype=torch.int32, device="meta")[::2].t()
-    one = torch.ones((), device="meta")
-    monkeypatch.setattr(elementwise_layout, "converts_scattered_inputs", lambda: False)
-    assert fast_meta.meta_result(torch.ops.aten.mul.Tensor, (a, one), {}) is not None
-    monkeypatch.setattr(elementwise_layout, "converts_scattered_inputs", lambda: True)
-    assert fast_meta.meta_result(torch.ops.aten.mul.Tensor, (a, one), {}) is None
-    dense = torch.zeros(4, 3, dtype=torch.int32, device="meta").t()
-    assert fast_meta.meta_result(torch.ops.aten.mul.Tensor, (dense, one), {}) is not None
