@@ -14,7 +14,12 @@ can write after the call (an input's, an output's) that eager does not save is s
 as a copy (``partition``'s ``copied``), and the partitioner avoids keeping those. The
 other way round, such a storage eager does save is a *witness*: its version is checked
 when a backward from an output whose history saves it runs (``runtime``), so that the
-compiled backward fails where eager's does, whatever the partitioner kept.
+compiled backward fails where eager's does, whatever the partitioner kept. A value the compiled
+backward keeps of a witnessed output is saved through an alias with a version counter
+of its own (``Witnesses.unversioned``): PyTorch checks every saved tensor of a node
+when any backward of it reads one, so a write to that output would fail backwards
+eager runs without it; the witnesses raise where eager does instead, and a backward
+that would read the written value raises too (``check_reads``).
 """
 from __future__ import annotations
 
@@ -92,6 +97,30 @@ class Witnesses:
     def __init__(self):
         self.items: list = []
         self.versions = None
+        #: forward saved-value position -> the witness whose storage it is saved from
+        #: through a version-free alias (``unversioned``)
+        self.aliased: dict[int, int] = {}
+
+    def unversioned(self, saved: tuple, outputs) -> tuple:
+        """``saved`` with each value sharing a witnessed output's storage (``outputs``:
+        (witness index, output)) replaced by an alias of its own version counter: the
+        user may write that output after the call, and PyTorch would then refuse every
+        backward of the node, also those eager runs without reading it; the witnesses
+        raise where eager does, ``check_reads`` where a backward would read it."""
+        ptrs = {t.untyped_storage().data_ptr(): j for j, t in outputs
+                if t.untyped_storage().data_ptr()}
+        if not ptrs:
+            return saved
+        saved = list(saved)
+        for k, v in enumerate(saved):
+            j = ptrs.get(v.untyped_storage().data_ptr()) if isinstance(v, torch.Tensor) \
+                else None
+            if j is not None:
+                with torch.no_grad():
+                    saved[k] = torch.empty(0, dtype=v.dtype, device=v.device).set_(
+                        v.untyped_storage(), v.storage_offset(), v.size(), v.stride())
+                self.aliased[k] = j
+        return tuple(saved)
 
     def watch(self, tensors_and_deps):
         self.items = [(weakref.ref(t), deps) for t, deps in tensors_and_deps]
@@ -99,6 +128,24 @@ class Witnesses:
     def settle(self):
         self.versions = [None if (t := ref()) is None else t._version
                          for ref, _ in self.items]
+
+    def check_reads(self, positions):
+        """Raise where a backward reads a saved value (``positions`` in the forward's
+        saved values) aliasing a witnessed output written since the call: eager's
+        backward would not have read it, but its value is no longer the one saved."""
+        if self.versions is None or not self.aliased:
+            return
+        for k in positions:
+            j = self.aliased.get(k)
+            if j is None:
+                continue
+            t, version = self.items[j][0](), self.versions[j]
+            if t is not None and version is not None and t._version != version:
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been "
+                    f"modified by an inplace operation: [{t.type()} {list(t.shape)}], is "
+                    f"at version {t._version}; expected version {version} instead "
+                    "(kiln: an output its compiled backward reads)")
 
     def check(self, present: set):
         """``present``: positions (in ``TraceResult.differentiable``) of the outputs

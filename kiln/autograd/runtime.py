@@ -144,6 +144,9 @@ class _Training:
         fw_outs, saved = list(outs[:n]), tuple(outs[n:])
         del outs
         witnesses = Witnesses()
+        if tr.witnesses:
+            saved = witnesses.unversioned(saved, [(j, fw_outs[i]) for j, (kind, i, _) in
+                                                  enumerate(tr.witnesses) if kind == "output"])
         with torch.enable_grad():       # the graph may turn grad mode on itself
             for node in nodes:
                 node(args, fw_outs, saved, witnesses)
@@ -249,6 +252,7 @@ class _Node:
                     return (None,) * (1 + n_inputs + len(ctx.anchors))
                 ctx.witnesses.check({p for p, on in zip(node.part.outputs, present) if on})
                 bw, saved_at, tangents_at = node.backward_for(present)
+                ctx.witnesses.check_reads(node.saved[k] for k in saved_at)
                 with torch.no_grad(), autocast_suspended():   # casts are in the graph
                     # read only when used: a second backward through a node that saves
                     # nothing works in eager
