@@ -259,13 +259,16 @@ def _rules():
 
 INLINE_RULES = _rules()
 _dynamo_wrapper_known = False
+#: compatibility read, name only: kiln never imports PyTorch's compiler; if the user did,
+#: the optimizers are wrapped in its ``disable``, whose code kiln must recognise
+_USER_LOADED_DISABLE_MODULE = "torch._dynamo.eval_frame"  # compatibility read: name only
 
 
 def _learn_dynamo_wrapper() -> None:
     """Once the user has loaded PyTorch's compiler (kiln never does: a compatibility
     read of ``sys.modules``), recognise its ``disable`` wrapper's code too."""
     global _dynamo_wrapper_known
-    mod = sys.modules.get("torch._dynamo.eval_frame")
+    mod = sys.modules.get(_USER_LOADED_DISABLE_MODULE)   # compatibility read
     call = getattr(getattr(mod, "DisableContext", None), "__call__", None)
     for const in getattr(getattr(call, "__code__", None), "co_consts", ()):
         if isinstance(const, types.CodeType) and const.co_name == "_fn":
@@ -276,6 +279,6 @@ def _learn_dynamo_wrapper() -> None:
 
 def inline_rule(fn):
     """The rule that replaces inlining ``fn`` (a Python function), or None."""
-    if not _dynamo_wrapper_known and "torch._dynamo.eval_frame" in sys.modules:
+    if not _dynamo_wrapper_known and _USER_LOADED_DISABLE_MODULE in sys.modules:
         _learn_dynamo_wrapper()
     return INLINE_RULES.get(getattr(fn, "__code__", None))

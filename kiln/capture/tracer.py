@@ -255,8 +255,8 @@ def _compile_return(fn, code, frame, ctx, ns, value):
 def _compile_raise(fn, code, frame, ctx, ns, exc):
     """The traced path ends in an exception: its entry runs the frame eagerly (under the
     same guards), so what escapes is eager's own exception (type, args, attributes,
-    cause and context) with the user's frames and lines in its traceback, as
-    torch.compile users see it. Nothing the graph would compute is used."""
+    cause and context) with the user's frames and lines in its traceback, as an
+    uncompiled run shows it. Nothing the graph would compute is used."""
     cg = EntryCodegen(frame.output, ns)
     return _finish(fn, code, frame.output, cg, ctx, [f"return {cg.ref(fn, 'eager')}({call_source(code)})"],
                    frame.user_stack(), graph=False)
