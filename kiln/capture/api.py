@@ -47,6 +47,7 @@ class CompiledModule(torch.nn.Module):
 
 
 def _compile_callable(fn, backend, fullgraph, recorder=None, frozen=False):
+    recorder = recorder if recorder is not None else getattr(backend, "kiln_recorder", None)  # CompileProfiler
     be = lookup_backend(backend)
     if isinstance(fn, torch.nn.Module):
         fwd = CompiledFunction(type(fn).forward, be, fullgraph, recorder, frozen)
