@@ -27,7 +27,7 @@ class Break:
     title: str
     explanation: str
     hint: str
-    kind: str = "graph break"     # or "frame runs eagerly", "graph runs eagerly"
+    kind: str = "graph break"     # or "frame runs eagerly", "graph runs eagerly", "op runs as an aten call"
     retired: bool = False
 
 
@@ -37,6 +37,7 @@ def _b(title, explanation, hint=LIMITATION, kind="graph break"):
 
 _FRAME = "frame runs eagerly"
 _GRAPH = "graph runs eagerly"
+_OP = "op runs as an aten call"
 
 BREAKS: dict[str, Break] = {
     # --- capture: the interpreter itself ---------------------------------------
@@ -240,6 +241,37 @@ BREAKS: dict[str, Break] = {
     "K0203": _b("graph called on meta tensors",
                 "A kernel graph called on meta tensors has no data to compute; it runs op by op.",
                 kind=_GRAPH),
+    # --- kernels: one op of a compiled graph left to its aten implementation --------
+    "K0204": _b("no lowering",
+                "The kernel compiler has no lowering for this aten op; it runs as a library "
+                "call between the generated kernels.", "a kiln limitation (performance only)", kind=_OP),
+    "K0205": _b("lowering declined",
+                "The op's lowering does not handle these arguments (rank, dtype, device, "
+                "options); the op runs as a library call.", "a kiln limitation (performance only)",
+                kind=_OP),
+    "K0206": _b("empty tensor",
+                "An empty input or output (a launch of zero programs, an empty reduction); "
+                "the op runs as a library call.", "a kiln limitation (performance only)", kind=_OP),
+    "K0207": _b("op that raises in eager",
+                "For these arguments eager raises (integer division by zero, negative integer "
+                "powers); the aten op runs and raises as eager does.",
+                "check the divisor / exponent: eager raises here too", kind=_OP),
+    "K0208": _b("Triton atomics dtype",
+                "A scatter-add would need atomics Triton lacks for this dtype; the op runs as a library call.",
+                "a kiln limitation (performance only)", kind=_OP),
+    "K0209": _b("libdevice under the Triton interpreter",
+                "The op needs libdevice math, absent from Triton's interpreter (TRITON_INTERPRET=1).",
+                "a kiln limitation of interpreter runs only", kind=_OP),
+    "K0210": _b("storage layout",
+                "The op addresses storage (a view into a larger storage, gaps, a graph input's "
+                "storage) the kernel compiler does not reproduce; the op runs as a library call.",
+                "a kiln limitation (performance only)", kind=_OP),
+    "K0211": _b("left to the library",
+                "The op is better served by the library call (a large matmul, a convolution) "
+                "than by a generated kernel.", "none needed", kind=_OP),
+    "K0212": _b("window too large to unroll",
+                "A pooling window too large to unroll into a kernel; the op runs as a library call.",
+                "a kiln limitation (performance only)", kind=_OP),
 }
 
 
