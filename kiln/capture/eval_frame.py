@@ -153,10 +153,11 @@ class CompiledFunction:
         """kiln failed (its own error, not the program's): this function runs eagerly
         from now on, and says why."""
         why = f"{type(ex).__name__}: {ex}"
+        bid = "K0055" if isinstance(ex, BackendCompilerFailed) else "K0054"
         logging.getLogger("kiln").warning("kiln failed to compile %s, running it eagerly: %s",
-                                          self.code.co_name, describe("K0054", why))
+                                          self.code.co_name, describe(bid, why))
         if self.recorder is not None:
-            self.recorder.skip(self.code.co_name, why, "K0054")
+            self.recorder.skip(self.code.co_name, why, bid)
         self.skip = repr(ex)
         return self.fn(*args, **kwargs)
 

@@ -195,6 +195,12 @@ BREAKS: dict[str, Break] = {
     "K0054": _b("kiln failed",
                 "kiln raised an internal error while compiling; with suppress_errors the frame runs eagerly.",
                 "a kiln bug: please report it (KILN_SUPPRESS_ERRORS=0 shows the error)", kind=_FRAME),
+    "K0055": _b("backend failed",
+                "The backend raised while compiling a captured graph, or its compiled graph "
+                "raised at its first run where the graph run eagerly does not; with "
+                "suppress_errors that code runs eagerly.",
+                "fix or report the backend (KILN_SUPPRESS_ERRORS=0 raises BackendCompilerFailed)",
+                kind=_FRAME),
     # --- autograd: what the ahead-of-time tracer cannot express ---------------------
     "K0101": _b("in-place op changes storage or size",
                 "An in-place op gives a tensor another storage or size (resize_, set_).", kind=_GRAPH),

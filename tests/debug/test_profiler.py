@@ -124,3 +124,30 @@ def test_custom_backend_and_module():
 
 def test_exported():
     assert "CompileProfiler" in kiln.__all__ and kiln.CompileProfiler is not None
+
+
+def test_failing_backend_is_a_frame_run_eagerly(caplog):
+    def broken(gm, example_inputs):
+        raise RuntimeError("backend cannot")
+
+    prof = kiln.CompileProfiler(backend=broken)
+    f = kiln.compile(_inner, backend=prof)
+    x = torch.randn(3)
+    with config.patch(suppress_errors=True), caplog.at_level("WARNING", logger="kiln"):
+        torch.testing.assert_close(f(x), _inner(x))
+    (name, bid, reason), = prof.frames_run_eagerly
+    assert bid == "K0055" and "backend cannot" in reason
+    assert "[K0055]" in caplog.text
+
+
+def test_backend_failing_at_first_run_warns_with_id(caplog):
+    def wrong_at_run(gm, example_inputs):
+        def run(*args):
+            raise RuntimeError("kernel exploded")
+        return run
+
+    f = kiln.compile(_inner, backend=wrong_at_run)
+    x = torch.randn(3)
+    with config.patch(suppress_errors=True), caplog.at_level("WARNING", logger="kiln"):
+        torch.testing.assert_close(f(x), _inner(x))
+    assert "[K0055] kiln: backend" in caplog.text and "kernel exploded" in caplog.text
