@@ -344,7 +344,7 @@ def wrap_class_attr(tx, self_value, cls, name, source=None):
     if isinstance(attr, types.ClassMethodDescriptorType):
         attr = getattr(cls, name)  # a C classmethod: bound to the class, as Python reads it
     if isinstance(attr, (functools.cached_property,)):
-        raise Unsupported("K0024", f"cached_property {name}")
+        raise Unsupported("K0009", f"cached_property {name}")
     if self_value is not None and isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         return V.MethodValue(V.BuiltinValue(attr), self_value)
     src = None
@@ -369,7 +369,7 @@ def _fn_value(fn):
 
 
 def _unsupported(msg):
-    raise Unsupported("K0024", msg)
+    raise Unsupported("K0009", msg)
 
 
 def builtins_dict(f_globals):

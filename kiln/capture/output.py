@@ -62,7 +62,7 @@ class OutputGraph:
             return known
         why = unsupported_tensor(real)
         if why is not None:
-            raise Unsupported("K0026", f"{source.pretty()} is {why}, which capture does not model")
+            raise Unsupported("K0056", f"{source.pretty()} is {why}, which capture does not model")
         self.guards.tensor(source, real)
         node = self.graph.placeholder(self._fresh(source.pretty()))
         fake = to_fake(real)

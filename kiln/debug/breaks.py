@@ -201,6 +201,10 @@ BREAKS: dict[str, Break] = {
                 "suppress_errors that code runs eagerly.",
                 "fix or report the backend (KILN_SUPPRESS_ERRORS=0 raises BackendCompilerFailed)",
                 kind=_FRAME),
+    "K0056": _b("tensor kind not modelled",
+                "A sparse, quantized or nested tensor (or another layout) met while tracing; "
+                "kiln's fake tensors do not model it.",
+                "keep such tensors out of the compiled function, or convert them (to_dense) first"),
     # --- autograd: what the ahead-of-time tracer cannot express ---------------------
     "K0101": _b("in-place op changes storage or size",
                 "An in-place op gives a tensor another storage or size (resize_, set_).", kind=_GRAPH),
@@ -320,7 +324,7 @@ def markdown() -> str:
              "",
              "| ID | reason | what happens | explanation | what to do |",
              "|----|--------|--------------|-------------|------------|"]
-    for k, b in BREAKS.items():
+    for k, b in sorted(BREAKS.items()):
         title = f"~~{b.title}~~ (retired)" if b.retired else b.title
         cells = [k, title, b.kind, b.explanation, b.hint]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")

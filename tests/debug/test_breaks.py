@@ -247,3 +247,16 @@ def test_kernel_op_fallback_has_id():
     assert msgs["aten.cumprod.default"] == "[K0204] no lowering"
     assert msgs["aten.index_select.default"].startswith("[K0205] lowering declined: ")
     assert not any("sin" in op for op in msgs)
+
+
+def _double(x):
+    return x * 2
+
+
+def test_sparse_input_runs_eagerly_with_id():
+    prof = kiln.CompileProfiler()
+    f = kiln.compile(_double, backend=prof)
+    x = torch.randn(3).to_sparse()
+    assert torch.equal(f(x).to_dense(), _double(x).to_dense())
+    (name, bid, reason), = prof.frames_run_eagerly
+    assert bid == "K0056" and "sparse" in reason
