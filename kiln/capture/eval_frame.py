@@ -217,7 +217,7 @@ class CompiledFunction:
         where = f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno})"
         if limit:
             logging.getLogger("kiln.recompiles").warning(
-                "%s hit recompile_limit (%d); running it eagerly from now on. Last failed guard: %s",
+                "[K0053] %s hit recompile_limit (%d); running it eagerly from now on. Last failed guard: %s",
                 where, config.recompile_limit, reason)
         else:
             log.info("recompiling %s: guard failed: %s", where, reason)

@@ -50,6 +50,8 @@ class CompileProfiler:
     def graph_count(self) -> int:
         return len(self.graph_ops)
 
+    frame_count = graph_count      # the name PyTorch's profiler uses
+
     @property
     def op_count(self) -> int:
         return sum(len(ops) for ops in self.graph_ops)

@@ -14,7 +14,7 @@ import torch
 import torch.fx as fx
 
 from .. import config
-from ..debug.breaks import describe
+from ..debug.breaks import describe, tag
 from ..debug.logs import log_for
 from ..debug.timing import timed
 from . import cache, cpp, graph_cache, ir
@@ -200,7 +200,7 @@ class CompiledGraph:
         sig = _signature(args)
         if any(isinstance(a, torch.Tensor) and a.device.type == "meta" for a in args):
             # real meta tensors: there is no data for kernels to read
-            _fallback_log.info("kernels: a graph called on meta tensors runs op by op")
+            _fallback_log.info("kernels: %s", tag("K0203", "a graph called on meta tensors runs op by op"))
             rt = self.variants[sig] = EagerGraph(self.gm, "K0203", "called on meta tensors")
             return rt
         try:

@@ -46,7 +46,7 @@ def _site_id(node, pos):
         a = node.args[pos]
         if isinstance(a, ast.Constant) and isinstance(a.value, str) and _ID.match(a.value):
             return a.value
-        if isinstance(a, (ast.Name, ast.Attribute)) and "id" in ast.unparse(a):
+        if isinstance(a, (ast.Name, ast.Attribute)) and ast.unparse(a).endswith("break_id"):
             return a                           # a forwarded ID (e.break_id, break_id)
     return None
 

@@ -58,7 +58,7 @@ def test_no_break_no_recompile():
     x = torch.randn(3)
     torch.testing.assert_close(f(x), _inner(x))
     f(torch.randn(3))
-    assert prof.graph_count == 1 and prof.op_count == 2
+    assert prof.graph_count == prof.frame_count == 1 and prof.op_count == 2
     assert not prof.breaks and not prof.recompiles and not prof.frames_run_eagerly
     assert "Graph breaks: 0" in prof.report() and "Recompiles: 0" in prof.report()
 
@@ -77,14 +77,15 @@ def test_frames_run_eagerly_have_ids():
     assert "_gen: [K0004] " in prof.report()
 
 
-def test_recompile_limit_is_a_frame_run_eagerly():
+def test_recompile_limit_is_a_frame_run_eagerly(caplog):
     prof = kiln.CompileProfiler()
     f = kiln.compile(_inner, backend=prof)
-    with config.patch(recompile_limit=1):
+    with config.patch(recompile_limit=1), caplog.at_level("WARNING", logger="kiln.recompiles"):
         for n in (2, 3):
             x = torch.randn(n)
             torch.testing.assert_close(f(x), _inner(x))
     assert [bid for _, bid, _ in prof.frames_run_eagerly] == ["K0053"]
+    assert "[K0053]" in caplog.text and "recompile_limit" in caplog.text
 
 
 def _bump_selected(b):
