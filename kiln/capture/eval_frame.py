@@ -22,6 +22,7 @@ from kiln.capture.errors import BackendCompilerFailed, InternalError, SkipFrame,
 from kiln.capture import autocast_state, global_state
 from kiln.capture.guards import Guard, first_failure
 from kiln.capture.tracer import Entry, TraceContext, trace_frame
+from kiln.debug.breaks import describe, tag
 from kiln.debug.logs import log_for
 from kiln.debug.timing import timed
 
@@ -42,6 +43,14 @@ class Recorder:
         self.guards = []
         self.compile_time = 0.0
         self.skips = []
+        #: (function name, break ID, reason) of each frame run eagerly
+        self.skip_infos = []
+        #: (function "name (file:line)", the first guard that failed) per recompile
+        self.recompiles = []
+
+    def skip(self, name, reason, break_id=None):
+        self.skips.append(f"{name}: {tag(break_id, reason)}")
+        self.skip_infos.append((name, break_id, reason))
 
 
 class CompiledFunction:
@@ -84,7 +93,10 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         if len(self.entries) >= config.recompile_limit:
             self._log_recompile(args, kwargs, limit=True)
-            self.skip = f"recompile_limit ({config.recompile_limit}) reached"
+            why = f"recompile_limit ({config.recompile_limit}) reached"
+            self.skip = tag("K0053", why)
+            if self.recorder is not None:
+                self.recorder.skip(self.code.co_name, why, "K0053")
             return self.fn(*args, **kwargs)
         if self.entries:
             self._log_recompile(args, kwargs)
@@ -105,11 +117,11 @@ class CompiledFunction:
                 entry = trace_frame(self.fn, self.code, bound, self._ctx())
         except SkipFrame as s:
             if self.fullgraph:
-                raise Unsupported(str(s), _where(self.code)) from None
+                raise Unsupported(s.reason, _where(self.code), break_id=s.break_id) from None
             self.skip = str(s)
             log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, s)
             if self.recorder is not None:
-                self.recorder.skips.append(f"{self.code.co_name}: {s}")
+                self.recorder.skip(self.code.co_name, s.reason, s.break_id)
             return self.fn(*args, **kwargs)
         except Unsupported:
             raise
@@ -140,19 +152,24 @@ class CompiledFunction:
     def _run_eagerly_after(self, ex, args, kwargs):
         """kiln failed (its own error, not the program's): this function runs eagerly
         from now on, and says why."""
-        logging.getLogger("kiln").warning("kiln failed to compile %s, running it eagerly: %s: %s",
-                                          self.code.co_name, type(ex).__name__, ex)
+        why = f"{type(ex).__name__}: {ex}"
+        bid = "K0055" if isinstance(ex, BackendCompilerFailed) else "K0054"
+        logging.getLogger("kiln").warning("kiln failed to compile %s, running it eagerly: %s",
+                                          self.code.co_name, describe(bid, why))
+        if self.recorder is not None:
+            self.recorder.skip(self.code.co_name, why, bid)
         self.skip = repr(ex)
         return self.fn(*args, **kwargs)
 
-    def _run_eagerly_under(self, state, why, args, kwargs):
-        """Global state kiln cannot reproduce: an entry that runs ``fn`` itself while
-        that state lasts (other states still compile)."""
+    def _run_eagerly_under(self, state, reason, args, kwargs):
+        """Global state kiln cannot reproduce (``reason``: its break ID and why): an
+        entry that runs ``fn`` itself while that state lasts (other states still compile)."""
+        break_id, why = reason
         if self.fullgraph:
-            raise Unsupported(f"{self.code.co_name}: {why}", _where(self.code))
-        log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, why)
+            raise Unsupported(break_id, f"{self.code.co_name}: {why}", _where(self.code))
+        log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, tag(break_id, why))
         if self.recorder is not None:
-            self.recorder.skips.append(f"{self.code.co_name}: {why}")
+            self.recorder.skip(self.code.co_name, why, break_id)
         self.entries.append(_eager_entry(self.fn, state, why))
         return self.fn(*args, **kwargs)
 
@@ -192,7 +209,7 @@ class CompiledFunction:
 
     def _log_recompile(self, args, kwargs, limit=False):
         log = log_for("recompiles")
-        if not log.isEnabledFor(logging.INFO) and not limit:
+        if not log.isEnabledFor(logging.INFO) and not limit and self.recorder is None:
             return
         bound = self._bind(args, kwargs) or {}
         last = self.entries[-1]
@@ -200,10 +217,12 @@ class CompiledFunction:
         where = f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno})"
         if limit:
             logging.getLogger("kiln.recompiles").warning(
-                "%s hit recompile_limit (%d); running it eagerly from now on. Last failed guard: %s",
+                "[K0053] %s hit recompile_limit (%d); running it eagerly from now on. Last failed guard: %s",
                 where, config.recompile_limit, reason)
         else:
             log.info("recompiling %s: guard failed: %s", where, reason)
+        if self.recorder is not None:
+            self.recorder.recompiles.append((where, reason))
 
 
 def _where(code) -> list:

@@ -14,6 +14,7 @@ import torch
 import torch.fx as fx
 
 from .. import config
+from ..debug.breaks import describe, tag
 from ..debug.logs import log_for
 from ..debug.timing import timed
 from . import cache, cpp, graph_cache, ir
@@ -152,10 +153,11 @@ def _leaf_views(tree):
 
 class EagerGraph:
     """A specialisation whose kernels could not be built or loaded, with
-    ``config.suppress_errors`` on: the aten graph run by PyTorch op by op."""
+    ``config.suppress_errors`` on: the aten graph run by PyTorch op by op. ``break_id``
+    names the reason in kiln/debug/breaks.py."""
 
-    def __init__(self, gm, reason: str):
-        self.gm, self.reason = gm, reason
+    def __init__(self, gm, break_id: str, reason: str):
+        self.gm, self.break_id, self.reason = gm, break_id, reason
 
     def __call__(self, *args):
         return self.gm(*args)
@@ -198,8 +200,8 @@ class CompiledGraph:
         sig = _signature(args)
         if any(isinstance(a, torch.Tensor) and a.device.type == "meta" for a in args):
             # real meta tensors: there is no data for kernels to read
-            _fallback_log.info("kernels: a graph called on meta tensors runs op by op")
-            rt = self.variants[sig] = EagerGraph(self.gm, "called on meta tensors")
+            _fallback_log.info("kernels: %s", tag("K0203", "a graph called on meta tensors runs op by op"))
+            rt = self.variants[sig] = EagerGraph(self.gm, "K0203", "called on meta tensors")
             return rt
         try:
             target = pick_target(args, self.requested_target)
@@ -212,18 +214,18 @@ class CompiledGraph:
         except Exception as e:                # noqa: BLE001  (suppress_errors: eager)
             if not config.suppress_errors:
                 raise
-            rt = self._eager(e, "built")
+            rt = self._eager("K0201", e, "built")
         self.variants[sig] = rt
         return rt
 
-    def _eager(self, error: Exception, stage: str) -> EagerGraph:
+    def _eager(self, break_id: str, error: Exception, stage: str) -> EagerGraph:
         reason = f"{type(error).__name__}: {error}"
         _fallback_log.warning("kiln: the kernels of a graph could not be %s (%s); "
                               "running that graph with PyTorch eagerly",
-                              stage, reason.strip())
+                              stage, describe(break_id, reason.strip()))
         if self.artefacts is None:
             self.artefacts = {"target": "eager", "error": reason}
-        return EagerGraph(self.gm, reason)
+        return EagerGraph(self.gm, break_id, reason)
 
     @property
     def target(self):
@@ -254,14 +256,14 @@ class CompiledGraph:
             return rt.call_boxed(list(args)) if boxed else rt(*args)
         except Exception as e:                # noqa: BLE001  (suppress_errors: eager)
             failure = e
-        eager = EagerGraph(self.gm, f"{type(failure).__name__}: {failure}")
+        eager = EagerGraph(self.gm, "K0202", f"{type(failure).__name__}: {failure}")
         try:
             out = eager(*args)
         except Exception as e:                # noqa: BLE001
             if type(e) is type(failure):      # the program's own error: eager raises it too
                 raise
             raise failure from None
-        self.variants[sig] = self._eager(failure, "loaded or launched")
+        self.variants[sig] = self._eager("K0202", failure, "loaded or launched")
         self._last = None
         return out
 
