@@ -285,6 +285,7 @@ class CompiledGraph:
         rt = self.variants.get(sig)
         if rt is None:
             with timed("kernels"), trace_dir.within(self._trace_owner):
+                trace_dir.note_user_lines(self.gm)     # (the trace's kernels name them)
                 rt = self._build(args)
         check = self._checks.get(sig)
         if check is None:

@@ -70,7 +70,11 @@ def test_report_names_breaks_recompile_and_kernels(tmp_path):
         assert c["stages"] and c["seconds"] > 0
         assert any("graph cache" in line for line in c["cache"])
     kernels = next(a for a in compiles[0]["artefacts"] if a["path"].endswith("kernels.cpp"))
-    assert 'extern "C"' in (tmp_path / kernels["path"]).read_text()
+    source = (tmp_path / kernels["path"]).read_text()
+    assert 'extern "C"' in source
+    # under the kernel's header, the user line it computes
+    line = prog.line_of("a = x.sin() + y")
+    assert f"//   {prog.__file__}:{line} in two_breaks: a = x.sin() + y" in source
     entry = next(a for a in compiles[0]["artefacts"] if a["path"].endswith("entry.py"))
     assert "__resume" in (tmp_path / entry["path"]).read_text()   # the call into the resume
     assert not data["outside"]["artefacts"]
