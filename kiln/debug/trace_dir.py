@@ -212,6 +212,9 @@ def note_callee(cf) -> None:
         fr = s.frame_of(cf)
         if fr.parent is None:
             fr.parent = cur
+            if cf.code.co_name.startswith("__resume"):    # generated: its bytecode, listed
+                s.write(cur, f"{fr.name}.dis.txt", _listing(cf.code),
+                        f"resume function {fr.name} (rewritten bytecode)")
 
 
 def note_user_lines(gm) -> None:
@@ -367,7 +370,9 @@ def _breaks(s, c, record, msg):
         c.breaks.append({"reason": str(info.reason), "stack": [str(x) for x in info.user_stack],
                          "break_id": getattr(info, "break_id", None)})
     else:   # the frame runs eagerly (a skip), said in words
-        c.outcome = "runs eagerly: " + str(info if info is not None else msg)
+        bid = getattr(info, "break_id", None)
+        c.outcome = "runs eagerly: " + (f"[{bid}] " if bid else "") + str(
+            info if info is not None else msg)
         c.fallbacks.append(msg)
 
 
@@ -422,6 +427,17 @@ _RULES = {
     "kiln": _kiln,
     "perf_hints": _note,
 }
+
+
+def _listing(code) -> str:
+    import dis
+
+    head = (f"# {code.co_name}({', '.join(code.co_varnames[:code.co_argcount])}), "
+            f"lines of {code.co_filename}\n")
+    try:
+        return head + dis.Bytecode(code).dis()
+    except Exception as e:  # noqa: BLE001  (a listing is a nicety)
+        return head + f"(no listing: {type(e).__name__}: {e})"
 
 
 def _first_line(ex) -> str:

@@ -77,6 +77,8 @@ def test_report_names_breaks_recompile_and_kernels(tmp_path):
     assert f"//   {prog.__file__}:{line} in two_breaks: a = x.sin() + y" in source
     entry = next(a for a in compiles[0]["artefacts"] if a["path"].endswith("entry.py"))
     assert "__resume" in (tmp_path / entry["path"]).read_text()   # the call into the resume
+    listing = next(a for a in compiles[0]["artefacts"] if a["path"].endswith(".dis.txt"))
+    assert "RESUME" in (tmp_path / listing["path"]).read_text()    # the resume's bytecode
     assert not data["outside"]["artefacts"]
 
 
