@@ -164,7 +164,7 @@ def _compile(c, children, anchor=None) -> str:
                     "</details>")
     for title, rel, text in c.artefacts:
         link = f"<a href='{_e(rel)}'>{_e(os.path.basename(rel))}</a>"
-        shown = text if len(text) <= _INLINE_LIMIT else text[:_INLINE_LIMIT] + "\n… (see the file)"
+        shown = _inline(text)
         body.append(f"<details class=artefact><summary>{_e(title)} · {link}</summary>"
                     f"<pre>{_e(shown)}</pre></details>")
     if c.cache:
@@ -182,6 +182,15 @@ def _compile(c, children, anchor=None) -> str:
     anchor = anchor or f"c{c.id}"
     return (f"<details open class=compile id='{anchor}'><summary>{head}</summary>"
             f"{''.join(body)}</details>")
+
+
+def _inline(text: str) -> str:
+    """What an artefact shows inline: C++ kernels from their first kernel on (the shared
+    helper functions above it are in the file), and at most ``_INLINE_LIMIT`` chars."""
+    k = text.find("\n// kernel ")
+    if k > 0:
+        text = "// … helper functions: see the file\n" + text[k + 1:]
+    return text if len(text) <= _INLINE_LIMIT else text[:_INLINE_LIMIT] + "\n… (see the file)"
 
 
 def _time(t: float) -> str:

@@ -12,11 +12,15 @@ it with ``within``.
 Layout: ``DIR/index.html``, ``DIR/trace.json`` (the same, as data) and one folder per
 compile, ``DIR/p<pid>/c0001_<frame>/`` (``graph.py``, ``guards.txt``, ``entry.py``,
 ``aot_forward.py``…, ``loop_ir.txt``, ``kernels.cpp``/``kernels.py``, ``log.txt``).
+The report is rewritten after each compile (at most twice a second: the last change
+lands half a second later at the latest) and at exit; ``flush()`` writes it now.
 Nothing here keeps a user's object alive (frames are held by weak reference).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -25,6 +29,7 @@ import sys
 import threading
 import time
 import weakref
+import zlib
 from dataclasses import dataclass, field
 
 from kiln import config
@@ -81,6 +86,9 @@ class Session:
         self.frames: dict[int, Frame] = {}
         self.compiles: list[Compile] = []
         self.pending: dict[int, dict] = {}   # frame id -> recompile explanation
+        self.logs_written: dict[int, int] = {}   # compile id -> log records in its log.txt
+        self.last_flush = 0.0
+        self.timer = None                        # a pending trailing rewrite
         self.loose = Compile(0, Frame(0, "(outside any frame compile)", "", 0, None), 0,
                              os.path.join(self.run, "c0000_outside"), time.time(),
                              outcome="records not tied to a compile")
@@ -98,7 +106,7 @@ class Session:
 
     def new_compile(self, fr: Frame) -> Compile:
         n = len(self.compiles) + 1
-        slug = re.sub(r"[^A-Za-z0-9_]+", "_", fr.name)[:60]
+        slug = _slug(fr.name)
         c = Compile(n, fr, len(fr.compiles), os.path.join(self.run, f"c{n:04d}_{slug}"),
                     time.perf_counter())
         fr.compiles.append(c)
@@ -109,12 +117,20 @@ class Session:
         return c
 
     def write(self, c: Compile, name: str, text: str, title: str) -> None:
-        """An artefact file of compile ``c`` (``name``, ``name_2``… if repeated)."""
+        """An artefact file of compile ``c`` (``name``, ``name_2``… if repeated). A file
+        that cannot be written is a note in the report, never a failed compile."""
+        try:
+            self._write(c, name, text, title)
+        except OSError as e:
+            c.notes.append(f"trace: {name} not written ({e})")
+
+    def _write(self, c: Compile, name: str, text: str, title: str) -> None:
         d = os.path.join(self.root, c.dir)
         os.makedirs(d, exist_ok=True)
-        base, ext = os.path.splitext(name)
+        base, dot, ext = name.partition(".")
+        base, ext = _slug(base), dot + ext
         taken = {os.path.basename(p) for _, p, _ in c.artefacts}
-        k, fname = 1, name
+        k, fname = 1, base + ext
         while fname in taken:
             k += 1
             fname = f"{base}_{k}{ext}"
@@ -127,10 +143,11 @@ class Session:
         from kiln.debug import html_report
 
         for c in self.compiles + [self.loose]:
-            if c.log:
+            if c.log and self.logs_written.get(c.id) != len(c.log):
                 d = os.path.join(self.root, c.dir)
                 os.makedirs(d, exist_ok=True)
                 _atomic_write(os.path.join(d, "log.txt"), "\n".join(c.log) + "\n")
+                self.logs_written[c.id] = len(c.log)
         _atomic_write(os.path.join(self.root, "trace.json"), json.dumps(self.as_data(), indent=1))
         _atomic_write(os.path.join(self.root, "index.html"), html_report.render(self))
 
@@ -150,6 +167,26 @@ class Session:
 
 
 # --- hooks called by the compiler ----------------------------------------------------
+def _safe(hook):
+    """The trace never breaks a compile: a failure of its own is one warning, then the
+    hook does nothing more for that call."""
+    @functools.wraps(hook)
+    def run(*args, **kwargs):
+        try:
+            return hook(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001
+            if not _warned:
+                _warned.append(e)
+                logging.getLogger("kiln").warning("kiln: the trace directory failed (%s: %s); "
+                                                  "its report may be incomplete",
+                                                  type(e).__name__, e)
+            return None
+    return run
+
+
+_warned: list = []
+
+
 def sync() -> Session | None:
     """The session for ``config.trace_dir`` (started, replaced or ended as it changed)."""
     global _session
@@ -157,6 +194,8 @@ def sync() -> Session | None:
     if _session is not None and _session.root == os.path.abspath(root) and root:
         return _session
     with _lock:
+        if _session is not None:
+            _write_report(_session)       # the last state of the one that ends
         if not root:
             if _session is not None:
                 _session = None
@@ -175,6 +214,7 @@ def sync() -> Session | None:
         return _session
 
 
+@_safe
 def begin(cf) -> Compile | None:
     """A frame compile starts (``cf``: the CompiledFunction); None when no trace is on."""
     s = sync()
@@ -186,6 +226,7 @@ def begin(cf) -> Compile | None:
     return c
 
 
+@_safe
 def end(c: Compile | None) -> None:
     """The compile ``c`` ended (returned or raised: ``sys.exc_info`` tells)."""
     if c is None:
@@ -203,6 +244,7 @@ def end(c: Compile | None) -> None:
         _flush()
 
 
+@_safe
 def note_callee(cf) -> None:
     """``cf`` (a resume function or callee frame) is called by the compile in progress."""
     s, cur = _session, current()
@@ -217,6 +259,7 @@ def note_callee(cf) -> None:
                         f"resume function {fr.name} (rewritten bytecode)")
 
 
+@_safe
 def note_user_lines(gm) -> None:
     """The user line of each node of ``gm`` (an aten graph about to become kernels), so
     that the kernels written to the trace name the lines they compute."""
@@ -262,22 +305,58 @@ def _stack() -> list:
     return st
 
 
+def flush() -> None:
+    """Write the report now (it is otherwise rewritten at most every
+    ``_MIN_INTERVAL`` seconds, the last change at the latest that long after it, and at
+    exit)."""
+    if _session is not None:
+        _write_report(_session)
+
+
+_MIN_INTERVAL = 0.5
+
+
 def _flush() -> None:
+    """After a compile: rewrite the report, or have it rewritten shortly if it just was
+    (rewriting a large report after each of many quick compiles would cost more than
+    the compiles)."""
     s = _session
     if s is None:
         return
     with _lock:
+        if time.monotonic() - s.last_flush >= _MIN_INTERVAL:
+            _write_report(s)
+        elif s.timer is None:
+            s.timer = threading.Timer(_MIN_INTERVAL, _write_report, args=(s,))
+            s.timer.daemon = True
+            s.timer.start()
+
+
+def _write_report(s: Session) -> None:
+    with _lock:
+        if s.timer is not None:
+            s.timer.cancel()
+            s.timer = None
         try:
             s.flush()
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001  (never a failed compile)
             logging.getLogger("kiln").warning("kiln: could not write the trace report (%s)", e)
+        s.last_flush = time.monotonic()
+
+
+@atexit.register
+def _at_exit() -> None:
+    if _session is not None:
+        _write_report(_session)
 
 
 # --- records to artefacts -------------------------------------------------------------
+@_safe
 def _on_stage(stage: str, seconds: float) -> None:
     c = current()
     if c is not None:
-        c.stages[stage] = c.stages.get(stage, 0.0) + seconds
+        with _lock:
+            c.stages[stage] = c.stages.get(stage, 0.0) + seconds
 
 
 def _on_record(record: logging.LogRecord) -> None:
@@ -438,6 +517,12 @@ def _listing(code) -> str:
         return head + dis.Bytecode(code).dis()
     except Exception as e:  # noqa: BLE001  (a listing is a nicety)
         return head + f"(no listing: {type(e).__name__}: {e})"
+
+
+def _slug(name: str) -> str:
+    """A short file-name-safe form (resume functions' names grow with each break)."""
+    s = re.sub(r"[^A-Za-z0-9_]+", "_", name)
+    return s if len(s) <= 48 else f"{s[:40]}_{zlib.crc32(s.encode()):08x}"
 
 
 def _first_line(ex) -> str:

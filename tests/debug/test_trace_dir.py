@@ -155,3 +155,27 @@ def test_kiln_trace_environment_variable(tmp_path):
         assert loc in page
     assert "L['x'].shape[0] was 4, now 8" in page
     assert 'extern "C" void kiln_seg0' in page
+
+
+def test_long_frame_names_and_raising_compiles(tmp_path):
+    name = "f" + "_very_long_name" * 30
+    ns = {}
+    exec(f"def {name}(x):\n    y = x + 1\n    print(end='')\n    return y * 2\n", ns)
+    fn = ns[name]
+    x = torch.randn(3)
+
+    def run():
+        torch.testing.assert_close(kiln.compile(fn, backend="eager")(x), fn(x))
+        with pytest.raises(kiln.Unsupported):
+            kiln.compile(fn, backend="eager", fullgraph=True)(x)
+
+    _traced(tmp_path, run)
+    data = json.loads((tmp_path / "trace.json").read_text())
+    outcomes = [c["outcome"] for c in data["compiles"]]
+    assert outcomes[0] == "compiled (graph break)"
+    assert outcomes[-1].startswith("raised Unsupported")
+    for c in data["compiles"]:
+        for a in c["artefacts"]:
+            assert len(os.path.basename(a["path"])) < 80 and (tmp_path / a["path"]).is_file()
+    first = {os.path.basename(a["path"]) for a in data["compiles"][0]["artefacts"]}
+    assert "graph.py" in first and any(n.endswith(".dis.txt") for n in first), first
