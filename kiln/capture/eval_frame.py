@@ -204,7 +204,7 @@ class CompiledFunction:
         where = f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno})"
         text = _recompile_words(per_entry)
         extra = {"kiln_recompile": {"frame": self, "where": where, "limit": limit,
-                                    "failures": per_entry}}
+                                    "entries": [guard_failures.plain_lines(f) for f in per_entry]}}
         if limit:
             logging.getLogger("kiln.recompiles").warning(
                 "%s hit recompile_limit (%d); running it eagerly from now on. Failed guards:\n%s",

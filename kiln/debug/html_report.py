@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import time
 
 _INLINE_LIMIT = 400_000   # characters of an artefact shown inline; larger: link only
+_FIRST_KERNEL = re.compile(r"\n(//|#) kernel ?\d+:")   # C++ "// kernel 0:", Triton "# kernel0:"
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:1.5em 2em;
  color:#1d2330;background:#fbfbfd}
-h1{font-size:1.5em;margin:0 0 .2em} h2{font-size:1.15em;margin:1.4em 0 .5em;border-bottom:1px solid #d8dbe3}
+h1{font-size:1.5em;margin:0 0 .2em}
+h2{font-size:1.15em;margin:1.4em 0 .5em;border-bottom:1px solid #d8dbe3}
 .meta{color:#667}
-table{border-collapse:collapse;margin:.3em 0} td,th{padding:.15em .8em .15em 0;text-align:left;vertical-align:top}
+table{border-collapse:collapse;margin:.3em 0}
+td,th{padding:.15em .8em .15em 0;text-align:left;vertical-align:top}
 th{color:#556;font-weight:600} td.num{text-align:right;font-variant-numeric:tabular-nums}
 .cards{display:flex;gap:.8em;flex-wrap:wrap;margin:.6em 0}
 .card{background:#fff;border:1px solid #d8dbe3;border-radius:6px;padding:.5em 1em;min-width:7em}
@@ -34,7 +38,8 @@ details{margin:.25em 0} summary{cursor:pointer}
 .compile{border-left:2px solid #d8dbe3;padding-left:.8em;margin:.4em 0 .4em .3em}
 .break{border-left:3px solid #b3261e;background:#fff;padding:.3em .7em;margin:.4em 0}
 .recompile{border-left:3px solid #9a6700;background:#fff;padding:.3em .7em;margin:.4em 0}
-.fallback{color:#9a6700} .loc{font-weight:600} .src{color:#333} .id{background:#eef;border-radius:3px;padding:0 .3em}
+.fallback{color:#9a6700} .loc{font-weight:600} .src{color:#333}
+.id{background:#eef;border-radius:3px;padding:0 .3em}
 .ok{color:#1a7f37} .bad{color:#b3261e} .small{font-size:.92em;color:#556}
 """
 
@@ -135,7 +140,8 @@ def _recompile(c) -> str:
     parts = []
     for i, lines in enumerate(entries):
         head = f"<div class=small>against entry {i}:</div>" if len(entries) > 1 else ""
-        items = "".join(f"<li><code>{_e(w)}</code></li>" for w in lines) or "<li>(no guard fails now)</li>"
+        items = "".join(f"<li><code>{_e(w)}</code></li>" for w in lines) \
+            or "<li>(no guard fails now)</li>"
         parts.append(f"{head}<ul>{items}</ul>")
     return (f"<div class=recompile><span class=loc>{_e(r.get('where', c.frame.name))}</span> "
             f"recompiled (compile {c.index} of this frame, "
@@ -187,9 +193,9 @@ def _compile(c, children, anchor=None) -> str:
 def _inline(text: str) -> str:
     """What an artefact shows inline: C++ kernels from their first kernel on (the shared
     helper functions above it are in the file), and at most ``_INLINE_LIMIT`` chars."""
-    k = text.find("\n// kernel ")
-    if k > 0:
-        text = "// … helper functions: see the file\n" + text[k + 1:]
+    m = _FIRST_KERNEL.search(text)
+    if m is not None and m.start() > 0:
+        text = f"{m.group(1)} … helper functions: see the file\n" + text[m.start() + 1:]
     return text if len(text) <= _INLINE_LIMIT else text[:_INLINE_LIMIT] + "\n… (see the file)"
 
 

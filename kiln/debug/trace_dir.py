@@ -456,22 +456,20 @@ def _breaks(s, c, record, msg):
 
 
 def _recompiles(s, c, record, msg):
-    from kiln.capture import guard_failures
-
+    """A recompile's explanation goes to the compile it starts (``begin`` picks it up);
+    hitting the recompile limit is a fallback of the frame's last compile."""
     data = getattr(record, "kiln_recompile", None)
     if data is None:
         c.notes.append(msg)
         return
-    per_entry = [guard_failures.plain_lines(f) for f in data["failures"]]
-    words = {"where": data["where"], "limit": data["limit"], "entries": per_entry}
     if data["limit"]:
-        c.notes.append(msg)
-        c.fallbacks.append(msg.splitlines()[0])
         fr = s.frame_of(data["frame"])
-        fr.compiles and fr.compiles[-1].notes.append(msg)
+        last = fr.compiles[-1] if fr.compiles else c
+        last.fallbacks.append(msg.splitlines()[0])
+        last.notes.append(msg)
     else:
-        words["log"] = f"[recompiles] {msg}"
-        s.pending[id(data["frame"])] = words
+        s.pending[id(data["frame"])] = {"where": data["where"], "entries": data["entries"],
+                                        "log": f"[recompiles] {msg}"}
 
 
 def _fallback(s, c, record, msg):

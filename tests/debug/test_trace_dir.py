@@ -179,3 +179,23 @@ def test_long_frame_names_and_raising_compiles(tmp_path):
             assert len(os.path.basename(a["path"])) < 80 and (tmp_path / a["path"]).is_file()
     first = {os.path.basename(a["path"]) for a in data["compiles"][0]["artefacts"]}
     assert "graph.py" in first and any(n.endswith(".dis.txt") for n in first), first
+
+
+def test_recompile_limit_is_a_fallback_of_the_frame(tmp_path):
+    def f(x, n):
+        return x + n
+
+    c = kiln.compile(f, backend="eager")
+    x = torch.randn(2)
+
+    def run():
+        with kiln.config.patch(recompile_limit=1):
+            c(x, 1)
+            torch.testing.assert_close(c(x, 2), f(x, 2))
+
+    _traced(tmp_path, run)
+    data = json.loads((tmp_path / "trace.json").read_text())
+    (comp,) = data["compiles"]
+    assert any("hit recompile_limit (1)" in f for f in comp["fallbacks"])
+    page = _page(tmp_path)
+    assert "hit recompile_limit (1)" in page and "L['n'] was 1, now 2" in page
