@@ -57,7 +57,7 @@ def _module(graph: fx.Graph, constants: dict, name: str) -> fx.GraphModule:
 
 def _log_graph(title: str, gm: fx.GraphModule) -> None:
     if enabled("aot_graphs"):
-        _log.info("%s:\n%s", title, gm.print_readable(print_output=False))
+        _log.info("%s:\n%s", title, gm.print_readable(print_output=False), extra={"kiln_gm": gm})
 
 
 def _example_values(graph: fx.Graph):

@@ -67,6 +67,8 @@ def render(session) -> str:
            _card("graph breaks", len(breaks), "bad" if breaks else ""),
            _card("recompiles", len(recompiles), "warn" if recompiles else ""),
            _card("fallbacks", len(fallbacks), "warn" if fallbacks else ""),
+           _card("cache hits / misses", f"{_count(compiles + [loose], ' hit')} / "
+                                        f"{_count(compiles + [loose], ' miss')}"),
            _card("compile time", f"{total:.3f} s"),
            "</div>"]
     if stages:
@@ -100,6 +102,10 @@ def render(session) -> str:
         out.append("<h2>Outside any frame compile</h2>" + _compile(loose, children, "outside"))
     out.append("</body></html>\n")
     return "\n".join(out)
+
+
+def _count(compiles, word: str) -> int:
+    return sum(1 for c in compiles for line in c.cache if word in line)
 
 
 def _card(label, value, cls="") -> str:

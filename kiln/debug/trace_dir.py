@@ -379,7 +379,7 @@ def _on_record(record: logging.LogRecord) -> None:
 def _graph(s, c, record, msg):
     c.graphs += 1
     text = record.args[0] if len(record.args or ()) == 1 else msg
-    s.write(c, "graph.py", str(text), "captured graph (torch level)")
+    s.write(c, "graph.py", str(text) + _node_lines(record), "captured graph (torch level)")
 
 
 def _guards(s, c, record, msg):
@@ -399,7 +399,7 @@ def _aot(s, c, record, msg):
     else:
         title, text = "aot graph", msg
     slug = "aot_" + re.sub(r"[^a-z0-9]+", "_", title.lower().replace(" graph", "")).strip("_")
-    s.write(c, slug + ".py", text, f"aten {title}")
+    s.write(c, slug + ".py", text + _node_lines(record), f"aten {title}")
 
 
 def _kernels(s, c, record, msg):
@@ -413,6 +413,28 @@ def _kernels(s, c, record, msg):
                 what + cached)
     else:
         s.write(c, "kernels.txt", msg, "kernels")
+
+
+def _node_lines(record) -> str:
+    """Comments naming the user line of each node of the record's graph (FX prints its
+    own ``stack_trace``, which kiln leaves unset), grouped by line."""
+    gm = getattr(record, "kiln_gm", None)
+    if gm is None:
+        return ""
+    import linecache
+
+    by_line: dict = {}
+    for n in gm.graph.nodes:
+        where = n.meta.get("kiln_user_line")
+        if where is not None:
+            by_line.setdefault(where, []).append(n.name)
+    if not by_line:
+        return ""
+    out = ["", "# user lines of the nodes:"]
+    for (file, line, fn), names in by_line.items():
+        text = linecache.getline(file, line or 0).strip()
+        out.append(f"#   {', '.join(names)}: {file}:{line} in {fn}: {text}")
+    return "\n".join(out) + "\n"
 
 
 _KERNEL_HEAD = re.compile(r"^(?P<indent>\s*)(?P<mark>//|#) .*; from (?P<origins>.+)$")

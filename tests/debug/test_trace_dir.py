@@ -48,6 +48,7 @@ def test_report_names_breaks_recompile_and_kernels(tmp_path):
     assert "L['x'].shape[0] was 4, now 8" in page                # the recompile's guard
     assert "L['y'].shape[0] was 4, now 8" in page
     assert 'extern "C" void kiln_seg0' in page                   # a C++ kernel, inline
+    assert "cache hits / misses" in page
     assert "<script" not in page and "http://" not in page and "https://" not in page
 
     data = json.loads((tmp_path / "trace.json").read_text())
@@ -75,6 +76,10 @@ def test_report_names_breaks_recompile_and_kernels(tmp_path):
     # under the kernel's header, the user line it computes
     line = prog.line_of("a = x.sin() + y")
     assert f"//   {prog.__file__}:{line} in two_breaks: a = x.sin() + y" in source
+    for graph in ("graph.py", "aot_inference.py"):     # the graphs name them too
+        a = next(a for a in compiles[0]["artefacts"] if a["path"].endswith(graph))
+        assert f"{prog.__file__}:{line} in two_breaks: a = x.sin() + y" in \
+            (tmp_path / a["path"]).read_text()
     entry = next(a for a in compiles[0]["artefacts"] if a["path"].endswith("entry.py"))
     assert "__resume" in (tmp_path / entry["path"]).read_text()   # the call into the resume
     listing = next(a for a in compiles[0]["artefacts"] if a["path"].endswith(".dis.txt"))
