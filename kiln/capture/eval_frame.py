@@ -202,12 +202,14 @@ class CompiledFunction:
         bound = self._bind(args, kwargs) or {}
         per_entry = [guard_failures.explain(e.guards, e.namespace, bound) for e in self.entries]
         where = f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno})"
-        text = _recompile_words(per_entry)
+        # the limit's warning is shown by default: the last entry's failures only
+        text = _recompile_words(per_entry[-1:] if limit else per_entry)
         extra = {"kiln_recompile": {"frame": self, "where": where, "limit": limit,
                                     "entries": [guard_failures.plain_lines(f) for f in per_entry]}}
         if limit:
             logging.getLogger("kiln.recompiles").warning(
-                "%s hit recompile_limit (%d); running it eagerly from now on. Failed guards:\n%s",
+                "%s hit recompile_limit (%d); running it eagerly from now on. Failed guards "
+                "(last entry):\n%s",
                 where, config.recompile_limit, text, extra=extra)
         else:
             log.info("recompiling %s: guards failed:\n%s", where, text, extra=extra)
