@@ -36,6 +36,7 @@ from kiln.autograd.eager_saved import Witnesses
 from kiln.autograd.functionalize import AotUnsupported, replay_in_modes
 from kiln.autograd.trace import TraceResult, _meta_copy, trace_joint
 from kiln.debug.breaks import describe, tag
+from kiln.debug import trace_dir
 from kiln.debug.logs import enabled, log_for
 from kiln.debug.timing import timed
 
@@ -57,7 +58,7 @@ def _module(graph: fx.Graph, constants: dict, name: str) -> fx.GraphModule:
 
 def _log_graph(title: str, gm: fx.GraphModule) -> None:
     if enabled("aot_graphs"):
-        _log.info("%s:\n%s", title, gm.print_readable(print_output=False))
+        _log.info("%s:\n%s", title, gm.print_readable(print_output=False), extra={"kiln_gm": gm})
 
 
 def _example_values(graph: fx.Graph):
@@ -100,6 +101,7 @@ class _Training:
         _log_graph("forward graph", self.fw_module)
         _log_graph("backward graph", self.bw_module)
         self.bw_compiler = bw_compiler
+        self.trace_owner = trace_dir.current()   # a backward compiled later is filed there
         with timed("aot_compile_fw"):
             self.fw = fw_compiler(self.fw_module, _example_values(part.forward))
         #: (grad slots, outputs) -> _Node
@@ -223,7 +225,7 @@ class _Node:
         entry = self._variant(present)
         if entry[3] is None:
             module = entry[0]
-            with timed("aot_compile_bw"):
+            with timed("aot_compile_bw"), trace_dir.within(self.training.trace_owner):
                 bw = self.training.bw_compiler(module, _example_values(module.graph))
             boxed = getattr(bw, "call_boxed", None)
             entry[3] = boxed if boxed is not None else (lambda a: bw(*a))

@@ -176,6 +176,8 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         n.meta["phase"] = self.phase
         if self.source is not None:
             n.meta["source"] = self.source.name
+            if "kiln_user_line" in self.source.meta:
+                n.meta["kiln_user_line"] = self.source.meta["kiln_user_line"]
             if self.source.meta.get("stack_trace"):
                 n.meta["stack_trace"] = self.source.meta["stack_trace"]
         return n

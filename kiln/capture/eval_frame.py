@@ -19,9 +19,10 @@ import weakref
 from kiln import config
 from kiln.capture.codegen import MISS
 from kiln.capture.errors import BackendCompilerFailed, InternalError, SkipFrame, Unsupported
-from kiln.capture import autocast_state, global_state
+from kiln.capture import autocast_state, global_state, guard_failures
 from kiln.capture.guards import Guard, first_failure
 from kiln.capture.tracer import Entry, TraceContext, trace_frame
+from kiln.debug import trace_dir
 from kiln.debug.breaks import describe, tag
 from kiln.debug.logs import log_for
 from kiln.debug.timing import timed
@@ -109,6 +110,7 @@ class CompiledFunction:
             return self._run_eagerly_under(state, why, args, kwargs)
         _state.depth = getattr(_state, "depth", 0) + 1
         t0 = time.perf_counter()
+        traced = trace_dir.begin(self)      # None unless KILN_TRACE is on
         prepare = getattr(self.backend, "prepare", None)
         try:
             if prepare is not None:  # a backend's one-time set-up, overlapping the capture
@@ -134,6 +136,7 @@ class CompiledFunction:
             raise err from ex
         finally:
             _state.depth -= 1
+            trace_dir.end(traced)
         if self.recorder is not None:
             self.recorder.guards.extend(entry.guards)
         log_for("compile_times").info("compiled %s in %.3fs", self.code.co_name, time.perf_counter() - t0)
@@ -195,6 +198,7 @@ class CompiledFunction:
         if c is None:
             c = CompiledFunction(fn, self.backend, self.fullgraph, self.recorder, self.frozen)
             self._callees[fn] = c
+            trace_dir.note_callee(c)
         return c
 
     def _bind(self, args, kwargs):
@@ -208,21 +212,40 @@ class CompiledFunction:
         return dict(b.arguments)
 
     def _log_recompile(self, args, kwargs, limit=False):
+        """Every guard that failed, per entry, in plain words (``guard_failures``)."""
         log = log_for("recompiles")
         if not log.isEnabledFor(logging.INFO) and not limit and self.recorder is None:
             return
         bound = self._bind(args, kwargs) or {}
-        last = self.entries[-1]
-        reason = first_failure(last.guards, last.namespace, bound)
+        per_entry = [guard_failures.explain(e.guards, e.namespace, bound) for e in self.entries]
         where = f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno})"
+        # the limit's warning is shown by default: the last entry's failures only
+        text = _recompile_words(per_entry[-1:] if limit else per_entry)
+        extra = {"kiln_recompile": {"frame": self, "where": where, "limit": limit,
+                                    "entries": [guard_failures.plain_lines(f) for f in per_entry]}}
         if limit:
             logging.getLogger("kiln.recompiles").warning(
-                "[K0053] %s hit recompile_limit (%d); running it eagerly from now on. Last failed guard: %s",
-                where, config.recompile_limit, reason)
+                "[K0053] %s hit recompile_limit (%d); running it eagerly from now on. Failed guards "
+                "(last entry):\n%s",
+                where, config.recompile_limit, text, extra=extra)
         else:
-            log.info("recompiling %s: guard failed: %s", where, reason)
+            log.info("recompiling %s: guards failed:\n%s", where, text, extra=extra)
         if self.recorder is not None:
-            self.recorder.recompiles.append((where, reason))
+            last = guard_failures.plain_lines(per_entry[-1])
+            self.recorder.recompiles.append((where, "; ".join(last) or "(no guard fails now)"))
+
+
+def _recompile_words(per_entry) -> str:
+    """One indented line per failed guard; entries numbered when there are several."""
+    lines = []
+    for i, failures in enumerate(per_entry):
+        words = guard_failures.plain_lines(failures) or ["(no guard fails now)"]
+        if len(per_entry) > 1:
+            lines.append(f"  entry {i}:")
+            lines += [f"    {w}" for w in words]
+        else:
+            lines += [f"  {w}" for w in words]
+    return "\n".join(lines)
 
 
 def _where(code) -> list:

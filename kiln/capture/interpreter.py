@@ -78,15 +78,20 @@ class Frame:
     # --- running ----------------------------------------------------------------------
     def run(self):
         """Run to RETURN_VALUE; returns the returned Value."""
+        out = self.output
+        caller = out.active_frame
         try:
             while True:
                 self.step()
         except ReturnSignal as r:
             return r.value
+        finally:
+            out.active_frame = caller
 
     def step(self):
         inst = self.insts[self.ip]
         self.inst = inst
+        self.output.active_frame = self     # whose line a new graph node is
         self.ip += 1
         self.steps += 1
         if self.steps > config.max_instructions:

@@ -27,6 +27,11 @@ _MAX_DISTINCT_PAIRS = 8  # guards "a is not b"; past that, one id-set guard per 
 
 
 class OutputGraph:
+    #: the interpreter frame running now: each node records its user line
+    #: (``meta["kiln_user_line"]``; not FX's stack_trace, which is printed into the code
+    #: that keys caches) for the trace report's kernels
+    active_frame = None
+
     def __init__(self):
         self.graph = fx.Graph()
         self.guards = GuardSet()
@@ -181,6 +186,9 @@ class OutputGraph:
         if _has_class((node_args, node_kwargs)):  # an FX graph cannot print a class argument
             raise Unsupported("K0042", f"{_target_name(target)} with a class as argument")
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        fr = self.active_frame
+        if fr is not None and fr.inst is not None:
+            node.meta["kiln_user_line"] = (fr.code.co_filename, fr.inst.line, fr.code.co_name)
         self._unwind_modes.add(self.grad_blocks[0] if self.grad_blocks else self.grad_enabled)
         amp.note_op()
         result = self._wrap_result(out, node)

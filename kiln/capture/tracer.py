@@ -180,7 +180,8 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where:
         pass
     log = log_for("graph")
     if log.isEnabledFor(logging.INFO):
-        log.info("captured graph:\n%s", gm.print_readable(print_output=False))
+        log.info("captured graph:\n%s", gm.print_readable(print_output=False),
+                 extra={"kiln_gm": gm})
     t0 = time.perf_counter()
     compiled = compile_graph(ctx.backend, gm, example_inputs, where)
     eager = gm.forward

@@ -15,6 +15,7 @@ import torch.fx as fx
 
 from .. import config
 from ..debug.breaks import describe, tag
+from ..debug import trace_dir
 from ..debug.logs import log_for
 from ..debug.timing import timed
 from . import cache, cpp, graph_cache, ir
@@ -24,6 +25,7 @@ from .scheduler import format_schedule, schedule
 
 _code_log = log_for("output_code")
 _fallback_log = log_for("fallbacks")
+_cache_log = log_for("cache")
 
 
 def _signature(args):
@@ -70,6 +72,8 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
     with timed("kernels.graph_cache"):
         key = graph_cache.key_of(gm, example_inputs, target)
         p = graph_cache.load(key)
+    _cache_log.info("kernels: graph cache %s (%s source)", "hit" if p is not None else "miss" if key else "off",
+                    target)
     if p is not None:
         for op, reason in p.fallback_messages:
             _fallback_log.info("kernels: %s falls back to aten (%s)", op, reason)
@@ -190,6 +194,8 @@ class CompiledGraph:
         #: id of each built Runtime not yet called -> its signature
         self._untried = {}
         self.artefacts = None
+        #: the traced compile this graph belongs to: kernels built later are filed there
+        self._trace_owner = trace_dir.current()
         # Meta stand-ins (what the autograd stage passes) say nothing of the device nor
         # of real values: compile on the first call instead.
         if not any(isinstance(t, torch.Tensor) and t.device.type == "meta"
@@ -280,7 +286,8 @@ class CompiledGraph:
         sig = _signature(args)
         rt = self.variants.get(sig)
         if rt is None:
-            with timed("kernels"):
+            with timed("kernels"), trace_dir.within(self._trace_owner):
+                trace_dir.note_user_lines(self.gm)     # (the trace's kernels name them)
                 rt = self._build(args)
         check = self._checks.get(sig)
         if check is None:
