@@ -28,6 +28,11 @@ def compile_graph(backend, gm, example_inputs, where: list):
     from kiln.capture.errors import InternalError, SkipFrame, Unsupported
 
     try:
+        if config.repro_after:  # the minifier checks this stage (kiln/debug/minifier.py)
+            from kiln.debug import minifier
+            if minifier.active("capture"):
+                return minifier.Checked("capture", gm, lambda: backend(gm, example_inputs),
+                                        example_inputs, backend=backend)
         return backend(gm, example_inputs)
     except (Unsupported, SkipFrame, InternalError, BackendCompilerFailed):
         raise
