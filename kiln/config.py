@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -144,3 +145,34 @@ def patch(**settings):
         yield
     finally:
         g.update(old)
+
+
+_overlay = threading.local()
+
+
+@contextlib.contextmanager
+def overlay(settings: dict):
+    """``patch(**settings)`` for a compiled function's call (``kiln.compile(mode=...,
+    options=...)``), remembered so that ``bound`` can apply it again later."""
+    outer = getattr(_overlay, "settings", None)
+    _overlay.settings = {**(outer or {}), **settings}
+    try:
+        with patch(**settings):
+            yield
+    finally:
+        _overlay.settings = outer
+
+
+def bound(fn):
+    """``fn``, to be called later (a backward graph's compile inside ``loss.backward()``),
+    under the overlay of the compiled function being called now (``fn`` itself if none)."""
+    settings = getattr(_overlay, "settings", None)
+    if not settings:
+        return fn
+
+    def under_settings(*args, **kwargs):
+        with patch(**settings):
+            return fn(*args, **kwargs)
+
+    return under_settings
+

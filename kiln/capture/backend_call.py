@@ -27,6 +27,9 @@ def compile_graph(backend, gm, example_inputs, where: list):
     ``where``: the user's lines the graph was captured from (file:line in fn: text)."""
     from kiln.capture.errors import InternalError, SkipFrame, Unsupported
 
+    from kiln.debug import progress
+
+    progress.graph()
     try:
         if config.repro_after:  # the minifier checks this stage (kiln/debug/minifier.py)
             from kiln.debug import minifier

@@ -22,6 +22,7 @@ from kiln.capture.errors import BackendCompilerFailed, InternalError, SkipFrame,
 from kiln.capture import autocast_state, global_state
 from kiln.capture.guards import Guard, first_failure
 from kiln.capture.tracer import Entry, TraceContext, trace_frame
+from kiln.debug import progress
 from kiln.debug.logs import log_for
 from kiln.debug.timing import timed
 
@@ -101,7 +102,8 @@ class CompiledFunction:
         try:
             if prepare is not None:  # a backend's one-time set-up, overlapping the capture
                 prepare(list(args) + list(kwargs.values()))
-            with timed("capture (incl. backend)"), autocast_state.tracing():
+            with progress.compiling(self.code.co_name), timed("capture (incl. backend)"), \
+                    autocast_state.tracing():
                 entry = trace_frame(self.fn, self.code, bound, self._ctx())
         except SkipFrame as s:
             if self.fullgraph:

@@ -9,12 +9,15 @@ import contextlib
 import time
 from collections import defaultdict
 
+from kiln.debug import progress
+
 _totals: dict[str, float] = defaultdict(float)
 _counts: dict[str, int] = defaultdict(int)
 
 
 @contextlib.contextmanager
 def timed(stage: str):
+    progress.stage(stage)
     t0 = time.perf_counter()
     try:
         yield

@@ -44,7 +44,7 @@ def kiln_backend(gm, example_inputs):
         from kiln.debug.minifier import stage_compiler
         compiler = stage_compiler("autograd", compile_aten_graph)
     return aot_compile(gm, example_inputs, fw_compiler=compiler,
-                       bw_compiler=compiler, inference_compiler=compiler)
+                       bw_compiler=config.bound(compiler), inference_compiler=compiler)
 
 
 kiln_backend.prepare = prepare
