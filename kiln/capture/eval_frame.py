@@ -107,16 +107,20 @@ class CompiledFunction:
                 entry = trace_frame(self.fn, self.code, bound, self._ctx())
         except SkipFrame as s:
             if self.fullgraph:
-                raise Unsupported(str(s), _where(self.code)) from None
+                err = Unsupported(str(s), _where(self.code))
+                _record_for_replay(self, args, kwargs, err)
+                raise err from None
             self.skip = str(s)
             log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, s)
             if self.recorder is not None:
                 self.recorder.skips.append(f"{self.code.co_name}: {s}")
             return self.fn(*args, **kwargs)
-        except Unsupported:
+        except Unsupported as ex:
+            _record_for_replay(self, args, kwargs, ex)
             raise
         except Exception as ex:
             err = _as_kiln_error(ex, self.code)
+            _record_for_replay(self, args, kwargs, ex)
             if config.suppress_errors:
                 return self._run_eagerly_after(err, args, kwargs)
             if err is ex:
@@ -151,7 +155,9 @@ class CompiledFunction:
         """Global state kiln cannot reproduce: an entry that runs ``fn`` itself while
         that state lasts (other states still compile)."""
         if self.fullgraph:
-            raise Unsupported(f"{self.code.co_name}: {why}", _where(self.code))
+            err = Unsupported(f"{self.code.co_name}: {why}", _where(self.code))
+            _record_for_replay(self, args, kwargs, err)
+            raise err
         log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, why)
         if self.recorder is not None:
             self.recorder.skips.append(f"{self.code.co_name}: {why}")
@@ -206,6 +212,13 @@ class CompiledFunction:
                 where, config.recompile_limit, reason)
         else:
             log.info("recompiling %s: guard failed: %s", where, reason)
+
+
+def _record_for_replay(cf, args, kwargs, error):
+    """KILN_REPLAY_RECORD: a record of this failed capture (kiln/debug/replay.py)."""
+    if config.replay_record:
+        from kiln.debug.replay import record
+        record(cf.fn, args, kwargs, cf.fullgraph, error)
 
 
 def _where(code) -> list:
