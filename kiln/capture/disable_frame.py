@@ -25,7 +25,7 @@ _LIBRARIES = frozenset({"torch", "kiln", "numpy", "triton", "sympy", "networkx"}
     | frozenset(sys.stdlib_module_names)
 
 
-def _compiled_caller(depth: int = 3):
+def _compiled_caller(depth: int = 2):
     """The innermost CompiledFunction being called on this thread's stack, or None."""
     code = eval_frame.CompiledFunction.__call__.__code__
     f = sys._getframe(depth)

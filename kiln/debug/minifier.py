@@ -9,7 +9,8 @@ the kernel compiler (``kernels/backend.py``); ``kernels`` every graph the kernel
 compiler builds (``kernels/compile.py``), its kernels run directly. Levels: ``error``
 (compiling or running raises, and eager does not raise the same exception type) or
 ``accuracy`` (also: a result or a written input differs from eager's beyond
-``repro_runtime.TOLERANCE``).
+``repro_runtime.TOLERANCE``; graphs with random ops are checked only with
+``fallback_random``, since kiln's kernels draw other random numbers than eager).
 
 While checking, ``suppress_errors`` is off inside the stage, so its own eager fallbacks
 do not hide the failure; once a failure is reported the user's setting decides again (a
@@ -118,6 +119,13 @@ class Checked:
         if self.reported:
             return self.inner(*args)
         if config.repro_level == "accuracy":
+            if _random(self.gm) and not config.fallback_random:
+                log.warning("kiln minifier: a graph of the %s stage has random ops, whose "
+                            "values kiln's kernels draw differently from eager's; its "
+                            "accuracy is not checked (set KILN_FALLBACK_RANDOM=1 to check it)",
+                            self.stage)
+                self.reported = True
+                return self.inner(*args)
             return self._checked_accuracy(args)
         try:
             return rr.call_compiled(self.inner, args)
@@ -169,6 +177,13 @@ class Checked:
             what = f"{type(detail).__name__}: {detail}" if kind == "error" else detail
             log.warning("kiln minifier: a graph of the %s stage fails (%s); minified repro "
                         "written to %s", self.stage, what, path)
+
+
+def _random(gm) -> bool:
+    from kiln.kernels.graph_replay import _RANDOM
+    return any(n.op in ("call_function", "call_method")
+               and any(r in str(getattr(n.target, "__name__", n.target)) for r in _RANDOM)
+               for n in gm.graph.nodes)
 
 
 def _units(gm) -> list[list[fx.Node]]:

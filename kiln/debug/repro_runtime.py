@@ -112,11 +112,12 @@ def call_compiled(fn, inputs):
 
 
 def difference(expected, got) -> str | None:
-    """Why ``got`` is not ``expected`` (nested outputs), or None when they agree."""
-    e_leaves, e_spec = pytree.tree_flatten(expected)
-    g_leaves, g_spec = pytree.tree_flatten(got)
-    if e_spec != g_spec:
-        return f"output structure differs: eager {e_spec}, compiled {g_spec}"
+    """Why ``got`` is not ``expected`` (nested outputs; a list and a tuple of the same
+    items agree, as backends may return either), or None when they agree."""
+    e_leaves = pytree.tree_leaves(expected)
+    g_leaves = pytree.tree_leaves(got)
+    if len(e_leaves) != len(g_leaves):
+        return f"eager returns {len(e_leaves)} values, compiled {len(g_leaves)}"
     for i, (e, g) in enumerate(zip(e_leaves, g_leaves)):
         if isinstance(e, torch.Tensor) != isinstance(g, torch.Tensor):
             return f"output {i}: eager {type(e).__name__}, compiled {type(g).__name__}"

@@ -192,3 +192,48 @@ def test_bad_settings_are_rejected():
     with config.patch(repro_after="bogus"):
         with pytest.raises(ValueError, match="capture, autograd, kernels"):
             minifier.active("capture")
+
+
+def _aten_graph(build):
+    g = fx.Graph()
+    out = build(g)
+    g.output((out,))
+    return fx.GraphModule({}, g)
+
+
+def test_random_graphs_are_not_accuracy_checked(tmp_path, monkeypatch):
+    from kiln import config
+    from kiln.kernels.compile import CompiledGraph
+    monkeypatch.chdir(tmp_path)
+    aten = torch.ops.aten
+    gm = _aten_graph(lambda g: g.call_function(aten.add.Tensor, (
+        g.call_function(aten.rand_like.default, (g.placeholder("x"),)), 1)))
+    x = torch.randn(4)
+    with config.patch(repro_after="kernels", repro_level="accuracy"):
+        c = minifier.Checked("kernels", gm, lambda: CompiledGraph(gm, [x]), [x])
+        (out,) = c(x)
+    assert out.shape == x.shape and ((out >= 1) & (out < 2)).all()
+    assert not (tmp_path / "kiln_repro").exists()
+
+
+def test_programs_own_error_is_not_reported(tmp_path, monkeypatch):
+    from kiln import config
+    from kiln.kernels.compile import CompiledGraph
+    monkeypatch.chdir(tmp_path)
+    aten = torch.ops.aten
+    gm = _aten_graph(lambda g: g.call_function(aten.index_select.default, (
+        g.placeholder("x"), 0, g.placeholder("i"))))
+    x, bad = torch.randn(3), torch.tensor([10])
+    eager_error = None
+    try:
+        gm(x, bad)
+    except Exception as e:  # noqa: BLE001
+        eager_error = type(e)
+    assert eager_error is not None
+    with config.patch(repro_after="kernels", repro_level="error"):
+        c = minifier.Checked("kernels", gm, lambda: CompiledGraph(gm, [x, torch.tensor([0])]),
+                             [x, torch.tensor([0])])
+        torch.testing.assert_close(c(x, torch.tensor([1]))[0], x[[1]])
+        with pytest.raises(eager_error):
+            c(x, bad)
+    assert not (tmp_path / "kiln_repro").exists()
