@@ -237,3 +237,35 @@ def test_programs_own_error_is_not_reported(tmp_path, monkeypatch):
         with pytest.raises(eager_error):
             c(x, bad)
     assert not (tmp_path / "kiln_repro").exists()
+
+
+TRAINING = textwrap.dedent("""
+    import torch, kiln
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(5, 4)
+    out = kiln.compile(m)(x)
+    out.sum().backward()
+    grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    ref = m(x)
+    ref.sum().backward()
+    assert torch.allclose(out, ref, atol=1e-5)
+    assert all(torch.allclose(g, p.grad, atol=1e-5) for g, p in zip(grads, m.parameters()))
+    print("PROGRAM OK")
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["capture", "autograd", "kernels"])
+def test_training_module_accuracy(tmp_path, stage):
+    """Parameters that require grad, a backward graph compiled later: the repro still
+    shrinks to the relu, and eager's results are what the program gets."""
+    (tmp_path / "prog.py").write_text(TRAINING)
+    r = _run(["prog.py"], tmp_path, KILN_INJECT_BUG="relu_accuracy", KILN_REPRO_AFTER=stage,
+             KILN_REPRO_LEVEL="accuracy", KILN_SUPPRESS_ERRORS="1")
+    assert r.returncode == 0 and "PROGRAM OK" in r.stdout, r.stderr[-3000:]
+    source = (tmp_path / "kiln_repro" / "repro.py").read_text()
+    assert _ops(source) == 1 and "relu" in source
+    alone = _run([str(tmp_path / "kiln_repro" / "repro.py")], tmp_path)
+    assert alone.returncode != 0 and "differs from eager" in alone.stderr
