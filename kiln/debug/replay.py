@@ -199,7 +199,11 @@ class _Decoder:
         if kind == "function":
             return self.function(enc[1])
         if kind == "pickled":
-            return pickle.loads(enc[1])
+            try:
+                return pickle.loads(enc[1])
+            except Exception as e:  # noqa: BLE001 -- its class is the user's, not here
+                self.missing.append(f"a pickled value ({type(e).__name__}: {e})")
+                return None
         if kind == "missing":
             self.missing.append(enc[1])
             return None

@@ -119,3 +119,15 @@ def test_nothing_recorded_by_default(tmp_path, monkeypatch):
     with pytest.raises(kiln.Unsupported):
         kiln.compile(h, fullgraph=True, backend="eager")(torch.randn(2))
     assert not (tmp_path / "kiln_replay").exists()
+
+
+def test_unloadable_pickle_is_listed_missing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = replay.record(_g, (torch.randn(2), 1), {"lock": _Picklable()}, False, RuntimeError("x"))
+    monkeypatch.setattr(sys.modules[__name__], "_Picklable", None)   # its class is gone
+    fn, args, kwargs, rec = replay.load(path)
+    assert kwargs["lock"] is None and "pickled value" in rec["missing"][0]
+
+
+class _Picklable:
+    pass
