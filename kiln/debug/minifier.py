@@ -173,6 +173,10 @@ class Checked:
             log.warning("kiln minifier: the failing %s graph cannot be written as a "
                         "standalone file (%s)", self.stage, e)
             return
+        except Exception as e:  # noqa: BLE001 -- a debugging aid must not mask the failure
+            log.warning("kiln minifier: shrinking the failing %s graph failed (%s: %s)",
+                        self.stage, type(e).__name__, e)
+            return
         if path is not None:
             what = f"{type(detail).__name__}: {detail}" if kind == "error" else detail
             log.warning("kiln minifier: a graph of the %s stage fails (%s); minified repro "
@@ -298,6 +302,8 @@ def minify(stage, gm, specs, kind, detail, backend=None, target=None):
         k, d = rr.outcome(stage, level, repro_writer.load(src), cand_specs, backend, target)
         return same(k, d), src
 
+    log.warning("kiln minifier: shrinking a failing graph of the %s stage (%d ops)...",
+                stage, _op_count(gm))
     _busy.on = True
     try:
         ok, src = fails(gm, specs)

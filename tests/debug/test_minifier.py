@@ -269,3 +269,20 @@ def test_training_module_accuracy(tmp_path, stage):
     assert _ops(source) == 1 and "relu" in source
     alone = _run([str(tmp_path / "kiln_repro" / "repro.py")], tmp_path)
     assert alone.returncode != 0 and "differs from eager" in alone.stderr
+
+
+def test_minifier_failure_does_not_mask_the_error(tmp_path, monkeypatch):
+    """A bug in the minifier itself is logged; the stage's own failure goes on."""
+    from kiln import config
+    from kiln.debug import inject
+    from kiln.kernels.compile import CompiledGraph
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(minifier, "minify", lambda *a, **k: 1 / 0)
+    aten = torch.ops.aten
+    gm = _aten_graph(lambda g: g.call_function(aten.relu.default, (g.placeholder("x"),)))
+    x = torch.randn(4)
+    with config.patch(repro_after="kernels", inject_bug="relu_compile_error",
+                      suppress_errors=False):
+        with pytest.raises(inject.InjectedCompileError):
+            minifier.Checked("kernels", gm, lambda: CompiledGraph(gm, [x]), [x])
+    assert not (tmp_path / "kiln_repro").exists()
