@@ -46,3 +46,40 @@ def test_short_compile_is_silent(monkeypatch):
     monkeypatch.setattr(sys, "stderr", err)
     _compile_once()
     assert err.getvalue() == ""
+
+
+PROGRAM = """
+import torch, kiln
+from kiln.debug import progress
+progress.DELAY_S = 0.0
+kiln.compile(lambda x: torch.cos(x) + 1, backend="eager")(torch.randn(3))
+"""
+
+
+@pytest.mark.slow
+def test_real_terminal_and_pipe():
+    import os
+    import pty
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    env["PYTHONPATH"] = root
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-c", PROGRAM], stderr=slave, stdout=subprocess.DEVNULL,
+                         env=env)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:             # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert p.wait(timeout=300) == 0
+    os.close(master)
+    assert b"[kiln] compiling <lambda>: graph 1" in b"".join(chunks)
+    piped = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, env=env,
+                           timeout=300)
+    assert piped.returncode == 0 and b"[kiln]" not in piped.stderr
