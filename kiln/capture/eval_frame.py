@@ -107,9 +107,8 @@ class CompiledFunction:
                 entry = trace_frame(self.fn, self.code, bound, self._ctx())
         except SkipFrame as s:
             if self.fullgraph:
-                err = Unsupported(str(s), _where(self.code))
-                _record_for_replay(self, args, kwargs, err)
-                raise err from None
+                _record_for_replay(self, args, kwargs, s)
+                raise Unsupported(str(s), _where(self.code)) from None
             self.skip = str(s)
             log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, s)
             if self.recorder is not None:
@@ -155,9 +154,8 @@ class CompiledFunction:
         """Global state kiln cannot reproduce: an entry that runs ``fn`` itself while
         that state lasts (other states still compile)."""
         if self.fullgraph:
-            err = Unsupported(f"{self.code.co_name}: {why}", _where(self.code))
-            _record_for_replay(self, args, kwargs, err)
-            raise err
+            _record_for_replay(self, args, kwargs, SkipFrame(why))
+            raise Unsupported(f"{self.code.co_name}: {why}", _where(self.code))
         log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, why)
         if self.recorder is not None:
             self.recorder.skips.append(f"{self.code.co_name}: {why}")
