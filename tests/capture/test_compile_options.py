@@ -103,3 +103,28 @@ def test_module_with_mode():
     x = torch.randn(5, 3)
     torch.testing.assert_close(kiln.compile(m, backend=backend, mode="reduce-overhead")(x), m(x))
     assert seen == [{"cudagraphs": "1"}]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode,replayed", [("default", False), ("reduce-overhead", True),
+                                           ("max-autotune-no-cudagraphs", False)])
+def test_modes_on_the_gpu(mode, replayed):
+    """A one-kernel graph: replayed from a CUDA graph only under reduce-overhead (by
+    default only graphs of 8 steps or more are)."""
+    import gc
+
+    from kiln.kernels import graph_replay
+
+    def live():
+        return {id(o) for o in gc.get_objects() if isinstance(o, graph_replay.GraphReplay)}
+
+    before = live()
+
+    def f(x):
+        return torch.sin(x) * 2 + 1
+
+    c = kiln.compile(f, backend="kiln", mode=mode)
+    for _ in range(4):
+        x = torch.randn(1024, device="cuda")
+        torch.testing.assert_close(c(x), f(x))
+    assert bool(live() - before) == replayed
