@@ -165,6 +165,8 @@ def repro_source(gm, specs, stage, level, backend=None, target=None, expected=""
     """The whole ``repro.py``."""
     from kiln import config
     settings = {k: getattr(config, k) for k in CONFIG_KEYS}
+    if target == "triton" or settings["kernel_target"] == "triton":
+        note += "\nTriton kernels on CPU tensors run under TRITON_INTERPRET=1."
     body = graph_source(gm)
     try:
         readable = gm.code.strip()
