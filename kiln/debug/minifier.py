@@ -132,7 +132,7 @@ class Checked:
         except Exception as e:  # noqa: BLE001 -- the program's own error, or kiln's
             failure = e
         try:
-            self.gm(*args)
+            self.gm(*rr.copy_inputs(args))  # copies: the real inputs stay for the caller
         except Exception as e:  # noqa: BLE001
             if type(e) is type(failure):  # eager raises it too: the program's own
                 raise failure

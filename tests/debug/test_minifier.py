@@ -286,3 +286,32 @@ def test_minifier_failure_does_not_mask_the_error(tmp_path, monkeypatch):
         with pytest.raises(inject.InjectedCompileError):
             minifier.Checked("kernels", gm, lambda: CompiledGraph(gm, [x]), [x])
     assert not (tmp_path / "kiln_repro").exists()
+
+
+MUTATING = textwrap.dedent("""
+    import torch, kiln
+
+    def f(x, y):
+        x.add_(1)
+        return torch.relu(x * y) + 2
+
+    x, y = torch.randn(8, 4), torch.randn(8, 4)
+    x2 = x.clone()
+    out = kiln.compile(f)(x, y)
+    ref = f(x2, y)
+    assert torch.allclose(out, ref) and torch.equal(x, x2), "mutated once, as eager"
+    print("PROGRAM OK")
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("level,bug", [("error", "relu_compile_error"),
+                                       ("accuracy", "relu_accuracy")])
+def test_capture_stage_with_a_mutated_input(tmp_path, level, bug):
+    """Checking the graph never applies the program's write twice."""
+    (tmp_path / "prog.py").write_text(MUTATING)
+    r = _run(["prog.py"], tmp_path, KILN_INJECT_BUG=bug, KILN_REPRO_AFTER="capture",
+             KILN_REPRO_LEVEL=level, KILN_SUPPRESS_ERRORS="1")
+    assert r.returncode == 0 and "PROGRAM OK" in r.stdout, r.stderr[-3000:]
+    source = (tmp_path / "kiln_repro" / "repro.py").read_text()
+    assert _ops(source) <= 2 and "relu" in source
