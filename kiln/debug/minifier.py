@@ -299,7 +299,8 @@ def minify(stage, gm, specs, kind, detail, backend=None, target=None):
 
     def fails(candidate, cand_specs):
         src = repro_writer.graph_source(candidate)
-        k, d = rr.outcome(stage, level, repro_writer.load(src), cand_specs, backend, target)
+        with config.patch(graph_cache=False):     # candidates are not worth keeping
+            k, d = rr.outcome(stage, level, repro_writer.load(src), cand_specs, backend, target)
         return same(k, d), src
 
     log.warning("kiln minifier: shrinking a failing graph of the %s stage (%d ops)...",
