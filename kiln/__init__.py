@@ -38,6 +38,13 @@ def compile_times() -> str:
     return report()
 
 
+def list_options() -> list[str]:
+    """The names ``kiln.compile(options=...)`` accepts (each a kiln.config setting)."""
+    from kiln.capture.compile_options import list_options as names
+
+    return names()
+
+
 def wait_for_compiles(timeout: float | None = None) -> bool:
     """Wait for the kernels kiln is compiling in the background (a large matmul fused
     with its epilogue: until it is ready, calls run the library product and a separate
@@ -63,6 +70,7 @@ __all__ = [
     "graph_break",
     "is_compiling",
     "list_backends",
+    "list_options",
     "lookup_backend",
     "optimize",
     "register_backend",

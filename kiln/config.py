@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -97,6 +98,33 @@ small_matmul_macs: int = _env_int("KILN_SMALL_MATMUL_MACS", 32768)
 #: (KILN_KERNEL_TARGET).
 kernel_target: str = _env_str("KILN_KERNEL_TARGET", "auto")
 
+# --- debugging -----------------------------------------------------------------
+#: Check a stage's graphs and, when one fails, shrink it and write a standalone
+#: ``repro.py`` (kiln/debug/minifier.py): "capture" (the torch-level graph handed to
+#: the backend), "autograd" (the aten graphs handed to the kernel compiler),
+#: "kernels" (every graph the kernel compiler builds, its kernels run directly) or ""
+#: (off) (KILN_REPRO_AFTER).
+repro_after: str = _env_str("KILN_REPRO_AFTER", "")
+#: What counts as a failure for the minifier: "error" (compiling or running raises)
+#: or "accuracy" (also a result that differs from eager's beyond tolerance)
+#: (KILN_REPRO_LEVEL).
+repro_level: str = _env_str("KILN_REPRO_LEVEL", "error")
+#: A deliberate bug in the kernel compiler, to test the minifier end to end:
+#: "relu_compile_error" (compiling a graph with relu raises) or "relu_accuracy"
+#: (relu computes relu(x) + 1); "" in normal use (KILN_INJECT_BUG).
+inject_bug: str = _env_str("KILN_INJECT_BUG", "")
+#: When capturing a frame fails (an internal error, or Unsupported under fullgraph),
+#: write a record of it that ``python -m kiln.replay FILE`` re-runs through capture
+#: (kiln/debug/replay.py) (KILN_REPLAY_RECORD).
+replay_record: bool = _env_bool("KILN_REPLAY_RECORD", False)
+#: A progress line on stderr (graph count and stage) during a long compile: "auto"
+#: (when stderr is a terminal), "1" (always) or "0" (never) (KILN_PROGRESS).
+progress: str = _env_str("KILN_PROGRESS", "auto")
+#: Triton kernels of at least this many elements time several launch configurations
+#: (num_warps) on first use; mode="max-autotune" lowers it so smaller kernels are
+#: tuned too (KILN_AUTOTUNE_MIN_NUMEL).
+autotune_min_numel: int = _env_int("KILN_AUTOTUNE_MIN_NUMEL", 1 << 24)
+
 # --- logging -------------------------------------------------------------------
 #: Comma-separated log artefacts to show, e.g. "graph_breaks,recompiles,guards"
 #: (KILN_LOGS). See kiln/debug/logs.py for the list.
@@ -122,3 +150,34 @@ def patch(**settings):
         yield
     finally:
         g.update(old)
+
+
+_overlay = threading.local()
+
+
+@contextlib.contextmanager
+def overlay(settings: dict):
+    """``patch(**settings)`` for a compiled function's call (``kiln.compile(mode=...,
+    options=...)``), remembered so that ``bound`` can apply it again later."""
+    outer = getattr(_overlay, "settings", None)
+    _overlay.settings = {**(outer or {}), **settings}
+    try:
+        with patch(**settings):
+            yield
+    finally:
+        _overlay.settings = outer
+
+
+def bound(fn):
+    """``fn``, to be called later (a backward graph's compile inside ``loss.backward()``),
+    under the overlay of the compiled function being called now (``fn`` itself if none)."""
+    settings = getattr(_overlay, "settings", None)
+    if not settings:
+        return fn
+
+    def under_settings(*args, **kwargs):
+        with patch(**settings):
+            return fn(*args, **kwargs)
+
+    return under_settings
+

@@ -46,23 +46,32 @@ class CompiledModule(torch.nn.Module):
         return getattr(self._orig_mod, name)
 
 
-def _compile_callable(fn, backend, fullgraph, recorder=None, frozen=False):
+def _compile_callable(fn, backend, fullgraph, recorder=None, frozen=False, settings=None):
     recorder = recorder if recorder is not None else getattr(backend, "kiln_recorder", None)  # CompileProfiler
     be = lookup_backend(backend)
+    make = _compiled_function_type(settings)
     if isinstance(fn, torch.nn.Module):
-        fwd = CompiledFunction(type(fn).forward, be, fullgraph, recorder, frozen)
+        fwd = make(type(fn).forward, be, fullgraph, recorder, frozen)
         cm = CompiledModule(fn, fwd)
-        object.__setattr__(cm, "_kiln_call", CompiledFunction(_call_module_fn, be, fullgraph, recorder, frozen).__get__(fn))
+        object.__setattr__(cm, "_kiln_call", make(_call_module_fn, be, fullgraph, recorder, frozen).__get__(fn))
         return cm
     if isinstance(fn, types.MethodType):
-        return types.MethodType(CompiledFunction(fn.__func__, be, fullgraph, recorder, frozen), fn.__self__)
+        return types.MethodType(make(fn.__func__, be, fullgraph, recorder, frozen), fn.__self__)
     if isinstance(fn, types.FunctionType):
-        return CompiledFunction(fn, be, fullgraph, recorder, frozen)
+        return make(fn, be, fullgraph, recorder, frozen)
     if isinstance(fn, CompiledFunction):
         return fn
     if callable(fn) and isinstance(getattr(type(fn), "__call__", None), types.FunctionType):
-        return types.MethodType(CompiledFunction(type(fn).__call__, be, fullgraph, recorder, frozen), fn)
+        return types.MethodType(make(type(fn).__call__, be, fullgraph, recorder, frozen), fn)
     raise TypeError(f"kiln.compile expects a function, method or nn.Module, got {type(fn).__qualname__}")
+
+
+def _compiled_function_type(settings):
+    """CompiledFunction, or one applying ``settings`` (mode/options) around its calls."""
+    if not settings:
+        return eval_frame.CompiledFunction
+    from kiln.capture.compile_options import ConfiguredFunction
+    return functools.partial(ConfiguredFunction, settings=settings)
 
 
 def _call_module_fn(mod, *args, **kwargs):
@@ -72,15 +81,20 @@ def _call_module_fn(mod, *args, **kwargs):
 def compile(fn=None, *, backend=None, fullgraph=False, dynamic=None, mode=None,
             options=None, disable=False):
     """Compile ``fn`` (a function, method or nn.Module); usable as a decorator with or
-    without arguments. ``dynamic``/``mode``/``options`` are accepted for compatibility
-    with PyTorch's own compile function (named, never called)."""
+    without arguments. ``mode`` ("default", "reduce-overhead", "max-autotune",
+    "max-autotune-no-cudagraphs") or ``options`` (``kiln.list_options()``) set kiln.config
+    settings for this function's compiles and calls (``compile_options.py``); anything
+    else is rejected. ``dynamic`` is accepted for compatibility (sizes are static)."""
+    from kiln.capture.compile_options import settings_for
+
+    settings = settings_for(mode, options)
     backend = backend if backend is not None else config.default_backend
     if fn is None:
         return lambda f: compile(f, backend=backend, fullgraph=fullgraph, dynamic=dynamic,
                                  mode=mode, options=options, disable=disable)
     if disable:
         return fn
-    return _compile_callable(fn, backend, fullgraph)
+    return _compile_callable(fn, backend, fullgraph, settings=settings)
 
 
 def optimize(backend="kiln", nopython=False):
@@ -168,9 +182,14 @@ def export(fn, *args, **kwargs):
 
 
 def disable(fn=None, recursive=True):
-    """Run ``fn`` eagerly even when called from compiled code (a graph break at the call)."""
+    """Run ``fn`` eagerly even when called from compiled code (a graph break at the call),
+    and everything it calls; with ``recursive=False`` only ``fn``'s own frame: the
+    functions it calls by global name are compiled (``disable_frame.py``)."""
     if fn is None:
         return lambda f: disable(f, recursive)
+    if not recursive:
+        from kiln.capture.disable_frame import disable_frame
+        return disable_frame(fn)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

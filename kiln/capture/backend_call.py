@@ -28,7 +28,15 @@ def compile_graph(backend, gm, example_inputs, where: list):
     ``where``: the user's lines the graph was captured from (file:line in fn: text)."""
     from kiln.capture.errors import InternalError, SkipFrame, Unsupported
 
+    from kiln.debug import progress
+
+    progress.graph()
     try:
+        if config.repro_after:  # the minifier checks this stage (kiln/debug/minifier.py)
+            from kiln.debug import minifier
+            if minifier.active("capture"):
+                return minifier.Checked("capture", gm, lambda: backend(gm, example_inputs),
+                                        example_inputs, backend=backend)
         return backend(gm, example_inputs)
     except (Unsupported, SkipFrame, InternalError, BackendCompilerFailed):
         raise

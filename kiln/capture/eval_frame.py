@@ -24,6 +24,7 @@ from kiln.capture.guards import Guard, first_failure
 from kiln.capture.tracer import Entry, TraceContext, trace_frame
 from kiln.debug import trace_dir
 from kiln.debug.breaks import describe, tag
+from kiln.debug import progress
 from kiln.debug.logs import log_for
 from kiln.debug.timing import timed
 
@@ -115,20 +116,24 @@ class CompiledFunction:
         try:
             if prepare is not None:  # a backend's one-time set-up, overlapping the capture
                 prepare(list(args) + list(kwargs.values()))
-            with timed("capture (incl. backend)"), autocast_state.tracing():
+            with progress.compiling(self.code.co_name), timed("capture (incl. backend)"), \
+                    autocast_state.tracing():
                 entry = trace_frame(self.fn, self.code, bound, self._ctx())
         except SkipFrame as s:
             if self.fullgraph:
+                _record_for_replay(self, args, kwargs, s)
                 raise Unsupported(s.reason, _where(self.code), break_id=s.break_id) from None
             self.skip = str(s)
             log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, s)
             if self.recorder is not None:
                 self.recorder.skip(self.code.co_name, s.reason, s.break_id)
             return self.fn(*args, **kwargs)
-        except Unsupported:
+        except Unsupported as ex:
+            _record_for_replay(self, args, kwargs, ex)
             raise
         except Exception as ex:
             err = _as_kiln_error(ex, self.code)
+            _record_for_replay(self, args, kwargs, ex)
             if config.suppress_errors:
                 return self._run_eagerly_after(err, args, kwargs)
             if err is ex:
@@ -169,6 +174,7 @@ class CompiledFunction:
         entry that runs ``fn`` itself while that state lasts (other states still compile)."""
         break_id, why = reason
         if self.fullgraph:
+            _record_for_replay(self, args, kwargs, SkipFrame(break_id, why))
             raise Unsupported(break_id, f"{self.code.co_name}: {why}", _where(self.code))
         log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, tag(break_id, why))
         if self.recorder is not None:
@@ -246,6 +252,13 @@ def _recompile_words(per_entry) -> str:
         else:
             lines += [f"  {w}" for w in words]
     return "\n".join(lines)
+
+
+def _record_for_replay(cf, args, kwargs, error):
+    """KILN_REPLAY_RECORD: a record of this failed capture (kiln/debug/replay.py)."""
+    if config.replay_record:
+        from kiln.debug.replay import record
+        record(cf.fn, args, kwargs, cf.fullgraph, error)
 
 
 def _where(code) -> list:

@@ -9,6 +9,8 @@ import contextlib
 import time
 from collections import defaultdict
 
+from kiln.debug import progress
+
 _totals: dict[str, float] = defaultdict(float)
 _counts: dict[str, int] = defaultdict(int)
 #: stage, seconds -> None: the trace directory's per-compile accounting, when one is on
@@ -17,6 +19,7 @@ observer = None
 
 @contextlib.contextmanager
 def timed(stage: str):
+    progress.stage(stage)
     t0 = time.perf_counter()
     try:
         yield

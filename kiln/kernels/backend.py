@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import config
 from .compile import compile_aten_graph
 
 
@@ -38,8 +39,12 @@ def kiln_backend(gm, example_inputs):
     if _on_cuda(example_inputs):
         from . import triton_setup
         triton_setup.start()              # overlaps the autograd stage and lowering
-    return aot_compile(gm, example_inputs, fw_compiler=compile_aten_graph,
-                       bw_compiler=compile_aten_graph, inference_compiler=compile_aten_graph)
+    compiler = compile_aten_graph
+    if config.repro_after:                # the minifier checks the aten graphs
+        from kiln.debug.minifier import stage_compiler
+        compiler = stage_compiler("autograd", compile_aten_graph)
+    return aot_compile(gm, example_inputs, fw_compiler=compiler,
+                       bw_compiler=config.bound(compiler), inference_compiler=compiler)
 
 
 kiln_backend.prepare = prepare

@@ -109,6 +109,9 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
 
 def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
     """One specialisation: returns (Runtime, artefacts dict for tests and logs)."""
+    if config.inject_bug:
+        from ..debug.inject import check_compile
+        check_compile(gm)
     p = plan(gm, example_inputs, target)
     lo, sched, arte = p.lowered, p.sched, p.artefacts
     by_name = {b.name: b for b in lo.buffers}
@@ -299,5 +302,11 @@ class CompiledGraph:
 def compile_aten_graph(aten_gm: fx.GraphModule, example_inputs, target: str | None = None):
     """Compile a functional aten graph; the result takes its inputs positionally and
     returns what the graph returns. ``target``: "cpp", "triton" or None (by device)."""
+    if config.repro_after:                    # the minifier checks this stage
+        from ..debug import minifier
+        if minifier.active("kernels"):
+            return minifier.Checked("kernels", aten_gm,
+                                    lambda: CompiledGraph(aten_gm, list(example_inputs), target),
+                                    example_inputs, target=target)
     with timed("kernels"):
         return CompiledGraph(aten_gm, list(example_inputs), target)

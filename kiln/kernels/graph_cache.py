@@ -168,7 +168,9 @@ def key_of(gm, example_inputs, target: str) -> str | None:
                         _module_constants(), _versions(target, device),
                         f"fallback_random={config.fallback_random}",
                         f"matmul_epilogue={config.matmul_epilogue != 'off'}",
-                        f"small_matmul_macs={config.small_matmul_macs}")
+                        f"small_matmul_macs={config.small_matmul_macs}",
+                        f"autotune_min_numel={config.autotune_min_numel}",
+                        f"inject_bug={config.inject_bug}")
 
 
 # --- pickling -------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from .. import config
 from ..debug.breaks import split_id, tag
 from ..debug.logs import log_for
 from . import ir
@@ -699,6 +700,9 @@ def _isinf(lo, node, x):
 
 @register(aten.relu.default)
 def _relu(lo, node, x):
+    if config.inject_bug == "relu_accuracy":      # the minifier's test knob (kiln/debug/inject.py)
+        return pointwise(lo, node, [x], lambda a: op("add", op("maximum", a, const(0, a.dtype)),
+                                                     const(1, a.dtype)))
     return pointwise(lo, node, [x], lambda a: op("maximum", a, const(0, a.dtype)))
 
 

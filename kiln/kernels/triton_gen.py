@@ -316,7 +316,8 @@ def plan_reduction(g, interpret: bool = False) -> Plan:
         p.split, p.chunk = -(-rnum // chunk), chunk
     elems = p.xb * p.rb
     p.num_warps = max(2, min(16, elems // 256))
-    if not interpret and onum * rnum >= AUTOTUNE_MIN_NUMEL and p.split == 1:
+    if not interpret and onum * rnum >= min(AUTOTUNE_MIN_NUMEL, config.autotune_min_numel) \
+            and p.split == 1:
         p.tune = (4, 8, 16) if elems >= 2048 else (2, 4, 8)
     return p
 
