@@ -1,0 +1,303 @@
+"""NumPy arrays during a trace: an ndarray is a tensor with NumPy's semantics.
+
+An ``NdarrayValue`` holds the ``TensorValue`` computing its data; everything done to it
+(operators, indexing, ``np.*`` calls, methods) follows NumPy's rules and is recorded as
+torch ops on that tensor (``numpy_ufuncs.py``, ``numpy_rules.py``). At the boundary an
+ndarray argument is read through ``torch.from_numpy`` (the graph input shares its
+memory, so in-place writes reach the caller's array) and a result is handed back with
+``Tensor.numpy`` (a NumPy scalar where NumPy returns one: ufunc and reduction results
+that are 0-d). ``Tensor.numpy()`` and ``torch.from_numpy`` inside the trace change the
+value's kind, not its data.
+
+``maybe_wrap`` is the builder's door: it turns NumPy objects (arrays, scalars, dtypes,
+NumPy callables) into Values, or answers None for anything else.
+"""
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass
+
+import torch
+
+from kiln.capture import values as V
+from kiln.capture.errors import Unsupported
+from kiln.capture.sources import Source
+
+_NP_TO_TORCH_NAMES = {
+    "bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+    "int64": torch.int64, "uint8": torch.uint8, "float16": torch.float16,
+    "float32": torch.float32, "float64": torch.float64, "complex64": torch.complex64,
+    "complex128": torch.complex128,
+}
+_TORCH_TO_NP_NAMES = {t: n for n, t in _NP_TO_TORCH_NAMES.items()}
+
+
+def np_module():
+    import numpy
+
+    return numpy
+
+
+def torch_dtype(np_dtype) -> torch.dtype:
+    """The torch dtype holding NumPy's ``np_dtype`` (native byte order only)."""
+    np = np_module()
+    d = np.dtype(np_dtype)
+    t = _NP_TO_TORCH_NAMES.get(d.name) if d.isnative else None
+    if t is None:
+        raise Unsupported(f"NumPy dtype {d} has no torch counterpart kiln traces")
+    return t
+
+
+def numpy_dtype(t: torch.dtype):
+    name = _TORCH_TO_NP_NAMES.get(t)
+    if name is None:
+        raise Unsupported(f"a tensor of {t} has no NumPy dtype")
+    return np_module().dtype(name)
+
+
+class NdarrayValue(V.Value):
+    """An ndarray (``scalar``: a NumPy scalar, NumPy's answer for a 0-d ufunc or
+    reduction result) computed by ``tensor``. Under ``kiln.wrap_numpy`` the same values
+    come from and go back to tensors."""
+
+    def __init__(self, tensor: V.TensorValue, scalar: bool = False, source=None):
+        self.tensor = tensor
+        self.scalar = bool(scalar) and tensor.fake.dim() == 0
+        self.source = source
+
+    @property
+    def dtype(self):
+        return numpy_dtype(self.tensor.fake.dtype)
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.tensor.fake.shape)
+
+    @property
+    def ndim(self) -> int:
+        return self.tensor.fake.dim()
+
+    def python_type(self):
+        return self.dtype.type if self.scalar else np_module().ndarray
+
+    def getattr(self, tx, name):
+        from kiln.capture.numpy_rules import ndarray_attribute
+
+        return ndarray_attribute(tx, self, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def getitem(self, tx, key):
+        from kiln.capture.numpy_rules import ndarray_getitem
+
+        return ndarray_getitem(tx, self, key)
+
+    def setitem(self, tx, key, value):
+        from kiln.capture.numpy_rules import ndarray_setitem
+
+        if self.scalar:
+            raise Unsupported("item assignment on a NumPy scalar")
+        ndarray_setitem(tx, self, key, value)
+
+    def contains(self, tx, item):
+        raise Unsupported("`in` on an ndarray (data-dependent)")
+
+    def truth(self, tx):
+        raise Unsupported("truth value of an ndarray (data-dependent control flow)")
+
+    def len_value(self, tx):
+        if self.ndim == 0:
+            from kiln.capture.errors import UserException
+
+            raise UserException(V.ExceptionValue(TypeError, [V.ConstantValue("len() of unsized object")]))
+        return V.ConstantValue(self.shape[0])
+
+    def unpack(self, tx):
+        if self.ndim == 0:
+            raise Unsupported("iterating over a 0-d array")
+        parts = tx.output.op("call_method", "unbind", [self.tensor], {}).unpack(tx)
+        return [NdarrayValue(p, scalar=self.ndim == 1) for p in parts]
+
+    # --- the boundary (codegen) ---------------------------------------------------------
+    def referenced(self):
+        return [self.tensor]
+
+    def rebuild(self, cg):
+        if self.source is not None:
+            return cg.read(self.source)
+        t = cg.expr(self.tensor)
+        if getattr(self, "as_tensor", False):
+            return t
+        return f"{t}.numpy(force=True)" + ("[()]" if self.scalar else "")
+
+    def __repr__(self):
+        kind = "NumpyScalar" if self.scalar else "Ndarray"
+        return f"{kind}({self.tensor.node.name}, {self.shape}, {self.dtype})"
+
+
+def from_tensor(tv: V.TensorValue, scalar=False) -> NdarrayValue:
+    numpy_dtype(tv.fake.dtype)  # a dtype NumPy has
+    return NdarrayValue(tv, scalar)
+
+
+class NumpyCallableValue(V.Value):
+    """A NumPy function, ufunc, scalar type or ``np.random`` method: called through
+    ``numpy_rules.call_numpy``; as an argument (a dtype) it is the constant itself."""
+
+    def __init__(self, fn, source=None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self):
+        return type(self.fn)
+
+    def is_const(self):
+        return True
+
+    def const(self):
+        return self.fn
+
+    def call(self, tx, args, kwargs):
+        from kiln.capture.numpy_rules import call_numpy
+
+        return call_numpy(tx, self.fn, args, kwargs)
+
+    def getattr(self, tx, name):
+        from kiln.capture.builder import wrap_static
+
+        if name in ("__name__", "__qualname__", "__module__"):
+            return V.ConstantValue(getattr(self.fn, name, None))
+        try:
+            return wrap_static(getattr(self.fn, name))
+        except AttributeError:
+            raise Unsupported(f"attribute {name!r} of {self.fn!r}")
+
+    def __repr__(self):
+        return f"Numpy({getattr(self.fn, '__name__', self.fn)})"
+
+
+@dataclass(frozen=True)
+class NumpyTensorSource(Source):
+    """The tensor view of an ndarray argument: ``from_numpy`` (shared memory)."""
+
+    base: Source
+    fn: str  # the name of ``as_tensor`` in the entry namespace
+
+    def expr(self):
+        return f"{self.fn}({self.base.expr()})"
+
+    def pretty(self):
+        return f"from_numpy({self.base.pretty()})"
+
+
+def as_tensor(a):
+    """``torch.from_numpy`` without its warning for read-only arrays (the guards took
+    ``writeable`` into account: the graph never writes one)."""
+    if not a.flags.writeable:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.from_numpy(a)
+    return torch.from_numpy(a)
+
+
+def array_traceable(a) -> bool:
+    """``a`` is a plain ndarray that ``from_numpy`` takes (no negative or misaligned
+    strides)."""
+    if type(a) is not np_module().ndarray:
+        return False
+    size = a.dtype.itemsize
+    return all(s >= 0 and s % size == 0 for s in a.strides)
+
+
+def array_matches(a, ndarray, dtype, shape, strides, writeable) -> bool:
+    """The one guard of an ndarray argument: what the trace assumed of it (strides as
+    traced are non-negative and aligned, so ``from_numpy`` takes it)."""
+    return (type(a) is ndarray and a.dtype == dtype and a.shape == shape and a.strides == strides
+            and a.flags.writeable is writeable)
+
+
+def _wrap_array(tx, arr, source):
+    if source is None:
+        raise Unsupported("an ndarray kiln cannot re-read at run time (no source)")
+    if type(arr) is not np_module().ndarray:
+        raise Unsupported(f"an ndarray subclass ({type(arr).__qualname__})")
+    known = tx.output.known_value(arr, source)
+    if known is not None:
+        return known
+    dt = torch_dtype(arr.dtype)  # object, string, datetime, uint16… dtypes: Unsupported
+    del dt
+    if not array_traceable(arr):
+        raise Unsupported("an ndarray with negative or misaligned strides")
+    g = tx.output.guards
+    e = source.expr()
+    w = bool(arr.flags.writeable)
+    tsrc = NumpyTensorSource(source, g.const(as_tensor, "np_tensor"))
+    first = len(g.guards)
+    tv = tx.output.input_tensor(as_tensor(arr), tsrc)
+    for gd in g.guards[first:]:  # the tensor's own guards: implied by the array's one
+        g._seen.discard(gd.code)
+    del g.guards[first:]
+    g.add(f"{g.const(array_matches, 'npok')}({e}, {g.const(type(arr), 'T')}, {g.const(arr.dtype, 'npdt')}, "
+          f"{arr.shape!r}, {arr.strides!r}, {w})",
+          f"{source.pretty()} is an ndarray of {arr.dtype}, shape {arr.shape}, strides {arr.strides}"
+          f"{'' if w else ', read-only'}", f"type({e})")
+    v = NdarrayValue(tv, source=source)
+    if not arr.flags.writeable:
+        v.readonly = True
+    return tx.output.remember(arr, v)
+
+
+def _is_random_method(obj) -> bool:
+    np = np_module()
+    self_ = getattr(obj, "__self__", None)
+    return isinstance(obj, types.BuiltinMethodType) and isinstance(self_, np.random.RandomState)
+
+
+def maybe_wrap(tx, obj, source):
+    """The Value of a NumPy object, or None when ``obj`` is not one."""
+    if "numpy" not in sys.modules:
+        return None
+    t = type(obj)
+    mod = getattr(t, "__module__", None) or ""
+    if isinstance(obj, type):
+        np = np_module()
+        if issubclass(obj, np.generic) and obj.__module__ == "numpy" or obj in (np.finfo, np.iinfo, np.dtype):
+            return NumpyCallableValue(obj, source)
+        return None
+    if not (mod.startswith("numpy") or callable(obj) and _is_numpy_callable(obj)):
+        return None
+    np = np_module()
+    if t is np.ndarray or isinstance(obj, np.ndarray):
+        if tx is None:
+            raise Unsupported("an ndarray kiln cannot re-read at run time (no source)")
+        return _wrap_array(tx, obj, source)
+    if isinstance(obj, (np.generic, np.dtype)):
+        if isinstance(obj, np.generic) and obj.dtype.name not in _NP_TO_TORCH_NAMES:
+            return None
+        if tx is not None and source is not None:
+            tx.output.guards.type_is(source, t)
+            tx.output.guards.equal(source, obj)
+        return V.ConstantValue(obj, source)
+    if callable(obj) and _is_numpy_callable(obj):
+        if tx is not None and source is not None and not _module_member_source(source):
+            tx.output.guards.identity(source, obj)
+        return NumpyCallableValue(obj, source)
+    return None
+
+
+def _module_member_source(source) -> bool:
+    from kiln.capture.sources import AttrSource
+
+    return isinstance(source, AttrSource)
+
+
+def _is_numpy_callable(obj) -> bool:
+    np = np_module()
+    if isinstance(obj, np.ufunc) or _is_random_method(obj):
+        return True
+    mod = getattr(obj, "__module__", None)
+    return isinstance(mod, str) and mod.split(".")[0] == "numpy" and not isinstance(obj, type)
