@@ -31,8 +31,12 @@ def k(v):
     return v
 
 
+def _v(a):
+    return a if isinstance(a, V.Value) else V.ConstantValue(a)
+
+
 def op(tx, fn, *args, **kwargs):
-    return tx.output.op("call_function", fn, list(args),
+    return tx.output.op("call_function", fn, [_v(a) for a in args],
                         {n: a if isinstance(a, V.Value) else V.ConstantValue(a) for n, a in kwargs.items()})
 
 

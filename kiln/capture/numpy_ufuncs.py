@@ -64,6 +64,12 @@ def tables():
     return _TABLES
 
 
+# torch functions that take a Python number for their second operand
+_TAKES_SCALARS = {torch.add, torch.sub, torch.mul, torch.div, torch.floor_divide, torch.remainder,
+                  torch.fmod, torch.pow, torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge,
+                  torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor}
+
+
 def is_ufunc(fn) -> bool:
     unary, binary = tables()
     return fn in unary or fn in binary
@@ -157,10 +163,12 @@ def apply_ufunc(tx, uf, args, kwargs):
         raise Unsupported(f"np.{uf.__name__}: {e}")
     ins, out_dt = loop[:uf.nin], loop[-1]
     targs = []
-    for o, dt in zip(ops, ins):
+    for i, (o, dt) in enumerate(zip(ops, ins)):
         a = _torch_arg(o, dt, np)
         if isinstance(a, NdarrayValue):
             a = cast(tx, a, dt).tensor
+        elif i == 0 or torch_fn not in _TAKES_SCALARS:  # a 0-d tensor of the loop dtype
+            a = tx.output.op("call_function", torch.scalar_tensor, [a], {"dtype": V.ConstantValue(torch_dtype(dt))})
         targs.append(a)
     if uf is np.sign and ins[0].kind == "c":
         raise Unsupported("np.sign of complex values")

@@ -1,0 +1,343 @@
+"""NumPy programs traced into one graph (torch.compile's FAQ, "Does NumPy work with
+torch.compile?"): each program runs compiled with ``fullgraph=True`` on the ``eager``
+and ``kiln`` backends and its result is compared with NumPy's own run — type (ndarray
+or NumPy scalar), dtype, shape and values — and it must be exactly one graph."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import kiln
+
+
+class Counting:
+    def __init__(self, inner):
+        self.inner = inner
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        if self.inner == "eager":
+            return gm.forward
+        from kiln.backends import lookup_backend
+
+        return lookup_backend(self.inner)(gm, example_inputs)
+
+
+def same(got, want, rtol=1e-7, atol=1e-12):
+    assert type(got) is type(want), (type(got), type(want))
+    if isinstance(want, (tuple, list)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            same(g, w, rtol, atol)
+        return
+    if isinstance(want, (np.ndarray, np.generic)):
+        assert got.dtype == want.dtype, (got.dtype, want.dtype)
+        assert np.shape(got) == np.shape(want)
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+        return
+    assert got == want
+
+
+def run(fn, *args, backend="eager", rtol=1e-7, atol=1e-12, graphs=1):
+    want = fn(*[a.copy() if isinstance(a, np.ndarray) else a for a in args])
+    be = Counting(backend)
+    kiln.reset()
+    cf = kiln.compile(fn, backend=be, fullgraph=True)
+    ins = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    got = cf(*ins)
+    same(got, want, rtol, atol)
+    got2 = cf(*[a.copy() if isinstance(a, np.ndarray) else a for a in args])  # the cached entry
+    same(got2, want, rtol, atol)
+    assert len(be.graphs) == graphs, len(be.graphs)
+    return ins
+
+
+rng = np.random.default_rng(0)
+A = rng.standard_normal((4, 5))
+B = rng.standard_normal((4, 5))
+V3 = rng.standard_normal(3)
+I = rng.integers(-5, 5, (4, 5))
+F32 = rng.standard_normal((4, 5)).astype(np.float32)
+SQ = rng.standard_normal((3, 3)) + 3 * np.eye(3)
+
+
+def p_faq(X, Y):
+    return np.sum(X[:, :, None] * Y[:, None, :], axis=(-2, -1))
+
+
+def p_sum_keepdims(x):
+    return np.sum(x, axis=1, keepdims=True), x.sum(0), np.sum(x)
+
+
+def p_mean_std(x):
+    return np.mean(x, axis=0), x.std(axis=1, ddof=1), np.var(x)
+
+
+def p_int_mean(i):
+    return i.mean(), np.mean(i, axis=1)
+
+
+def p_max_min(x):
+    return x.max(axis=1), np.min(x), np.amax(x, axis=0, keepdims=True)
+
+
+def p_arg(x):
+    return np.argmax(x), x.argmin(axis=1), np.argmax(x, axis=0, keepdims=True)
+
+
+def p_prod_cumsum(x):
+    return np.prod(x, axis=1), np.cumsum(x), x.cumsum(axis=0)
+
+
+def p_int_sum(i):
+    return np.sum(i.astype(np.int32), axis=0), np.cumsum(i.astype(np.int8))
+
+
+def p_broadcast(x, v):
+    return x[:, :3] + v, x[:, :3] * v[None, :] - 2.0
+
+
+def p_operators(x, y):
+    return x / y, x // 2, x % 3, -x, abs(x), x ** 2, +x
+
+
+def p_reflected(x):
+    return 2.0 - x, 1 / (x * x + 1), 3 * x, 2 ** x, 1 - (x > 0)
+
+
+def p_int_division(i):
+    return i / 2, i // 3, i % 4, i * 2.5
+
+
+def p_compare(x, y):
+    return x > y, x <= 0.5, x == y, np.logical_and(x > 0, y > 0)
+
+
+def p_f32_promotion(a, b):
+    return a + 1.0, a * b, a + np.float64(1.0), a.astype(np.float16) + 1
+
+
+def p_ufuncs(x):
+    return np.exp(x), np.sin(x), np.sqrt(np.abs(x)), np.log1p(np.abs(x)), np.tanh(x)
+
+
+def p_int_ufuncs(i):
+    return np.sin(i), np.sqrt(np.abs(i.astype(np.int16))), np.exp(i.astype(np.int8))
+
+
+def p_sign_nan(x):
+    y = x / (x - x)  # 0/0: nan
+    return np.sign(y), np.sign(x)
+
+
+def p_maximum(x, y):
+    return np.maximum(x, y), np.minimum(x, 0), np.clip(x, -0.5, 0.5)
+
+
+def p_where(x):
+    return np.where(x > 0, x, 0.0), np.where(x > 0, 1, -1)
+
+
+def p_inplace(x):
+    x += 1
+    x *= 2
+    return x
+
+
+def p_setitem(x):
+    y = x.copy()
+    y[0] = 0.0
+    y[:, 1] = -1.0
+    y[1:3, 2:4] = y[0:2, 0:2] * 2
+    return y
+
+
+def p_indexing(x):
+    return x[0], x[1:3], x[:, ::2], x[..., 1], x[None, 0, :], x[1, 2], x[-1, -1]
+
+
+def p_fancy_index(x):
+    idx = np.array([0, 2, 3])
+    return x[idx], x[[1, 0]]
+
+
+def p_attributes(x):
+    return x.shape, x.ndim, x.size, x.dtype, x.T, x.itemsize, x.nbytes
+
+
+def p_reshape(x):
+    return x.reshape(5, 4), x.reshape((2, -1)), np.reshape(x, (20,)), x.ravel(), x.flatten()
+
+
+def p_transpose(x):
+    y = x.reshape(2, 2, 5)
+    return y.transpose(2, 0, 1), np.transpose(y), np.swapaxes(y, 0, 2), np.moveaxis(y, 0, -1)
+
+
+def p_expand_squeeze(x):
+    y = np.expand_dims(x, 0)
+    return y.shape, np.squeeze(y, axis=0), y.squeeze()
+
+
+def p_astype(x):
+    return x.astype(np.float32), x.astype(np.int64), x.astype("float16"), x.astype(bool)
+
+
+def p_dtype_objects(x):
+    d = x.dtype
+    y = x.astype(np.float32)
+    return d == np.float64, y.dtype == np.dtype("float32"), np.zeros(3, dtype=d), y.dtype.itemsize
+
+
+def p_finfo(x):
+    eps = np.finfo(np.float32).eps
+    big = np.iinfo(np.int16).max
+    return x.astype(np.float32) + eps, x * big, np.finfo(x.dtype).tiny
+
+
+def p_creation(x):
+    return (np.zeros((2, 3)), np.ones(4, dtype=np.int32), np.full((2, 2), 7), np.full(3, 1.5),
+            np.zeros_like(x), np.ones_like(x, dtype=np.int8), np.empty((0, 2)).shape)
+
+
+def p_arange_linspace(x):
+    return x[0] * np.arange(5), np.linspace(0, 1, 5), np.arange(1, 10, 2.5), np.eye(3)
+
+
+def p_array_lists(x):
+    a = np.array([1, 2, 3])
+    b = np.array([[1.0, 2.0], [3.0, 4.0]])
+    c = np.array([x[0, 0], x[1, 1]])
+    return a * 2, b @ b, c, np.array([True, False]), np.asarray(x) is x
+
+
+def p_meshgrid(v):
+    xx, yy = np.meshgrid(v, v[:2])
+    ii, jj = np.meshgrid(v, v, indexing="ij")
+    return xx + yy, ii * jj
+
+
+def p_concat(x, y):
+    return (np.concatenate([x, y]), np.concatenate((x, y), axis=1), np.stack([x, y], axis=-1),
+            np.vstack([x, y]), np.hstack([x, y]))
+
+
+def p_matmul(x, y):
+    return x @ y.T, np.dot(x, y.T), np.matmul(x.T, y), x.dot(y[0]), np.outer(x[0], y[0])
+
+
+def p_einsum(x, y):
+    return np.einsum("ij,ij->i", x, y), np.einsum("ij->j", x)
+
+
+def p_linalg(s):
+    return np.linalg.inv(s), np.linalg.det(s), np.linalg.norm(s), np.linalg.solve(s, s[0])
+
+
+def p_linalg_norms(x):
+    return (np.linalg.norm(x, axis=1), np.linalg.norm(x, ord=1, axis=0),
+            np.linalg.norm(x, "fro", axis=(0, 1)), np.linalg.norm(x[0], np.inf, axis=0))
+
+
+def p_linalg_int(i):
+    return np.linalg.norm(i), np.linalg.matrix_power(i[:4, :4], 2)
+
+
+def p_fft(x):
+    return np.fft.fft(x), np.fft.ifft(np.fft.fft(x)).real, np.fft.rfft(x, axis=0)
+
+
+def p_fft_more(x):
+    return np.fft.fft2(x), np.fft.irfft(np.fft.rfft(x[0]), n=5), np.fft.fftshift(x), np.fft.fftfreq(8)
+
+
+def p_fft_f32(a):
+    return np.fft.fft(a), np.fft.rfft(a)
+
+
+def p_flip_tile(x):
+    return np.flip(x, 0), np.tile(x[0], (2, 1)), np.repeat(x[0], 2), np.triu(x), np.tril(x, -1)
+
+
+def p_all_any(x):
+    return np.all(x > -10), (x > 0).any(axis=0), np.any(x > 100)
+
+
+def p_numpy_scalar(x):
+    s = np.sum(x)
+    m = x.mean()
+    return s * 2, s + m, np.float32(3.5), np.float32(s)
+
+
+def p_round(x):
+    return np.round(x, 2), x.round(), np.floor(x), np.ceil(x), np.trunc(x), np.rint(x)
+
+
+def p_median_trace(x):
+    return np.median(x), np.median(x, axis=1), np.trace(x[:4, :4]), x[:4, :4].trace()
+
+
+def p_loop(x):
+    acc = np.zeros(x.shape[1])
+    for row in x:
+        acc = acc + row * row
+    return np.sqrt(acc)
+
+
+def p_len_isinstance(x):
+    return len(x), isinstance(x, np.ndarray), isinstance(np.sum(x), np.floating)
+
+
+def p_bool_ops(x, y):
+    a, b = x > 0, y > 0
+    return a & b, a | b, a ^ b, ~a, np.logical_not(a)
+
+
+def p_complex(x, y):
+    z = x + 1j * y
+    return np.abs(z), z.real, z.imag, np.conj(z), z * z
+
+
+def p_softmax(x):
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def p_pi_constants(x):
+    return np.pi * x, x * np.e, np.sin(x + np.pi / 2), x[np.newaxis].shape
+
+
+def p_uint8(i):
+    u = i.astype(np.uint8)
+    return u + 1, u * 2.0, np.sum(u, axis=0, dtype=np.int64), u.max()
+
+
+PROGRAMS = [
+    (p_faq, (A, B)), (p_sum_keepdims, (A,)), (p_mean_std, (A,)), (p_int_mean, (I,)),
+    (p_max_min, (A,)), (p_arg, (A,)), (p_prod_cumsum, (A,)), (p_int_sum, (I,)),
+    (p_broadcast, (A, V3)), (p_operators, (A, B)), (p_reflected, (A,)), (p_int_division, (I,)), (p_compare, (A, B)),
+    (p_f32_promotion, (F32, F32)), (p_ufuncs, (A,)), (p_int_ufuncs, (I,)), (p_sign_nan, (A,)),
+    (p_maximum, (A, B)), (p_where, (A,)), (p_inplace, (A,)), (p_setitem, (A,)),
+    (p_indexing, (A,)), (p_fancy_index, (A,)), (p_attributes, (A,)), (p_reshape, (A,)),
+    (p_transpose, (A,)), (p_expand_squeeze, (A,)), (p_astype, (A,)), (p_dtype_objects, (A,)),
+    (p_finfo, (A,)), (p_creation, (A,)), (p_arange_linspace, (A,)), (p_array_lists, (A,)),
+    (p_meshgrid, (V3,)), (p_concat, (A, B)), (p_matmul, (A, B)), (p_einsum, (A, B)),
+    (p_linalg, (SQ,)), (p_linalg_norms, (A,)), (p_linalg_int, (I,)), (p_fft, (A,)),
+    (p_fft_more, (A,)), (p_fft_f32, (F32,)), (p_flip_tile, (A,)), (p_all_any, (A,)),
+    (p_numpy_scalar, (A,)), (p_round, (A,)), (p_median_trace, (A,)), (p_loop, (A,)),
+    (p_len_isinstance, (A,)), (p_bool_ops, (A, B)), (p_complex, (A, B)), (p_softmax, (A,)),
+    (p_pi_constants, (A,)), (p_uint8, (I,)),
+]
+
+
+@pytest.mark.parametrize("fn,args", PROGRAMS, ids=[p[0].__name__ for p in PROGRAMS])
+def test_program_eager_backend(fn, args):
+    run(fn, *args)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn,args", PROGRAMS, ids=[p[0].__name__ for p in PROGRAMS])
+def test_program_kiln_backend(fn, args):
+    run(fn, *args, backend="kiln", rtol=1e-6, atol=1e-9)
