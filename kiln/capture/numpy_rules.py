@@ -266,17 +266,27 @@ def _cum(name):
 
 
 def _median(tx, a, axis=None, out=None, overwrite_input=False, keepdims=False):
+    """The middle of the sorted values (the mean of the two middle ones for an even
+    count), NaN where the values hold one, as NumPy's median."""
     _no_out(out)
     np = np_module()
     a = as_array(tx, a)
-    ax = k(axis)
+    ax, kd = k(axis), bool(k(keepdims))
     if a.dtype.kind != "f" or not (ax is None or isinstance(ax, int)) or 0 in a.shape:
         raise Unsupported("np.median other than of floats along one axis or all")
-    r = sample_dtype(np.median, a, axis=ax, keepdims=bool(k(keepdims)))
-    t = op(tx, torch.quantile, a.tensor, 0.5, dim=ax, keepdim=bool(k(keepdims)))
-    if ax is None and k(keepdims):
-        t = method(tx, "reshape", t, (1,) * a.ndim)
-    return NdarrayValue(cast(tx, NdarrayValue(t), r).tensor, scalar=True)
+    r = sample_dtype(np.median, a, axis=ax, keepdims=kd)
+    t, d = (method(tx, "reshape", a.tensor, -1), 0) if ax is None else (a.tensor, _axes(ax, a.ndim)[0])
+    n = t.fake.shape[d]
+    s = op(tx, torch.sort, t, d).unpack(tx)[0]
+    mid = method(tx, "narrow", s, d, (n - 1) // 2, 2 - n % 2)
+    med = method(tx, "mean", mid, d, keepdim=True)
+    nan = method(tx, "any", op(tx, torch.isnan, t), d, keepdim=True)
+    med = op(tx, torch.where, nan, C(float("nan")), med)
+    if ax is None:
+        med = method(tx, "reshape", med, (1,) * a.ndim if kd else ())
+    elif not kd:
+        med = method(tx, "squeeze", med, d)
+    return NdarrayValue(cast(tx, NdarrayValue(med), r).tensor, scalar=True)
 
 
 # --- shapes -------------------------------------------------------------------------------
