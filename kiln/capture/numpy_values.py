@@ -142,6 +142,38 @@ def from_tensor(tv: V.TensorValue, scalar=False) -> NdarrayValue:
     return NdarrayValue(tv, scalar)
 
 
+def _from_numpy(tx, args, kwargs):
+    if len(args) != 1 or kwargs or not isinstance(args[0], NdarrayValue) or args[0].scalar:
+        raise Unsupported("torch.from_numpy of something other than an ndarray")
+    return args[0].tensor
+
+
+def _as_tensor(tx, args, kwargs):
+    if len(args) != 1 or kwargs or not isinstance(args[0], NdarrayValue):
+        return None
+    return args[0].tensor
+
+
+def _tensor_numpy(tx, args, kwargs):
+    if len(args) != 1 or kwargs or not isinstance(args[0], V.TensorValue):
+        raise Unsupported("Tensor.numpy with force= (or not on a tensor)")
+    f = args[0].fake
+    if f.requires_grad or f.device.type != "cpu" or getattr(args[0], "cls", torch.Tensor) is not torch.Tensor:
+        raise Unsupported("Tensor.numpy() of a tensor that requires grad, is not on the CPU or is a subclass (eager raises)")
+    return from_tensor(args[0])
+
+
+# torch callables that take or make ndarrays: a change of kind, no graph node
+TORCH_BRIDGE = {torch.from_numpy: _from_numpy, torch.as_tensor: _as_tensor,
+                torch.Tensor.numpy: _tensor_numpy}
+
+
+def torch_bridge(tx, fn, args, kwargs):
+    """``fn(*args)`` for a bridge callable, or None where the torch rule applies."""
+    rule = TORCH_BRIDGE.get(fn)
+    return rule(tx, args, kwargs) if rule is not None else None
+
+
 class NumpyCallableValue(V.Value):
     """A NumPy function, ufunc, scalar type or ``np.random`` method: called through
     ``numpy_rules.call_numpy``; as an argument (a dtype) it is the constant itself."""
@@ -261,6 +293,10 @@ def maybe_wrap(tx, obj, source):
     """The Value of a NumPy object, or None when ``obj`` is not one."""
     if "numpy" not in sys.modules:
         return None
+    if type(obj) is types.FunctionType:
+        from kiln.capture.wrap_numpy import special_value
+
+        return special_value(obj)
     t = type(obj)
     mod = getattr(t, "__module__", None) or ""
     if isinstance(obj, type):

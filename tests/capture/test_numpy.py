@@ -37,6 +37,9 @@ def same(got, want, rtol=1e-7, atol=1e-12):
         assert np.shape(got) == np.shape(want)
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
         return
+    if isinstance(want, float):  # summed in another order than NumPy's pairwise sum
+        assert got == pytest.approx(want, rel=rtol, abs=atol)
+        return
     assert got == want
 
 
@@ -341,3 +344,139 @@ def test_program_eager_backend(fn, args):
 @pytest.mark.parametrize("fn,args", PROGRAMS, ids=[p[0].__name__ for p in PROGRAMS])
 def test_program_kiln_backend(fn, args):
     run(fn, *args, backend="kiln", rtol=1e-6, atol=1e-9)
+
+
+# --- the boundary: tensors and ndarrays ------------------------------------------------------
+def test_tensor_numpy_and_from_numpy_are_views():
+    def f(t):
+        a = t.numpy()
+        b = np.cos(a) * 2
+        return torch.from_numpy(b) + 1, a.dtype
+
+    be = Counting("eager")
+    t = torch.randn(5)
+    got = kiln.compile(f, backend=be, fullgraph=True)(t)
+    want = f(t)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1] == want[1] and len(be.graphs) == 1
+    assert all(n.target is not torch.from_numpy for n in be.graphs[0].graph.nodes)
+
+
+def test_input_array_written_in_place_reaches_the_caller():
+    def f(x):
+        x[0] = 5.0
+        x *= 2
+        return np.sum(x)
+
+    x, y = A.copy(), A.copy()
+    got = kiln.compile(f, backend="eager", fullgraph=True)(x)
+    want = f(y)
+    same(got, want)
+    np.testing.assert_array_equal(x, y)
+
+
+def test_returned_input_is_the_same_array():
+    def f(x):
+        return x, x.T
+
+    x = A.copy()
+    got = kiln.compile(f, backend="eager", fullgraph=True)(x)
+    assert got[0] is x and np.shares_memory(got[1], x)
+
+
+def test_guards_retrace_on_dtype_and_shape():
+    be = Counting("eager")
+    cf = kiln.compile(lambda x: x * 2, backend=be, fullgraph=True)
+    same(cf(A), A * 2)
+    same(cf(F32), F32 * 2)
+    same(cf(V3), V3 * 2)
+    same(cf(A), A * 2)
+    assert len(be.graphs) == 3
+
+
+@pytest.mark.parametrize("arr", [np.array(["a", "b"]), np.array([1, None], dtype=object),
+                                 A[::-1], A.astype(">f8"), np.arange(3, dtype=np.uint32)],
+                         ids=["str", "object", "negative_stride", "big_endian", "uint32"])
+def test_untraceable_arrays_break(arr):
+    def f(x):
+        return x[:1]
+
+    with pytest.raises(kiln.Unsupported):
+        kiln.compile(f, backend="eager", fullgraph=True)(arr)
+    got = kiln.compile(f, backend="eager")(arr)  # runs NumPy instead
+    np.testing.assert_array_equal(got, f(arr))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: np.polyfit(x[0], x[1], 1),           # no rule: NumPy runs it
+    lambda x: x[x > 0],                           # data-dependent shape
+    lambda x: float(np.sum(x)),                   # needs the data
+    lambda x: x.astype(np.int8) + 1000,           # NumPy raises OverflowError
+    lambda x: np.sort(x, axis=1) if x.sum() > 0 else x,  # data-dependent branch
+], ids=["polyfit", "mask", "float", "overflow", "branch"])
+def test_unsupported_is_a_break_never_a_different_answer(fn):
+    x = A.copy()
+    with pytest.raises(kiln.Unsupported):
+        kiln.compile(fn, backend="eager", fullgraph=True)(x)
+    try:
+        want = fn(A.copy())
+    except Exception as e:  # noqa: BLE001
+        with pytest.raises(type(e)):
+            kiln.compile(fn, backend="eager")(x)
+        return
+    same(kiln.compile(fn, backend="eager")(x), want)
+
+
+def test_graph_break_materializes_arrays():
+    def f(x):
+        y = np.exp(x) + 1
+        kiln.graph_break()
+        return np.sum(y, axis=0)
+
+    ex = kiln.explain(f)(A.copy())
+    assert (ex.graph_count, ex.graph_break_count) == (2, 1)
+    same(kiln.compile(f, backend="eager")(A.copy()), f(A.copy()))
+
+
+# --- kiln.wrap_numpy -------------------------------------------------------------------------
+def _faq_wrapped():
+    @kiln.wrap_numpy
+    def numpy_fn(X, Y):
+        return np.sum(X[:, :, None] * Y[:, None, :], axis=(-2, -1))
+    return numpy_fn
+
+
+def test_wrap_numpy_takes_and_returns_tensors():
+    fn = _faq_wrapped()
+    X, Y = torch.randn(32, 8, dtype=torch.float64), torch.randn(32, 8, dtype=torch.float64)
+    be = Counting("eager")
+    got = kiln.compile(fn, backend=be, fullgraph=True)(X, Y)
+    want = fn(X, Y)  # eager: through NumPy
+    assert isinstance(got, torch.Tensor) and got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+    assert len(be.graphs) == 1
+
+
+def test_wrap_numpy_differentiates():
+    @kiln.wrap_numpy
+    def numpy_fn(X, Y):
+        return np.mean(np.sum(X[:, :, None] * Y[:, None, :], axis=(-2, -1)))
+
+    X = torch.randn(16, 8, dtype=torch.float64, requires_grad=True)
+    Y = torch.randn(16, 8, dtype=torch.float64)
+    Z = kiln.compile(numpy_fn, fullgraph=True)(X, Y)
+    assert isinstance(Z, torch.Tensor)
+    Z.backward()
+    Xr = X.detach().clone().requires_grad_()
+    torch.mean(torch.sum(Xr[:, :, None] * Y[:, None, :], dim=(-2, -1))).backward()
+    torch.testing.assert_close(X.grad, Xr.grad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_wrap_numpy_runs_on_cuda():
+    fn = _faq_wrapped()
+    X = torch.randn(1024, 64, device="cuda")
+    Y = torch.randn(1024, 64, device="cuda")
+    Z = kiln.compile(fn, fullgraph=True)(X, Y)
+    assert isinstance(Z, torch.Tensor) and Z.device.type == "cuda"
+    torch.testing.assert_close(Z, torch.sum(X[:, :, None] * Y[:, None, :], dim=(-2, -1)))
