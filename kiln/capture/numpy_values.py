@@ -296,7 +296,9 @@ def maybe_wrap(tx, obj, source):
     if type(obj) is types.FunctionType:
         from kiln.capture.wrap_numpy import special_value
 
-        return special_value(obj)
+        found = special_value(obj)
+        if found is not None:
+            return found
     t = type(obj)
     mod = getattr(t, "__module__", None) or ""
     if isinstance(obj, type):
