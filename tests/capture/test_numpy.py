@@ -480,3 +480,59 @@ def test_wrap_numpy_runs_on_cuda():
     Z = kiln.compile(fn, fullgraph=True)(X, Y)
     assert isinstance(Z, torch.Tensor) and Z.device.type == "cuda"
     torch.testing.assert_close(Z, torch.sum(X[:, :, None] * Y[:, None, :], dim=(-2, -1)))
+
+
+# --- np.random: the entry makes NumPy's own draws, in program order ---------------------------
+def _random_program(x):
+    np.random.seed(3)
+    a = np.random.rand(4, 5)
+    b = np.random.randn(5)
+    c = np.random.randint(0, 10, size=(3,))
+    return x * a + b, c, np.random.uniform(-1, 1, size=2), np.random.choice(5, size=3)
+
+
+@pytest.mark.parametrize("backend", ["eager", pytest.param("kiln", marks=pytest.mark.slow)])
+def test_random_draws_are_numpys(backend):
+    be = Counting(backend)
+    cf = kiln.compile(_random_program, backend=be, fullgraph=True)
+    for _ in range(2):
+        got = cf(A.copy())
+        after_compiled = np.random.rand()
+        want = _random_program(A.copy())
+        after_eager = np.random.rand()
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype
+            np.testing.assert_array_equal(g, w)
+        assert after_compiled == after_eager  # the generator advanced alike
+    assert len(be.graphs) == 1
+
+
+def test_random_without_seed_follows_the_global_state():
+    def g(x):
+        return x + np.random.rand(3)
+
+    cg = kiln.compile(g, backend="eager", fullgraph=True)
+    np.random.seed(0)
+    got = [cg(np.zeros(3)) for _ in range(3)]
+    np.random.seed(0)
+    want = [g(np.zeros(3)) for _ in range(3)]
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(got[0], got[1])
+
+
+def test_random_seed_alone_still_runs():
+    def h():
+        np.random.seed(7)
+        return np.random.rand(2)
+
+    np.testing.assert_array_equal(kiln.compile(h, backend="eager", fullgraph=True)(), h())
+
+
+@pytest.mark.parametrize("fn", [lambda x: x + np.random.rand(),         # a Python float
+                                lambda x: np.random.normal(x),             # array arguments
+                                lambda x: x + np.random.default_rng(0).random(3)],
+                         ids=["no_size", "array_arg", "generator"])
+def test_random_unsupported_breaks(fn):
+    with pytest.raises(kiln.Unsupported):
+        kiln.compile(fn, backend="eager", fullgraph=True)(np.zeros(3))
