@@ -7,7 +7,10 @@ its default backend); the figure is the median time per call after warm-up.
 
     python -m benchmarks.numpy_faq [--repeat N] [--threads T]
 
-Prints a table and writes it to ``benchmarks/results/cpu/numpy_faq.md``.
+Prints a table and writes it to ``benchmarks/results/cpu/numpy_faq_threads<T>.md``. Set
+``OMP_NUM_THREADS`` (read by torch, inductor's and kiln's kernels alike) to pin the
+thread count of every runner; on a machine shared with other work, OpenMP's barriers
+make multi-threaded figures noisy.
 """
 from __future__ import annotations
 
@@ -24,15 +27,21 @@ def numpy_fn(X, Y):
     return np.sum(X[:, :, None] * Y[:, None, :], axis=(-2, -1))
 
 
-def _time(fn, X, Y, repeat, warmup=3):
-    for _ in range(warmup):
-        fn(X, Y)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn(X, Y)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _time_interleaved(fns, X, Y, repeat, rounds=10, warmup=3):
+    """Median seconds per call of each function, timed in alternating rounds so that
+    changes in the machine's load fall on every runner alike."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn(X, Y)
+    times = [[] for _ in fns]
+    per = max(1, repeat // rounds)
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            for _ in range(per):
+                t0 = time.perf_counter()
+                fn(X, Y)
+                times[i].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
 
 
 def main(argv=None):
@@ -48,7 +57,7 @@ def main(argv=None):
     X = rng.standard_normal((args.n, args.d))
     Y = rng.standard_normal((args.n, args.d))
     want = numpy_fn(X, Y)
-    rows = []
+    rows = []  # name, fn, first call (s), status
 
     def record(name, make):
         t0 = time.perf_counter()
@@ -57,17 +66,21 @@ def main(argv=None):
             got = fn(X, Y)
             first = time.perf_counter() - t0
             ok = isinstance(got, np.ndarray) and got.dtype == want.dtype and np.allclose(got, want)
-            med = _time(fn, X, Y, args.repeat)
-            rows.append((name, med, first, "ok" if ok else "WRONG RESULT"))
+            rows.append([name, fn, first, "ok" if ok else "WRONG RESULT"])
         except Exception as e:  # noqa: BLE001 -- a failing backend is a row, not a crash
-            rows.append((name, float("nan"), time.perf_counter() - t0, f"error: {type(e).__name__}: {e}"[:80]))
+            rows.append([name, None, time.perf_counter() - t0, f"error: {type(e).__name__}: {e}"[:80]])
 
     record("numpy", lambda: numpy_fn)
     import kiln
 
     record("kiln", lambda: kiln.compile(numpy_fn, fullgraph=True))
     record("torch.compile (inductor)", lambda: torch.compile(numpy_fn, fullgraph=True))
-
+    timed = [r for r in rows if r[1] is not None]
+    for r, med in zip(timed, _time_interleaved([r[1] for r in timed], X, Y, args.repeat)):
+        r[1] = med
+    for r in rows:
+        if r[1] is None:
+            r[1] = float("nan")
     base = rows[0][1]
     lines = [f"# FAQ NumPy example on the CPU ({args.n}x{args.d} float64, torch threads: "
              f"{torch.get_num_threads()}, cores: {os.cpu_count()})", "",
@@ -75,11 +88,12 @@ def main(argv=None):
              "|---|---:|---:|---:|---|"]
     for name, med, first, status in rows:
         lines.append(f"| {name} | {med * 1e3:.3f} | {base / med:.2f}x | {first:.2f} | {status} |")
-    lines += ["", "`python -m benchmarks.numpy_faq` "
+    lines += ["", f"`OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python -m benchmarks.numpy_faq` "
               f"(repeat {args.repeat}; torch {torch.__version__}, NumPy {np.__version__})"]
     text = "\n".join(lines)
     print(text)
-    out = os.path.join(os.path.dirname(__file__), "results", "cpu", "numpy_faq.md")
+    out = os.path.join(os.path.dirname(__file__), "results", "cpu",
+                       f"numpy_faq_threads{torch.get_num_threads()}.md")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         f.write(text + "\n")
