@@ -289,6 +289,38 @@ def _median(tx, a, axis=None, out=None, overwrite_input=False, keepdims=False):
     return NdarrayValue(cast(tx, NdarrayValue(med), r).tensor, scalar=True)
 
 
+def _sort(tx, a, axis=-1, kind=None, order=None, *, stable=None):
+    """Sorted values (which sort NumPy uses does not change them; NaN last in both)."""
+    if k(order) is not None:
+        raise Unsupported("np.sort with order=")
+    a = as_array(tx, a)
+    ax = k(axis)
+    if a.dtype.kind == "c":
+        raise Unsupported("sorting complex values")
+    t, ax = (method(tx, "reshape", a.tensor, -1), 0) if ax is None else (a.tensor, ax)
+    return NdarrayValue(op(tx, torch.sort, t, dim=ax, stable=True).unpack(tx)[0])
+
+
+def _argsort(tx, a, axis=-1, kind=None, order=None, *, stable=None):
+    """Only a stable argsort: NumPy's default quicksort orders ties its own way."""
+    if k(kind) != "stable" and k(stable) is not True:
+        raise Unsupported("np.argsort other than kind='stable' (ties would differ)")
+    a = as_array(tx, a)
+    if a.dtype.kind == "c" or k(order) is not None:
+        raise Unsupported("argsort of complex values or with order=")
+    ax = k(axis)
+    t, ax = (method(tx, "reshape", a.tensor, -1), 0) if ax is None else (a.tensor, ax)
+    return NdarrayValue(op(tx, torch.argsort, t, dim=ax, stable=True))
+
+
+def _m_sort(tx, a, axis=-1, kind=None, order=None, *, stable=None):
+    if getattr(a, "readonly", False) or a.scalar:
+        raise Unsupported("sorting a read-only array in place")
+    s = _sort(tx, a, axis, kind, order)
+    method(tx, "copy_", a.tensor, s.tensor)
+    return V.ConstantValue(None)
+
+
 # --- shapes -------------------------------------------------------------------------------
 def _shape_arg(s):
     s = k(s)
@@ -769,7 +801,8 @@ def functions():
         np.hstack: _hstack, np.flip: _flip, np.broadcast_to: _broadcast_to, np.tile: _tile,
         np.repeat: _repeat, np.tril: _tri("tril"), np.triu: _tri("triu"), np.where: _where,
         np.clip: _clip, np.round: _round, np.around: _round, np.matmul: _matmul, np.dot: _dot,
-        np.outer: _outer, np.einsum: _einsum, np.trace: _trace,
+        np.outer: _outer, np.einsum: _einsum, np.trace: _trace, np.sort: _sort,
+        np.argsort: _argsort,
         np.zeros: _factory(torch.zeros), np.ones: _factory(torch.ones),
         np.empty: _factory(torch.empty), np.full: _full,
         np.zeros_like: _like(torch.zeros), np.ones_like: _like(torch.ones),
@@ -797,7 +830,7 @@ def methods():
         "trace": "trace", "copy": "copy"}.items()}
     table.update({
         "reshape": _m_reshape, "transpose": _m_transpose, "astype": _astype,
-        "flatten": _flatten, "fill": _m_fill,
+        "flatten": _flatten, "fill": _m_fill, "sort": _m_sort, "argsort": _argsort,
         "conj": lambda tx, a: apply_ufunc(tx, np.conjugate, [a], {}),
         "conjugate": lambda tx, a: apply_ufunc(tx, np.conjugate, [a], {}),
         "__len__": lambda tx, a: a.len_value(tx),

@@ -172,12 +172,35 @@ def apply_ufunc(tx, uf, args, kwargs):
         targs.append(a)
     if uf is np.sign and ins[0].kind == "c":
         raise Unsupported("np.sign of complex values")
+    if uf is np.power and ins[0].kind in "iu" and not _nonnegative_constant(ops[1]):
+        raise Unsupported("an integer power whose exponent may be negative (NumPy raises)")
+    if uf in (np.floor_divide, np.remainder, np.fmod) and ins[1].kind in "iub":
+        return NdarrayValue(_int_division(tx, torch_fn, targs, torch_dtype(out_dt)), scalar=True)
     res = tx.output.op("call_function", torch_fn, targs, {})
     if uf is np.sign and ins[0].kind == "f":  # NumPy's sign(nan) is nan, torch's 0
         nan = tx.output.op("call_function", torch.isnan, [targs[0]], {})
         res = tx.output.op("call_function", torch.where, [nan, targs[0], res], {})
     res = _to_dtype(tx, res, torch_dtype(out_dt))
     return NdarrayValue(res, scalar=True)
+
+
+def _nonnegative_constant(v) -> bool:
+    return not isinstance(v, NdarrayValue) and v.is_const() and v.const() >= 0
+
+
+def _int_division(tx, torch_fn, targs, dt):
+    """Integer ``//``, ``%`` and ``fmod``: NumPy gives 0 for a zero divisor (with a
+    warning) where torch raises; a zero divisor is replaced by 1 and its result by 0."""
+    a, b = targs
+    if isinstance(b, V.ConstantValue):
+        if b.value == 0:
+            raise Unsupported("integer division by a constant zero")
+        return _to_dtype(tx, tx.output.op("call_function", torch_fn, [a, b], {}), dt)
+    zero = tx.output.op("call_function", torch.eq, [b, V.ConstantValue(0)], {})
+    safe = tx.output.op("call_function", torch.where, [zero, V.ConstantValue(1), b], {})
+    q = tx.output.op("call_function", torch_fn, [a, safe], {})
+    q = tx.output.op("call_function", torch.where, [zero, V.ConstantValue(0), q], {})
+    return _to_dtype(tx, q, dt)
 
 
 def _to_dtype(tx, tv, dt):

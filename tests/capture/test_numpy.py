@@ -317,6 +317,22 @@ def p_uint8(i):
     return u + 1, u * 2.0, np.sum(u, axis=0, dtype=np.int64), u.max()
 
 
+def p_int_division_by_zero(i):
+    j = i.copy()
+    j[0] = 0
+    return i // j, i % j, np.fmod(i, j), i / j
+
+
+def p_sort(x):
+    y = x.copy()
+    y.sort(axis=0)
+    return np.sort(x), np.sort(x, axis=None), y, np.argsort(x, kind="stable"), x.argsort(axis=0, kind="stable")
+
+
+def p_int_power(i):
+    return i ** 2, np.power(i, 3), i.astype(np.float64) ** -1.5
+
+
 PROGRAMS = [
     (p_faq, (A, B)), (p_sum_keepdims, (A,)), (p_mean_std, (A,)), (p_int_mean, (I,)),
     (p_max_min, (A,)), (p_arg, (A,)), (p_prod_cumsum, (A,)), (p_int_sum, (I,)),
@@ -331,7 +347,8 @@ PROGRAMS = [
     (p_fft_more, (A,)), (p_fft_f32, (F32,)), (p_flip_tile, (A,)), (p_all_any, (A,)),
     (p_numpy_scalar, (A,)), (p_round, (A,)), (p_median_trace, (A,)), (p_loop, (A,)),
     (p_len_isinstance, (A,)), (p_bool_ops, (A, B)), (p_complex, (A, B)), (p_softmax, (A,)),
-    (p_pi_constants, (A,)), (p_uint8, (I,)),
+    (p_pi_constants, (A,)), (p_uint8, (I,)), (p_int_division_by_zero, (I,)), (p_sort, (A,)),
+    (p_int_power, (I,)),
 ]
 
 
