@@ -779,6 +779,28 @@ def _m_fill(tx, a, value):
     return V.ConstantValue(None)
 
 
+def _fold_pure(name):
+    """A NumPy function of constants only (dtypes, shapes): computed at trace time."""
+    def rule(tx, *args, **kwargs):
+        from kiln.capture.builder import wrap_static
+        from kiln.capture.operators import fold
+
+        fn = getattr(np_module(), name)
+        return wrap_static(fold(fn, *[_const_tree(a) for a in args],
+                                **{n: _const_tree(v) for n, v in kwargs.items()}))
+    return rule
+
+
+def _metadata(name):
+    def rule(tx, a, *args):
+        a = as_array(tx, a)
+        if name == "size" and args:
+            return V.ConstantValue(a.shape[k(args[0])])
+        return V.ConstantValue({"shape": a.shape, "ndim": a.ndim,
+                                "size": int(torch.Size(a.shape).numel())}[name])
+    return rule
+
+
 def _not_traced(why):
     def rule(tx, *args, **kwargs):
         raise Unsupported(why)
@@ -802,7 +824,8 @@ def functions():
         np.repeat: _repeat, np.tril: _tri("tril"), np.triu: _tri("triu"), np.where: _where,
         np.clip: _clip, np.round: _round, np.around: _round, np.matmul: _matmul, np.dot: _dot,
         np.outer: _outer, np.einsum: _einsum, np.trace: _trace, np.sort: _sort,
-        np.argsort: _argsort,
+        np.argsort: _argsort, np.shape: _metadata("shape"), np.ndim: _metadata("ndim"),
+        np.size: _metadata("size"),
         np.zeros: _factory(torch.zeros), np.ones: _factory(torch.ones),
         np.empty: _factory(torch.empty), np.full: _full,
         np.zeros_like: _like(torch.zeros), np.ones_like: _like(torch.ones),
@@ -812,6 +835,9 @@ def functions():
         np.array: _array, np.asarray: _asarray, np.copy: _copy, np.meshgrid: _meshgrid,
         np.fft.fftfreq: _folded("fft.fftfreq"), np.fft.rfftfreq: _folded("fft.rfftfreq"),
     }
+    for name in ("issubdtype", "result_type", "promote_types", "can_cast", "isscalar",
+                 "broadcast_shapes", "iscomplexobj", "isrealobj"):
+        table[getattr(np, name)] = _fold_pure(name)
     from kiln.capture.numpy_linalg import linalg_fft_rules
 
     table.update(linalg_fft_rules(np))

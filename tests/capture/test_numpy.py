@@ -333,6 +333,13 @@ def p_int_power(i):
     return i ** 2, np.power(i, 3), i.astype(np.float64) ** -1.5
 
 
+def p_dtype_queries(x, i):
+    if np.issubdtype(x.dtype, np.floating) and not np.issubdtype(i.dtype, np.floating):
+        r = np.result_type(x.dtype, i.dtype)
+        return (x + i).astype(r), np.shape(x), np.ndim(i), np.size(x, 0), np.can_cast(i.dtype, np.float32)
+    return x
+
+
 PROGRAMS = [
     (p_faq, (A, B)), (p_sum_keepdims, (A,)), (p_mean_std, (A,)), (p_int_mean, (I,)),
     (p_max_min, (A,)), (p_arg, (A,)), (p_prod_cumsum, (A,)), (p_int_sum, (I,)),
@@ -348,7 +355,7 @@ PROGRAMS = [
     (p_numpy_scalar, (A,)), (p_round, (A,)), (p_median_trace, (A,)), (p_loop, (A,)),
     (p_len_isinstance, (A,)), (p_bool_ops, (A, B)), (p_complex, (A, B)), (p_softmax, (A,)),
     (p_pi_constants, (A,)), (p_uint8, (I,)), (p_int_division_by_zero, (I,)), (p_sort, (A,)),
-    (p_int_power, (I,)),
+    (p_int_power, (I,)), (p_dtype_queries, (A, I)),
 ]
 
 
