@@ -1,9 +1,11 @@
-"""NumPy functions and ndarray methods, attributes and indexing, as torch ops.
+"""NumPy calls in a trace: the rule tables, ndarray attributes, methods and indexing.
 
-One rule per NumPy callable (``FUNCTIONS``, built on first use: NumPy is imported
-only by programs that use it); ndarray methods map to the same rules with the array
-first (``METHODS``). Result dtypes are NumPy's own: a rule asks NumPy for the dtype
-its function returns on a one-element sample of the operands' dtypes and ranks
+One rule per NumPy callable (``functions()``, built on first use: NumPy is imported
+only by programs that use it); the rules live by family — ``numpy_ufuncs``,
+``numpy_reductions``, ``numpy_shapes`` (shapes, products, creation), ``numpy_linalg``
+(linalg, fft), ``numpy_random`` — and ndarray methods map to the same rules with the
+array first (``methods()``). Result dtypes are NumPy's own: a rule asks NumPy for the
+dtype its function returns on one-element samples of the operands' dtypes and ranks
 (``sample_dtype``), then computes in that dtype. Anything without a rule, or with
 arguments a rule does not model, is Unsupported (a graph break that runs NumPy).
 """
@@ -16,8 +18,8 @@ import torch
 
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
-from kiln.capture.numpy_ufuncs import apply_ufunc, cast, is_ufunc, write_into
-from kiln.capture.numpy_values import NdarrayValue, np_module, numpy_dtype, torch_dtype
+from kiln.capture.numpy_ufuncs import apply_ufunc, cast, is_ufunc
+from kiln.capture.numpy_values import NdarrayValue, np_module, torch_dtype
 
 _MAX_CONSTANT_ELEMENTS = 1 << 14  # larger constant arrays are not spelled into a graph
 
@@ -122,6 +124,11 @@ def sample_dtype(fn, *arrays, **kwargs):
         raise Unsupported(f"{getattr(fn, '__name__', fn)}: {type(e).__name__}: {e}")
 
 
+def _py(c):
+    np = np_module()
+    return c.item() if isinstance(c, np.generic) else c
+
+
 def _axes(axis, ndim):
     if axis is None:
         return tuple(range(ndim))
@@ -135,7 +142,6 @@ def _axes(axis, ndim):
     return tuple(out)
 
 
-# --- reductions ----------------------------------------------------------------------------
 def _no_out(out, where=None):
     if k(out) is not None:
         raise Unsupported("a NumPy reduction with out=")
@@ -143,540 +149,10 @@ def _no_out(out, where=None):
         raise Unsupported("a NumPy reduction with where=")
 
 
-def _reduce(tx, np_fn, a, axis, keepdims, build, dtype=None, **extra):
-    a = as_array(tx, a)
-    axis, keepdims = k(axis), bool(k(keepdims))
-    kw = dict(axis=axis, keepdims=keepdims, **extra)
-    if dtype is not None and k(dtype) is not None:
-        kw["dtype"] = np_module().dtype(k(dtype))
-    r = sample_dtype(np_fn, a, **kw)
-    dims = _axes(axis, a.ndim)
-    if not dims and axis is not None:  # axis=(): nothing reduced, a new array
-        return NdarrayValue(cast(tx, a, r, copy=True).tensor, scalar=True)
-    t = build(a.tensor, dims, keepdims, torch_dtype(r))
-    if t.fake.dtype != torch_dtype(r):
-        t = method(tx, "to", t, torch_dtype(r))
-    return NdarrayValue(t, scalar=True)
+def _families():
+    from kiln.capture import numpy_reductions, numpy_shapes
 
-
-def _per_dim(tx, name, t, dims, keepdims, **kw):
-    """A torch reduction taking one dim at a time (prod), over several dims."""
-    if not dims:
-        return method(tx, name, t, **kw)
-    for d in sorted(dims, reverse=True):
-        t = method(tx, name, t, d, keepdim=keepdims, **kw)
-    return t
-
-
-def _sum(tx, a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
-    _no_out(out, where)
-    if k(initial) is not None:
-        raise Unsupported("np.sum with initial=")
-    np = np_module()
-    return _reduce(tx, np.sum, a, axis, keepdims, lambda t, d, kd, r: method(
-        tx, "sum", t, list(d), keepdim=kd, dtype=r) if d else method(tx, "sum", t, dtype=r), dtype)
-
-
-def _prod(tx, a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
-    _no_out(out, where)
-    if k(initial) is not None:
-        raise Unsupported("np.prod with initial=")
-    np = np_module()
-    return _reduce(tx, np.prod, a, axis, keepdims,
-                   lambda t, d, kd, r: _per_dim(tx, "prod", method(tx, "to", t, r), d, kd), dtype)
-
-
-def _mean(tx, a, axis=None, dtype=None, out=None, keepdims=False, where=None):
-    _no_out(out, where)
-    np = np_module()
-    return _reduce(tx, np.mean, a, axis, keepdims, lambda t, d, kd, r: method(
-        tx, "mean", method(tx, "to", t, r), list(d), keepdim=kd), dtype)
-
-
-def _var_like(name, np_name):
-    def rule(tx, a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=None, mean=None,
-             correction=None):
-        _no_out(out, where)
-        if k(mean) is not None or k(correction) is not None:
-            raise Unsupported(f"np.{np_name} with mean= or correction=")
-        np = np_module()
-        dd = k(ddof)
-        return _reduce(tx, getattr(np, np_name), a, axis, keepdims, lambda t, d, kd, r: method(
-            tx, name, method(tx, "to", t, r), list(d), correction=dd, keepdim=kd), dtype, ddof=dd)
-    return rule
-
-
-def _minmax(name, np_name):
-    def rule(tx, a, axis=None, out=None, keepdims=False, initial=None, where=None):
-        _no_out(out, where)
-        if k(initial) is not None:
-            raise Unsupported(f"np.{np_name} with initial=")
-        np = np_module()
-        aa = as_array(tx, a)
-        if 0 in aa.shape:
-            raise Unsupported(f"np.{np_name} of an empty array (NumPy raises)")
-        return _reduce(tx, getattr(np, np_name), aa, axis, keepdims,
-                       lambda t, d, kd, r: method(tx, name, t, list(d), keepdim=kd))
-    return rule
-
-
-def _allany(name):
-    def rule(tx, a, axis=None, out=None, keepdims=False, where=None):
-        _no_out(out, where)
-        np = np_module()
-        return _reduce(tx, getattr(np, name), a, axis, keepdims,
-                       lambda t, d, kd, r: method(tx, name, t, d, keepdim=kd))
-    return rule
-
-
-def _arg(name):
-    def rule(tx, a, axis=None, out=None, keepdims=False):
-        _no_out(out)
-        np = np_module()
-        a = as_array(tx, a)
-        ax, kd = k(axis), bool(k(keepdims))
-        if 0 in a.shape:
-            raise Unsupported(f"np.{name} of an empty array (NumPy raises)")
-        if ax is None:
-            t = method(tx, name, method(tx, "reshape", a.tensor, -1), 0)
-            if kd:
-                t = method(tx, "reshape", t, (1,) * a.ndim)
-        else:
-            t = method(tx, name, a.tensor, _axes(ax, a.ndim)[0], keepdim=kd)
-        del np
-        return NdarrayValue(t, scalar=True)
-    return rule
-
-
-def _cum(name):
-    def rule(tx, a, axis=None, dtype=None, out=None):
-        _no_out(out)
-        np = np_module()
-        a = as_array(tx, a)
-        kw = {"axis": k(axis)}
-        if k(dtype) is not None:
-            kw["dtype"] = np.dtype(k(dtype))
-        r = torch_dtype(sample_dtype(getattr(np, name), a, **kw))
-        t = a.tensor
-        ax = k(axis)
-        if ax is None:
-            t, ax = method(tx, "reshape", t, -1), 0
-        return NdarrayValue(method(tx, name, t, ax, dtype=r))
-    return rule
-
-
-def _median(tx, a, axis=None, out=None, overwrite_input=False, keepdims=False):
-    """The middle of the sorted values (the mean of the two middle ones for an even
-    count), NaN where the values hold one, as NumPy's median."""
-    _no_out(out)
-    np = np_module()
-    a = as_array(tx, a)
-    ax, kd = k(axis), bool(k(keepdims))
-    if a.dtype.kind != "f" or not (ax is None or isinstance(ax, int)) or 0 in a.shape:
-        raise Unsupported("np.median other than of floats along one axis or all")
-    r = sample_dtype(np.median, a, axis=ax, keepdims=kd)
-    t, d = (method(tx, "reshape", a.tensor, -1), 0) if ax is None else (a.tensor, _axes(ax, a.ndim)[0])
-    n = t.fake.shape[d]
-    s = op(tx, torch.sort, t, d).unpack(tx)[0]
-    mid = method(tx, "narrow", s, d, (n - 1) // 2, 2 - n % 2)
-    med = method(tx, "mean", mid, d, keepdim=True)
-    nan = method(tx, "any", op(tx, torch.isnan, t), d, keepdim=True)
-    med = op(tx, torch.where, nan, C(float("nan")), med)
-    if ax is None:
-        med = method(tx, "reshape", med, (1,) * a.ndim if kd else ())
-    elif not kd:
-        med = method(tx, "squeeze", med, d)
-    return NdarrayValue(cast(tx, NdarrayValue(med), r).tensor, scalar=True)
-
-
-def _sort(tx, a, axis=-1, kind=None, order=None, *, stable=None):
-    """Sorted values (which sort NumPy uses does not change them; NaN last in both)."""
-    if k(order) is not None:
-        raise Unsupported("np.sort with order=")
-    a = as_array(tx, a)
-    ax = k(axis)
-    if a.dtype.kind == "c":
-        raise Unsupported("sorting complex values")
-    t, ax = (method(tx, "reshape", a.tensor, -1), 0) if ax is None else (a.tensor, ax)
-    return NdarrayValue(op(tx, torch.sort, t, dim=ax, stable=True).unpack(tx)[0])
-
-
-def _argsort(tx, a, axis=-1, kind=None, order=None, *, stable=None):
-    """Only a stable argsort: NumPy's default quicksort orders ties its own way."""
-    if k(kind) != "stable" and k(stable) is not True:
-        raise Unsupported("np.argsort other than kind='stable' (ties would differ)")
-    a = as_array(tx, a)
-    if a.dtype.kind == "c" or k(order) is not None:
-        raise Unsupported("argsort of complex values or with order=")
-    ax = k(axis)
-    t, ax = (method(tx, "reshape", a.tensor, -1), 0) if ax is None else (a.tensor, ax)
-    return NdarrayValue(op(tx, torch.argsort, t, dim=ax, stable=True))
-
-
-def _m_sort(tx, a, axis=-1, kind=None, order=None, *, stable=None):
-    if getattr(a, "readonly", False) or a.scalar:
-        raise Unsupported("sorting a read-only array in place")
-    s = _sort(tx, a, axis, kind, order)
-    method(tx, "copy_", a.tensor, s.tensor)
-    return V.ConstantValue(None)
-
-
-# --- shapes -------------------------------------------------------------------------------
-def _shape_arg(s):
-    s = k(s)
-    return (s,) if isinstance(s, int) else tuple(s)
-
-
-def _reshape(tx, a, shape=None, order="C", *, newshape=None, copy=None):
-    if k(order) != "C" or k(copy) is not None:
-        raise Unsupported("np.reshape with order= other than 'C' or copy=")
-    a = as_array(tx, a)
-    return NdarrayValue(method(tx, "reshape", a.tensor, _shape_arg(shape if shape is not None else newshape)))
-
-
-def _transpose(tx, a, axes=None):
-    a = as_array(tx, a)
-    ax = k(axes)
-    perm = tuple(reversed(range(a.ndim))) if ax is None else _axes(ax, a.ndim)
-    return NdarrayValue(method(tx, "permute", a.tensor, perm))
-
-
-def _swapaxes(tx, a, axis1, axis2):
-    a = as_array(tx, a)
-    return NdarrayValue(method(tx, "transpose", a.tensor, k(axis1), k(axis2)))
-
-
-def _moveaxis(tx, a, source, destination):
-    a = as_array(tx, a)
-    return NdarrayValue(op(tx, torch.movedim, a.tensor, k(source), k(destination)))
-
-
-def _expand_dims(tx, a, axis):
-    a = as_array(tx, a)
-    ax = k(axis)
-    axes = sorted(_axes(ax, a.ndim + (1 if isinstance(ax, int) else len(ax))))
-    t = a.tensor
-    for d in axes:
-        t = method(tx, "unsqueeze", t, d)
-    return NdarrayValue(t)
-
-
-def _squeeze(tx, a, axis=None):
-    a = as_array(tx, a)
-    ax = k(axis)
-    if ax is None:
-        return NdarrayValue(method(tx, "squeeze", a.tensor))
-    dims = _axes(ax, a.ndim)
-    if any(a.shape[d] != 1 for d in dims):
-        raise Unsupported("np.squeeze of an axis whose size is not 1 (NumPy raises)")
-    return NdarrayValue(method(tx, "squeeze", a.tensor, dims))
-
-
-def _ravel(tx, a, order="C"):
-    if k(order) != "C":
-        raise Unsupported("ravel with order= other than 'C'")
-    a = as_array(tx, a)
-    return NdarrayValue(method(tx, "reshape", a.tensor, -1))
-
-
-def _flatten(tx, a, order="C"):
-    r = _ravel(tx, a, order)
-    return NdarrayValue(method(tx, "clone", r.tensor))
-
-
-def _seq_arrays(tx, arrays):
-    if not isinstance(arrays, (V.ListValue, V.TupleValue)):
-        raise Unsupported("a sequence of arrays that is not a list or tuple")
-    items = [as_array(tx, i) for i in arrays.items]
-    np = np_module()
-    dt = np.result_type(*[i.dtype for i in items])
-    return [cast(tx, i, dt).tensor for i in items]
-
-
-def _concatenate(tx, arrays, axis=0, out=None, dtype=None, casting="same_kind"):
-    _no_out(out)
-    if k(dtype) is not None:
-        raise Unsupported("np.concatenate with dtype=")
-    ts = _seq_arrays(tx, arrays)
-    ax = k(axis)
-    if ax is None:
-        ts = [method(tx, "reshape", t, -1) for t in ts]
-        ax = 0
-    return NdarrayValue(op(tx, torch.cat, V.ListValue(ts), ax))
-
-
-def _stack(tx, arrays, axis=0, out=None, dtype=None, casting="same_kind"):
-    _no_out(out)
-    if k(dtype) is not None:
-        raise Unsupported("np.stack with dtype=")
-    return NdarrayValue(op(tx, torch.stack, V.ListValue(_seq_arrays(tx, arrays)), k(axis)))
-
-
-def _vstack(tx, tup, *, dtype=None, casting="same_kind"):
-    ts = [t if t.fake.dim() >= 2 else method(tx, "reshape", t, (1, -1)) for t in _seq_arrays(tx, tup)]
-    return NdarrayValue(op(tx, torch.cat, V.ListValue(ts), 0))
-
-
-def _hstack(tx, tup, *, dtype=None, casting="same_kind"):
-    ts = [t if t.fake.dim() >= 1 else method(tx, "reshape", t, (1,)) for t in _seq_arrays(tx, tup)]
-    return NdarrayValue(op(tx, torch.cat, V.ListValue(ts), 0 if ts[0].fake.dim() == 1 else 1))
-
-
-def _flip(tx, m, axis=None):
-    a = as_array(tx, m)
-    return NdarrayValue(op(tx, torch.flip, a.tensor, _axes(k(axis), a.ndim)))
-
-
-def _broadcast_to(tx, array, shape, subok=False):
-    a = as_array(tx, array)
-    return NdarrayValue(method(tx, "expand", a.tensor, _shape_arg(shape)))
-
-
-def _tile(tx, A, reps):
-    a = as_array(tx, A)
-    return NdarrayValue(op(tx, torch.tile, a.tensor, _shape_arg(reps)))
-
-
-def _repeat(tx, a, repeats, axis=None):
-    a = as_array(tx, a)
-    ax, r = k(axis), k(repeats)
-    if not isinstance(r, int):
-        raise Unsupported("np.repeat with per-item repeats")
-    t = a.tensor
-    if ax is None:
-        t, ax = method(tx, "reshape", t, -1), 0
-    return NdarrayValue(op(tx, torch.repeat_interleave, t, r, dim=ax))
-
-
-def _tri(name):
-    def rule(tx, m, k_=0, **kw):
-        a = as_array(tx, m)
-        return NdarrayValue(op(tx, getattr(torch, name), a.tensor, k(kw.get("k", k_))))
-    return rule
-
-
-def _where(tx, condition, x=None, y=None):
-    if x is None or y is None:
-        raise Unsupported("np.where with one argument (data-dependent shape)")
-    np = np_module()
-    c = as_array(tx, condition, np.dtype(bool))
-    ops = [v if isinstance(v, NdarrayValue) else _weak_or_array(tx, v) for v in (x, y)]
-    r = sample_dtype(np.where, c, *[o if isinstance(o, NdarrayValue) else o.const() for o in ops])
-    args = [cast(tx, o, r).tensor if isinstance(o, NdarrayValue) else C(_py(o.const())) for o in ops]
-    res = op(tx, torch.where, c.tensor, *args)
-    if res.fake.dtype != torch_dtype(r):
-        res = method(tx, "to", res, torch_dtype(r))
-    return NdarrayValue(res, scalar=True)
-
-
-def _py(c):
-    np = np_module()
-    return c.item() if isinstance(c, np.generic) else c
-
-
-def _weak_or_array(tx, v):
-    if v.is_const() and type(v.const()) in (bool, int, float, complex):
-        return v
-    return as_array(tx, v)
-
-
-def _clip(tx, a, a_min=None, a_max=None, out=None, **kw):
-    _no_out(out)
-    np = np_module()
-    lo, hi = kw.get("min", a_min), kw.get("max", a_max)
-    r = a
-    if lo is not None and not (isinstance(lo, V.Value) and lo.is_const() and lo.const() is None):
-        r = apply_ufunc(tx, np.maximum, [r, lo], {})
-    if hi is not None and not (isinstance(hi, V.Value) and hi.is_const() and hi.const() is None):
-        r = apply_ufunc(tx, np.minimum, [r, hi], {})
-    return r
-
-
-def _round(tx, a, decimals=0, out=None):
-    _no_out(out)
-    a = as_array(tx, a)
-    d = k(decimals)
-    if a.dtype.kind not in "f":
-        raise Unsupported("np.round of non-float arrays")
-    t = method(tx, "round", a.tensor, decimals=d) if d else method(tx, "round", a.tensor)
-    return NdarrayValue(t, scalar=True)
-
-
-# --- products --------------------------------------------------------------------------------
-def matmul(tx, a, b):
-    np = np_module()
-    a, b = as_array(tx, a), as_array(tx, b)
-    if a.ndim == 0 or b.ndim == 0:
-        raise Unsupported("matmul of a 0-d array (NumPy raises)")
-    r = np.result_type(a.dtype, b.dtype)
-    if r.kind == "b":
-        raise Unsupported("matmul of bool arrays")
-    t = op(tx, torch.matmul, cast(tx, a, r).tensor, cast(tx, b, r).tensor)
-    return NdarrayValue(t, scalar=True)
-
-
-def _matmul(tx, x1, x2, out=None, **kw):
-    _no_out(out)
-    if kw:
-        raise Unsupported(f"np.matmul with {sorted(kw)}")
-    return matmul(tx, x1, x2)
-
-
-def _dot(tx, a, b, out=None):
-    _no_out(out)
-    np = np_module()
-    a, b = as_array(tx, a), as_array(tx, b)
-    if a.ndim == 0 or b.ndim == 0:
-        return apply_ufunc(tx, np.multiply, [a, b], {})
-    if a.ndim > 2 or b.ndim > 2:
-        raise Unsupported("np.dot of arrays of more than 2 dims")
-    return matmul(tx, a, b)
-
-
-def _outer(tx, a, b, out=None):
-    _no_out(out)
-    np = np_module()
-    a, b = as_array(tx, a), as_array(tx, b)
-    r = np.result_type(a.dtype, b.dtype)
-    ta = method(tx, "reshape", cast(tx, a, r).tensor, (-1, 1))
-    tb = method(tx, "reshape", cast(tx, b, r).tensor, (1, -1))
-    return NdarrayValue(op(tx, torch.mul, ta, tb))
-
-
-def _einsum(tx, subscripts, *operands, out=None, optimize=False, **kw):
-    _no_out(out)
-    if kw:
-        raise Unsupported(f"np.einsum with {sorted(kw)}")
-    np = np_module()
-    arrs = [as_array(tx, o) for o in operands]
-    r = np.result_type(*[a.dtype for a in arrs])
-    ts = [cast(tx, a, r).tensor for a in arrs]
-    return NdarrayValue(op(tx, torch.einsum, C(k(subscripts)), *ts), scalar=True)
-
-
-def _trace(tx, a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
-    _no_out(out)
-    np = np_module()
-    a = as_array(tx, a)
-    kw = {"offset": k(offset), "axis1": k(axis1), "axis2": k(axis2)}
-    if k(dtype) is not None:
-        kw["dtype"] = np.dtype(k(dtype))
-    r = torch_dtype(sample_dtype(np.trace, a, **kw))
-    d = op(tx, torch.diagonal, a.tensor, kw["offset"], kw["axis1"], kw["axis2"])
-    return NdarrayValue(method(tx, "sum", d, -1, dtype=r), scalar=True)
-
-
-# --- creation --------------------------------------------------------------------------------
-def _dtype_or(dtype, default):
-    d = k(dtype)
-    return np_module().dtype(default if d is None else d)
-
-
-def _factory(fn, default="float64"):
-    def rule(tx, shape, dtype=None, order="C", *, device=None, like=None):
-        if k(order) != "C" or k(like) is not None or k(device) not in (None, "cpu"):
-            raise Unsupported("a NumPy factory with order=, like= or device=")
-        dt = torch_dtype(_dtype_or(dtype, default))
-        return NdarrayValue(op(tx, fn, C(_shape_arg(shape)), dtype=dt))
-    return rule
-
-
-def _full(tx, shape, fill_value, dtype=None, order="C", *, device=None, like=None):
-    np = np_module()
-    fv = k(fill_value)
-    dt = np.dtype(k(dtype)) if k(dtype) is not None else np.asarray(fv).dtype
-    return NdarrayValue(op(tx, torch.full, C(_shape_arg(shape)), C(_py(fv)), dtype=torch_dtype(dt)))
-
-
-def _like(fn):
-    def rule(tx, a, dtype=None, order="K", subok=True, shape=None, *, device=None):
-        a = as_array(tx, a)
-        dt = torch_dtype(_dtype_or(dtype, a.dtype))
-        s = a.shape if k(shape) is None else _shape_arg(shape)
-        return NdarrayValue(op(tx, fn, C(s), dtype=dt))
-    return rule
-
-
-def _full_like(tx, a, fill_value, dtype=None, order="K", subok=True, shape=None, *, device=None):
-    a = as_array(tx, a)
-    dt = torch_dtype(_dtype_or(dtype, a.dtype))
-    s = a.shape if k(shape) is None else _shape_arg(shape)
-    return NdarrayValue(op(tx, torch.full, C(s), C(_py(k(fill_value))), dtype=dt))
-
-
-def _folded(np_name):
-    """A creation function of constants: NumPy computes it, the graph holds the values."""
-    def rule(tx, *args, **kwargs):
-        np = np_module()
-        fn = functools.reduce(getattr, np_name.split("."), np)
-        res = fn(*[k(a) for a in args], **{n: k(v) for n, v in kwargs.items()})
-        if isinstance(res, tuple):
-            return V.TupleValue([constant_array(tx, r) for r in res])
-        return constant_array(tx, res)
-    return rule
-
-
-def _array(tx, obj, dtype=None, *, copy=True, order="K", subok=False, ndmin=0, like=None):
-    if k(ndmin) or k(like) is not None or k(order) not in ("K", "A", "C"):
-        raise Unsupported("np.array with ndmin=, like= or order=")
-    d = k(dtype)
-    np = np_module()
-    if isinstance(obj, NdarrayValue):
-        if k(copy) is False and (d is None or np.dtype(d) == obj.dtype):
-            return obj
-        return NdarrayValue(cast(tx, obj, obj.dtype if d is None else np.dtype(d), copy=True).tensor)
-    return as_array(tx, obj, None if d is None else np.dtype(d))
-
-
-def _asarray(tx, a, dtype=None, order=None, *, device=None, copy=None, like=None):
-    d = k(dtype)
-    if isinstance(a, NdarrayValue):
-        r = a if d is None else cast(tx, a, np_module().dtype(d))
-        return NdarrayValue(r.tensor) if r.scalar else r
-    return as_array(tx, a, None if d is None else np_module().dtype(d))
-
-
-def _astype(tx, a, dtype, order="K", casting="unsafe", subok=True, copy=True):
-    if k(casting) != "unsafe":
-        raise Unsupported("astype with casting=")
-    np = np_module()
-    return NdarrayValue(cast(tx, a, np.dtype(k(dtype)), copy=bool(k(copy))).tensor)
-
-
-def _copy(tx, a, order="K", subok=False):
-    a = as_array(tx, a)
-    return NdarrayValue(method(tx, "clone", a.tensor))
-
-
-def _meshgrid(tx, *xi, copy=True, sparse=False, indexing="xy"):
-    if k(sparse) or not k(copy):
-        raise Unsupported("np.meshgrid with sparse=True or copy=False")
-    arrs = [as_array(tx, x) for x in xi]
-    ts = [method(tx, "reshape", a.tensor, -1) for a in arrs]
-    grids = op(tx, torch.meshgrid, *ts, indexing=k(indexing)).unpack(tx)
-    return V.TupleValue([NdarrayValue(method(tx, "contiguous", g)) for g in grids])
-
-
-def _scalar_type(tx, cls, args, kwargs):
-    """``np.float32(x)``: a constant folds; an array is cast (a scalar when 0-d)."""
-    np = np_module()
-    if kwargs or len(args) > 1:
-        raise Unsupported(f"np.{cls.__name__} with these arguments")
-    if not args:
-        return V.ConstantValue(cls())
-    a = args[0]
-    if isinstance(a, NdarrayValue):
-        return NdarrayValue(cast(tx, a, np.dtype(cls), copy=True).tensor, scalar=True)
-    from kiln.capture.operators import fold
-
-    r = fold(cls, k(a))
-    if isinstance(r, np.ndarray):
-        return constant_array(tx, r)
-    return V.ConstantValue(r)
-
-
-def _fold_info(tx, *args, **kwargs):
-    raise AssertionError("replaced in FUNCTIONS")
+    return numpy_reductions, numpy_shapes
 
 
 # --- indexing ------------------------------------------------------------------------------
@@ -729,6 +205,7 @@ def ndarray_setitem(tx, a, key, value):
 
 # --- attributes and methods ----------------------------------------------------------------
 def ndarray_attribute(tx, a, name):
+    R, S = _families()
     from kiln.capture.numpy_values import NdarrayValue as _N
 
     simple = {"shape": lambda: a.shape, "ndim": lambda: a.ndim, "dtype": lambda: a.dtype,
@@ -737,7 +214,7 @@ def ndarray_attribute(tx, a, name):
     if name in simple:
         return V.ConstantValue(simple[name]())
     if name == "T":
-        return _transpose(tx, a)
+        return S.np_transpose(tx, a)
     if name in ("real", "imag"):
         if a.dtype.kind != "c":
             if name == "real":
@@ -762,14 +239,16 @@ class _BoundRule(V.Value):
 
 
 def _m_reshape(tx, a, *shape, order="C", copy=None):
+    R, S = _families()
     s = shape[0] if len(shape) == 1 else V.TupleValue(list(shape))
-    return _reshape(tx, a, s, order, copy=copy)
+    return S.np_reshape(tx, a, s, order, copy=copy)
 
 
 def _m_transpose(tx, a, *axes):
+    R, S = _families()
     if not axes:
-        return _transpose(tx, a)
-    return _transpose(tx, a, axes[0] if len(axes) == 1 else V.TupleValue(list(axes)))
+        return S.np_transpose(tx, a)
+    return S.np_transpose(tx, a, axes[0] if len(axes) == 1 else V.TupleValue(list(axes)))
 
 
 def _m_fill(tx, a, value):
@@ -810,30 +289,31 @@ def _not_traced(why):
 @functools.lru_cache(maxsize=1)
 def functions():
     np = np_module()
+    R, S = _families()
     table = {
-        np.sum: _sum, np.prod: _prod, np.mean: _mean, np.var: _var_like("var", "var"),
-        np.std: _var_like("std", "std"), np.max: _minmax("amax", "max"),
-        np.amax: _minmax("amax", "amax"), np.min: _minmax("amin", "min"),
-        np.amin: _minmax("amin", "amin"), np.all: _allany("all"), np.any: _allany("any"),
-        np.argmax: _arg("argmax"), np.argmin: _arg("argmin"), np.cumsum: _cum("cumsum"),
-        np.cumprod: _cum("cumprod"), np.median: _median,
-        np.reshape: _reshape, np.transpose: _transpose, np.swapaxes: _swapaxes,
-        np.moveaxis: _moveaxis, np.expand_dims: _expand_dims, np.squeeze: _squeeze,
-        np.ravel: _ravel, np.concatenate: _concatenate, np.stack: _stack, np.vstack: _vstack,
-        np.hstack: _hstack, np.flip: _flip, np.broadcast_to: _broadcast_to, np.tile: _tile,
-        np.repeat: _repeat, np.tril: _tri("tril"), np.triu: _tri("triu"), np.where: _where,
-        np.clip: _clip, np.round: _round, np.around: _round, np.matmul: _matmul, np.dot: _dot,
-        np.outer: _outer, np.einsum: _einsum, np.trace: _trace, np.sort: _sort,
-        np.argsort: _argsort, np.shape: _metadata("shape"), np.ndim: _metadata("ndim"),
+        np.sum: R.np_sum, np.prod: R.np_prod, np.mean: R.np_mean, np.var: R.np_var_like("var", "var"),
+        np.std: R.np_var_like("std", "std"), np.max: R.np_minmax("amax", "max"),
+        np.amax: R.np_minmax("amax", "amax"), np.min: R.np_minmax("amin", "min"),
+        np.amin: R.np_minmax("amin", "amin"), np.all: R.np_allany("all"), np.any: R.np_allany("any"),
+        np.argmax: R.np_arg("argmax"), np.argmin: R.np_arg("argmin"), np.cumsum: R.np_cum("cumsum"),
+        np.cumprod: R.np_cum("cumprod"), np.median: R.np_median,
+        np.reshape: S.np_reshape, np.transpose: S.np_transpose, np.swapaxes: S.np_swapaxes,
+        np.moveaxis: S.np_moveaxis, np.expand_dims: S.np_expand_dims, np.squeeze: S.np_squeeze,
+        np.ravel: S.np_ravel, np.concatenate: S.np_concatenate, np.stack: S.np_stack, np.vstack: S.np_vstack,
+        np.hstack: S.np_hstack, np.flip: S.np_flip, np.broadcast_to: S.np_broadcast_to, np.tile: S.np_tile,
+        np.repeat: S.np_repeat, np.tril: S.np_tri("tril"), np.triu: S.np_tri("triu"), np.where: S.np_where,
+        np.clip: S.np_clip, np.round: S.np_round, np.around: S.np_round, np.matmul: S.np_matmul, np.dot: S.np_dot,
+        np.outer: S.np_outer, np.einsum: S.np_einsum, np.trace: S.np_trace, np.sort: R.np_sort,
+        np.argsort: R.np_argsort, np.shape: _metadata("shape"), np.ndim: _metadata("ndim"),
         np.size: _metadata("size"),
-        np.zeros: _factory(torch.zeros), np.ones: _factory(torch.ones),
-        np.empty: _factory(torch.empty), np.full: _full,
-        np.zeros_like: _like(torch.zeros), np.ones_like: _like(torch.ones),
-        np.empty_like: _like(torch.empty), np.full_like: _full_like,
-        np.arange: _folded("arange"), np.linspace: _folded("linspace"), np.eye: _folded("eye"),
-        np.identity: _folded("identity"), np.logspace: _folded("logspace"),
-        np.array: _array, np.asarray: _asarray, np.copy: _copy, np.meshgrid: _meshgrid,
-        np.fft.fftfreq: _folded("fft.fftfreq"), np.fft.rfftfreq: _folded("fft.rfftfreq"),
+        np.zeros: S.np_factory(torch.zeros), np.ones: S.np_factory(torch.ones),
+        np.empty: S.np_factory(torch.empty), np.full: S.np_full,
+        np.zeros_like: S.np_like(torch.zeros), np.ones_like: S.np_like(torch.ones),
+        np.empty_like: S.np_like(torch.empty), np.full_like: S.np_full_like,
+        np.arange: S.np_folded("arange"), np.linspace: S.np_folded("linspace"), np.eye: S.np_folded("eye"),
+        np.identity: S.np_folded("identity"), np.logspace: S.np_folded("logspace"),
+        np.array: S.np_array, np.asarray: S.np_asarray, np.copy: S.np_copy, np.meshgrid: S.np_meshgrid,
+        np.fft.fftfreq: S.np_folded("fft.fftfreq"), np.fft.rfftfreq: S.np_folded("fft.rfftfreq"),
     }
     for name in ("issubdtype", "result_type", "promote_types", "can_cast", "isscalar",
                  "broadcast_shapes", "iscomplexobj", "isrealobj"):
@@ -847,6 +327,7 @@ def functions():
 @functools.lru_cache(maxsize=1)
 def methods():
     np = np_module()
+    R, S = _families()
     f = functions()
     table = {name: f[getattr(np, fn)] for name, fn in {
         "sum": "sum", "prod": "prod", "mean": "mean", "var": "var", "std": "std", "max": "max",
@@ -855,8 +336,8 @@ def methods():
         "ravel": "ravel", "repeat": "repeat", "clip": "clip", "round": "round", "dot": "dot",
         "trace": "trace", "copy": "copy"}.items()}
     table.update({
-        "reshape": _m_reshape, "transpose": _m_transpose, "astype": _astype,
-        "flatten": _flatten, "fill": _m_fill, "sort": _m_sort, "argsort": _argsort,
+        "reshape": _m_reshape, "transpose": _m_transpose, "astype": S.np_astype,
+        "flatten": S.np_flatten, "fill": _m_fill, "sort": R.np_m_sort, "argsort": R.np_argsort,
         "conj": lambda tx, a: apply_ufunc(tx, np.conjugate, [a], {}),
         "conjugate": lambda tx, a: apply_ufunc(tx, np.conjugate, [a], {}),
         "__len__": lambda tx, a: a.len_value(tx),
@@ -873,7 +354,7 @@ def call_numpy(tx, fn, args, kwargs):
         return apply_ufunc(tx, fn, args, kwargs)
     if isinstance(fn, type):
         if issubclass(fn, np.generic):
-            return _scalar_type(tx, fn, args, kwargs)
+            return _families()[1]._scalar_type(tx, fn, args, kwargs)
         if fn in (np.finfo, np.iinfo, np.dtype):
             from kiln.capture.operators import fold
             from kiln.capture.builder import wrap_static
@@ -893,5 +374,3 @@ def call_numpy(tx, fn, args, kwargs):
     except TypeError as e:  # the rule's signature refused the call
         raise Unsupported(f"np.{getattr(fn, '__name__', fn)} with these arguments: {e}")
 
-
-del numpy_dtype, write_into

@@ -15,7 +15,7 @@ import torch
 
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
-from kiln.capture.numpy_values import NdarrayValue, np_module, numpy_dtype, torch_dtype
+from kiln.capture.numpy_values import NdarrayValue, np_module, torch_dtype
 
 
 def _table():
@@ -222,7 +222,7 @@ def binary(tx, fn, a, b, inplace):
     """``a <op> b`` (``a <op>= b``) with an ndarray on either side."""
     uf = operator_ufuncs().get(fn)
     if fn is operator.matmul:
-        from kiln.capture.numpy_rules import matmul
+        from kiln.capture.numpy_shapes import matmul
 
         res = matmul(tx, a, b)
     elif uf is None:
@@ -256,5 +256,3 @@ def unary(tx, fn, v):
         raise Unsupported("`not` on an ndarray (data-dependent)")
     return apply_ufunc(tx, operator_ufuncs()[fn], [v], {})
 
-
-del numpy_dtype
