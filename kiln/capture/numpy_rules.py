@@ -22,6 +22,8 @@ from kiln.capture.numpy_ufuncs import apply_ufunc, cast, is_ufunc
 from kiln.capture.numpy_values import NdarrayValue, np_module, torch_dtype
 
 _MAX_CONSTANT_ELEMENTS = 1 << 14  # larger constant arrays are not spelled into a graph
+# NumPy's arrays are on the CPU whatever torch's default device (a ``torch.device`` block)
+_CPU = torch.device("cpu")
 
 
 def k(v):
@@ -57,7 +59,7 @@ def constant_array(tx, arr) -> NdarrayValue:
     arr = np.asarray(arr)
     if arr.size > _MAX_CONSTANT_ELEMENTS:
         raise Unsupported(f"a constant array of {arr.size} elements")
-    t = op(tx, torch.tensor, C(arr.tolist()), dtype=torch_dtype(arr.dtype))
+    t = op(tx, torch.tensor, C(arr.tolist()), dtype=torch_dtype(arr.dtype), device=_CPU)
     return NdarrayValue(t)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
-from kiln.capture.numpy_rules import (C, _axes, _no_out, _py, as_array, constant_array, k,
+from kiln.capture.numpy_rules import (_CPU, C, _axes, _no_out, _py, as_array, constant_array, k,
                                       method, op, sample_dtype)
 from kiln.capture.numpy_ufuncs import apply_ufunc, cast
 from kiln.capture.numpy_values import NdarrayValue, np_module, torch_dtype
@@ -267,7 +267,7 @@ def np_factory(fn, default="float64"):
         if k(order) != "C" or k(like) is not None or k(device) not in (None, "cpu"):
             raise Unsupported("a NumPy factory with order=, like= or device=")
         dt = torch_dtype(_dtype_or(dtype, default))
-        return NdarrayValue(op(tx, fn, C(_shape_arg(shape)), dtype=dt))
+        return NdarrayValue(op(tx, fn, C(_shape_arg(shape)), dtype=dt, device=_CPU))
     return rule
 
 
@@ -275,7 +275,7 @@ def np_full(tx, shape, fill_value, dtype=None, order="C", *, device=None, like=N
     np = np_module()
     fv = k(fill_value)
     dt = np.dtype(k(dtype)) if k(dtype) is not None else np.asarray(fv).dtype
-    return NdarrayValue(op(tx, torch.full, C(_shape_arg(shape)), C(_py(fv)), dtype=torch_dtype(dt)))
+    return NdarrayValue(op(tx, torch.full, C(_shape_arg(shape)), C(_py(fv)), dtype=torch_dtype(dt), device=_CPU))
 
 
 def np_like(fn):
@@ -283,7 +283,7 @@ def np_like(fn):
         a = as_array(tx, a)
         dt = torch_dtype(_dtype_or(dtype, a.dtype))
         s = a.shape if k(shape) is None else _shape_arg(shape)
-        return NdarrayValue(op(tx, fn, C(s), dtype=dt))
+        return NdarrayValue(op(tx, fn, C(s), dtype=dt, device=a.tensor.fake.device))
     return rule
 
 
@@ -291,7 +291,7 @@ def np_full_like(tx, a, fill_value, dtype=None, order="K", subok=True, shape=Non
     a = as_array(tx, a)
     dt = torch_dtype(_dtype_or(dtype, a.dtype))
     s = a.shape if k(shape) is None else _shape_arg(shape)
-    return NdarrayValue(op(tx, torch.full, C(s), C(_py(k(fill_value))), dtype=dt))
+    return NdarrayValue(op(tx, torch.full, C(s), C(_py(k(fill_value))), dtype=dt, device=a.tensor.fake.device))
 
 
 def np_folded(np_name):

@@ -168,7 +168,9 @@ def apply_ufunc(tx, uf, args, kwargs):
         if isinstance(a, NdarrayValue):
             a = cast(tx, a, dt).tensor
         elif i == 0 or torch_fn not in _TAKES_SCALARS:  # a 0-d tensor of the loop dtype
-            a = tx.output.op("call_function", torch.scalar_tensor, [a], {"dtype": V.ConstantValue(torch_dtype(dt))})
+            dev = next(o.tensor.fake.device for o in ops if isinstance(o, NdarrayValue))
+            a = tx.output.op("call_function", torch.scalar_tensor, [a], {"dtype": V.ConstantValue(torch_dtype(dt)),
+                                                                       "device": V.ConstantValue(dev)})
         targs.append(a)
     if uf is np.sign and ins[0].kind == "c":
         raise Unsupported("np.sign of complex values")

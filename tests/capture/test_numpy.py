@@ -560,3 +560,13 @@ def test_random_seed_alone_still_runs():
 def test_random_unsupported_breaks(fn):
     with pytest.raises(kiln.Unsupported):
         kiln.compile(fn, backend="eager", fullgraph=True)(np.zeros(3))
+
+
+def test_numpy_arrays_stay_on_the_cpu_under_a_device_block():
+    def f(x):
+        return x * np.arange(5) + np.zeros(5), np.ones_like(x) + 1, x + 1.5
+
+    want = f(A.copy())
+    with torch.device("meta"):
+        got = kiln.compile(f, backend="eager", fullgraph=True)(A.copy())
+    same(got, want)
