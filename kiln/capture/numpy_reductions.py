@@ -9,7 +9,7 @@ from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
 from kiln.capture.numpy_rules import C, _axes, _no_out, as_array, k, method, op, sample_dtype
 from kiln.capture.numpy_ufuncs import cast
-from kiln.capture.numpy_values import NdarrayValue, np_module, torch_dtype
+from kiln.capture.numpy_values import NdarrayValue, check_writable, np_module, torch_dtype
 
 
 # --- reductions ----------------------------------------------------------------------------
@@ -184,8 +184,7 @@ def np_argsort(tx, a, axis=-1, kind=None, order=None, *, stable=None):
 
 
 def np_m_sort(tx, a, axis=-1, kind=None, order=None, *, stable=None):
-    if getattr(a, "readonly", False) or a.scalar:
-        raise Unsupported("sorting a read-only array in place")
+    check_writable(tx, a)
     s = np_sort(tx, a, axis, kind, order)
     method(tx, "copy_", a.tensor, s.tensor)
     return V.ConstantValue(None)

@@ -19,7 +19,7 @@ import torch
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
 from kiln.capture.numpy_ufuncs import apply_ufunc, cast, is_ufunc
-from kiln.capture.numpy_values import NdarrayValue, np_module, torch_dtype
+from kiln.capture.numpy_values import NdarrayValue, check_writable, np_module, torch_dtype, view
 
 _MAX_CONSTANT_ELEMENTS = 1 << 14  # larger constant arrays are not spelled into a graph
 # NumPy's arrays are on the CPU whatever torch's default device (a ``torch.device`` block)
@@ -187,12 +187,13 @@ def ndarray_getitem(tx, a, key):
     k_arg = V.TupleValue(conv) if isinstance(key, V.TupleValue) else conv[0]
     t = tx.output.op("call_function", operator.getitem, [a.tensor, k_arg], {})
     all_ints = all(isinstance(p, V.ConstantValue) and type(p.value) is int for p in conv)
-    return NdarrayValue(t, scalar=all_ints and len(conv) == a.ndim)
+    if all_ints and len(conv) == a.ndim:
+        return NdarrayValue(t, scalar=True)
+    return view(a, t)
 
 
 def ndarray_setitem(tx, a, key, value):
-    if getattr(a, "readonly", False):
-        raise Unsupported("writing into a read-only ndarray (NumPy raises)")
+    check_writable(tx, a)
     conv, _ = _index_key(tx, key)
     k_arg = V.TupleValue(conv) if isinstance(key, V.TupleValue) else conv[0]
     if isinstance(value, NdarrayValue) or isinstance(value, (V.ListValue, V.TupleValue)):
@@ -254,8 +255,7 @@ def _m_transpose(tx, a, *axes):
 
 
 def _m_fill(tx, a, value):
-    if getattr(a, "readonly", False) or a.scalar:
-        raise Unsupported("fill on a read-only array or a scalar")
+    check_writable(tx, a)
     method(tx, "fill_", a.tensor, C(_py(k(value))))
     return V.ConstantValue(None)
 

@@ -13,7 +13,7 @@ from kiln.capture.errors import Unsupported
 from kiln.capture.numpy_rules import (_CPU, C, _axes, _no_out, _py, as_array, constant_array, k,
                                       method, op, sample_dtype)
 from kiln.capture.numpy_ufuncs import apply_ufunc, cast
-from kiln.capture.numpy_values import NdarrayValue, np_module, torch_dtype
+from kiln.capture.numpy_values import NdarrayValue, np_module, torch_dtype, view
 
 
 # --- shapes -------------------------------------------------------------------------------
@@ -26,24 +26,24 @@ def np_reshape(tx, a, shape=None, order="C", *, newshape=None, copy=None):
     if k(order) != "C" or k(copy) is not None:
         raise Unsupported("np.reshape with order= other than 'C' or copy=")
     a = as_array(tx, a)
-    return NdarrayValue(method(tx, "reshape", a.tensor, _shape_arg(shape if shape is not None else newshape)))
+    return view(a, method(tx, "reshape", a.tensor, _shape_arg(shape if shape is not None else newshape)))
 
 
 def np_transpose(tx, a, axes=None):
     a = as_array(tx, a)
     ax = k(axes)
     perm = tuple(reversed(range(a.ndim))) if ax is None else _axes(ax, a.ndim)
-    return NdarrayValue(method(tx, "permute", a.tensor, perm))
+    return view(a, method(tx, "permute", a.tensor, perm))
 
 
 def np_swapaxes(tx, a, axis1, axis2):
     a = as_array(tx, a)
-    return NdarrayValue(method(tx, "transpose", a.tensor, k(axis1), k(axis2)))
+    return view(a, method(tx, "transpose", a.tensor, k(axis1), k(axis2)))
 
 
 def np_moveaxis(tx, a, source, destination):
     a = as_array(tx, a)
-    return NdarrayValue(op(tx, torch.movedim, a.tensor, k(source), k(destination)))
+    return view(a, op(tx, torch.movedim, a.tensor, k(source), k(destination)))
 
 
 def np_expand_dims(tx, a, axis):
@@ -53,25 +53,25 @@ def np_expand_dims(tx, a, axis):
     t = a.tensor
     for d in axes:
         t = method(tx, "unsqueeze", t, d)
-    return NdarrayValue(t)
+    return view(a, t)
 
 
 def np_squeeze(tx, a, axis=None):
     a = as_array(tx, a)
     ax = k(axis)
     if ax is None:
-        return NdarrayValue(method(tx, "squeeze", a.tensor))
+        return view(a, method(tx, "squeeze", a.tensor))
     dims = _axes(ax, a.ndim)
     if any(a.shape[d] != 1 for d in dims):
         raise Unsupported("np.squeeze of an axis whose size is not 1 (NumPy raises)")
-    return NdarrayValue(method(tx, "squeeze", a.tensor, dims))
+    return view(a, method(tx, "squeeze", a.tensor, dims))
 
 
 def np_ravel(tx, a, order="C"):
     if k(order) != "C":
         raise Unsupported("ravel with order= other than 'C'")
     a = as_array(tx, a)
-    return NdarrayValue(method(tx, "reshape", a.tensor, -1))
+    return view(a, method(tx, "reshape", a.tensor, -1))
 
 
 def np_flatten(tx, a, order="C"):
@@ -118,13 +118,16 @@ def np_hstack(tx, tup, *, dtype=None, casting="same_kind"):
 
 
 def np_flip(tx, m, axis=None):
-    a = as_array(tx, m)
-    return NdarrayValue(op(tx, torch.flip, a.tensor, _axes(k(axis), a.ndim)))
+    """NumPy's flip is a view with negative strides, which torch has not: a copy would
+    not see later writes through either alias."""
+    raise Unsupported("np.flip (a negative-stride view; torch tensors have none)")
 
 
 def np_broadcast_to(tx, array, shape, subok=False):
     a = as_array(tx, array)
-    return NdarrayValue(method(tx, "expand", a.tensor, _shape_arg(shape)))
+    v = view(a, method(tx, "expand", a.tensor, _shape_arg(shape)))
+    v.readonly = True  # NumPy's broadcast views refuse writes
+    return v
 
 
 def np_tile(tx, A, reps):

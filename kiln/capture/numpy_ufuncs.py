@@ -15,7 +15,7 @@ import torch
 
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
-from kiln.capture.numpy_values import NdarrayValue, np_module, torch_dtype
+from kiln.capture.numpy_values import NdarrayValue, check_writable, np_module, torch_dtype
 
 
 def _table():
@@ -241,8 +241,7 @@ def write_into(tx, a: NdarrayValue, res: NdarrayValue) -> NdarrayValue:
     np = np_module()
     if not np.can_cast(res.dtype, a.dtype, casting="same_kind"):
         raise Unsupported(f"in-place operator casting {res.dtype} to {a.dtype} (NumPy raises)")
-    if getattr(a, "readonly", False):
-        raise Unsupported("writing into a read-only ndarray (NumPy raises)")
+    check_writable(tx, a)
     if tuple(res.shape) != tuple(a.shape):
         raise Unsupported("an in-place operator whose result broadcasts to a new shape")
     tx.output.op("call_method", "copy_", [a.tensor, res.tensor], {})

@@ -61,6 +61,8 @@ class NdarrayValue(V.Value):
     reduction result) computed by ``tensor``. Under ``kiln.wrap_numpy`` the same values
     come from and go back to tensors."""
 
+    readonly = False  # NumPy refuses writes into it (and into its views)
+
     def __init__(self, tensor: V.TensorValue, scalar: bool = False, source=None):
         self.tensor = tensor
         self.scalar = bool(scalar) and tensor.fake.dim() == 0
@@ -135,6 +137,22 @@ class NdarrayValue(V.Value):
     def __repr__(self):
         kind = "NumpyScalar" if self.scalar else "Ndarray"
         return f"{kind}({self.tensor.node.name}, {self.shape}, {self.dtype})"
+
+
+def view(a: NdarrayValue, tv: V.TensorValue) -> NdarrayValue:
+    """An ndarray viewing ``a``'s data: read-only where ``a`` is."""
+    v = NdarrayValue(tv)
+    v.readonly = a.readonly
+    return v
+
+
+def check_writable(tx, a: NdarrayValue):
+    """NumPy raises for writes into a read-only array or a view of one (a read-only
+    argument's views are found through their fake's ``_base``)."""
+    fake = a.tensor.fake
+    roots = getattr(tx.output, "numpy_readonly_roots", ())
+    if a.readonly or a.scalar or id(fake) in roots or id(getattr(fake, "_base", None)) in roots:
+        raise Unsupported("writing into a read-only ndarray or a NumPy scalar (NumPy raises)")
 
 
 def from_tensor(tv: V.TensorValue, scalar=False) -> NdarrayValue:
@@ -280,6 +298,7 @@ def _wrap_array(tx, arr, source):
     v = NdarrayValue(tv, source=source)
     if not arr.flags.writeable:
         v.readonly = True
+        tx.output.__dict__.setdefault("numpy_readonly_roots", set()).add(id(tv.fake))
     return tx.output.remember(arr, v)
 
 

@@ -261,7 +261,7 @@ def p_fft_f32(a):
 
 
 def p_flip_tile(x):
-    return np.flip(x, 0), np.tile(x[0], (2, 1)), np.repeat(x[0], 2), np.triu(x), np.tril(x, -1)
+    return np.broadcast_to(x[0], (2, 5)), np.tile(x[0], (2, 1)), np.repeat(x[0], 2), np.triu(x), np.tril(x, -1)
 
 
 def p_all_any(x):
@@ -431,13 +431,23 @@ def test_untraceable_arrays_break(arr):
     np.testing.assert_array_equal(got, f(arr))
 
 
+def _broadcast_write(x):
+    b = np.broadcast_to(x[0], (3, 5))
+    c = b[1]
+    c[0] = 1.0
+    return x
+
+
 @pytest.mark.parametrize("fn", [
     lambda x: np.polyfit(x[0], x[1], 1),           # no rule: NumPy runs it
     lambda x: x[x > 0],                           # data-dependent shape
     lambda x: float(np.sum(x)),                   # needs the data
     lambda x: x.astype(np.int8) + 1000,           # NumPy raises OverflowError
     lambda x: np.sort(x, axis=1) if x.sum() > 0 else x,  # data-dependent branch
-], ids=["polyfit", "mask", "float", "overflow", "branch"])
+    lambda x: np.flip(x, 0),                      # a negative-stride view
+    lambda x: x[::-1],
+    _broadcast_write,                             # a read-only view
+], ids=["polyfit", "mask", "float", "overflow", "branch", "flip", "negative_step", "broadcast_write"])
 def test_unsupported_is_a_break_never_a_different_answer(fn):
     x = A.copy()
     with pytest.raises(kiln.Unsupported):
@@ -449,6 +459,39 @@ def test_unsupported_is_a_break_never_a_different_answer(fn):
             kiln.compile(fn, backend="eager")(x)
         return
     same(kiln.compile(fn, backend="eager")(x), want)
+
+
+def _w_setitem(x):
+    x[0] = 1.0
+
+
+def _w_view_setitem(x):
+    y = x[0]
+    y[1:3] = 2.0
+
+
+def _w_inplace_view(x):
+    y = x.T
+    y *= 2
+
+
+def _w_view_sort(x):
+    x.reshape(-1).sort()
+
+
+@pytest.mark.parametrize("write", [_w_setitem, _w_view_setitem, _w_inplace_view, _w_view_sort])
+def test_read_only_arrays_refuse_writes(write):
+    def f(x):
+        write(x)
+        return x
+
+    x = A.copy()
+    x.flags.writeable = False
+    with pytest.raises(kiln.Unsupported, match="read-only"):
+        kiln.compile(f, backend="eager", fullgraph=True)(x)
+    with pytest.raises(ValueError):
+        kiln.compile(f, backend="eager")(x)  # NumPy's own error, the array unchanged
+    np.testing.assert_array_equal(x, A)
 
 
 def test_graph_break_materializes_arrays():
