@@ -302,12 +302,6 @@ def _wrap_array(tx, arr, source):
     return tx.output.remember(arr, v)
 
 
-def _is_random_method(obj) -> bool:
-    np = np_module()
-    self_ = getattr(obj, "__self__", None)
-    return isinstance(obj, types.BuiltinMethodType) and isinstance(self_, np.random.RandomState)
-
-
 def maybe_wrap(tx, obj, source):
     """The Value of a NumPy object, or None when ``obj`` is not one."""
     if "numpy" not in sys.modules:
@@ -352,9 +346,17 @@ def _module_member_source(source) -> bool:
     return isinstance(source, AttrSource)
 
 
+_PLAIN_CALLABLES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+
+
 def _is_numpy_callable(obj) -> bool:
+    """A NumPy function, ufunc or ``np.random`` method; decided by the object's type
+    first, so that no user ``__getattr__`` runs."""
     np = np_module()
-    if isinstance(obj, np.ufunc) or _is_random_method(obj):
+    t = type(obj)
+    if isinstance(obj, np.ufunc) or t.__name__ == "_ArrayFunctionDispatcher" and t.__module__ == "numpy":
         return True
-    mod = getattr(obj, "__module__", None)
-    return isinstance(mod, str) and mod.split(".")[0] == "numpy" and not isinstance(obj, type)
+    if isinstance(obj, _PLAIN_CALLABLES) or t.__name__ == "cython_function_or_method":
+        mod = getattr(obj, "__module__", None)
+        return isinstance(mod, str) and mod.split(".")[0] == "numpy"
+    return False
