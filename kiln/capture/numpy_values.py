@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kiln import config
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
 from kiln.capture.sources import Source
@@ -304,7 +305,7 @@ def _wrap_array(tx, arr, source):
 
 def maybe_wrap(tx, obj, source):
     """The Value of a NumPy object, or None when ``obj`` is not one."""
-    if "numpy" not in sys.modules:
+    if "numpy" not in sys.modules or not config.trace_numpy:
         return None
     if type(obj) is types.FunctionType:
         from kiln.capture.wrap_numpy import special_value

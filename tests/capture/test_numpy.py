@@ -613,3 +613,15 @@ def test_numpy_arrays_stay_on_the_cpu_under_a_device_block():
     with torch.device("meta"):
         got = kiln.compile(f, backend="eager", fullgraph=True)(A.copy())
     same(got, want)
+
+
+def test_trace_numpy_off_breaks_at_numpy():
+    def f(x):
+        y = np.sum(x, axis=0)
+        return y * 2
+
+    with kiln.config.patch(trace_numpy=False):
+        with pytest.raises(kiln.Unsupported):
+            kiln.compile(f, backend="eager", fullgraph=True)(A.copy())
+        same(kiln.compile(f, backend="eager")(A.copy()), f(A.copy()))
+    same(kiln.compile(f, backend="eager", fullgraph=True)(A.copy()), f(A.copy()))
