@@ -340,6 +340,46 @@ def p_dtype_queries(x, i):
     return x
 
 
+def p_pairwise_distances(x, y):
+    d = np.sqrt(np.sum((x[:, None, :] - y[None, :, :]) ** 2, axis=-1))
+    return d, np.argmin(d, axis=1)
+
+
+def p_kmeans_step(x):
+    centers = x[:2]
+    d = ((x[:, None, :] - centers[None]) ** 2).sum(-1)
+    onehot = (d == d.min(axis=1, keepdims=True)).astype(np.float64)
+    return (onehot.T @ x) / np.maximum(onehot.sum(0)[:, None], 1.0)
+
+
+def p_standardize(x):
+    mu = x.mean(axis=0)
+    sd = x.std(axis=0)
+    z = (x - mu) / np.where(sd > 0, sd, 1.0)
+    return z, np.abs(z).max()
+
+
+def p_horner(x):
+    coeffs = [1.0, -2.0, 0.5, 3.0]
+    acc = np.zeros_like(x)
+    for c in coeffs:
+        acc = acc * x + c
+    return acc
+
+
+def p_gaussian_kernel(v):
+    xs = np.linspace(-1.0, 1.0, 7)
+    k = np.exp(-0.5 * (xs / 0.4) ** 2)
+    k /= k.sum()
+    return np.outer(v, k).sum(axis=0), k
+
+
+def p_rotation(v):
+    theta = np.pi / 6
+    r = np.array([[np.cos(theta), -np.sin(theta), 0.0], [np.sin(theta), np.cos(theta), 0.0], [0.0, 0.0, 1.0]])
+    return r @ v, np.linalg.det(r), (r @ r.T).round(12)
+
+
 PROGRAMS = [
     (p_faq, (A, B)), (p_sum_keepdims, (A,)), (p_mean_std, (A,)), (p_int_mean, (I,)),
     (p_max_min, (A,)), (p_arg, (A,)), (p_prod_cumsum, (A,)), (p_int_sum, (I,)),
@@ -355,7 +395,9 @@ PROGRAMS = [
     (p_numpy_scalar, (A,)), (p_round, (A,)), (p_median_trace, (A,)), (p_loop, (A,)),
     (p_len_isinstance, (A,)), (p_bool_ops, (A, B)), (p_complex, (A, B)), (p_softmax, (A,)),
     (p_pi_constants, (A,)), (p_uint8, (I,)), (p_int_division_by_zero, (I,)), (p_sort, (A,)),
-    (p_int_power, (I,)), (p_dtype_queries, (A, I)),
+    (p_int_power, (I,)), (p_dtype_queries, (A, I)), (p_pairwise_distances, (A, B)),
+    (p_kmeans_step, (A,)), (p_standardize, (A,)), (p_horner, (A,)), (p_gaussian_kernel, (V3,)),
+    (p_rotation, (V3,)),
 ]
 
 
