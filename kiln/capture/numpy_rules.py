@@ -151,6 +151,26 @@ def _no_out(out, where=None):
         raise Unsupported("a NumPy reduction with where=")
 
 
+class _TypeInfo(V.Value):
+    """``np.finfo(...)`` / ``np.iinfo(...)``: constants read from the real object (its
+    cached properties computed there: they depend on the dtype alone)."""
+
+    def __init__(self, info):
+        self.info = info
+
+    def python_type(self):
+        return type(self.info)
+
+    def getattr(self, tx, name):
+        from kiln.capture.builder import wrap_static
+        from kiln.capture.operators import fold
+
+        return wrap_static(fold(getattr, self.info, name))
+
+    def rebuild(self, cg):
+        return cg.ref(self.info, "info")
+
+
 def _families():
     from kiln.capture import numpy_reductions, numpy_shapes
 
@@ -359,9 +379,9 @@ def call_numpy(tx, fn, args, kwargs):
             return _families()[1]._scalar_type(tx, fn, args, kwargs)
         if fn in (np.finfo, np.iinfo, np.dtype):
             from kiln.capture.operators import fold
-            from kiln.capture.builder import wrap_static
 
-            return wrap_static(fold(fn, *[k(a) for a in args], **{n: k(v) for n, v in kwargs.items()}))
+            made = fold(fn, *[k(a) for a in args], **{n: k(v) for n, v in kwargs.items()})
+            return V.ConstantValue(made) if fn is np.dtype else _TypeInfo(made)
     if any(isinstance(a, V.TensorValue) for a in list(args) + list(kwargs.values())):
         raise Unsupported(f"np.{getattr(fn, '__name__', fn)} called on a torch.Tensor")
     rule = functions().get(fn)

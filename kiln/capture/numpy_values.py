@@ -279,8 +279,7 @@ def _wrap_array(tx, arr, source):
     known = tx.output.known_value(arr, source)
     if known is not None:
         return known
-    dt = torch_dtype(arr.dtype)  # object, string, datetime, uint16… dtypes: Unsupported
-    del dt
+    torch_dtype(arr.dtype)  # object, string, datetime, uint16… dtypes: Unsupported
     if not array_traceable(arr):
         raise Unsupported("an ndarray with negative or misaligned strides")
     g = tx.output.guards
