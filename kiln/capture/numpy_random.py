@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from kiln.capture.errors import Unsupported
-from kiln.capture.numpy_values import NdarrayValue, as_tensor, np_module, torch_dtype
+from kiln.capture import values as V
+from kiln.capture.numpy_values import NdarrayValue, as_tensor, np_module, numpy_device, torch_dtype
 from kiln.capture.sources import Source
 
 _EMPTY = torch.empty(0)
@@ -80,9 +81,10 @@ def _random_call(fn, tx, *args, **kwargs):
         g._seen.discard(gd.code)
     del g.guards[first:]
     if sample is None:
-        from kiln.capture import values as V
-
         tx.output.op("call_method", "clone", [tv], {})  # so that a graph (and its call) exists
         return V.ConstantValue(None)
     # a copy: returned as is, the input would be rebuilt by calling the generator again
+    dev = numpy_device()
+    if dev.type != "cpu":
+        return NdarrayValue(tx.output.op("call_method", "to", [tv, V.ConstantValue(dev)], {}))
     return NdarrayValue(tx.output.op("call_method", "clone", [tv], {}))

@@ -19,11 +19,10 @@ import torch
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
 from kiln.capture.numpy_ufuncs import apply_ufunc, cast, is_ufunc
-from kiln.capture.numpy_values import NdarrayValue, check_writable, np_module, torch_dtype, view
+from kiln.capture.numpy_values import (NdarrayValue, check_writable, np_module, numpy_device, torch_dtype,
+                                       view)
 
 _MAX_CONSTANT_ELEMENTS = 1 << 14  # larger constant arrays are not spelled into a graph
-# NumPy's arrays are on the CPU whatever torch's default device (a ``torch.device`` block)
-_CPU = torch.device("cpu")
 
 
 def k(v):
@@ -59,7 +58,7 @@ def constant_array(tx, arr) -> NdarrayValue:
     arr = np.asarray(arr)
     if arr.size > _MAX_CONSTANT_ELEMENTS:
         raise Unsupported(f"a constant array of {arr.size} elements")
-    t = op(tx, torch.tensor, C(arr.tolist()), dtype=torch_dtype(arr.dtype), device=_CPU)
+    t = op(tx, torch.tensor, C(arr.tolist()), dtype=torch_dtype(arr.dtype), device=numpy_device())
     return NdarrayValue(t)
 
 

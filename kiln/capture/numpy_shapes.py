@@ -10,10 +10,10 @@ import torch
 
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
-from kiln.capture.numpy_rules import (_CPU, C, _axes, _no_out, _py, as_array, constant_array, k,
+from kiln.capture.numpy_rules import (C, _axes, _no_out, _py, as_array, constant_array, k,
                                       method, op, sample_dtype)
 from kiln.capture.numpy_ufuncs import apply_ufunc, cast
-from kiln.capture.numpy_values import NdarrayValue, np_module, torch_dtype, view
+from kiln.capture.numpy_values import NdarrayValue, np_module, numpy_device, torch_dtype, view
 
 
 # --- shapes -------------------------------------------------------------------------------
@@ -270,7 +270,7 @@ def np_factory(fn, default="float64"):
         if k(order) != "C" or k(like) is not None or k(device) not in (None, "cpu"):
             raise Unsupported("a NumPy factory with order=, like= or device=")
         dt = torch_dtype(_dtype_or(dtype, default))
-        return NdarrayValue(op(tx, fn, C(_shape_arg(shape)), dtype=dt, device=_CPU))
+        return NdarrayValue(op(tx, fn, C(_shape_arg(shape)), dtype=dt, device=numpy_device()))
     return rule
 
 
@@ -278,7 +278,7 @@ def np_full(tx, shape, fill_value, dtype=None, order="C", *, device=None, like=N
     np = np_module()
     fv = k(fill_value)
     dt = np.dtype(k(dtype)) if k(dtype) is not None else np.asarray(fv).dtype
-    return NdarrayValue(op(tx, torch.full, C(_shape_arg(shape)), C(_py(fv)), dtype=torch_dtype(dt), device=_CPU))
+    return NdarrayValue(op(tx, torch.full, C(_shape_arg(shape)), C(_py(fv)), dtype=torch_dtype(dt), device=numpy_device()))
 
 
 def np_like(fn):

@@ -57,6 +57,15 @@ def numpy_dtype(t: torch.dtype):
     return np_module().dtype(name)
 
 
+def numpy_device() -> torch.device:
+    """Where a trace keeps NumPy's arrays: the CPU, or CUDA inside a
+    ``torch.device("cuda")`` block (the FAQ's way to run NumPy code on the GPU: inputs
+    are moved there in the graph, results come back to the CPU). Other default devices
+    (``meta``) do not apply to NumPy. The block is part of the guarded global state."""
+    d = torch.get_default_device()
+    return d if d.type == "cuda" else torch.device("cpu")
+
+
 class NdarrayValue(V.Value):
     """An ndarray (``scalar``: a NumPy scalar, NumPy's answer for a 0-d ufunc or
     reduction result) computed by ``tensor``. Under ``kiln.wrap_numpy`` the same values
@@ -164,12 +173,16 @@ def from_tensor(tv: V.TensorValue, scalar=False) -> NdarrayValue:
 def _from_numpy(tx, args, kwargs):
     if len(args) != 1 or kwargs or not isinstance(args[0], NdarrayValue) or args[0].scalar:
         raise Unsupported("torch.from_numpy of something other than an ndarray")
+    if args[0].tensor.fake.device.type != "cpu":  # eager's is the CPU array's memory
+        raise Unsupported("torch.from_numpy of an array kept on the GPU (a torch.device block)")
     return args[0].tensor
 
 
 def _as_tensor(tx, args, kwargs):
     if len(args) != 1 or kwargs or not isinstance(args[0], NdarrayValue):
         return None
+    if args[0].tensor.fake.device.type != "cpu":
+        raise Unsupported("torch.as_tensor of an array kept on the GPU (a torch.device block)")
     return args[0].tensor
 
 
@@ -291,12 +304,15 @@ def _wrap_array(tx, arr, source):
     for gd in g.guards[first:]:  # the tensor's own guards: implied by the array's one
         g._seen.discard(gd.code)
     del g.guards[first:]
+    dev = numpy_device()
+    if dev.type != "cpu":
+        tv = tx.output.op("call_method", "to", [tv, V.ConstantValue(dev)], {})
     g.add(f"{g.const(array_matches, 'npok')}({e}, {g.const(type(arr), 'T')}, {g.const(arr.dtype, 'npdt')}, "
           f"{arr.shape!r}, {arr.strides!r}, {w})",
           f"{source.pretty()} is an ndarray of {arr.dtype}, shape {arr.shape}, strides {arr.strides}"
           f"{'' if w else ', read-only'}", f"type({e})")
     v = NdarrayValue(tv, source=source)
-    if not arr.flags.writeable:
+    if not arr.flags.writeable or dev.type != "cpu":  # (writes into a GPU copy would not reach it)
         v.readonly = True
         tx.output.__dict__.setdefault("numpy_readonly_roots", set()).add(id(tv.fake))
     return tx.output.remember(arr, v)

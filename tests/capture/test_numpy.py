@@ -672,3 +672,14 @@ def test_trace_numpy_off_breaks_at_numpy():
             kiln.compile(f, backend="eager", fullgraph=True)(A.copy())
         same(kiln.compile(f, backend="eager")(A.copy()), f(A.copy()))
     same(kiln.compile(f, backend="eager", fullgraph=True)(A.copy()), f(A.copy()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_numpy_in_a_cuda_device_block_runs_on_the_gpu():
+    be = Counting("eager")
+    X, Y = A.copy(), B.copy()
+    with torch.device("cuda"):
+        Z = kiln.compile(p_faq, backend=be, fullgraph=True)(X, Y)
+    same(Z, p_faq(X, Y), rtol=1e-10)
+    (gm,) = be.graphs
+    assert any(n.target == "to" for n in gm.graph.nodes)  # the inputs moved to the GPU
