@@ -27,6 +27,7 @@ from kiln.capture.api import (
 )
 from kiln.capture.wrap_numpy import wrap_numpy
 from kiln.debug.logs import set_logs as _set_logs
+from kiln.debug.profiler import CompileProfiler
 
 _set_logs(config.logs)
 
@@ -50,6 +51,7 @@ def wait_for_compiles(timeout: float | None = None) -> bool:
 
 __all__ = [
     "BackendCompilerFailed",
+    "CompileProfiler",
     "Unsupported",
     "allow_in_graph",
     "compile",
