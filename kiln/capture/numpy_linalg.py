@@ -45,7 +45,7 @@ def _norm(tx, x, ord=None, axis=None, keepdims=False):
         src = cast(tx, x, _real_or_same(np, x.dtype, r)).tensor
         t = R.op(tx, torch.linalg.matrix_norm, src, "fro" if o is None else o, dim=ax, keepdim=kd)
     else:
-        raise Unsupported("np.linalg.norm with this ord/axis")
+        raise Unsupported("K0301", "np.linalg.norm with this ord/axis")
     t = cast(tx, NdarrayValue(t), r).tensor
     return NdarrayValue(t, scalar=True)
 
@@ -71,7 +71,7 @@ def _inexact(np, *dts):
     if r.kind in "biu":
         return np.dtype(np.float64)
     if r == np.float16:
-        raise Unsupported("np.linalg on float16 (NumPy refuses)")
+        raise Unsupported("K0304", "np.linalg on float16 (NumPy refuses)")
     return r
 
 
@@ -80,7 +80,7 @@ def _matrix_fn(torch_fn):
         R = _rules()
         np = np_module()
         if args:
-            raise Unsupported("extra arguments to an np.linalg function")
+            raise Unsupported("K0301", "extra arguments to an np.linalg function")
         a = R.as_array(tx, a)
         r = _inexact(np, a.dtype)
         t = R.op(tx, torch_fn, cast(tx, a, r).tensor)
@@ -108,7 +108,7 @@ def _fft(np_name, torch_fn, kind):
         consts = [R.k(v) for v in args]
         kw = {n: R.k(v) for n, v in kwargs.items()}
         if kw.get("out") is not None:
-            raise Unsupported("np.fft with out=")
+            raise Unsupported("K0301", "np.fft with out=")
         kw.pop("out", None)
         np_fn = getattr(np.fft, np_name)
         r = R.sample_dtype(np_fn, a, *consts, **kw) if not consts and not any(

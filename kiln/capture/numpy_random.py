@@ -62,13 +62,13 @@ def _random_call(fn, tx, *args, **kwargs):
         cargs = [k(a) for a in args]
         ckw = {n: k(v) for n, v in kwargs.items()}
     except Unsupported:
-        raise Unsupported(f"np.random.{name} with non-constant arguments")
+        raise Unsupported("K0305", f"np.random.{name} with non-constant arguments")
     try:
         sample = getattr(np.random.RandomState(0), name)(*cargs, **ckw)
     except Exception as e:  # noqa: BLE001 -- NumPy refuses: eager raises it
-        raise Unsupported(f"np.random.{name}: {e}")
+        raise Unsupported("K0304", f"np.random.{name}: {e}")
     if sample is not None and not isinstance(sample, np.ndarray):
-        raise Unsupported(f"np.random.{name} returning {type(sample).__name__} (no size=)")
+        raise Unsupported("K0305", f"np.random.{name} returning {type(sample).__name__} (no size=)")
     if sample is not None:
         torch_dtype(sample.dtype)
     g = tx.output.guards

@@ -41,7 +41,7 @@ def _per_dim(tx, name, t, dims, keepdims, **kw):
 def np_sum(tx, a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
     _no_out(out, where)
     if k(initial) is not None:
-        raise Unsupported("np.sum with initial=")
+        raise Unsupported("K0301", "np.sum with initial=")
     np = np_module()
     return _reduce(tx, np.sum, a, axis, keepdims, lambda t, d, kd, r: method(
         tx, "sum", t, list(d), keepdim=kd, dtype=r) if d else method(tx, "sum", t, dtype=r), dtype)
@@ -50,7 +50,7 @@ def np_sum(tx, a, axis=None, dtype=None, out=None, keepdims=False, initial=None,
 def np_prod(tx, a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
     _no_out(out, where)
     if k(initial) is not None:
-        raise Unsupported("np.prod with initial=")
+        raise Unsupported("K0301", "np.prod with initial=")
     np = np_module()
     return _reduce(tx, np.prod, a, axis, keepdims,
                    lambda t, d, kd, r: _per_dim(tx, "prod", method(tx, "to", t, r), d, kd), dtype)
@@ -68,7 +68,7 @@ def np_var_like(name, np_name):
              correction=None):
         _no_out(out, where)
         if k(mean) is not None or k(correction) is not None:
-            raise Unsupported(f"np.{np_name} with mean= or correction=")
+            raise Unsupported("K0301", f"np.{np_name} with mean= or correction=")
         np = np_module()
         dd = k(ddof)
         return _reduce(tx, getattr(np, np_name), a, axis, keepdims, lambda t, d, kd, r: method(
@@ -80,11 +80,11 @@ def np_minmax(name, np_name):
     def rule(tx, a, axis=None, out=None, keepdims=False, initial=None, where=None):
         _no_out(out, where)
         if k(initial) is not None:
-            raise Unsupported(f"np.{np_name} with initial=")
+            raise Unsupported("K0301", f"np.{np_name} with initial=")
         np = np_module()
         aa = as_array(tx, a)
         if 0 in aa.shape:
-            raise Unsupported(f"np.{np_name} of an empty array (NumPy raises)")
+            raise Unsupported("K0304", f"np.{np_name} of an empty array (NumPy raises)")
         return _reduce(tx, getattr(np, np_name), aa, axis, keepdims,
                        lambda t, d, kd, r: method(tx, name, t, list(d), keepdim=kd))
     return rule
@@ -106,7 +106,7 @@ def np_arg(name):
         a = as_array(tx, a)
         ax, kd = k(axis), bool(k(keepdims))
         if 0 in a.shape:
-            raise Unsupported(f"np.{name} of an empty array (NumPy raises)")
+            raise Unsupported("K0304", f"np.{name} of an empty array (NumPy raises)")
         if ax is None:
             t = method(tx, name, method(tx, "reshape", a.tensor, -1), 0)
             if kd:
@@ -143,7 +143,7 @@ def np_median(tx, a, axis=None, out=None, overwrite_input=False, keepdims=False)
     a = as_array(tx, a)
     ax, kd = k(axis), bool(k(keepdims))
     if a.dtype.kind != "f" or not (ax is None or isinstance(ax, int)) or 0 in a.shape:
-        raise Unsupported("np.median other than of floats along one axis or all")
+        raise Unsupported("K0301", "np.median other than of floats along one axis or all")
     r = sample_dtype(np.median, a, axis=ax, keepdims=kd)
     t, d = (method(tx, "reshape", a.tensor, -1), 0) if ax is None else (a.tensor, _axes(ax, a.ndim)[0])
     n = t.fake.shape[d]
@@ -162,11 +162,11 @@ def np_median(tx, a, axis=None, out=None, overwrite_input=False, keepdims=False)
 def np_sort(tx, a, axis=-1, kind=None, order=None, *, stable=None):
     """Sorted values (which sort NumPy uses does not change them; NaN last in both)."""
     if k(order) is not None:
-        raise Unsupported("np.sort with order=")
+        raise Unsupported("K0301", "np.sort with order=")
     a = as_array(tx, a)
     ax = k(axis)
     if a.dtype.kind == "c":
-        raise Unsupported("sorting complex values")
+        raise Unsupported("K0301", "sorting complex values")
     t, ax = (method(tx, "reshape", a.tensor, -1), 0) if ax is None else (a.tensor, ax)
     return NdarrayValue(op(tx, torch.sort, t, dim=ax, stable=True).unpack(tx)[0])
 
@@ -174,10 +174,10 @@ def np_sort(tx, a, axis=-1, kind=None, order=None, *, stable=None):
 def np_argsort(tx, a, axis=-1, kind=None, order=None, *, stable=None):
     """Only a stable argsort: NumPy's default quicksort orders ties its own way."""
     if k(kind) != "stable" and k(stable) is not True:
-        raise Unsupported("np.argsort other than kind='stable' (ties would differ)")
+        raise Unsupported("K0301", "np.argsort other than kind='stable' (ties would differ)")
     a = as_array(tx, a)
     if a.dtype.kind == "c" or k(order) is not None:
-        raise Unsupported("argsort of complex values or with order=")
+        raise Unsupported("K0301", "argsort of complex values or with order=")
     ax = k(axis)
     t, ax = (method(tx, "reshape", a.tensor, -1), 0) if ax is None else (a.tensor, ax)
     return NdarrayValue(op(tx, torch.argsort, t, dim=ax, stable=True))

@@ -29,7 +29,7 @@ def k(v):
     """The constant behind a rule argument (a Value, or a Python default)."""
     if isinstance(v, V.Value):
         if isinstance(v, NdarrayValue):
-            raise Unsupported("an ndarray where NumPy takes a constant")
+            raise Unsupported("K0301", "an ndarray where NumPy takes a constant")
         return v.const()
     return v
 
@@ -57,7 +57,7 @@ def constant_array(tx, arr) -> NdarrayValue:
     np = np_module()
     arr = np.asarray(arr)
     if arr.size > _MAX_CONSTANT_ELEMENTS:
-        raise Unsupported(f"a constant array of {arr.size} elements")
+        raise Unsupported("K0302", f"a constant array of {arr.size} elements")
     t = op(tx, torch.tensor, C(arr.tolist()), dtype=torch_dtype(arr.dtype), device=numpy_device())
     return NdarrayValue(t)
 
@@ -80,10 +80,10 @@ def array_from_sequence(tx, seq, dtype) -> NdarrayValue:
         try:
             return constant_array(tx, np.array(_const_tree(seq), dtype=dtype))
         except (TypeError, ValueError) as e:
-            raise Unsupported(f"np.array of these constants: {e}")
+            raise Unsupported("K0304", f"np.array of these constants: {e}")
     items = [as_array(tx, i) for i in seq.items]
     if len({i.shape for i in items}) != 1:
-        raise Unsupported("np.array of ragged items")
+        raise Unsupported("K0301", "np.array of ragged items")
     dt = np.dtype(dtype) if dtype is not None else np.result_type(*[i.dtype for i in items])
     parts = [cast(tx, i, dt).tensor for i in items]
     return NdarrayValue(op(tx, torch.stack, V.ListValue(parts)))
@@ -95,14 +95,14 @@ def as_array(tx, v, dtype=None) -> NdarrayValue:
     if isinstance(v, NdarrayValue):
         return v if dtype is None else cast(tx, v, dtype)
     if isinstance(v, V.TensorValue):
-        raise Unsupported("a torch.Tensor passed to a NumPy function")
+        raise Unsupported("K0306", "a torch.Tensor passed to a NumPy function")
     if isinstance(v, (V.ListValue, V.TupleValue)):
         return array_from_sequence(tx, v, dtype)
     if v.is_const():
         c = v.const()
         if type(c) in (bool, int, float, complex) or isinstance(c, (np.generic, np.ndarray)):
             return constant_array(tx, np.asarray(c, dtype=dtype))
-    raise Unsupported(f"{v} as an array")
+    raise Unsupported("K0301", f"{v} as an array")
 
 
 # --- NumPy's dtypes from samples ---------------------------------------------------------
@@ -122,7 +122,7 @@ def sample_dtype(fn, *arrays, **kwargs):
     try:
         return _sample_dtype_cached(fn, sig, tuple(sorted(kwargs.items())))
     except Exception as e:  # noqa: BLE001 -- NumPy refuses these arguments
-        raise Unsupported(f"{getattr(fn, '__name__', fn)}: {type(e).__name__}: {e}")
+        raise Unsupported("K0304", f"{getattr(fn, '__name__', fn)}: {type(e).__name__}: {e}")
 
 
 def _py(c):
@@ -138,16 +138,16 @@ def _axes(axis, ndim):
     out = []
     for a in axis:
         if not -ndim <= a < max(ndim, 1):
-            raise Unsupported(f"axis {a} out of bounds for {ndim}-d array (NumPy raises)")
+            raise Unsupported("K0304", f"axis {a} out of bounds for {ndim}-d array (NumPy raises)")
         out.append(a % ndim if ndim else 0)
     return tuple(out)
 
 
 def _no_out(out, where=None):
     if k(out) is not None:
-        raise Unsupported("a NumPy reduction with out=")
+        raise Unsupported("K0301", "a NumPy reduction with out=")
     if where is not None and k(where) is not True:
-        raise Unsupported("a NumPy reduction with where=")
+        raise Unsupported("K0301", "a NumPy reduction with where=")
 
 
 class _TypeInfo(V.Value):
@@ -180,14 +180,14 @@ def _families():
 def _index_part(tx, v):
     if isinstance(v, NdarrayValue):
         if v.dtype.kind not in "iub":
-            raise Unsupported("indexing with a non-integer array")
+            raise Unsupported("K0301", "indexing with a non-integer array")
         return v.tensor
     if isinstance(v, (V.ListValue,)):
         return V.ListValue([_index_part(tx, i) for i in v.items])
     c = v.const()
     np = np_module()
     if isinstance(c, slice) and c.step is not None and c.step < 0:
-        raise Unsupported("a slice with a negative step (torch has none)")
+        raise Unsupported("K0303", "a slice with a negative step (torch has none)")
     if isinstance(c, np.integer):
         c = int(c)
     return C(c)
@@ -201,7 +201,7 @@ def _index_key(tx, key):
 
 def ndarray_getitem(tx, a, key):
     if a.scalar:
-        raise Unsupported("indexing a NumPy scalar")
+        raise Unsupported("K0301", "indexing a NumPy scalar")
     conv, parts = _index_key(tx, key)
     k_arg = V.TupleValue(conv) if isinstance(key, V.TupleValue) else conv[0]
     t = tx.output.op("call_function", operator.getitem, [a.tensor, k_arg], {})
@@ -220,7 +220,7 @@ def ndarray_setitem(tx, a, key, value):
     else:
         c = _py(k(value))
         if type(c) not in (bool, int, float) or (type(c) is float and a.dtype.kind in "iub"):
-            raise Unsupported("assigning this value into an ndarray")
+            raise Unsupported("K0301", "assigning this value into an ndarray")
         v = C(c)
     tx.output.op("call_function", operator.setitem, [a.tensor, k_arg, v], {})
 
@@ -247,7 +247,7 @@ def ndarray_attribute(tx, a, name):
         return V.ClassValue(a.python_type())
     rule = methods().get(name)
     if rule is None:
-        raise Unsupported(f"ndarray attribute {name!r} is not traced")
+        raise Unsupported("K0301", f"ndarray attribute {name!r} is not traced")
     return _BoundRule(rule, a)
 
 
@@ -301,9 +301,9 @@ def _metadata(name):
     return rule
 
 
-def _not_traced(why):
+def _not_traced(break_id, why):
     def rule(tx, *args, **kwargs):
-        raise Unsupported(why)
+        raise Unsupported(break_id, why)
     return rule
 
 
@@ -362,9 +362,9 @@ def methods():
         "conj": lambda tx, a: apply_ufunc(tx, np.conjugate, [a], {}),
         "conjugate": lambda tx, a: apply_ufunc(tx, np.conjugate, [a], {}),
         "__len__": lambda tx, a: a.len_value(tx),
-        "item": _not_traced("ndarray.item() needs the array's data"),
-        "tolist": _not_traced("ndarray.tolist() needs the array's data"),
-        "nonzero": _not_traced("ndarray.nonzero() has a data-dependent shape"),
+        "item": _not_traced("K0007", "ndarray.item() needs the array's data"),
+        "tolist": _not_traced("K0007", "ndarray.tolist() needs the array's data"),
+        "nonzero": _not_traced("K0301", "ndarray.nonzero() has a data-dependent shape"),
     })
     return table
 
@@ -382,16 +382,16 @@ def call_numpy(tx, fn, args, kwargs):
             made = fold(fn, *[k(a) for a in args], **{n: k(v) for n, v in kwargs.items()})
             return V.ConstantValue(made) if fn is np.dtype else _TypeInfo(made)
     if any(isinstance(a, V.TensorValue) for a in list(args) + list(kwargs.values())):
-        raise Unsupported(f"np.{getattr(fn, '__name__', fn)} called on a torch.Tensor")
+        raise Unsupported("K0306", f"np.{getattr(fn, '__name__', fn)} called on a torch.Tensor")
     rule = functions().get(fn)
     if rule is None:
         from kiln.capture.numpy_random import random_rule
 
         rule = random_rule(fn)
     if rule is None:
-        raise Unsupported(f"NumPy function {getattr(fn, '__module__', '')}.{getattr(fn, '__name__', fn)} is not traced")
+        raise Unsupported("K0301", f"NumPy function {getattr(fn, '__module__', '')}.{getattr(fn, '__name__', fn)} is not traced")
     try:
         return rule(tx, *args, **kwargs)
     except TypeError as e:  # the rule's signature refused the call
-        raise Unsupported(f"np.{getattr(fn, '__name__', fn)} with these arguments: {e}")
+        raise Unsupported("K0301", f"np.{getattr(fn, '__name__', fn)} with these arguments: {e}")
 

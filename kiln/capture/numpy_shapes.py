@@ -24,7 +24,7 @@ def _shape_arg(s):
 
 def np_reshape(tx, a, shape=None, order="C", *, newshape=None, copy=None):
     if k(order) != "C" or k(copy) is not None:
-        raise Unsupported("np.reshape with order= other than 'C' or copy=")
+        raise Unsupported("K0301", "np.reshape with order= other than 'C' or copy=")
     a = as_array(tx, a)
     return view(a, method(tx, "reshape", a.tensor, _shape_arg(shape if shape is not None else newshape)))
 
@@ -63,13 +63,13 @@ def np_squeeze(tx, a, axis=None):
         return view(a, method(tx, "squeeze", a.tensor))
     dims = _axes(ax, a.ndim)
     if any(a.shape[d] != 1 for d in dims):
-        raise Unsupported("np.squeeze of an axis whose size is not 1 (NumPy raises)")
+        raise Unsupported("K0304", "np.squeeze of an axis whose size is not 1 (NumPy raises)")
     return view(a, method(tx, "squeeze", a.tensor, dims))
 
 
 def np_ravel(tx, a, order="C"):
     if k(order) != "C":
-        raise Unsupported("ravel with order= other than 'C'")
+        raise Unsupported("K0301", "ravel with order= other than 'C'")
     a = as_array(tx, a)
     return view(a, method(tx, "reshape", a.tensor, -1))
 
@@ -81,7 +81,7 @@ def np_flatten(tx, a, order="C"):
 
 def _seq_arrays(tx, arrays):
     if not isinstance(arrays, (V.ListValue, V.TupleValue)):
-        raise Unsupported("a sequence of arrays that is not a list or tuple")
+        raise Unsupported("K0301", "a sequence of arrays that is not a list or tuple")
     items = [as_array(tx, i) for i in arrays.items]
     np = np_module()
     dt = np.result_type(*[i.dtype for i in items])
@@ -91,7 +91,7 @@ def _seq_arrays(tx, arrays):
 def np_concatenate(tx, arrays, axis=0, out=None, dtype=None, casting="same_kind"):
     _no_out(out)
     if k(dtype) is not None:
-        raise Unsupported("np.concatenate with dtype=")
+        raise Unsupported("K0301", "np.concatenate with dtype=")
     ts = _seq_arrays(tx, arrays)
     ax = k(axis)
     if ax is None:
@@ -103,7 +103,7 @@ def np_concatenate(tx, arrays, axis=0, out=None, dtype=None, casting="same_kind"
 def np_stack(tx, arrays, axis=0, out=None, dtype=None, casting="same_kind"):
     _no_out(out)
     if k(dtype) is not None:
-        raise Unsupported("np.stack with dtype=")
+        raise Unsupported("K0301", "np.stack with dtype=")
     return NdarrayValue(op(tx, torch.stack, V.ListValue(_seq_arrays(tx, arrays)), k(axis)))
 
 
@@ -120,7 +120,7 @@ def np_hstack(tx, tup, *, dtype=None, casting="same_kind"):
 def np_flip(tx, m, axis=None):
     """NumPy's flip is a view with negative strides, which torch has not: a copy would
     not see later writes through either alias."""
-    raise Unsupported("np.flip (a negative-stride view; torch tensors have none)")
+    raise Unsupported("K0303", "np.flip (a negative-stride view; torch tensors have none)")
 
 
 def np_broadcast_to(tx, array, shape, subok=False):
@@ -139,7 +139,7 @@ def np_repeat(tx, a, repeats, axis=None):
     a = as_array(tx, a)
     ax, r = k(axis), k(repeats)
     if not isinstance(r, int):
-        raise Unsupported("np.repeat with per-item repeats")
+        raise Unsupported("K0301", "np.repeat with per-item repeats")
     t = a.tensor
     if ax is None:
         t, ax = method(tx, "reshape", t, -1), 0
@@ -155,7 +155,7 @@ def np_tri(name):
 
 def np_where(tx, condition, x=None, y=None):
     if x is None or y is None:
-        raise Unsupported("np.where with one argument (data-dependent shape)")
+        raise Unsupported("K0301", "np.where with one argument (data-dependent shape)")
     np = np_module()
     c = as_array(tx, condition, np.dtype(bool))
     ops = [v if isinstance(v, NdarrayValue) else _weak_or_array(tx, v) for v in (x, y)]
@@ -190,7 +190,7 @@ def np_round(tx, a, decimals=0, out=None):
     a = as_array(tx, a)
     d = k(decimals)
     if a.dtype.kind not in "f":
-        raise Unsupported("np.round of non-float arrays")
+        raise Unsupported("K0301", "np.round of non-float arrays")
     t = method(tx, "round", a.tensor, decimals=d) if d else method(tx, "round", a.tensor)
     return NdarrayValue(t, scalar=True)
 
@@ -200,10 +200,10 @@ def matmul(tx, a, b):
     np = np_module()
     a, b = as_array(tx, a), as_array(tx, b)
     if a.ndim == 0 or b.ndim == 0:
-        raise Unsupported("matmul of a 0-d array (NumPy raises)")
+        raise Unsupported("K0304", "matmul of a 0-d array (NumPy raises)")
     r = np.result_type(a.dtype, b.dtype)
     if r.kind == "b":
-        raise Unsupported("matmul of bool arrays")
+        raise Unsupported("K0301", "matmul of bool arrays")
     t = op(tx, torch.matmul, cast(tx, a, r).tensor, cast(tx, b, r).tensor)
     return NdarrayValue(t, scalar=True)
 
@@ -211,7 +211,7 @@ def matmul(tx, a, b):
 def np_matmul(tx, x1, x2, out=None, **kw):
     _no_out(out)
     if kw:
-        raise Unsupported(f"np.matmul with {sorted(kw)}")
+        raise Unsupported("K0301", f"np.matmul with {sorted(kw)}")
     return matmul(tx, x1, x2)
 
 
@@ -222,7 +222,7 @@ def np_dot(tx, a, b, out=None):
     if a.ndim == 0 or b.ndim == 0:
         return apply_ufunc(tx, np.multiply, [a, b], {})
     if a.ndim > 2 or b.ndim > 2:
-        raise Unsupported("np.dot of arrays of more than 2 dims")
+        raise Unsupported("K0301", "np.dot of arrays of more than 2 dims")
     return matmul(tx, a, b)
 
 
@@ -239,7 +239,7 @@ def np_outer(tx, a, b, out=None):
 def np_einsum(tx, subscripts, *operands, out=None, optimize=False, **kw):
     _no_out(out)
     if kw:
-        raise Unsupported(f"np.einsum with {sorted(kw)}")
+        raise Unsupported("K0301", f"np.einsum with {sorted(kw)}")
     np = np_module()
     arrs = [as_array(tx, o) for o in operands]
     r = np.result_type(*[a.dtype for a in arrs])
@@ -268,7 +268,7 @@ def _dtype_or(dtype, default):
 def np_factory(fn, default="float64"):
     def rule(tx, shape, dtype=None, order="C", *, device=None, like=None):
         if k(order) != "C" or k(like) is not None or k(device) not in (None, "cpu"):
-            raise Unsupported("a NumPy factory with order=, like= or device=")
+            raise Unsupported("K0301", "a NumPy factory with order=, like= or device=")
         dt = torch_dtype(_dtype_or(dtype, default))
         return NdarrayValue(op(tx, fn, C(_shape_arg(shape)), dtype=dt, device=numpy_device()))
     return rule
@@ -311,7 +311,7 @@ def np_folded(np_name):
 
 def np_array(tx, obj, dtype=None, *, copy=True, order="K", subok=False, ndmin=0, like=None):
     if k(ndmin) or k(like) is not None or k(order) not in ("K", "A", "C"):
-        raise Unsupported("np.array with ndmin=, like= or order=")
+        raise Unsupported("K0301", "np.array with ndmin=, like= or order=")
     d = k(dtype)
     np = np_module()
     if isinstance(obj, NdarrayValue):
@@ -331,7 +331,7 @@ def np_asarray(tx, a, dtype=None, order=None, *, device=None, copy=None, like=No
 
 def np_astype(tx, a, dtype, order="K", casting="unsafe", subok=True, copy=True):
     if k(casting) != "unsafe":
-        raise Unsupported("astype with casting=")
+        raise Unsupported("K0301", "astype with casting=")
     np = np_module()
     return NdarrayValue(cast(tx, a, np.dtype(k(dtype)), copy=bool(k(copy))).tensor)
 
@@ -343,7 +343,7 @@ def np_copy(tx, a, order="K", subok=False):
 
 def np_meshgrid(tx, *xi, copy=True, sparse=False, indexing="xy"):
     if k(sparse) or not k(copy):
-        raise Unsupported("np.meshgrid with sparse=True or copy=False")
+        raise Unsupported("K0301", "np.meshgrid with sparse=True or copy=False")
     arrs = [as_array(tx, x) for x in xi]
     ts = [method(tx, "reshape", a.tensor, -1) for a in arrs]
     grids = op(tx, torch.meshgrid, *ts, indexing=k(indexing)).unpack(tx)
@@ -354,7 +354,7 @@ def _scalar_type(tx, cls, args, kwargs):
     """``np.float32(x)``: a constant folds; an array is cast (a scalar when 0-d)."""
     np = np_module()
     if kwargs or len(args) > 1:
-        raise Unsupported(f"np.{cls.__name__} with these arguments")
+        raise Unsupported("K0301", f"np.{cls.__name__} with these arguments")
     if not args:
         return V.ConstantValue(cls())
     a = args[0]

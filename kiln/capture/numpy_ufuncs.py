@@ -97,7 +97,7 @@ def operand(tx, v):
     if isinstance(v, NdarrayValue):
         return v
     if isinstance(v, V.TensorValue):
-        raise Unsupported("a NumPy operation mixing an ndarray and a torch.Tensor")
+        raise Unsupported("K0306", "a NumPy operation mixing an ndarray and a torch.Tensor")
     if isinstance(v, (V.ListValue, V.TupleValue)):
         from kiln.capture.numpy_rules import array_from_sequence
 
@@ -111,7 +111,7 @@ def operand(tx, v):
             from kiln.capture.numpy_rules import constant_array
 
             return constant_array(tx, c)
-    raise Unsupported(f"{v} as an operand of a NumPy operation")
+    raise Unsupported("K0301", f"{v} as an operand of a NumPy operation")
 
 
 def _loop_key(v):
@@ -136,7 +136,7 @@ def _torch_arg(v, dtype, np):
     if dtype.kind in "iu" and type(c) is int:
         info = np.iinfo(dtype)
         if not info.min <= c <= info.max:
-            raise Unsupported(f"Python int {c} out of bounds for {dtype} (NumPy raises)")
+            raise Unsupported("K0304", f"Python int {c} out of bounds for {dtype} (NumPy raises)")
     return V.ConstantValue(c)
 
 
@@ -145,12 +145,12 @@ def apply_ufunc(tx, uf, args, kwargs):
     unary, binary = tables()
     torch_fn = unary.get(uf) or binary.get(uf)
     if torch_fn is None:
-        raise Unsupported(f"NumPy ufunc {uf.__name__} is not traced")
+        raise Unsupported("K0301", f"NumPy ufunc {uf.__name__} is not traced")
     extra = {k: v for k, v in kwargs.items() if not (k == "out" and v.is_const() and v.const() is None)}
     if extra:
-        raise Unsupported(f"np.{uf.__name__} with {sorted(extra)}")
+        raise Unsupported("K0301", f"np.{uf.__name__} with {sorted(extra)}")
     if len(args) != uf.nin:
-        raise Unsupported(f"np.{uf.__name__} with {len(args)} operands")
+        raise Unsupported("K0301", f"np.{uf.__name__} with {len(args)} operands")
     ops = [operand(tx, a) for a in args]
     if not any(isinstance(o, NdarrayValue) for o in ops):
         from kiln.capture.operators import fold
@@ -160,7 +160,7 @@ def apply_ufunc(tx, uf, args, kwargs):
     try:
         loop = uf.resolve_dtypes(tuple(_loop_key(o) for o in ops) + (None,))
     except Exception as e:  # noqa: BLE001 -- no loop for these dtypes: NumPy raises
-        raise Unsupported(f"np.{uf.__name__}: {e}")
+        raise Unsupported("K0304", f"np.{uf.__name__}: {e}")
     ins, out_dt = loop[:uf.nin], loop[-1]
     targs = []
     for i, (o, dt) in enumerate(zip(ops, ins)):
@@ -173,9 +173,9 @@ def apply_ufunc(tx, uf, args, kwargs):
                                                                        "device": V.ConstantValue(dev)})
         targs.append(a)
     if uf is np.sign and ins[0].kind == "c":
-        raise Unsupported("np.sign of complex values")
+        raise Unsupported("K0301", "np.sign of complex values")
     if uf is np.power and ins[0].kind in "iu" and not _nonnegative_constant(ops[1]):
-        raise Unsupported("an integer power whose exponent may be negative (NumPy raises)")
+        raise Unsupported("K0304", "an integer power whose exponent may be negative (NumPy raises)")
     if uf in (np.floor_divide, np.remainder, np.fmod) and ins[1].kind in "iub":
         return NdarrayValue(_int_division(tx, torch_fn, targs, torch_dtype(out_dt)), scalar=True)
     res = tx.output.op("call_function", torch_fn, targs, {})
@@ -196,7 +196,7 @@ def _int_division(tx, torch_fn, targs, dt):
     a, b = targs
     if isinstance(b, V.ConstantValue):
         if b.value == 0:
-            raise Unsupported("integer division by a constant zero")
+            raise Unsupported("K0304", "integer division by a constant zero")
         return _to_dtype(tx, tx.output.op("call_function", torch_fn, [a, b], {}), dt)
     zero = tx.output.op("call_function", torch.eq, [b, V.ConstantValue(0)], {})
     safe = tx.output.op("call_function", torch.where, [zero, V.ConstantValue(1), b], {})
@@ -228,7 +228,7 @@ def binary(tx, fn, a, b, inplace):
 
         res = matmul(tx, a, b)
     elif uf is None:
-        raise Unsupported(f"operator {fn.__name__} on an ndarray")
+        raise Unsupported("K0301", f"operator {fn.__name__} on an ndarray")
     else:
         res = apply_ufunc(tx, uf, [a, b], {})
     if inplace and isinstance(a, NdarrayValue) and not a.scalar:
@@ -240,10 +240,10 @@ def write_into(tx, a: NdarrayValue, res: NdarrayValue) -> NdarrayValue:
     """``a[...] = res`` for an in-place operator, with NumPy's ``same_kind`` check."""
     np = np_module()
     if not np.can_cast(res.dtype, a.dtype, casting="same_kind"):
-        raise Unsupported(f"in-place operator casting {res.dtype} to {a.dtype} (NumPy raises)")
+        raise Unsupported("K0304", f"in-place operator casting {res.dtype} to {a.dtype} (NumPy raises)")
     check_writable(tx, a)
     if tuple(res.shape) != tuple(a.shape):
-        raise Unsupported("an in-place operator whose result broadcasts to a new shape")
+        raise Unsupported("K0301", "an in-place operator whose result broadcasts to a new shape")
     tx.output.op("call_method", "copy_", [a.tensor, res.tensor], {})
     return a
 
@@ -254,6 +254,6 @@ def compare(tx, fn, a, b):
 
 def unary(tx, fn, v):
     if fn is operator.not_:
-        raise Unsupported("`not` on an ndarray (data-dependent)")
+        raise Unsupported("K0006", "`not` on an ndarray (data-dependent)")
     return apply_ufunc(tx, operator_ufuncs()[fn], [v], {})
 

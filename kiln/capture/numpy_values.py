@@ -46,14 +46,14 @@ def torch_dtype(np_dtype) -> torch.dtype:
     d = np.dtype(np_dtype)
     t = _NP_TO_TORCH_NAMES.get(d.name) if d.isnative else None
     if t is None:
-        raise Unsupported(f"NumPy dtype {d} has no torch counterpart kiln traces")
+        raise Unsupported("K0302", f"NumPy dtype {d} has no torch counterpart kiln traces")
     return t
 
 
 def numpy_dtype(t: torch.dtype):
     name = _TORCH_TO_NP_NAMES.get(t)
     if name is None:
-        raise Unsupported(f"a tensor of {t} has no NumPy dtype")
+        raise Unsupported("K0306", f"a tensor of {t} has no NumPy dtype")
     return np_module().dtype(name)
 
 
@@ -110,14 +110,14 @@ class NdarrayValue(V.Value):
         from kiln.capture.numpy_rules import ndarray_setitem
 
         if self.scalar:
-            raise Unsupported("item assignment on a NumPy scalar")
+            raise Unsupported("K0304", "item assignment on a NumPy scalar")
         ndarray_setitem(tx, self, key, value)
 
     def contains(self, tx, item):
-        raise Unsupported("`in` on an ndarray (data-dependent)")
+        raise Unsupported("K0006", "`in` on an ndarray (data-dependent)")
 
     def truth(self, tx):
-        raise Unsupported("truth value of an ndarray (data-dependent control flow)")
+        raise Unsupported("K0006", "truth value of an ndarray (data-dependent control flow)")
 
     def len_value(self, tx):
         if self.ndim == 0:
@@ -128,7 +128,7 @@ class NdarrayValue(V.Value):
 
     def unpack(self, tx):
         if self.ndim == 0:
-            raise Unsupported("iterating over a 0-d array")
+            raise Unsupported("K0304", "iterating over a 0-d array")
         parts = tx.output.op("call_method", "unbind", [self.tensor], {}).unpack(tx)
         return [NdarrayValue(p, scalar=self.ndim == 1) for p in parts]
 
@@ -162,7 +162,7 @@ def check_writable(tx, a: NdarrayValue):
     fake = a.tensor.fake
     roots = getattr(tx.output, "numpy_readonly_roots", ())
     if a.readonly or a.scalar or id(fake) in roots or id(getattr(fake, "_base", None)) in roots:
-        raise Unsupported("writing into a read-only ndarray or a NumPy scalar (NumPy raises)")
+        raise Unsupported("K0304", "writing into a read-only ndarray or a NumPy scalar (NumPy raises)")
 
 
 def from_tensor(tv: V.TensorValue, scalar=False) -> NdarrayValue:
@@ -172,9 +172,9 @@ def from_tensor(tv: V.TensorValue, scalar=False) -> NdarrayValue:
 
 def _from_numpy(tx, args, kwargs):
     if len(args) != 1 or kwargs or not isinstance(args[0], NdarrayValue) or args[0].scalar:
-        raise Unsupported("torch.from_numpy of something other than an ndarray")
+        raise Unsupported("K0306", "torch.from_numpy of something other than an ndarray")
     if args[0].tensor.fake.device.type != "cpu":  # eager's is the CPU array's memory
-        raise Unsupported("torch.from_numpy of an array kept on the GPU (a torch.device block)")
+        raise Unsupported("K0306", "torch.from_numpy of an array kept on the GPU (a torch.device block)")
     return args[0].tensor
 
 
@@ -182,16 +182,16 @@ def _as_tensor(tx, args, kwargs):
     if len(args) != 1 or kwargs or not isinstance(args[0], NdarrayValue):
         return None
     if args[0].tensor.fake.device.type != "cpu":
-        raise Unsupported("torch.as_tensor of an array kept on the GPU (a torch.device block)")
+        raise Unsupported("K0306", "torch.as_tensor of an array kept on the GPU (a torch.device block)")
     return args[0].tensor
 
 
 def _tensor_numpy(tx, args, kwargs):
     if len(args) != 1 or kwargs or not isinstance(args[0], V.TensorValue):
-        raise Unsupported("Tensor.numpy with force= (or not on a tensor)")
+        raise Unsupported("K0306", "Tensor.numpy with force= (or not on a tensor)")
     f = args[0].fake
     if f.requires_grad or f.device.type != "cpu" or getattr(args[0], "cls", torch.Tensor) is not torch.Tensor:
-        raise Unsupported("Tensor.numpy() of a tensor that requires grad, is not on the CPU or is a subclass (eager raises)")
+        raise Unsupported("K0306", "Tensor.numpy() of a tensor that requires grad, is not on the CPU or is a subclass (eager raises)")
     return from_tensor(args[0])
 
 
@@ -236,7 +236,7 @@ class NumpyCallableValue(V.Value):
         try:
             return wrap_static(getattr(self.fn, name))
         except AttributeError:
-            raise Unsupported(f"attribute {name!r} of {self.fn!r}")
+            raise Unsupported("K0301", f"attribute {name!r} of {self.fn!r}")
 
     def __repr__(self):
         return f"Numpy({getattr(self.fn, '__name__', self.fn)})"
@@ -286,15 +286,15 @@ def array_matches(a, ndarray, dtype, shape, strides, writeable) -> bool:
 
 def _wrap_array(tx, arr, source):
     if source is None:
-        raise Unsupported("an ndarray kiln cannot re-read at run time (no source)")
+        raise Unsupported("K0302", "an ndarray kiln cannot re-read at run time (no source)")
     if type(arr) is not np_module().ndarray:
-        raise Unsupported(f"an ndarray subclass ({type(arr).__qualname__})")
+        raise Unsupported("K0302", f"an ndarray subclass ({type(arr).__qualname__})")
     known = tx.output.known_value(arr, source)
     if known is not None:
         return known
     torch_dtype(arr.dtype)  # object, string, datetime, uint16… dtypes: Unsupported
     if not array_traceable(arr):
-        raise Unsupported("an ndarray with negative or misaligned strides")
+        raise Unsupported("K0302", "an ndarray with negative or misaligned strides")
     g = tx.output.guards
     e = source.expr()
     w = bool(arr.flags.writeable)
@@ -340,7 +340,7 @@ def maybe_wrap(tx, obj, source):
     np = np_module()
     if t is np.ndarray or isinstance(obj, np.ndarray):
         if tx is None:
-            raise Unsupported("an ndarray kiln cannot re-read at run time (no source)")
+            raise Unsupported("K0302", "an ndarray kiln cannot re-read at run time (no source)")
         return _wrap_array(tx, obj, source)
     if isinstance(obj, (np.generic, np.dtype)):
         if isinstance(obj, np.generic) and obj.dtype.name not in _NP_TO_TORCH_NAMES:

@@ -47,7 +47,7 @@ def _map(v, leaf):
         return V.ListValue([_map(i, leaf) for i in v.items])
     if isinstance(v, V.DictValue):
         if v.cls is not dict:
-            raise Unsupported("wrap_numpy over a dict subclass")
+            raise Unsupported("K0301", "wrap_numpy over a dict subclass")
         return V.DictValue({k: _map(i, leaf) for k, i in v.items.items()})
     return leaf(v)
 
@@ -75,7 +75,7 @@ class _Convert(V.Value):
 
     def call(self, tx, args, kwargs):
         if len(args) != 1 or kwargs:
-            raise Unsupported("wrap_numpy's conversion with other arguments")
+            raise Unsupported("K0301", "wrap_numpy's conversion with other arguments")
         return _map(args[0], self.leaf)
 
 

@@ -683,3 +683,15 @@ def test_numpy_in_a_cuda_device_block_runs_on_the_gpu():
     same(Z, p_faq(X, Y), rtol=1e-10)
     (gm,) = be.graphs
     assert any(n.target == "to" for n in gm.graph.nodes)  # the inputs moved to the GPU
+
+
+@pytest.mark.parametrize("fn,bid", [(lambda x: np.polyfit(x[0], x[1], 1), "K0301"),
+                                    (lambda x: np.flip(x), "K0303"),
+                                    (lambda x: x.astype(np.int8) + 1000, "K0304"),
+                                    (lambda x: x + np.random.rand(), "K0305"),
+                                    (lambda x: x + torch.ones(5), "K0306")],
+                         ids=["no_rule", "flip", "numpy_raises", "random", "mixed"])
+def test_breaks_name_their_id(fn, bid):
+    with pytest.raises(kiln.Unsupported) as info:
+        kiln.compile(fn, backend="eager", fullgraph=True)(A.copy())
+    assert info.value.break_id == bid, info.value
