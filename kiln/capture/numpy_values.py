@@ -186,6 +186,15 @@ def _as_tensor(tx, args, kwargs):
     return args[0].tensor
 
 
+def _tensor_copy(tx, args, kwargs):
+    """``torch.tensor(array)``: a copy of the array's data (its dtype, the CPU)."""
+    if len(args) != 1 or kwargs or not isinstance(args[0], NdarrayValue):
+        return None
+    if args[0].tensor.fake.device.type != "cpu":
+        raise Unsupported("K0306", "torch.tensor of an array kept on the GPU (a torch.device block)")
+    return tx.output.op("call_method", "clone", [args[0].tensor], {})
+
+
 def _tensor_numpy(tx, args, kwargs):
     if len(args) != 1 or kwargs or not isinstance(args[0], V.TensorValue):
         raise Unsupported("K0306", "Tensor.numpy with force= (or not on a tensor)")
@@ -196,7 +205,7 @@ def _tensor_numpy(tx, args, kwargs):
 
 
 # torch callables that take or make ndarrays: a change of kind, no graph node
-TORCH_BRIDGE = {torch.from_numpy: _from_numpy, torch.as_tensor: _as_tensor,
+TORCH_BRIDGE = {torch.from_numpy: _from_numpy, torch.as_tensor: _as_tensor, torch.tensor: _tensor_copy,
                 torch.Tensor.numpy: _tensor_numpy}
 
 

@@ -417,13 +417,17 @@ def test_tensor_numpy_and_from_numpy_are_views():
     def f(t):
         a = t.numpy()
         b = np.cos(a) * 2
-        return torch.from_numpy(b) + 1, a.dtype
+        c = torch.tensor(b)
+        c.add_(1)  # a copy: b unchanged
+        return torch.from_numpy(b) + 1, a.dtype, c, torch.as_tensor(b)
 
     be = Counting("eager")
     t = torch.randn(5)
     got = kiln.compile(f, backend=be, fullgraph=True)(t)
     want = f(t)
     torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[2], want[2])
+    torch.testing.assert_close(got[3], want[3])
     assert got[1] == want[1] and len(be.graphs) == 1
     assert all(n.target is not torch.from_numpy for n in be.graphs[0].graph.nodes)
 
