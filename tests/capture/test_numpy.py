@@ -380,6 +380,80 @@ def p_rotation(v):
     return r @ v, np.linalg.det(r), (r @ r.T).round(12)
 
 
+def p_more_reductions(x):
+    return (np.cumprod(x[:, :3], axis=1), np.var(x, axis=1, ddof=1), np.mean(x, dtype=np.float32),
+            np.any(x > 1, axis=1, keepdims=True), np.all(x > -3, axis=0))
+
+
+def p_more_linalg(s):
+    c = np.linalg.cholesky(s @ s.T + np.eye(3))
+    return c, np.linalg.matrix_power(s, 3), np.linalg.inv(s) @ s
+
+
+def p_more_fft(x):
+    f = np.fft.fft2(x)
+    return np.fft.ifft2(f).real, np.fft.irfftn(np.fft.rfftn(x), s=x.shape), np.fft.ifftshift(x, axes=0)
+
+
+def p_more_creation(x):
+    return (np.ones((2, 2), dtype=bool), np.full_like(x, 3), np.identity(2), np.logspace(0, 2, 3),
+            np.empty_like(x).shape, np.zeros((2, 0)).size)
+
+
+def p_more_shapes(x):
+    y = np.expand_dims(x, (0, -1))
+    return y.shape, np.swapaxes(y, 1, 2).shape, np.vstack([x[0], x[1]]), np.hstack([x[:, 0], x[:, 1]])
+
+
+def p_more_ufuncs(x, y):
+    return np.hypot(x, y), np.arctan2(x, y), np.logaddexp(x, y), np.copysign(x, y), np.fmax(x, np.nan)
+
+
+def p_mixed_int_float(i, a):
+    j = i.astype(np.int32)
+    return j / j.clip(1, None), j * a.astype(np.float32), j // 2, (j > 0) * 1.5, j + np.int8(3)
+
+
+def p_float16(a):
+    h = a.astype(np.float16)
+    return h * 2, h + h, np.sqrt(np.abs(h)), h.sum(), h.astype(np.float64).mean()
+
+
+def p_scalar_types(x, i):
+    return x[0, 0], i[1, 1], (x > 0)[0, 0], x.astype(np.float32)[2, 2], i.astype(np.uint8)[0, 0]
+
+
+def p_overlapping_update(x):
+    y = x.copy()
+    y[1:] -= y[:-1]
+    y[:, :-1] += y[:, 1:]
+    return y
+
+
+def p_gram(x):
+    g = x.T @ x
+    return g, np.trace(g), g[np.arange(5), np.arange(5)]
+
+
+def p_tril_triu(x):
+    s = x[:4, :4]
+    return np.tril(s, 1), np.triu(s, -1), np.tril(s) + np.triu(s, 1)
+
+
+def p_clip_variants(x):
+    return np.clip(x, None, 0.2), x.clip(-0.1), np.clip(x, 0, 1).dtype, np.clip(x.astype(np.int64), -1, 1)
+
+
+def p_weighted_mean(x, v):
+    w = np.abs(v) / np.sum(np.abs(v))
+    return np.sum(x[:, :3] * w, axis=1), np.einsum("ij,j->i", x[:, :3], w)
+
+
+def p_normalize_rows(x):
+    n = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / n, (x / n).sum(axis=1)
+
+
 PROGRAMS = [
     (p_faq, (A, B)), (p_sum_keepdims, (A,)), (p_mean_std, (A,)), (p_int_mean, (I,)),
     (p_max_min, (A,)), (p_arg, (A,)), (p_prod_cumsum, (A,)), (p_int_sum, (I,)),
@@ -397,7 +471,11 @@ PROGRAMS = [
     (p_pi_constants, (A,)), (p_uint8, (I,)), (p_int_division_by_zero, (I,)), (p_sort, (A,)),
     (p_int_power, (I,)), (p_dtype_queries, (A, I)), (p_pairwise_distances, (A, B)),
     (p_kmeans_step, (A,)), (p_standardize, (A,)), (p_horner, (A,)), (p_gaussian_kernel, (V3,)),
-    (p_rotation, (V3,)),
+    (p_rotation, (V3,)), (p_more_reductions, (A,)), (p_more_linalg, (SQ,)), (p_more_fft, (A,)),
+    (p_more_creation, (A,)), (p_more_shapes, (A,)), (p_more_ufuncs, (A, B)),
+    (p_mixed_int_float, (I, A)), (p_float16, (A,)), (p_scalar_types, (A, I)),
+    (p_overlapping_update, (A,)), (p_gram, (A,)), (p_tril_triu, (A,)), (p_clip_variants, (A,)),
+    (p_weighted_mean, (A, V3)), (p_normalize_rows, (A,)),
 ]
 
 
