@@ -25,6 +25,7 @@ from kiln.capture.api import (
     reset,
     run,
 )
+from kiln.capture.wrap_numpy import wrap_numpy
 from kiln.debug.logs import set_logs as _set_logs
 from kiln.debug.profiler import CompileProfiler
 
@@ -77,4 +78,5 @@ __all__ = [
     "reset",
     "run",
     "wait_for_compiles",
+    "wrap_numpy",
 ]

@@ -46,6 +46,10 @@ inline_depth: int = _env_int("KILN_INLINE_DEPTH", 64)
 max_instructions: int = _env_int("KILN_MAX_INSTRUCTIONS", 2_000_000)
 #: The backend ``kiln.compile`` uses when none is named (KILN_BACKEND).
 default_backend: str = _env_str("KILN_BACKEND", "kiln")
+#: Trace NumPy code into torch ops (KILN_TRACE_NUMPY); off, every NumPy call and
+#: ndarray operation is a graph break that runs NumPy (to tell a NumPy tracing bug
+#: from another).
+trace_numpy: bool = _env_bool("KILN_TRACE_NUMPY", True)
 
 # --- autograd ------------------------------------------------------------------
 #: Recompute cheap pointwise ops in the backward rather than saving them

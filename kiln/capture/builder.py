@@ -17,6 +17,7 @@ import weakref
 import torch
 
 from kiln.capture import autocast
+from kiln.capture import numpy_values
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.sources import AttrSource, ItemSource
@@ -44,6 +45,9 @@ def wrap(tx, obj, source, module_member=False):
     g = tx.output.guards if source is not None else None
     t = type(obj)
     special = _special(obj)
+    if special is not None:
+        return special
+    special = numpy_values.maybe_wrap(tx, obj, source)  # arrays, scalars, NumPy callables
     if special is not None:
         return special
     if t in (list, dict, set) or (isinstance(obj, dict) and t.__module__ == "collections"):
@@ -273,7 +277,7 @@ def wrap_static(obj):
     t = type(obj)
     if t in _CONST_TYPES or t in _TORCH_CONST_TYPES or obj is Ellipsis:
         return V.ConstantValue(obj)
-    special = _special(obj)
+    special = _special(obj) or numpy_values.maybe_wrap(None, obj, None)
     if special is not None:
         return special
     if t is tuple:

@@ -12,10 +12,12 @@ import math
 import operator
 
 from kiln.capture import iterators
+from kiln.capture import numpy_ufuncs
 from kiln.capture import values as V
 from kiln.capture.dict_views import DictViewValue
 from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.frame_access import needs_own_frame
+from kiln.capture.numpy_values import NdarrayValue
 from kiln.capture.operators import binary_op, compare_op, contains_op, fold, is_same, subscr, unary_op
 
 BUILTINS: dict = {}
@@ -193,6 +195,8 @@ def _print(tx, *a, **k):
 
 @rule(len)
 def _len(tx, x):
+    if hasattr(x, "len_value"):  # ndarrays
+        return x.len_value(tx)
     if isinstance(x, V.TensorValue):
         if x.fake.dim() == 0:
             raise UserException(V.ExceptionValue(TypeError, [C("len() of a 0-d tensor")]))
@@ -455,6 +459,8 @@ def _all(tx, it):
 
 @rule(abs)
 def _abs(tx, x):
+    if isinstance(x, NdarrayValue):
+        return numpy_ufuncs.unary(tx, operator.abs, x)
     if isinstance(x, V.TensorValue):
         return tx.output.op("call_function", operator.abs, [x], {})
     return C(fold(abs, x.const()))

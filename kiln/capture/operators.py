@@ -5,7 +5,9 @@ from __future__ import annotations
 import operator
 import types
 
+from kiln.capture import numpy_ufuncs
 from kiln.capture import values as V
+from kiln.capture.numpy_values import NdarrayValue
 from kiln.capture.errors import Unsupported, UserException
 
 BINARY = {
@@ -43,6 +45,8 @@ def fold(fn, *vals, **kwargs):
 def binary_op(tx, name, a, b):
     inplace = name in INPLACE
     fn = INPLACE[name] if inplace else BINARY[name]
+    if isinstance(a, NdarrayValue) or isinstance(b, NdarrayValue):
+        return numpy_ufuncs.binary(tx, _INPLACE_TO_BINARY.get(name, fn), a, b, inplace)
     if isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue):
         if isinstance(a, V.TensorValue):
             return tx.output.op("call_function", fn, [a, b], {})
@@ -243,6 +247,8 @@ def values_equal(tx, a, b) -> bool:
 
 def compare_op(tx, op, a, b):
     fn = COMPARE[op]
+    if isinstance(a, NdarrayValue) or isinstance(b, NdarrayValue):
+        return numpy_ufuncs.compare(tx, fn, a, b)
     if isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue):
         if (isinstance(a, V.ConstantValue) and a.value is None) or (isinstance(b, V.ConstantValue) and b.value is None):
             return V.ConstantValue(fn(object(), None) if op in ("==", "!=") else False)
@@ -332,6 +338,8 @@ def is_same(tx, a, b) -> bool:
 def unary_op(tx, opname, v):
     fn = {"UNARY_NEGATIVE": operator.neg, "UNARY_NOT": operator.not_,
           "UNARY_INVERT": operator.invert, "UNARY_POSITIVE": operator.pos}[opname]
+    if isinstance(v, NdarrayValue):
+        return numpy_ufuncs.unary(tx, fn, v)
     if isinstance(v, V.TensorValue):
         if fn is operator.not_:
             raise Unsupported("K0006", "`not` on a tensor (data-dependent)")

@@ -9,6 +9,7 @@ import types
 import torch
 
 from kiln.capture import autocast
+from kiln.capture import numpy_values
 from kiln.capture import optimizers
 from kiln.capture import scalar_tensor_args
 from kiln.capture import values as V
@@ -132,6 +133,10 @@ if hasattr(torch, "_utils") and hasattr(torch._utils, "is_compiling"):
 
 
 def call_torch_function(tx, fn, args, kwargs):
+    if fn in numpy_values.TORCH_BRIDGE:  # from_numpy, Tensor.numpy: a change of kind
+        bridged = numpy_values.torch_bridge(tx, fn, args, kwargs)
+        if bridged is not None:
+            return bridged
     rule = CONST_FOLD.get(fn)
     if rule is not None:
         return rule(tx, args, kwargs)

@@ -240,6 +240,37 @@ BREAKS: dict[str, Break] = {
                 "The graph addresses the storage of an input that does not start at its "
                 "storage's beginning (as_strided on a view).", kind=_GRAPH),
     # --- kernels --------------------------------------------------------------------
+    # --- capture: NumPy (numpy_*.py) ------------------------------------------------
+    "K0301": _b("NumPy call kiln does not trace",
+                "A NumPy function, ufunc, ndarray method or attribute kiln has no rule for, or "
+                "one called with options its rule does not model (out=, where=, order=, a "
+                "data-dependent output shape...); NumPy runs it at the break.",
+                "use a traced equivalent (docs/architecture.md lists the families), or leave "
+                "this step outside the compiled function"),
+    "K0302": _b("ndarray kiln cannot take",
+                "An array kiln cannot read as a tensor: an ndarray subclass, a dtype torch has "
+                "no counterpart for (object, string, datetime, uint16/32/64, float128, "
+                "non-native byte order), negative or misaligned strides, or a constant array "
+                "too large to hold in a graph.",
+                "convert it (np.ascontiguousarray, .astype) before the compiled call"),
+    "K0303": _b("NumPy view torch cannot make",
+                "np.flip and slices with a negative step are views with negative strides in "
+                "NumPy; torch tensors have none, and a copy would miss writes through either alias."),
+    "K0304": _b("NumPy raises here",
+                "NumPy raises for this operation (a write into a read-only array, a Python int "
+                "out of the array's range, an axis out of bounds, an empty reduction, a cast "
+                "same_kind refuses...); the step runs in NumPy, which raises its own error.",
+                "fix the NumPy error the eager run reports"),
+    "K0305": _b("np.random call kiln cannot replay",
+                "np.random draws are made by the entry code with NumPy's own generator, which "
+                "needs constant arguments and a size= (an array result); a Generator object is "
+                "not modelled.",
+                "pass size= and constant arguments, or draw outside the compiled function"),
+    "K0306": _b("NumPy mixed with torch",
+                "An ndarray met a torch.Tensor (an operator, a NumPy function given a tensor), "
+                "Tensor.numpy() of a tensor eager refuses (requiring grad, not on the CPU), or "
+                "torch.from_numpy of an array the trace keeps on the GPU.",
+                "convert explicitly (t.numpy(), torch.from_numpy) where eager can, or use kiln.wrap_numpy"),
     "K0201": _b("kernels could not be built",
                 "Lowering, code generation, the C++/Triton compiler or loading failed; the "
                 "graph runs with PyTorch op by op.",
