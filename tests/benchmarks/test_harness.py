@@ -181,7 +181,7 @@ class Slower(Eager):
         import time
 
         def slow(*a):
-            time.sleep(0.02)
+            time.sleep(0.05)
             return fn(*a)
         return slow
 
@@ -197,5 +197,5 @@ def test_interleaved_rounds_time_every_live_cell_again():
         assert c["timing"] == "interleaved, 3 rounds" and len(c["round_medians_ms"]) == 3
         assert c["sequential_median_ms"] > 0 and c["runs"] >= 30
     assert "timing" not in broken and "error" in broken
-    assert slow["median_ms"] > eager["median_ms"] + 10
+    assert slow["median_ms"] > eager["median_ms"] + 25      # 50 ms added; margin for a loaded machine
     assert slow["speedup"] == pytest.approx(eager["median_ms"] / slow["median_ms"])
