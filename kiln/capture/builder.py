@@ -126,6 +126,10 @@ def wrap(tx, obj, source, module_member=False):
         from kiln.capture.func_transforms import prebuilt_value
 
         return prebuilt_value(tx, obj, source) or V.UserFunctionValue(obj, source)
+    if t is functools._lru_cache_wrapper:
+        from kiln.capture.cached_functions import wrap_cached
+
+        return wrap_cached(tx, obj, source)
     if t is types.MethodType and isinstance(obj.__self__, (torch.no_grad, torch.enable_grad)) \
             and obj.__func__.__name__ == "__exit__":
         # the exit of a grad-mode with-block entered before a graph break

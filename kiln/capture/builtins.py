@@ -683,3 +683,7 @@ def _zip_longest(tx, *its, fillvalue=None):
 @rule(math.isclose)
 def _isclose(tx, a, b, **kw):
     return C(math.isclose(a.const(), b.const(), **{k: v.const() for k, v in kw.items()}))
+
+
+# rule tables of their own modules, registered into BUILTINS on import
+from kiln.capture import stdlib_collections, stdlib_itertools  # noqa: E402,F401

@@ -23,6 +23,11 @@ def construct(tx, cv, args, kwargs):
         from kiln.capture.builtins import apply_rule
 
         return apply_rule(tx, cls, h, args, kwargs)
+    from kiln.capture.stdlib_collections import construct_subclass
+
+    made = construct_subclass(tx, cls, args, kwargs)
+    if made is not None:
+        return made
     if cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo):
         try:
             return V.ConstantValue(cls(*[a.const() for a in args], **{k: v.const() for k, v in kwargs.items()}))
