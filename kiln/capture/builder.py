@@ -301,6 +301,10 @@ def wrap_static(obj):
         return V.TorchFunctionValue(obj)
     if t is types.FunctionType:
         return V.UserFunctionValue(obj)
+    if t is functools._lru_cache_wrapper:
+        from kiln.capture.cached_functions import CachedFunctionValue
+
+        return CachedFunctionValue(obj)
     if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
         return V.BuiltinValue(obj)
     # anything else: the same real object, read-only (writes need a source)

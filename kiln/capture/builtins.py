@@ -686,4 +686,4 @@ def _isclose(tx, a, b, **kw):
 
 
 # rule tables of their own modules, registered into BUILTINS on import
-from kiln.capture import stdlib_collections, stdlib_itertools  # noqa: E402,F401
+from kiln.capture import stdlib_collections, stdlib_itertools, tensor_builtins  # noqa: E402,F401

@@ -17,6 +17,31 @@ from kiln.capture.errors import Unsupported
 LRU_WRAPPER = functools._lru_cache_wrapper  # the C type of both decorators' result
 
 
+# typing's generic-alias subscription (``List[torch.Tensor]``) is cached this way: a pure
+# function of constant types, evaluated for real rather than traced through typing.
+_PURE_MODULES = ("typing", "typing_extensions")
+
+
+def _real(v):
+    if isinstance(v, V.ObjectValue) and v.obj is not None and not v.attrs:
+        return v.obj
+    if isinstance(v, V.TupleValue):
+        return tuple(_real(i) for i in v.items)
+    return v.const()
+
+
+def _fold(fn, args, kwargs):
+    from kiln.capture.builder import wrap_static
+    from kiln.capture.operators import fold
+
+    try:
+        real_args = [_real(a) for a in args]
+        real_kw = {k: _real(v) for k, v in kwargs.items()}
+    except Unsupported:
+        raise Unsupported(f"{fn.__qualname__} of non-constant arguments")
+    return wrap_static(fold(fn, *real_args, **real_kw))
+
+
 class CachedFunctionValue(V.Value):
     def __init__(self, wrapper, source=None):
         self.fn = wrapper
@@ -27,6 +52,8 @@ class CachedFunctionValue(V.Value):
 
     def call(self, tx, args, kwargs):
         inner = self.fn.__wrapped__
+        if getattr(inner, "__module__", None) in _PURE_MODULES:
+            return _fold(self.fn, args, kwargs)
         if not isinstance(inner, types.FunctionType):
             raise Unsupported(f"a cached {type(inner).__qualname__} (not Python code)")
         return V.UserFunctionValue(inner).call(tx, args, kwargs)

@@ -377,6 +377,10 @@ def subscr(tx, o, k):
     if isinstance(o, V.TensorValue):
         return tx.output.op("call_function", operator.getitem, [o, k], {})
     if isinstance(o, (V.ListValue, V.TupleValue)):
+        if isinstance(k, V.TensorValue):
+            from kiln.capture.tensor_builtins import index_value
+
+            k = index_value(tx, k)
         key = k.const()
         try:
             r = o.items[key]
