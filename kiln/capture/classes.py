@@ -66,7 +66,9 @@ def construct(tx, cv, args, kwargs):
     if dataclass_dicts.is_dataclass_dict(cls):
         return dataclass_dicts.construct(tx, cls, args, kwargs)
     if issubclass(cls, torch.nn.Module):
-        raise Unsupported(f"creating an nn.Module ({cls.__qualname__}) inside a compiled region")
+        from kiln.capture import made_modules
+
+        return made_modules.construct(tx, cls, args, kwargs)
     if issubclass(cls, torch.Tensor):
         raise Unsupported(f"constructing {cls.__qualname__} directly")
     if cls.__module__ in ("builtins",) or cls.__module__.startswith("torch"):

@@ -144,6 +144,8 @@ class EntryCodegen:
         if isinstance(v, V.NewObjectValue):
             return self._new_object(v)
         if isinstance(v, (V.ObjectValue,)):
+            if getattr(v, "made_in_trace", False):
+                raise Unsupported(f"{v} made in the compiled region outlives it (eager makes a new one per call)")
             if v.source is None:
                 if v.obj is not None and not v.attrs:
                     return self.ref(v.obj, "obj")  # the same real object, unchanged
