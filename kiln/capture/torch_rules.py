@@ -9,6 +9,7 @@ import types
 import torch
 
 from kiln.capture import autocast
+from kiln.capture import cond
 from kiln.capture import optimizers
 from kiln.capture import scalar_tensor_args
 from kiln.capture import torch_helpers
@@ -123,6 +124,7 @@ CONST_FOLD = {
 }
 CONST_FOLD.update(autocast.QUERY_RULES)
 CONST_FOLD.update(torch_helpers.QUERY_RULES)
+CONST_FOLD[torch.cond] = cond.call_cond
 CONST_FOLD.update(optimizers.STEP_KERNEL_RULES)
 # Library code asks these to pick compile-friendly paths: they read True while kiln
 # traces (reading the names only, as DESIGN.md allows).
