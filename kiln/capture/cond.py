@@ -51,8 +51,7 @@ class CondCall:
         if isinstance(pred, FakeTensor) or not pred.is_meta:
             if not isinstance(pred, FakeTensor):   # real tensors: eager's one branch
                 gm, args = (self.true_gm, true_args) if bool(pred) else (self.false_gm, false_args)
-                outs = gm.forward(*args)
-                return tuple(o.clone() if any(o is a for a in args) else o for o in outs)
+                return tuple(gm.forward(*args))
         elif torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat):
             from kiln.autograd.functionalize import AotUnsupported
 
@@ -85,9 +84,31 @@ def _trace_branch(tx, fn, operands, which):
         outs, structure = list(result.items), type(result)
     else:
         raise Unsupported(f"the {which} branch of torch.cond returns {result} (not a tensor or a tuple of tensors)")
+    if any(_may_alias_input(o.node) for o in outs):
+        raise Unsupported(f"the {which} branch of torch.cond returns an operand or a view of one "
+                          "(eager's torch.cond raises on aliasing)")
     fakes = [o.fake for o in outs]   # body Values are unusable once the body is finished
     gm = body.finish(outs)
     return gm, [outer for outer, _ in body.lifted], fakes, structure
+
+
+_VIEW_NAMES = {"view", "view_as", "reshape", "reshape_as", "t", "transpose", "permute", "squeeze",
+               "unsqueeze", "expand", "expand_as", "narrow", "select", "getitem", "__getitem__",
+               "flatten", "unflatten", "as_strided", "detach", "alias", "split", "chunk", "unbind",
+               "movedim", "swapaxes", "diagonal", "real", "imag", "view_as_real", "contiguous",
+               "to", "type_as", "unfold", "T", "mT", "mH", "H"}
+
+
+def _may_alias_input(node) -> bool:
+    """Whether a body output may share memory with a body input (conservatively:
+    through any chain of view-like ops, ``contiguous`` and ``to`` included)."""
+    while True:
+        if node.op == "placeholder":
+            return True
+        name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+        if name not in _VIEW_NAMES or not node.args or not hasattr(node.args[0], "op"):
+            return False
+        node = node.args[0]
 
 
 def _same_meta(a, b) -> bool:
