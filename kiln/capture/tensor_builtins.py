@@ -40,7 +40,9 @@ def _tensor_minmax(which):
             return _generic[which](tx, *args, key=key, default=default)
         items = list(iterators.iterate(tx, args[0])) if len(args) == 1 else list(args)
         if not items or not any(isinstance(i, V.TensorValue) for i in items):
-            return _generic[which](tx, *args, key=key, default=default)
+            # the iterable is consumed: the generic rule gets its items
+            rest = (V.IteratorValue(items),) if len(args) == 1 else args
+            return _generic[which](tx, *rest, key=key, default=default)
         if not _same_kind(items):
             raise Unsupported(f"{which.__name__}() over tensors of different kinds, or against numbers "
                               "(the result's type depends on their values)")

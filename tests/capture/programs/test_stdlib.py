@@ -16,18 +16,20 @@ import operator
 import pytest
 import torch
 
-from .harness import T, check, expect_unsupported, shapes
+from .harness import TORCH_MODE, dynamo_bug, T, check, expect_unsupported, shapes
 
 PROGRAMS = []
 ON_KILN = []
+# the kiln backend, and the breaks kiln keeps where torch.compile traces on, are kiln's own
+kiln_only = pytest.mark.skipif(TORCH_MODE, reason="kiln's backend or kiln's own break")
 
 
-def program(*shps, inputs=None, kiln=False):
+def program(*shps, inputs=None, kiln=False, marks=()):
     def deco(f):
         f.make_inputs = inputs or shapes(*(shps or ((3,),)))
-        PROGRAMS.append(f)
+        PROGRAMS.append(pytest.param(f, marks=marks, id=f.__name__))
         if kiln:
-            ON_KILN.append(f)
+            ON_KILN.append(pytest.param(f, marks=kiln_only, id=f.__name__))
         return f
     return deco
 
@@ -287,7 +289,7 @@ def counter_elements(x):
     return [x * len(k) for k in c.elements()], c
 
 
-@program()
+@program(marks=dynamo_bug("Counter(str) calls a C helper dynamo skips (a break, not a wrong answer)"))
 def counter_of_string(x):
     c = collections.Counter("mississippi")
     return x * c["s"] - c["p"], c.most_common(2)
@@ -540,12 +542,12 @@ def ft_partial_user_function(x):
     return f(x, shift=1)
 
 
-@pytest.mark.parametrize("fn", PROGRAMS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", PROGRAMS)
 def test_program(fn):
     check(fn, fn.make_inputs, graphs=1, fullgraph=True)
 
 
-@pytest.mark.parametrize("fn", ON_KILN, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", ON_KILN)
 def test_program_on_kiln(fn):
     check(fn, fn.make_inputs, fullgraph=True, backend="kiln")
 
@@ -578,7 +580,10 @@ def test_deque_escaping_keeps_maxlen():
     torch.testing.assert_close(out[0], torch.full((2,), 2.0))
 
 
+@kiln_only
 def test_od_subclass_with_behaviour_is_not_modelled():
+    """kiln keeps a break where the subclass overrides dict behaviour (torch.compile
+    traces the override)."""
     class Loud(collections.OrderedDict):
         def __setitem__(self, k, v):
             super().__setitem__(k, v * 2)
