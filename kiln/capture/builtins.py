@@ -101,6 +101,14 @@ def call_builtin(tx, fn, args, kwargs):
     raise Unsupported(f"call to builtin {getattr(fn, '__qualname__', fn)!r} (kiln cannot trace it)")
 
 
+@rule(object.__init__)
+def _object_init(tx, self_, *args, **kwargs):
+    """``super().__init__()`` reaching object's: nothing to do (arguments: plain Python)."""
+    if args or kwargs:
+        raise Unsupported("object.__init__ with arguments")
+    return C(None)
+
+
 @rule(pow)
 def _pow(tx, a, b, *mod):
     if not mod and (isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue)):
@@ -686,4 +694,4 @@ def _isclose(tx, a, b, **kw):
 
 
 # rule tables of their own modules, registered into BUILTINS on import
-from kiln.capture import stdlib_collections, stdlib_itertools, tensor_builtins  # noqa: E402,F401
+from kiln.capture import made_modules, stdlib_collections, stdlib_itertools, tensor_builtins  # noqa: E402,F401

@@ -14,6 +14,11 @@ from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.sources import AttrSource
 
 
+# torch classes whose instances are plain Python objects made by Python code: traced as
+# a user class's are (``__init__`` inlined)
+TRACED_TORCH_CLASSES = ("torch.distributions.",)
+
+
 def construct(tx, cv, args, kwargs):
     from kiln.capture.builtins import BUILTINS
 
@@ -71,7 +76,8 @@ def construct(tx, cv, args, kwargs):
         return made_modules.construct(tx, cls, args, kwargs)
     if issubclass(cls, torch.Tensor):
         raise Unsupported(f"constructing {cls.__qualname__} directly")
-    if cls.__module__ in ("builtins",) or cls.__module__.startswith("torch"):
+    if cls.__module__ in ("builtins",) or (cls.__module__.startswith("torch")
+                                           and not cls.__module__.startswith(TRACED_TORCH_CLASSES)):
         raise Unsupported(f"constructing {cls.__qualname__}")
     if type(cls) is abc.ABCMeta and cls.__abstractmethods__:
         raise Unsupported(f"instantiating abstract class {cls.__qualname__}")

@@ -3,19 +3,26 @@
 A ``torch.nn`` layer without parameters or buffers (``nn.ReLU()``, ``nn.Softmax(dim)``,
 ``nn.Dropout(p)``, a ``Sequential`` of such layers) made from constant arguments is
 built for real at trace time — its ``__init__`` is torch's own, which only stores the
-arguments — and called like any module. The built object is a template private to the
-trace: attribute writes the program makes (``m.eval()``) stay on the Value, and a
+arguments — and called like any module. A user subclass gets a real template made by
+``nn.Module.__init__`` alone; its own ``__init__`` is traced on it (its
+``super().__init__()`` is then nothing more to do). The template is private to the
+trace: plain attribute writes (``self.scale = s``, ``m.eval()``) stay on the Value,
+submodules go into the template's table as ``nn.Module.__setattr__`` puts them, and a
 module that would outlive the graph (returned, stored) is a graph break, since eager
 hands back a new object on every call.
 
-Layers that make parameters or buffers (random initialisation each call) and user
-subclasses (whose ``__init__`` may do anything) are graph breaks.
+Modules that make parameters or buffers (random initialisation each call; torch.compile
+traces those, kiln breaks) and user classes with their own attribute protocol are
+graph breaks.
 """
 from __future__ import annotations
 
-import torch
+import types
+
+from torch import nn
 
 from kiln.capture import values as V
+from kiln.capture.optimizers import INLINE_RULES
 from kiln.capture.errors import Unsupported
 from kiln.capture.operators import fold
 
@@ -25,13 +32,16 @@ class MadeModuleValue(V.ModuleValue):
 
     def __init__(self, mod):
         super().__init__(mod, None)
-        self.shared = False  # handed to another made module: its writes would not reach it
 
     def setattr(self, tx, name, value):
-        if self.shared:
-            raise Unsupported("setting an attribute of a module made in the trace after it was put in another")
         if isinstance(value, V.TensorValue):
-            raise Unsupported("storing a tensor on a module made in the trace")
+            raise Unsupported("storing a tensor on a module made in the trace (a parameter or buffer)")
+        if isinstance(value, V.ModuleValue):
+            if value.mod is self.mod:
+                raise Unsupported("a module made in the trace storing itself")
+            self.mod._modules[name] = value.mod  # registered, as nn.Module.__setattr__ does
+            self.attrs.pop(name, None)
+            return
         self.attrs[name] = value
 
     def __repr__(self):
@@ -42,15 +52,56 @@ def _real_arg(v):
     if isinstance(v, MadeModuleValue):
         if v.attrs:
             raise Unsupported("a module made in the trace, changed since, passed to another module")
-        v.shared = True
         return v.mod
     return v.const()
 
 
+_OWN_PROTOCOL = ("__new__", "__setattr__", "__getattr__", "__getattribute__", "__delattr__")
+
+
+def _user_class_ok(cls) -> bool:
+    if type(cls) is not type:
+        return False
+    for klass in cls.__mro__:
+        if klass is nn.Module:
+            return True
+        if any(n in vars(klass) for n in _OWN_PROTOCOL):
+            return False
+    return False
+
+
+def _construct_user(tx, cls, args, kwargs):
+    from kiln.capture.builder import lookup_guarded
+
+    if not _user_class_ok(cls):
+        raise Unsupported(f"creating {cls.__qualname__} inside a compiled region (its own attribute protocol)")
+    # the rule follows nn.Module.__init__ as it is now (PyTorch's compiler, once loaded,
+    # wraps it in a function of its own)
+    INLINE_RULES.setdefault(nn.Module.__init__.__code__, _module_init)
+    mod = cls.__new__(cls)
+    nn.Module.__init__(mod)
+    value = tx.output.remember(mod, MadeModuleValue(mod))
+    _, init = lookup_guarded(tx, cls, "__init__")
+    if init is not nn.Module.__init__:
+        if not isinstance(init, types.FunctionType):
+            raise Unsupported(f"{cls.__qualname__}.__init__ is not Python code")
+        V.UserFunctionValue(init).call(tx, [value] + list(args), kwargs)
+    elif args or kwargs:
+        raise Unsupported(f"{cls.__qualname__}() with arguments and no __init__")
+    return value
+
+
+def _module_init(tx, fnv, args, kwargs):
+    """``super().__init__()`` inside the ``__init__`` of a module made in the trace: its
+    template already ran ``nn.Module.__init__``."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], MadeModuleValue):
+        return V.ConstantValue(None)
+    raise Unsupported("nn.Module.__init__ of a module kiln did not make")
+
+
 def construct(tx, cls, args, kwargs):
     if not (cls.__module__ or "").startswith("torch.nn."):
-        raise Unsupported(f"creating an nn.Module ({cls.__qualname__}) inside a compiled region: "
-                          "its __init__ is user code")
+        return _construct_user(tx, cls, args, kwargs)
     try:
         rargs = [_real_arg(a) for a in args]
         rkw = {k: _real_arg(v) for k, v in kwargs.items()}

@@ -8,6 +8,7 @@ import types
 
 import torch
 
+from kiln.capture import assumptions
 from kiln.capture import autocast
 from kiln.capture import cond
 from kiln.capture import optimizers
@@ -125,6 +126,7 @@ CONST_FOLD = {
 CONST_FOLD.update(autocast.QUERY_RULES)
 CONST_FOLD.update(torch_helpers.QUERY_RULES)
 CONST_FOLD[torch.cond] = cond.call_cond
+CONST_FOLD[torch._is_all_true] = assumptions.is_all_true
 CONST_FOLD.update(optimizers.STEP_KERNEL_RULES)
 # Library code asks these to pick compile-friendly paths: they read True while kiln
 # traces (reading the names only, as DESIGN.md allows).

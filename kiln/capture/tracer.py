@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from kiln.capture import assumptions
 from kiln.capture import values as V
 from kiln.capture.autocast_state import graph_without_autocast
 from kiln.capture.codegen import EntryCodegen, build_entry, call_at, call_source, restoring_grad_mode
@@ -203,11 +204,18 @@ def _is_method(f, obj, name) -> bool:
 
 def _finish(fn, code, out, cg, ctx, tail_lines, where, break_info=None, graph=True):
     lines = []
+    for check in assumptions.checks_of(out):  # validation checks: graph outputs, tested after it
+        cg.need(check)
     res = _compile_graph(out, cg, ctx, where) if graph else None
     gm = None
     if res:
         call_lines, gm = res
-        lines += call_lines
+        checked = assumptions.entry_lines(out, cg, gm, fn, code, call_lines)
+        if checked is None:  # the graph cannot be re-run safely: the frame runs eagerly
+            fresh = EntryCodegen(out, cg.ns)
+            return _finish(fn, code, out, fresh, ctx, [f"return {fresh.ref(fn, 'eager')}({call_source(code)})"],
+                           where, graph=False)
+        lines += checked
     if out.grad_enabled != out.entry_grad_enabled:
         # the grad mode the traced code leaves, whatever the backend does with the
         # graph's own mode changes (aten graphs have none)

@@ -169,6 +169,58 @@ def partial_of_made_module(x):
     return f(x)
 
 
+class _Scale(nn.Module):
+    def __init__(self, s):
+        super().__init__()
+        self.s = s
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(x) * self.s
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _Scale(3)
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, x):
+        return self.drop(self.inner(x)) + 1
+
+
+class _NoInit(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class _MyTanh(nn.Tanh):
+    pass
+
+
+@program(kiln=True)
+def user_module_made_inside(x):
+    return _Scale(2.0)(x)
+
+
+@program()
+def nested_user_modules_made_inside_eval(x):
+    b = _Block()
+    b.eval()
+    return b(x), b.training, b.inner.training, b.inner.act.training
+
+
+@program()
+def user_module_without_init_and_layer_subclass(x):
+    return _NoInit()(x) + _MyTanh()(x)
+
+
+@program()
+def user_module_children(x):
+    m = _Scale(2)
+    return len(list(m.children())), [type(c).__name__ for c in m.modules()], m(x)
+
+
 # --- torch's own helpers ---------------------------------------------------------------
 @program()
 def cublas_tf32_query(x):
@@ -331,11 +383,27 @@ def test_linear_made_inside_breaks():
 
 
 @kiln_only
-def test_user_module_made_inside_breaks():
-    class Scale(nn.Module):
+def test_user_module_with_parameters_made_inside_breaks():
+    """torch.compile traces the parameter's creation; kiln breaks."""
+    class WithParam(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return x * self.w
+    expect_unsupported(lambda x: WithParam()(x), shapes((3,)))
+
+
+@kiln_only
+def test_user_module_with_own_setattr_made_inside_breaks():
+    class Odd(nn.Module):
+        def __setattr__(self, name, value):
+            super().__setattr__(name, value)
+
         def forward(self, x):
             return x * 2
-    expect_unsupported(lambda x: Scale()(x), shapes((3,)))
+    expect_unsupported(lambda x: Odd()(x), shapes((3,)))
 
 
 @kiln_only
