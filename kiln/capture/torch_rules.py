@@ -14,6 +14,7 @@ from kiln.capture import cond
 from kiln.capture import optimizers
 from kiln.capture import scalar_tensor_args
 from kiln.capture import torch_helpers
+from kiln.capture import while_loop
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
 
@@ -126,6 +127,7 @@ CONST_FOLD = {
 CONST_FOLD.update(autocast.QUERY_RULES)
 CONST_FOLD.update(torch_helpers.QUERY_RULES)
 CONST_FOLD[torch.cond] = cond.call_cond
+CONST_FOLD[torch.while_loop] = while_loop.call_while_loop
 CONST_FOLD[torch._is_all_true] = assumptions.is_all_true
 CONST_FOLD.update(optimizers.STEP_KERNEL_RULES)
 # Library code asks these to pick compile-friendly paths: they read True while kiln

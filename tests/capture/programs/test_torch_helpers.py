@@ -325,6 +325,28 @@ def cond_backward(x):
     return torch.cond(x.sum() > 0, lambda t: (t * 2).sin(), lambda t: t.exp(), (x * 1,))
 
 
+# --- torch.while_loop ------------------------------------------------------------------
+@program(kiln=True)
+def while_loop_counter(x):
+    return torch.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2), (torch.tensor(0), x))
+
+
+@program()
+def while_loop_single_carry(x):
+    return torch.while_loop(lambda y: y.abs().sum() < 50, lambda y: y * 2 + 0.5, (x * 1,))
+
+
+@program(inputs=lambda i: (T(3), torch.tensor(i)))
+def while_loop_data_trip_count_and_closure(x, n):
+    w = x.sum()
+    return torch.while_loop(lambda i, y: i < n, lambda i, y: (i + 1, y + w), (torch.tensor(0), x * 1))
+
+
+@program(inputs=lambda i: (T(3).abs().requires_grad_(),), backward=True)
+def while_loop_backward(x):
+    return torch.while_loop(lambda y: y.sum() < 50, lambda y: y * 2 + 1, (x * 1,))
+
+
 @pytest.mark.parametrize("fn", PROGRAMS)
 def test_program(fn):
     check(fn, fn.make_inputs, graphs=1, fullgraph=True, backward=fn.backward)
@@ -444,6 +466,19 @@ def test_cond_branch_aliasing_an_operand_breaks(branch):
     """Eager's torch.cond raises on a branch returning (a view of) its operand."""
     expect_unsupported(lambda x: torch.cond((x * 2).sum() > 0, branch, lambda t: t + 1, (x * 2,)),
                        shapes((3,)))
+
+
+@kiln_only
+def test_while_loop_body_changing_shape_breaks():
+    expect_unsupported(lambda x: torch.while_loop(lambda y: y.sum() < 5, lambda y: y[:1] + 1, (x * 1,)),
+                       shapes((3,)))
+
+
+@kiln_only
+def test_while_loop_body_returning_its_input_breaks():
+    """Eager's torch.while_loop raises on a body output aliasing its input."""
+    expect_unsupported(lambda x: torch.while_loop(lambda i, y: i < 2, lambda i, y: (i + 1, y),
+                                                  (torch.tensor(0), x * 1)), shapes((3,)))
 
 
 @kiln_only
