@@ -211,6 +211,8 @@ def _len(tx, x):
         return C(len(x.items))
     if isinstance(x, DictViewValue):
         return C(len(x))
+    if hasattr(x, "length"):  # a container Value of its own (deque)
+        return C(x.length())
     if isinstance(x, V.ConstantValue):
         return C(fold(len, x.value))
     if isinstance(x, V.ModuleValue):

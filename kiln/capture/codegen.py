@@ -204,8 +204,6 @@ class EntryCodegen:
         self._temps[id(v)] = name
         if isinstance(v, V.ListValue):
             body = "[" + ", ".join(self.expr(i) for i in v.items) + "]"
-            if hasattr(v, "rebuild_list"):  # a deque
-                body = v.rebuild_list(self, body)
         elif isinstance(v, V.SetValue):
             body = "{" + ", ".join(repr(i) if type(i) in _LITERAL_TYPES else self.ref(i, 'c') for i in v.items) + "}" if v.items else "set()"
         else:

@@ -127,16 +127,66 @@ def _counter(tx, *args, **kwargs):
 
 
 # --- deque -------------------------------------------------------------------------
-class DequeValue(V.ListValue):
-    """A deque made in the trace: a list Value with two ends and an optional maxlen."""
+class DequeValue(V.Value):
+    """A deque made in the trace: its items as Values, two ends and an optional maxlen.
+    Not a list Value: a deque compares, adds and slices differently, and those stay
+    plain Python (a break) rather than list behaviour."""
+
+    mutable = True
 
     def __init__(self, items, maxlen=None):
-        super().__init__(items)
+        self.items = list(items)
         self.maxlen = maxlen
+        self.source = None
+        self.version = 0   # mutations, for iterators made before them
         self._trim(right=True)
 
     def python_type(self):
         return collections.deque
+
+    def truth(self, tx):
+        return bool(self.items)
+
+    def unpack(self, tx):
+        return list(self.items)
+
+    def length(self):
+        return len(self.items)
+
+    def make_iter(self, tx):
+        return DequeIterator(self)
+
+    def getitem(self, tx, k):
+        if isinstance(k, V.TensorValue):
+            from kiln.capture.tensor_builtins import index_value
+
+            k = index_value(tx, k)
+        return self.items[fold(_index_of, len(self.items), k.const())]
+
+    def setitem(self, tx, k, v):
+        self.items[fold(_index_of, len(self.items), k.const())] = v
+        self.version += 1
+
+    def contains(self, tx, item):
+        from kiln.capture.operators import values_equal
+
+        return any(values_equal(tx, i, item) for i in list(self.items))
+
+    def referenced(self):
+        return list(self.items)
+
+    def rebuild(self, cg):
+        body = "[" + ", ".join(cg.expr(i) for i in self.items) + "]"
+        return f"{cg.ref(collections.deque, 'deque')}({body}, {self.maxlen!r})"
+
+    def getattr(self, tx, name):
+        if name == "maxlen":
+            return C(self.maxlen)
+        if name == "__class__":
+            return V.ClassValue(collections.deque)
+        if not hasattr(collections.deque, name):
+            raise _err(AttributeError, f"'collections.deque' object has no attribute {name!r}")
+        return V.BoundContainerMethod(self, name)
 
     def _trim(self, right):
         if self.maxlen is not None and len(self.items) > self.maxlen:
@@ -146,16 +196,15 @@ class DequeValue(V.ListValue):
             else:
                 del self.items[self.maxlen:]
 
-    def rebuild_list(self, cg, body):
-        return f"{cg.ref(collections.deque, 'deque')}({body}, {self.maxlen!r})"
-
-    def getattr(self, tx, name):
-        if name == "maxlen":
-            return C(self.maxlen)
-        return super().getattr(tx, name)
-
     def call_method(self, tx, name, args, kwargs):
+        from kiln.capture.operators import values_equal
+
         items = self.items
+        if kwargs:
+            raise Unsupported(f"deque.{name} with keyword arguments")
+        if name in _DEQUE_READS:
+            return _DEQUE_READS[name](tx, self, args)
+        self.version += 1
         if name == "append":
             items.append(args[0])
             self._trim(right=True)
@@ -163,11 +212,11 @@ class DequeValue(V.ListValue):
             items.insert(0, args[0])
             self._trim(right=False)
         elif name == "extend":
-            for x in iterators.iterate(tx, args[0]):
+            for x in list(iterators.iterate(tx, args[0])):
                 items.append(x)
                 self._trim(right=True)
         elif name == "extendleft":
-            for x in iterators.iterate(tx, args[0]):
+            for x in list(iterators.iterate(tx, args[0])):
                 items.insert(0, x)
                 self._trim(right=False)
         elif name in ("pop", "popleft"):
@@ -180,17 +229,87 @@ class DequeValue(V.ListValue):
             n = args[0].const() if args else 1
             if items:
                 n %= len(items)
-                items[:] = items[-n:] + items[:-n] if n else items
-        elif name == "copy":
-            return DequeValue(list(items), self.maxlen)
-        elif name in ("clear", "reverse", "remove", "index", "count", "insert", "__len__",
-                      "__getitem__", "__contains__"):
-            if name == "insert" and self.maxlen is not None and len(items) >= self.maxlen:
+                if n:
+                    items[:] = items[-n:] + items[:-n]
+        elif name == "clear":
+            items.clear()
+        elif name == "reverse":
+            items.reverse()
+        elif name == "remove":
+            for i, x in enumerate(items):
+                if values_equal(tx, x, args[0]):
+                    del items[i]
+                    break
+            else:
+                raise _err(ValueError, f"{args[0]!r} is not in deque")
+        elif name == "insert":
+            if self.maxlen is not None and len(items) >= self.maxlen:
                 raise _err(IndexError, "deque already at its maximum size")
-            return super().call_method(tx, name, args, kwargs)
+            items.insert(args[0].const(), args[1])
         else:
             raise Unsupported(f"deque.{name}")
         return C(None)
+
+    def __repr__(self):
+        return f"Deque({self.items}, maxlen={self.maxlen})"
+
+
+def _index_of(n, i):
+    """The position deque[i] reads (its errors are deque's)."""
+    return collections.deque.__getitem__(collections.deque(range(n)), i)
+
+
+def _deque_index(tx, dq, args):
+    from kiln.capture.operators import values_equal
+
+    for i, x in enumerate(dq.items):
+        if values_equal(tx, x, args[0]):
+            return C(i)
+    raise _err(ValueError, "deque.index(x): x not in deque")
+
+
+def _deque_count(tx, dq, args):
+    from kiln.capture.operators import values_equal
+
+    return C(sum(1 for x in list(dq.items) if values_equal(tx, x, args[0])))
+
+
+_DEQUE_READS = {
+    "copy": lambda tx, dq, args: DequeValue(list(dq.items), dq.maxlen),
+    "__len__": lambda tx, dq, args: C(len(dq.items)),
+    "__getitem__": lambda tx, dq, args: dq.getitem(tx, args[0]),
+    "__contains__": lambda tx, dq, args: C(dq.contains(tx, args[0])),
+    "index": _deque_index,
+    "count": _deque_count,
+}
+
+
+class DequeIterator(iterators.LazyIterator):
+    """``iter(deque)``: one item per ``next``; a deque changed meanwhile raises, as
+    CPython's does."""
+
+    def __init__(self, dq):
+        super().__init__()
+        self.dq = dq
+        self.pos = 0
+        self.version = dq.version
+
+    def python_type(self):
+        return type(iter(collections.deque()))
+
+    def next(self, tx):
+        if self.dq.version != self.version:
+            raise _err(RuntimeError, "deque mutated during iteration")
+        if self.pos >= len(self.dq.items):
+            return None
+        self.pos += 1
+        return self.dq.items[self.pos - 1]
+
+    def referenced(self):
+        return [self.dq]
+
+    def rebuild(self, cg):
+        return f"{cg.ref(iterators.advanced, 'f')}(iter({cg.expr(self.dq)}), {self.pos})"
 
 
 def _deque(tx, iterable=None, maxlen=None):

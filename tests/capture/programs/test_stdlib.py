@@ -184,6 +184,32 @@ def deque_iterate(x):
 
 
 @program()
+def deque_mutated_while_iterated_raises_caught(x):
+    q = collections.deque([1, 2])
+    try:
+        for _ in q:
+            q.append(3)
+    except RuntimeError:
+        x = x + 1
+    return x, len(q)
+
+
+@program()
+def deque_iterator_returned_midway(x):
+    q = collections.deque([x, x + 1, x + 2])
+    it = iter(q)
+    first = next(it)
+    return first * 2, list(it)
+
+
+@program()
+def deque_index_count_remove(x):
+    q = collections.deque([1, 2, 2, 3])
+    q.remove(2)
+    return x * q.index(3) + q.count(2), q[-1], len(q)
+
+
+@program()
 def nt_outside(x):
     p = Point(x, x * 2)
     return p.x + p.y, p[0], p._replace(x=x + 1)._asdict()["x"]
@@ -565,6 +591,15 @@ def test_lru_cache_left_untouched():
     # eager's calls in check fill the cache once (hit afterwards); compiled calls do not touch it
     info = table.cache_info()
     assert info.misses == before.misses + 1 and info.hits == before.hits + 2
+
+
+@pytest.mark.parametrize("op", [lambda q: q[0:1], lambda q: q == [1, 2], lambda q: q + q, lambda q: q * 2,
+                                lambda q: repr(q)], ids=["slice", "eq_list", "add", "mul", "repr"])
+def test_deque_is_not_a_list(op):
+    """What a deque does differently from a list stays eager's (a break or its error)."""
+    def f(x):
+        return op(collections.deque([1, 2], maxlen=4)), x + 1
+    check(f, shapes((3,)))
 
 
 def test_deque_escaping_keeps_maxlen():
