@@ -355,6 +355,11 @@ def wrap_class_attr(tx, self_value, cls, name, source=None):
         if self_value is None:
             return V.UserFunctionValue(attr, AttrSource(source, name) if source else None)
         return V.MethodValue(V.UserFunctionValue(attr), self_value)
+    if isinstance(attr, functools._lru_cache_wrapper):  # an lru_cache'd method: bound as a function is
+        from kiln.capture.cached_functions import CachedFunctionValue
+
+        cached = CachedFunctionValue(attr)
+        return V.MethodValue(cached, self_value) if self_value is not None else cached
     if isinstance(attr, types.ClassMethodDescriptorType):
         attr = getattr(cls, name)  # a C classmethod: bound to the class, as Python reads it
     if isinstance(attr, (functools.cached_property,)):

@@ -503,6 +503,28 @@ def _tensor_fn(t):
     return t * 2 + 1
 
 
+class _WithCachedMethods:
+    def __init__(self):
+        self.k = 3
+
+    @functools.lru_cache(maxsize=None)
+    def table(self, n):
+        return tuple(range(n + self.k))
+
+    @staticmethod
+    @functools.cache
+    def doubled(n):
+        return n * 2
+
+
+_with_cached = _WithCachedMethods()
+
+
+@program()
+def ft_lru_cache_method_and_static(x):
+    return x * len(_with_cached.table(2)) + _WithCachedMethods.doubled(2) + _with_cached.doubled(1)
+
+
 @program(kiln=True)
 def ft_lru_cache(x):
     return x * _doubled(3)
