@@ -10,6 +10,7 @@ as their real type. Real deques and Counters passed in stay opaque objects.
 from __future__ import annotations
 
 import collections
+import types
 
 from kiln.capture import iterators
 from kiln.capture import values as V
@@ -24,6 +25,13 @@ def C(v):
 
 # --- OrderedDict -------------------------------------------------------------------
 class OrderedDictValue(V.DictValue):
+    def getattr(self, tx, name):
+        if self.cls is not collections.OrderedDict and _defined_above(self.cls, collections.OrderedDict, name):
+            from kiln.capture.builder import wrap_class_attr
+
+            return wrap_class_attr(tx, self, self.cls, name)  # what the subclass adds (guarded)
+        return super().getattr(tx, name)
+
     def call_method(self, tx, name, args, kwargs):
         if name == "move_to_end":
             key = args[0].const()
@@ -51,18 +59,33 @@ class OrderedDictValue(V.DictValue):
             tx.output.mark_mutated(self)
 
 
+_DATA_NAMES = ("__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__slots__",
+               "__annotations__", "__orig_bases__", "__parameters__")
+
+
 def _adds_no_behaviour(cls, base) -> bool:
-    """A subclass whose classes up to ``base`` define only data and docstrings: an
-    instance behaves as ``base``'s does."""
+    """A subclass whose classes up to ``base`` override nothing of ``base``: they add
+    data and new Python methods only, so an instance stores and reads as ``base``'s."""
     for klass in cls.__mro__:
         if klass is base:
             return True
         for name, attr in vars(klass).items():
-            if name in ("__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
-                        "__slots__", "__annotations__", "__orig_bases__", "__parameters__"):
+            if name in _DATA_NAMES:
                 continue
-            if callable(attr) or hasattr(attr, "__get__"):
+            if hasattr(base, name) or name.startswith("__"):
                 return False
+            if (callable(attr) or hasattr(attr, "__get__")) and not isinstance(attr, types.FunctionType):
+                return False
+    return False
+
+
+def _defined_above(cls, base, name) -> bool:
+    """Whether a class above ``base`` in ``cls``'s MRO defines ``name``."""
+    for klass in cls.__mro__:
+        if klass is base:
+            return False
+        if name in vars(klass):
+            return True
     return False
 
 

@@ -38,6 +38,17 @@ class PlainOD(collections.OrderedDict):
     """Adds nothing but a docstring: behaves as OrderedDict."""
 
 
+class ODWithHelpers(collections.OrderedDict):
+    """New methods only (no dict method overridden)."""
+    scale = 2
+
+    def total(self):
+        return sum(self.values()) * self.scale
+
+    def first_key(self):
+        return next(iter(self))
+
+
 Point = collections.namedtuple("Point", ["x", "y"])
 PointZ = collections.namedtuple("PointZ", "x y z", defaults=(1.5,))
 
@@ -69,6 +80,12 @@ def od_subclass(x):
     d = PlainOD(a=x)
     d["b"] = x.sin()
     return d["a"] * d["b"], len(d), d
+
+
+@program()
+def od_subclass_with_new_methods(x):
+    d = ODWithHelpers(a=x, b=x * 3)
+    return d.total(), d.first_key(), d
 
 
 @program()
