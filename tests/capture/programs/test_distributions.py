@@ -17,11 +17,15 @@ from .harness import TORCH_MODE, T, check, shapes
 
 D = torch.distributions
 PROGRAMS = []
+ON_KILN = []
+kiln_only = pytest.mark.skipif(TORCH_MODE, reason="kiln's backend")
 
 
-def program(*shps, inputs=None):
+def program(*shps, inputs=None, kiln=False):
     def deco(f):
         PROGRAMS.append(pytest.param(f, id=f.__name__))
+        if kiln:
+            ON_KILN.append(pytest.param(f, id=f.__name__, marks=kiln_only))
         f.make_inputs = inputs or shapes(*(shps or ((2, 3),)))
         return f
     return deco
@@ -37,7 +41,7 @@ def normal_log_prob(x):
     return D.Normal(x, torch.ones_like(x)).log_prob(x * 0.5)
 
 
-@program()
+@program(kiln=True)
 def normal_moments(x):
     d = D.Normal(x, x.abs() + 1)
     return d.mean, d.stddev, d.variance, d.entropy()
@@ -48,7 +52,7 @@ def normal_no_validation(x):
     return D.Normal(x, x.abs() + 1, validate_args=False).log_prob(x)
 
 
-@program(inputs=_scale_flips_sign)
+@program(inputs=_scale_flips_sign, kiln=True)
 def normal_invalid_scale_raises_as_eager(x, s):
     return D.Normal(x, s).log_prob(x * 0.5) * 2
 
@@ -67,7 +71,7 @@ def normal_cdf_icdf(x):
     return D.Normal(x, 2.0).cdf(x * 0.1), D.Normal(0.0, 1.0).icdf(x.sigmoid())
 
 
-@program()
+@program(kiln=True)
 def independent_log_prob(x):
     d = D.Independent(D.Normal(x, x.abs() + 1), 1)
     return d.log_prob(x), d.batch_shape, d.event_shape
@@ -88,7 +92,7 @@ def categorical_log_prob(x):
     return D.Categorical(logits=x).log_prob(torch.tensor([0, 1]))
 
 
-@program()
+@program(kiln=True)
 def categorical_entropy(x):
     return D.Categorical(logits=x).entropy()
 
@@ -103,7 +107,7 @@ def laplace_log_prob(x):
     return D.Laplace(x, x.abs() + 1).log_prob(x * 2)
 
 
-@program()
+@program(kiln=True)
 def kl_normal_normal(x):
     return D.kl_divergence(D.Normal(x, x.abs() + 1), D.Normal(x * 0, 1 + x * 0))
 
@@ -132,6 +136,11 @@ def transformed_distribution(x):
 @pytest.mark.parametrize("fn", PROGRAMS)
 def test_program(fn):
     check(fn, fn.make_inputs, graphs=1, fullgraph=True)
+
+
+@pytest.mark.parametrize("fn", ON_KILN)
+def test_program_on_kiln(fn):
+    check(fn, fn.make_inputs, fullgraph=True, backend="kiln")
 
 
 def _rsample(x, s):
