@@ -166,6 +166,8 @@ class EntryCodegen:
                 return f"{self.expr(v.self_value)}.{name}"
             return f"{self.ref(types.MethodType, 'types')}({self.expr(fn)}, {self.expr(v.self_value)})"
         if isinstance(v, V.NestedFunctionValue):
+            if v.__dict__.get("attrs"):
+                raise Unsupported("rebuilding a function whose attributes were set inside the compiled region")
             if v.closure:
                 raise Unsupported("rebuilding a closure created inside the compiled region")
             defaults = "None" if not v.defaults else "(" + ", ".join(self.expr(d) for d in v.defaults) + ",)"

@@ -607,6 +607,45 @@ def ft_partial_user_function(x):
     return f(x, shift=1)
 
 
+def _plain(y):
+    "doc of _plain"
+    return y - 1
+
+
+@program()
+def ft_wraps_made_inside(x):
+    def deco(fn):
+        @functools.wraps(fn)
+        def w(*a):
+            return fn(*a) + 1
+        return w
+
+    @deco
+    def g(y):
+        """doc"""
+        return y * 2
+    return g(x), g.__name__, g.__doc__, g.__qualname__, g.__wrapped__(x)
+
+
+@program()
+def ft_wraps_of_a_global_function(x):
+    w = functools.wraps(_plain)(lambda y: _plain(y) * 3)
+    return w(x), w.__name__, w.__doc__, w.__module__
+
+
+def test_wraps_of_annotated_function_made_inside():
+    """Annotations of a function made in the trace are not kept: a break, eager's answer."""
+    def f(x):
+        def g(y: int):
+            return y
+
+        @functools.wraps(g)
+        def h(y):
+            return g(y) + 1
+        return h(x), h.__annotations__
+    check(f, shapes((3,)))
+
+
 @pytest.mark.parametrize("fn", PROGRAMS)
 def test_program(fn):
     check(fn, fn.make_inputs, graphs=1, fullgraph=True)
