@@ -26,6 +26,7 @@ from kiln.capture.api import (
     run,
 )
 from kiln.debug.logs import set_logs as _set_logs
+from kiln.debug.profiler import CompileProfiler
 
 _set_logs(config.logs)
 
@@ -49,6 +50,7 @@ def wait_for_compiles(timeout: float | None = None) -> bool:
 
 __all__ = [
     "BackendCompilerFailed",
+    "CompileProfiler",
     "Unsupported",
     "allow_in_graph",
     "compile",

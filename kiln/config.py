@@ -101,6 +101,11 @@ kernel_target: str = _env_str("KILN_KERNEL_TARGET", "auto")
 #: Comma-separated log artefacts to show, e.g. "graph_breaks,recompiles,guards"
 #: (KILN_LOGS). See kiln/debug/logs.py for the list.
 logs: str = _env_str("KILN_LOGS", "")
+#: A directory where every compile of the process writes its artefacts (graphs, entry
+#: code, aot graphs, loop IR, kernels, guards, cache hits, stage times) and one
+#: self-contained ``index.html`` report, rewritten after each compile; "" for none
+#: (KILN_TRACE; kiln/debug/trace_dir.py).
+trace_dir: str = _env_str("KILN_TRACE", "")
 
 
 @contextlib.contextmanager

@@ -13,3 +13,11 @@ if ! $PY -c "import torch, torchvision" >/dev/null 2>&1; then
 fi
 $PY -m pip install -q bytecode networkx sympy numpy scipy pytest transformers timm matplotlib tabulate
 $PY -c "import torch, bytecode, transformers; print('kiln setup: torch', torch.__version__, '| bytecode', bytecode.__version__, '| transformers', transformers.__version__)"
+# Headless Chromium renders the KILN_TRACE report in tests/debug/test_html_report.py
+# (skipped without it). Best effort: only as root with apt-get, never failing the setup;
+# KILN_SETUP_NO_CHROMIUM=1 skips it.
+if [ -z "${KILN_SETUP_NO_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1 \
+    && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+    >/dev/null 2>&1 || echo "kiln setup: chromium not installed (the report's browser test will skip)"
+fi

@@ -22,13 +22,20 @@ import dataclasses
 import torch
 
 from kiln.autograd import ops as opinfo
+from kiln.debug.breaks import split_id
 
 aten = torch.ops.aten
 _META = torch.device("meta")
 
 
 class AotUnsupported(RuntimeError):
-    """The graph does something the ahead-of-time tracer cannot express."""
+    """The graph does something the ahead-of-time tracer cannot express:
+    ``AotUnsupported("K0101", "why")``, the first argument the reason's ID in
+    kiln/debug/breaks.py (``break_id``)."""
+
+    def __init__(self, *args):
+        self.break_id, (msg,) = split_id(args)
+        super().__init__(msg)
 
 
 def _replay(chain, t):
@@ -204,10 +211,10 @@ class Functionalize:
 
     def _mutate(self, func, args, kwargs):
         if func in _STORAGE_MUTATIONS:
-            raise AotUnsupported(f"{func} gives a tensor another storage or size")
+            raise AotUnsupported("K0101", f"{func} gives a tensor another storage or size")
         functional = opinfo.functional_variant(func)
         if functional is None:
-            raise AotUnsupported(f"no out-of-place twin for mutating op {func}")
+            raise AotUnsupported("K0102", f"no out-of-place twin for mutating op {func}")
         if opinfo.is_view(functional):
             return self._mutate_geometry(func, functional, args, kwargs)
         schema = func._schema
@@ -262,7 +269,7 @@ class Functionalize:
                 self.input_of.get(id(t)) is not None:
             # autograd does not see it: on a leaf (traced as a non-leaf stand-in) the
             # gradient takes the new shape, on a non-leaf eager's backward then fails
-            raise AotUnsupported(f"{func} with grad off on an input that requires grad")
+            raise AotUnsupported("K0103", f"{func} with grad off on an input that requires grad")
         with self:
             view = view_op(*args, **kwargs)
         # the recorded value keeps its geometry: a stand-in takes t's place in it
@@ -295,10 +302,10 @@ class Functionalize:
         for t in targets:
             st = self.infos[id(t)].storage
             if _overlaps_itself(t) or _overlaps_itself(st.base):
-                raise AotUnsupported(f"{func} writes a tensor whose elements share memory")
+                raise AotUnsupported("K0104", f"{func} writes a tensor whose elements share memory")
             for a in reads:
                 if self.infos[id(a)].storage is st and _partially_overlap(t, a):
-                    raise AotUnsupported(f"{func} writes a tensor that partially overlaps "
+                    raise AotUnsupported("K0104", f"{func} writes a tensor that partially overlaps "
                                          "one of its arguments")
 
     def _write(self, t, new, exact=False):
@@ -308,9 +315,9 @@ class Functionalize:
         info = self.infos[id(t)]
         st = info.storage
         if new.dtype != t.dtype and (exact or not torch.can_cast(new.dtype, t.dtype)):
-            raise AotUnsupported(f"a {new.dtype} result written into a {t.dtype} tensor")
+            raise AotUnsupported("K0105", f"a {new.dtype} result written into a {t.dtype} tensor")
         if tuple(new.shape) != tuple(t.shape) and (exact or not _broadcasts_to(new, t)):
-            raise AotUnsupported(f"a result of shape {tuple(new.shape)} written into a "
+            raise AotUnsupported("K0105", f"a result of shape {tuple(new.shape)} written into a "
                                  f"tensor of shape {tuple(t.shape)}")
         with self:
             if new.dtype != t.dtype:
@@ -352,7 +359,7 @@ class Functionalize:
         tensor and fills its storage."""
         base = st.base
         if not st.layout_exact or not dense(base) or base.numel() == 0:
-            raise AotUnsupported("writing through a view that has no inverse into a base "
+            raise AotUnsupported("K0106", "writing through a view that has no inverse into a base "
                                  "that does not fill its storage")
         self.storage_addressed(st)
         return aten.as_strided_scatter.default(base, new, list(t.shape), list(t.stride()),

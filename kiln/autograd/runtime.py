@@ -35,6 +35,8 @@ from kiln.autograd.partition import partition
 from kiln.autograd.eager_saved import Witnesses
 from kiln.autograd.functionalize import AotUnsupported, replay_in_modes
 from kiln.autograd.trace import TraceResult, _meta_copy, trace_joint
+from kiln.debug.breaks import describe, tag
+from kiln.debug import trace_dir
 from kiln.debug.logs import enabled, log_for
 from kiln.debug.timing import timed
 
@@ -56,7 +58,7 @@ def _module(graph: fx.Graph, constants: dict, name: str) -> fx.GraphModule:
 
 def _log_graph(title: str, gm: fx.GraphModule) -> None:
     if enabled("aot_graphs"):
-        _log.info("%s:\n%s", title, gm.print_readable(print_output=False))
+        _log.info("%s:\n%s", title, gm.print_readable(print_output=False), extra={"kiln_gm": gm})
 
 
 def _example_values(graph: fx.Graph):
@@ -99,6 +101,7 @@ class _Training:
         _log_graph("forward graph", self.fw_module)
         _log_graph("backward graph", self.bw_module)
         self.bw_compiler = bw_compiler
+        self.trace_owner = trace_dir.current()   # a backward compiled later is filed there
         with timed("aot_compile_fw"):
             self.fw = fw_compiler(self.fw_module, _example_values(part.forward))
         #: (grad slots, outputs) -> _Node
@@ -222,7 +225,7 @@ class _Node:
         entry = self._variant(present)
         if entry[3] is None:
             module = entry[0]
-            with timed("aot_compile_bw"):
+            with timed("aot_compile_bw"), trace_dir.within(self.training.trace_owner):
                 bw = self.training.bw_compiler(module, _example_values(module.graph))
             boxed = getattr(bw, "call_boxed", None)
             entry[3] = boxed if boxed is not None else (lambda a: bw(*a))
@@ -308,8 +311,9 @@ class _Eager:
     """A path the tracer cannot express (``AotUnsupported``): its calls run the
     torch-level graph eagerly, which is eager's semantics exactly."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, break_id=None):
         self.reason = reason
+        self.break_id = break_id
 
 
 class AotFunction:
@@ -357,7 +361,7 @@ class AotFunction:
                                    ops=self.ops, aliases=aliases,
                                    grad_at_entry=grad_at_entry)
         except AotUnsupported as e:
-            return _Eager(str(e).split("\n")[0])
+            return _Eager(str(e).split("\n")[0], e.break_id)
 
     def _entry(self, args):
         """(entry, trace) of the path these arguments take: a ``_Training`` or
@@ -418,13 +422,13 @@ class AotFunction:
                                                                            tr.mutations):
             key = _alias_key(args, tr.mutations)
             if key is None:
-                return self._run_eagerly(args, "inputs share storage with an input the "
+                return self._run_eagerly(args, "K0112", "inputs share storage with an input the "
                                                "graph mutates in place")
             entry, tr = self._aliased_entry(args, key)
         if isinstance(entry, _Eager):
-            return self._run_eagerly(args, entry.reason)
+            return self._run_eagerly(args, entry.break_id, entry.reason)
         if tr.storage_inputs and any(args[i].storage_offset() for i in tr.storage_inputs):
-            return self._run_eagerly(args, "the graph addresses the storage of an input "
+            return self._run_eagerly(args, "K0113", "the graph addresses the storage of an input "
                                            "that does not start its storage")
         if isinstance(entry, _Inference):
             if torch.is_grad_enabled():
@@ -466,12 +470,14 @@ class AotFunction:
                 result[k] = args[spec[1]]
         return tuple(result)
 
-    def _run_eagerly(self, args, reason):
+    def _run_eagerly(self, args, break_id, reason):
         """Run the torch-level graph eagerly (exactly eager's semantics), for calls the
-        compiled graphs would not reproduce; each reason is logged once."""
-        if reason not in self.eager_reasons:
-            self.eager_reasons.append(reason)
-            _fallback_log.warning("kiln: running a compiled graph eagerly: %s", reason)
+        compiled graphs would not reproduce; each reason (tagged with its ``break_id``)
+        is logged once."""
+        tagged = tag(break_id, reason)
+        if tagged not in self.eager_reasons:
+            self.eager_reasons.append(tagged)
+            _fallback_log.warning("kiln: running a compiled graph eagerly: %s", describe(break_id, reason))
         self.eager_calls += 1
         out = self.gm(*args)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)

@@ -176,6 +176,8 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         n.meta["phase"] = self.phase
         if self.source is not None:
             n.meta["source"] = self.source.name
+            if "kiln_user_line" in self.source.meta:
+                n.meta["kiln_user_line"] = self.source.meta["kiln_user_line"]
             if self.source.meta.get("stack_trace"):
                 n.meta["stack_trace"] = self.source.meta["stack_trace"]
         return n
@@ -193,7 +195,7 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         storage was written since."""
         info = self.infos.get(id(t))
         if info is None:
-            raise AotUnsupported(f"untracked tensor {tuple(t.shape)} {t.device}")
+            raise AotUnsupported("K0108", f"untracked tensor {tuple(t.shape)} {t.device}")
         st = self.infos[id(t)].storage
         if info.version != st.version:
             self._check_storage_views(info.chain, st)
@@ -229,7 +231,7 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         kwargs = kwargs or {}
         args, kwargs = self._meta_args(args, kwargs)
         if func is aten._local_scalar_dense.default:
-            raise AotUnsupported("a tensor's value (.item(), a data-dependent branch) is "
+            raise AotUnsupported("K0109", "a tensor's value (.item(), a data-dependent branch) is "
                                  "needed, but tracing runs on meta tensors")
         if func is aten._to_copy.default and isinstance(args[0], _NUMBERS):
             return _number_to_copy(self, *args, **kwargs)
@@ -333,7 +335,7 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         value, whose layout must be the base's (and whose offsets are relative to it)."""
         if st.version and any(op in STORAGE_VIEWS for op, *_ in chain):
             if not st.layout_exact:
-                raise AotUnsupported("as_strided of a tensor written in place whose layout "
+                raise AotUnsupported("K0106", "as_strided of a tensor written in place whose layout "
                                      "the functional graph does not keep")
             self.storage_addressed(st)
 
@@ -456,7 +458,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     off when the graph turns it on itself (``torch._C._set_grad_enabled`` nodes)."""
     ops = opinfo.op_set(ops)
     if _names_meta_device(gm):
-        raise AotUnsupported("the graph moves tensors to the meta device, the device "
+        raise AotUnsupported("K0110", "the graph moves tensors to the meta device, the device "
                              "tracing itself runs on")
     if devices is None:
         devices = [a.device if isinstance(a, torch.Tensor) else None
@@ -587,7 +589,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                 if m.grad_fn is history[i]:
                     gradless.add(len(fw_values))
                 elif st.base is not m and m.requires_grad:
-                    raise AotUnsupported("an input that requires grad is written in "
+                    raise AotUnsupported("K0107", "an input that requires grad is written in "
                                          "place after an in-place change of its geometry")
                 mutations.append((i, len(fw_values)))
                 fw_values.append(st.base)
@@ -624,7 +626,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             reason = next((r for m, r in _BACKWARD_ONLY_ERRORS if m in str(e)), None)
             if reason is None:
                 raise
-            raise AotUnsupported(f"{reason}: {str(e).splitlines()[0]}") from e
+            raise AotUnsupported("K0111", f"{reason}: {str(e).splitlines()[0]}") from e
         bw_nodes = [mode.value(g) if g is not None else None for g in grads]
         grad_deps = _grad_deps([fw_values[k] for k in differentiable], leaves)
     else:

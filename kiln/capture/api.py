@@ -13,6 +13,7 @@ import torch
 from kiln import config
 from kiln.backends import lookup_backend
 from kiln.capture.errors import Unsupported
+from kiln.debug.breaks import hint, tag
 from kiln.capture import eval_frame
 from kiln.capture.eval_frame import CompiledFunction, Recorder
 
@@ -46,6 +47,7 @@ class CompiledModule(torch.nn.Module):
 
 
 def _compile_callable(fn, backend, fullgraph, recorder=None, frozen=False):
+    recorder = recorder if recorder is not None else getattr(backend, "kiln_recorder", None)  # CompileProfiler
     be = lookup_backend(backend)
     if isinstance(fn, torch.nn.Module):
         fwd = CompiledFunction(type(fn).forward, be, fullgraph, recorder, frozen)
@@ -109,7 +111,9 @@ class ExplainOutput:
                  "Break Reasons:"]
         for i, b in enumerate(self.break_reasons, 1):
             lines.append(f"  Break Reason {i}:")
-            lines.append(f"    Reason: {b.reason}")
+            lines.append(f"    Reason: {tag(b.break_id, b.reason)}")
+            if hint(b.break_id):
+                lines.append(f"    Hint: {hint(b.break_id)}")
             lines.append("    User Stack:")
             for s in b.user_stack:
                 lines.append(f"      {s}")
@@ -159,7 +163,7 @@ def export(fn, *args, **kwargs):
     compiled = _compile_callable(fn, capture_backend, True, recorder=rec)
     compiled(*args, **kwargs)
     if len(captured) != 1:
-        raise Unsupported(f"export expected one graph, got {len(captured)}")
+        raise Unsupported("K0047", f"export expected one graph, got {len(captured)}")
     return captured[0], rec.guards
 
 

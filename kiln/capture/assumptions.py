@@ -34,7 +34,7 @@ class AssumedTrue(V.Value):
     def truth(self, tx):
         out = tx.output
         if getattr(out, "in_transform", False):
-            raise Unsupported("a validation check inside a torch.func or torch.cond body")
+            raise Unsupported("K0035", "a validation check inside a torch.func or torch.cond body")
         checks = out.__dict__.setdefault("assumed_true", [])
         checks.append(self.tensor)
         return True
@@ -45,10 +45,10 @@ class AssumedTrue(V.Value):
 
 def is_all_true(tx, args, kwargs):
     if len(args) != 1 or kwargs or not isinstance(args[0], V.TensorValue):
-        raise Unsupported("torch._is_all_true with these arguments")
+        raise Unsupported("K0042", "torch._is_all_true with these arguments")
     t = args[0]
     if t.fake.dtype != torch.bool:
-        raise Unsupported("torch._is_all_true of a non-bool tensor")
+        raise Unsupported("K0042", "torch._is_all_true of a non-bool tensor")
     return AssumedTrue(tx.output.op("call_function", torch.all, [t], {}))
 
 

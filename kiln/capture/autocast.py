@@ -139,7 +139,7 @@ class AmpTracker:
 
     def exit(self, ctx) -> None:
         if not self.blocks or self.blocks[-1].device != ctx.device:
-            raise Unsupported("leaving a torch.autocast block other than the innermost one")
+            raise Unsupported("K0034", "leaving a torch.autocast block other than the innermost one")
         block = self.blocks.pop()
         self.nesting_delta -= 1
         self.state = block.undo(self.state)
@@ -222,7 +222,7 @@ class AmpTracker:
                 c_out = c_calls = None
             if c_calls is not None and _same_run(a_out, a_calls, c_out, c_calls):
                 return args, {**kwargs, "dtype": V.ConstantValue(torch.float32)}
-        raise Unsupported(f"{_name(target)} under autocast ({self.state.describe()}): its effect "
+        raise Unsupported("K0034", f"{_name(target)} under autocast ({self.state.describe()}): its effect "
                           "is not a cast of its arguments, which kiln records")
 
     def _probe(self, out, kind, target, f_args, f_kwargs, state):
@@ -239,7 +239,7 @@ class AmpTracker:
         except Exception as e:      # noqa: BLE001
             if state is None:
                 raise
-            raise Unsupported(f"{_name(target)} under autocast ({self.state.describe()}) fails "
+            raise Unsupported("K0008", f"{_name(target)} under autocast ({self.state.describe()}) fails "
                               f"on fake tensors: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         return r, probe.calls
 
@@ -359,16 +359,16 @@ class AutocastValue(V.ContextValue):
                   "_enabled": self.enabled, "_cache_enabled": self.cache_enabled}
         if name in fields:
             return V.ConstantValue(fields[name])
-        raise Unsupported(f"attribute {name!r} of a torch.autocast object")
+        raise Unsupported("K0009", f"attribute {name!r} of a torch.autocast object")
 
     def call(self, tx, args, kwargs):       # used as a decorator
         if len(args) != 1 or kwargs:
-            raise Unsupported("calling a torch.autocast object with other than one function")
+            raise Unsupported("K0034", "calling a torch.autocast object with other than one function")
         return _AutocastWrapped(self, args[0])
 
     def enter(self, tx):
         if self.device not in DEVICES and self.enabled:
-            raise Unsupported(f"torch.autocast on {self.device!r} (kiln models CPU and CUDA autocast)")
+            raise Unsupported("K0034", f"torch.autocast on {self.device!r} (kiln models CPU and CUDA autocast)")
         tx.output.autocast.enter(self)
         return self
 
@@ -409,7 +409,7 @@ def construct(tx, cls, args, kwargs):
         a = [v.const() for v in args]
         k = {n: v.const() for n, v in kwargs.items()}
     except Unsupported:
-        raise Unsupported("torch.autocast(...) with arguments that are not constants") from None
+        raise Unsupported("K0011", "torch.autocast(...) with arguments that are not constants") from None
     sig = inspect.signature(cls.__init__)
     bound = sig.bind(None, *a, **k)
     bound.apply_defaults()

@@ -15,6 +15,7 @@ import torch
 
 from kiln import config
 from kiln.capture.errors import BackendCompilerFailed
+from kiln.debug.breaks import tag
 
 
 def backend_name(backend) -> str:
@@ -75,7 +76,7 @@ class FirstRun:
         err = BackendCompilerFailed(backend_name(self.backend), "running", failure, self.where)
         if not config.suppress_errors:
             raise err from failure
-        logging.getLogger("kiln").warning("%s; running that graph eagerly from now on", err)
+        logging.getLogger("kiln").warning("%s; running that graph eagerly from now on", tag("K0055", str(err)))
         self.namespace[self.name] = self.eager
         return out
 

@@ -112,15 +112,15 @@ class BodyGraph(OutputGraph):
     def finish(self, outputs: list) -> fx.GraphModule:
         """Close the body over ``outputs`` (TensorValues); check what it must not do."""
         if self.mutated:
-            raise Unsupported(f"{self.what} changes Python state (a transform would replay it "
+            raise Unsupported("K0035", f"{self.what} changes Python state (a transform would replay it "
                               "with its own tensors)")
         for fake, version in self._versions:
             if fake._version != version:
-                raise Unsupported(f"{self.what} writes in place into a tensor it did not create "
+                raise Unsupported("K0035", f"{self.what} writes in place into a tensor it did not create "
                                   "(an input or a captured tensor)")
         for v in outputs:
             if v.node.graph is not self.graph:
-                raise Unsupported(f"{self.what} returns a tensor from outside")
+                raise Unsupported("K0035", f"{self.what} returns a tensor from outside")
         self.graph.output(tuple(v.node for v in outputs))
         self.graph.lint()
         gm = fx.GraphModule(torch.nn.Module(), self.graph, class_name="TransformBody")
@@ -137,7 +137,7 @@ class _BodyTensor(V.TensorValue):
 
     @property
     def node(self):
-        raise Unsupported("a tensor made inside a torch.func transform's function is used "
+        raise Unsupported("K0035", "a tensor made inside a torch.func transform's function is used "
                           "outside it")
 
     @node.setter
@@ -146,7 +146,7 @@ class _BodyTensor(V.TensorValue):
 
     @property
     def fake(self):
-        raise Unsupported("a tensor made inside a torch.func transform's function is used "
+        raise Unsupported("K0035", "a tensor made inside a torch.func transform's function is used "
                           "outside it")
 
     @fake.setter
@@ -164,10 +164,10 @@ def trace_body(tx, body: BodyGraph, fn_value, args, kwargs):
     except UserException as e:
         # raised inside the transform: what the body did before it (Python state it
         # changed) is not replayed, so the caller cannot go on from here in a graph
-        raise Unsupported(f"{body.what} raises {e.value.cls.__name__}") from None
+        raise Unsupported("K0035", f"{body.what} raises {e.value.cls.__name__}") from None
     finally:
         tx.output = saved
 
 
 def _unsupported(msg):
-    raise Unsupported(msg)
+    raise Unsupported("K0035", msg)

@@ -53,7 +53,7 @@ def wrap(tx, obj, source, module_member=False):
             return known
     if isinstance(obj, torch.Tensor):
         if source is None:
-            raise Unsupported("a tensor that kiln cannot re-read at run time (no source)")
+            raise Unsupported("K0026", "a tensor that kiln cannot re-read at run time (no source)")
         return tx.output.input_tensor(obj, source)
     if t in _CONST_TYPES or obj is Ellipsis:
         if g:
@@ -95,7 +95,7 @@ def wrap(tx, obj, source, module_member=False):
         return tx.output.remember(obj, V.DictValue(items, source, cls=t))
     if t in (set, frozenset):
         if not all(type(k) in _CONST_TYPES for k in obj):
-            raise Unsupported("a set of non-constant items")
+            raise Unsupported("K0011", "a set of non-constant items")
         if t is frozenset:
             if g:
                 g.constant(source, obj)
@@ -182,12 +182,13 @@ class _BreakingFunction(V.Value):
     """kiln.graph_break(), kiln.disable'd and disallow_in_graph'd functions: a call is a
     graph break, so the callee runs as plain Python."""
 
-    def __init__(self, fn, why):
+    def __init__(self, fn, break_id, why):
         self.fn = fn
+        self.break_id = break_id
         self.why = why
 
     def call(self, tx, args, kwargs):
-        raise Unsupported(self.why)
+        raise Unsupported(self.why, break_id=self.break_id)
 
 
 class _GradModeFactory(V.Value):
@@ -220,7 +221,7 @@ def _special(obj):
         return found
     try:
         if obj is api.graph_break:
-            return _BreakingFunction(obj, "kiln.graph_break() called")
+            return _BreakingFunction(obj, "K0027", "kiln.graph_break() called")
         if type(obj) is types.MethodType and isinstance(obj.__self__, (torch.no_grad, torch.enable_grad)) \
                 and obj.__func__.__name__ == "clone":
             # the factory inside @torch.no_grad()-decorated functions: a fresh manager
@@ -234,9 +235,9 @@ def _special(obj):
             # functions outside torch's graph modules: inlining them would read False)
             return V.TorchFunctionValue(obj)
         if getattr(obj, "__dict__", {}).get("_kiln_disabled") is True:  # not a __getattr__'s answer
-            return _BreakingFunction(obj, f"{getattr(obj, '__qualname__', obj)} is marked kiln.disable")
+            return _BreakingFunction(obj, "K0028", f"{getattr(obj, '__qualname__', obj)} is marked kiln.disable")
         if obj in api._disallowed_in_graph:
-            return _BreakingFunction(obj, f"{getattr(obj, '__qualname__', obj)} is disallowed in graph")
+            return _BreakingFunction(obj, "K0029", f"{getattr(obj, '__qualname__', obj)} is disallowed in graph")
         if obj in api._allowed_in_graph:
             return _AllowedFunction(obj)
         found = func_transforms.special_value(obj)
@@ -363,7 +364,7 @@ def wrap_class_attr(tx, self_value, cls, name, source=None):
     if isinstance(attr, types.ClassMethodDescriptorType):
         attr = getattr(cls, name)  # a C classmethod: bound to the class, as Python reads it
     if isinstance(attr, (functools.cached_property,)):
-        raise Unsupported(f"cached_property {name}")
+        raise Unsupported("K0009", f"cached_property {name}")
     if self_value is not None and isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         return V.MethodValue(V.BuiltinValue(attr), self_value)
     src = None
@@ -401,7 +402,7 @@ def _fn_value(fn):
 
 
 def _unsupported(msg):
-    raise Unsupported(msg)
+    raise Unsupported("K0009", msg)
 
 
 def builtins_dict(f_globals):

@@ -42,7 +42,7 @@ def apply_rule(tx, fn, rule_, args, kwargs):
     except TypeError as e:
         if e.__traceback__.tb_next is not None:  # raised inside the rule: not a binding error
             raise
-        raise Unsupported(f"{getattr(fn, '__qualname__', fn)} with these arguments ({e})") from None
+        raise Unsupported("K0016", f"{getattr(fn, '__qualname__', fn)} with these arguments ({e})") from None
 
 
 def _type_of(v):
@@ -63,7 +63,7 @@ def call_builtin(tx, fn, args, kwargs):
             cargs = [a.const() for a in args]
             ckw = {k: v.const() for k, v in kwargs.items()}
         except Unsupported:
-            raise Unsupported(f"{getattr(fn, '__name__', fn)} on non-constant arguments")
+            raise Unsupported("K0011", f"{getattr(fn, '__name__', fn)} on non-constant arguments")
         from kiln.capture.builder import wrap_static
 
         return wrap_static(fold(fn, *cargs, **ckw))
@@ -80,7 +80,7 @@ def call_builtin(tx, fn, args, kwargs):
             except Unsupported:
                 if name == "join" and isinstance(self_, str):
                     raise
-                raise Unsupported(f"{type(self_).__name__}.{name} on non-constant arguments")
+                raise Unsupported("K0011", f"{type(self_).__name__}.{name} on non-constant arguments")
             from kiln.capture.builder import wrap_static
 
             return wrap_static(fold(fn, *cargs, **ckw))
@@ -98,14 +98,14 @@ def call_builtin(tx, fn, args, kwargs):
     if objclass is not None and args and isinstance(args[0], (V._Sequence, V.DictValue, V.SetValue)):
         # unbound C methods called with the instance first: dict.get(d, k), list.append(l, x)
         return args[0].call_method(tx, name, list(args[1:]), kwargs)
-    raise Unsupported(f"call to builtin {getattr(fn, '__qualname__', fn)!r} (kiln cannot trace it)")
+    raise Unsupported("K0016", f"call to builtin {getattr(fn, '__qualname__', fn)!r} (kiln cannot trace it)")
 
 
 @rule(object.__init__)
 def _object_init(tx, self_, *args, **kwargs):
     """``super().__init__()`` reaching object's: nothing to do (arguments: plain Python)."""
     if args or kwargs:
-        raise Unsupported("object.__init__ with arguments")
+        raise Unsupported("K0016", "object.__init__ with arguments")
     return C(None)
 
 
@@ -167,11 +167,11 @@ def real_callable(v):
         self_v = v.self_value
         real_self = getattr(self_v, "mod", None) if isinstance(self_v, V.ModuleValue) else getattr(self_v, "obj", None)
         if real_self is None or isinstance(self_v, V.NewObjectValue):
-            raise Unsupported("the signature of a method of an object made inside the trace")
+            raise Unsupported("K0016", "the signature of a method of an object made inside the trace")
         return types.MethodType(real_callable(v.func), real_self)
     if isinstance(v, V.ClassValue):
         return v.cls
-    raise Unsupported(f"the signature of {v}")
+    raise Unsupported("K0016", f"the signature of {v}")
 
 
 import warnings  # noqa: E402
@@ -196,7 +196,7 @@ def _signature(tx, fn, **kwargs):
 
 @rule(print)
 def _print(tx, *a, **k):
-    raise Unsupported("print() has a side effect outside the graph")
+    raise Unsupported("K0018", "print() has a side effect outside the graph")
 
 
 @rule(len)
@@ -225,7 +225,7 @@ def _len(tx, x):
         if x.source is None and not x.attrs and x.obj is not None and type(x.obj) in _READ_ONLY_SIZED:
             return C(len(x.obj))
         return call_dunder(tx, x, "__len__", [], {})
-    raise Unsupported(f"len of {x}")
+    raise Unsupported("K0016", f"len of {x}")
 
 
 _READ_ONLY_SIZED = (type(type.__dict__),)  # mappingproxy (Signature.parameters)
@@ -261,7 +261,7 @@ def _issubclass(tx, a, b):
 @rule(type)
 def _type(tx, *args):
     if len(args) != 1:
-        raise Unsupported("type() with 3 arguments")
+        raise Unsupported("K0016", "type() with 3 arguments")
     v = args[0]
     if isinstance(v, V.TensorValue):
         import torch
@@ -323,20 +323,20 @@ def _hash(tx, v):
         if isinstance(attr, types.FunctionType):
             r = call_dunder(tx, v, "__hash__", [], {})
             if not isinstance(r, V.ConstantValue) or not isinstance(r.value, int):
-                raise Unsupported("__hash__ returning a non-int")
+                raise Unsupported("K0016", "__hash__ returning a non-int")
             return C(hash(r.value))  # ints too large for a hash are hashed again
-    raise Unsupported(f"hash() of {v} (its identity)")
+    raise Unsupported("K0017", f"hash() of {v} (its identity)")
 
 
 @rule(id)
 def _id(tx, v):
-    raise Unsupported("id() of a traced value")
+    raise Unsupported("K0017", "id() of a traced value")
 
 
 @rule(iter)
 def _iter(tx, v, *sentinel):
     if sentinel:
-        raise Unsupported("iter(callable, sentinel)")
+        raise Unsupported("K0016", "iter(callable, sentinel)")
     return iterators.get_iter(tx, v)
 
 
@@ -344,7 +344,7 @@ def _iter(tx, v, *sentinel):
 def _next(tx, it, *default):
     if not iterators.is_iterator(it):
         if hasattr(it.python_type(), "__next__"):
-            raise Unsupported(f"next() on {it}")
+            raise Unsupported("K0016", f"next() on {it}")
         raise UserException(V.ExceptionValue(TypeError, [C(f"{it.python_type().__name__!r} object is not an iterator")]))
     if isinstance(it, V.ObjectValue):  # the user's own __next__: its StopIteration as it is
         from kiln.capture.objects import call_dunder
@@ -419,7 +419,7 @@ def _minmax(tx, which, args, key, default):
             return default
         raise UserException(V.ExceptionValue(ValueError, [C(f"{which.__name__}() arg is an empty sequence")]))
     if key is None and any(isinstance(i, V.TensorValue) for i in items):
-        raise Unsupported(f"{which.__name__}() over tensors compares their values")
+        raise Unsupported("K0006", f"{which.__name__}() over tensors compares their values")
     best = items[0]
     for x in items[1:]:
         a = key.call(tx, [x], {}).const() if key else x.const()
@@ -480,7 +480,7 @@ def _numeric(cls):
         if x is None:
             return C(cls())
         if isinstance(x, V.TensorValue):
-            raise Unsupported(f"{cls.__name__}() of a tensor needs its data")
+            raise Unsupported("K0007", f"{cls.__name__}() of a tensor needs its data")
         return C(fold(cls, x.const(), *[r.const() for r in rest]))
 
     return h
@@ -496,7 +496,7 @@ def _str(tx, x=None):
     if x is None:
         return C("")
     if isinstance(x, V.TensorValue):
-        raise Unsupported("str() of a tensor needs its data")
+        raise Unsupported("K0007", "str() of a tensor needs its data")
     if isinstance(x, V.ClassValue):
         return C(str(x.cls))
     return C(str(x.const()))
@@ -540,7 +540,7 @@ def _slice(tx, *args):
 
 @rule(object)
 def _object(tx):
-    raise Unsupported("object() sentinel created inside a compiled region")
+    raise Unsupported("K0016", "object() sentinel created inside a compiled region")
 
 
 @rule(super)
@@ -615,7 +615,7 @@ def _chain_from_iterable(tx, it):
 def _dir(tx, *args):
     if not args:
         needs_own_frame(tx, "dir()")
-    raise Unsupported("dir() of a traced value")
+    raise Unsupported("K0016", "dir() of a traced value")
 
 
 @rule(vars)
@@ -625,7 +625,7 @@ def _vars(tx, *args):
     obj, = args
     if isinstance(obj, V.NewObjectValue):
         return V.DictValue(dict(obj.attrs))
-    raise Unsupported("vars() of an existing object")
+    raise Unsupported("K0016", "vars() of an existing object")
 
 
 # --- functools / itertools ----------------------------------------------------------
@@ -680,7 +680,7 @@ def _islice(tx, it, *args):
 @rule(itertools.repeat)
 def _repeat(tx, x, times=None):
     if times is None:
-        raise Unsupported("itertools.repeat without times")
+        raise Unsupported("K0016", "itertools.repeat without times")
     return V.IteratorValue([x] * times.const())
 
 

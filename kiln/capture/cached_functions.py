@@ -38,7 +38,7 @@ def _fold(fn, args, kwargs):
         real_args = [_real(a) for a in args]
         real_kw = {k: _real(v) for k, v in kwargs.items()}
     except Unsupported:
-        raise Unsupported(f"{fn.__qualname__} of non-constant arguments")
+        raise Unsupported("K0011", f"{fn.__qualname__} of non-constant arguments")
     return wrap_static(fold(fn, *real_args, **real_kw))
 
 
@@ -55,7 +55,7 @@ class CachedFunctionValue(V.Value):
         if getattr(inner, "__module__", None) in _PURE_MODULES:
             return _fold(self.fn, args, kwargs)
         if not isinstance(inner, types.FunctionType):
-            raise Unsupported(f"a cached {type(inner).__qualname__} (not Python code)")
+            raise Unsupported("K0016", f"a cached {type(inner).__qualname__} (not Python code)")
         return V.UserFunctionValue(inner).call(tx, args, kwargs)
 
     def getattr(self, tx, name):
@@ -63,7 +63,7 @@ class CachedFunctionValue(V.Value):
 
         if name in ("__name__", "__qualname__", "__module__", "__doc__", "__wrapped__"):
             return wrap_static(getattr(self.fn, name))
-        raise Unsupported(f"attribute {name!r} of an lru_cache wrapper")
+        raise Unsupported("K0009", f"attribute {name!r} of an lru_cache wrapper")
 
     def __repr__(self):
         return f"Cached({self.fn.__wrapped__.__qualname__})"

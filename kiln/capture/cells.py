@@ -31,7 +31,7 @@ class RealCell:
             raise UserException(V.ExceptionValue(NameError, [V.ConstantValue("free variable referenced before assignment")]))
         if self.source is None:
             if isinstance(obj, torch.Tensor) or type(obj) in (list, dict, set):
-                raise Unsupported("a tensor or mutable container in a closure kiln cannot re-read")
+                raise Unsupported("K0026", "a tensor or mutable container in a closure kiln cannot re-read")
             try:
                 return wrap_static(obj)
             except Unsupported:
@@ -40,7 +40,7 @@ class RealCell:
 
     def write(self, tx, value):
         if self.source is None:
-            raise Unsupported("writing a closure cell kiln cannot re-read")
+            raise Unsupported("K0026", "writing a closure cell kiln cannot re-read")
         self.written = value
         tx.output.mark_mutated(self)
 

@@ -37,7 +37,7 @@ def construct(tx, cv, args, kwargs):
         try:
             return V.ConstantValue(cls(*[a.const() for a in args], **{k: v.const() for k, v in kwargs.items()}))
         except Unsupported:
-            raise Unsupported(f"{cls.__name__}() from non-constant values")
+            raise Unsupported("K0011", f"{cls.__name__}() from non-constant values")
     if cls is torch.no_grad:
         return V.GradModeValue(False)
     if cls is torch.enable_grad:
@@ -64,7 +64,7 @@ def construct(tx, cv, args, kwargs):
 
                 vals.append(wrap_static(defaults[f]))
             else:
-                raise Unsupported(f"namedtuple {cls.__name__} missing {f}")
+                raise Unsupported("K0024", f"namedtuple {cls.__name__} missing {f}")
         return V.NamedTupleValue(cls, vals)
     from kiln.capture import dataclass_dicts
 
@@ -75,25 +75,25 @@ def construct(tx, cv, args, kwargs):
 
         return made_modules.construct(tx, cls, args, kwargs)
     if issubclass(cls, torch.Tensor):
-        raise Unsupported(f"constructing {cls.__qualname__} directly")
+        raise Unsupported("K0024", f"constructing {cls.__qualname__} directly")
     if cls.__module__ in ("builtins",) or (cls.__module__.startswith("torch")
                                            and not cls.__module__.startswith(TRACED_TORCH_CLASSES)):
-        raise Unsupported(f"constructing {cls.__qualname__}")
+        raise Unsupported("K0024", f"constructing {cls.__qualname__}")
     if type(cls) is abc.ABCMeta and cls.__abstractmethods__:
-        raise Unsupported(f"instantiating abstract class {cls.__qualname__}")
+        raise Unsupported("K0024", f"instantiating abstract class {cls.__qualname__}")
     if type(cls) not in (type, abc.ABCMeta):  # ABCMeta only adds the abstract-method check
-        raise Unsupported(f"a class with metaclass {type(cls).__qualname__}")
+        raise Unsupported("K0024", f"a class with metaclass {type(cls).__qualname__}")
     if cls.__new__ is not object.__new__:
-        raise Unsupported(f"{cls.__qualname__} defines __new__")
+        raise Unsupported("K0024", f"{cls.__qualname__} defines __new__")
     obj = V.NewObjectValue(cls)
     owner, init = lookup_guarded(tx, cls, "__init__")
     if owner is object:
         if args or kwargs:
-            raise Unsupported(f"{cls.__qualname__}() takes no arguments")
+            raise Unsupported("K0024", f"{cls.__qualname__}() takes no arguments")
     elif isinstance(init, types.FunctionType):
         V.UserFunctionValue(init).call(tx, [obj] + list(args), kwargs)
     else:
-        raise Unsupported(f"{cls.__qualname__}.__init__ is not Python code")
+        raise Unsupported("K0024", f"{cls.__qualname__}.__init__ is not Python code")
     return obj
 
 
@@ -110,14 +110,14 @@ def _construct_exception(tx, cls, args, kwargs):
     attributes it sets stay on the Value)."""
     new_owner, _ = lookup_guarded(tx, cls, "__new__")
     if new_owner is None or new_owner.__module__ != "builtins":
-        raise Unsupported(f"{cls.__qualname__} defines __new__")
+        raise Unsupported("K0024", f"{cls.__qualname__} defines __new__")
     _, init = lookup_guarded(tx, cls, "__init__")
     if isinstance(init, types.FunctionType):
         ev = V.ExceptionValue(cls, args, custom_init=True)
         V.UserFunctionValue(init).call(tx, [ev] + list(args), kwargs)
         return ev
     if kwargs:
-        raise Unsupported(f"{cls.__qualname__}() with keyword arguments")
+        raise Unsupported("K0024", f"{cls.__qualname__}() with keyword arguments")
     return V.ExceptionValue(cls, args)
 
 
@@ -125,7 +125,7 @@ def exception_init(tx, cls, args, kwargs):
     """``BaseException.__init__(self, *args)`` (``super().__init__(msg)`` in a user
     exception's ``__init__``): sets ``self.args``."""
     if cls not in PLAIN_EXCEPTION_INIT or kwargs:
-        raise Unsupported(f"{cls.__qualname__}.__init__ with these arguments")
+        raise Unsupported("K0024", f"{cls.__qualname__}.__init__ with these arguments")
     args[0].args = list(args[1:])
     return V.ConstantValue(None)
 
@@ -176,7 +176,7 @@ def _read_for_real(tx, cv, name):
     """A C-level descriptor of the metaclass: read through the class's source (the
     guard re-reads it the same way)."""
     if cv.source is None:
-        raise Unsupported(f"metaclass attribute {name!r} of {cv.cls.__qualname__} (no source to re-read)")
+        raise Unsupported("K0026", f"metaclass attribute {name!r} of {cv.cls.__qualname__} (no source to re-read)")
     from kiln.capture.builder import wrap
 
     return wrap(tx, getattr(cv.cls, name), AttrSource(cv.source, name))

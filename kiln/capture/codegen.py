@@ -145,11 +145,11 @@ class EntryCodegen:
             return self._new_object(v)
         if isinstance(v, (V.ObjectValue,)):
             if getattr(v, "made_in_trace", False):
-                raise Unsupported(f"{v} made in the compiled region outlives it (eager makes a new one per call)")
+                raise Unsupported("K0021", f"{v} made in the compiled region outlives it (eager makes a new one per call)")
             if v.source is None:
                 if v.obj is not None and not v.attrs:
                     return self.ref(v.obj, "obj")  # the same real object, unchanged
-                raise Unsupported(f"rebuilding {v}")
+                raise Unsupported("K0021", f"rebuilding {v}")
             return self.read(v.source)
         if isinstance(v, (V.UserFunctionValue, V.BuiltinValue, V.TorchFunctionValue)):
             return self.read(v.source) if v.source is not None else self.ref(v.fn, "f")
@@ -167,13 +167,13 @@ class EntryCodegen:
             return f"{self.ref(types.MethodType, 'types')}({self.expr(fn)}, {self.expr(v.self_value)})"
         if isinstance(v, V.NestedFunctionValue):
             if v.__dict__.get("attrs"):
-                raise Unsupported("rebuilding a function whose attributes were set inside the compiled region")
+                raise Unsupported("K0021", "rebuilding a function whose attributes were set inside the compiled region")
             if v.closure:
-                raise Unsupported("rebuilding a closure created inside the compiled region")
+                raise Unsupported("K0021", "rebuilding a closure created inside the compiled region")
             defaults = "None" if not v.defaults else "(" + ", ".join(self.expr(d) for d in v.defaults) + ",)"
             fn = f"{self.ref(types.FunctionType, 'types')}({self.ref(v.code, 'code')}, {self.ref(v.f_globals, 'g')}, {v.qualname!r}, {defaults})"
             if v.kwdefaults:
-                raise Unsupported("rebuilding a nested function with keyword defaults")
+                raise Unsupported("K0021", "rebuilding a nested function with keyword defaults")
             return fn
         if isinstance(v, V.ExceptionValue):
             if not v.attrs and not v.custom_init:
@@ -190,7 +190,7 @@ class EntryCodegen:
         if isinstance(v, _ExitValue) and hasattr(v.ctx, "exit_expr"):
             return v.ctx.exit_expr(self)
         if isinstance(v, V.SuperValue):
-            raise Unsupported("rebuilding super()")
+            raise Unsupported("K0021", "rebuilding super()")
         if hasattr(v, "fn") and not hasattr(v, "code"):  # special kiln functions
             return self.ref(v.fn, "f")
         if hasattr(v, "func") and hasattr(v, "kwargs"):  # partial
@@ -199,7 +199,7 @@ class EntryCodegen:
             args = "".join(self.expr(a) + ", " for a in v.args)
             kw = "".join(f"{k}={self.expr(a)}, " for k, a in v.kwargs.items())
             return f"{self.ref(functools.partial, 'partial')}({self.expr(v.func)}, {args}{kw})"
-        raise Unsupported(f"rebuilding {v} after the graph")
+        raise Unsupported("K0021", f"rebuilding {v} after the graph")
 
     def _new_mutable(self, v):
         name = self.temp()
@@ -226,7 +226,7 @@ class EntryCodegen:
     def _new_dataclass_dict(self, v):
         kw = v.rebuild_kwargs()
         if kw is None:
-            raise Unsupported(f"rebuilding {v}: its items and attributes no longer agree")
+            raise Unsupported("K0021", f"rebuilding {v}: its items and attributes no longer agree")
         name = self.temp()
         self._temps[id(v)] = name
         args = ", ".join(f"{k}={self.expr(a)}" for k, a in kw.items())
@@ -293,7 +293,7 @@ class EntryCodegen:
                     v = val(self.expr(a))
                     apply.append(f"setattr({self.read(m.source)}, {k!r}, {v})")
             else:
-                raise Unsupported(f"applying a side effect on {m}")
+                raise Unsupported("K0022", f"applying a side effect on {m}")
         self.lines += compute + apply
 
     def mutated_values(self):

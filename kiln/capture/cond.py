@@ -55,7 +55,7 @@ class CondCall:
         elif torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat):
             from kiln.autograd.functionalize import AotUnsupported
 
-            raise AotUnsupported("torch.cond with operands that need gradients (both branches would be "
+            raise AotUnsupported("K0114", "torch.cond with operands that need gradients (both branches would be "
                                  "differentiated): the graph runs at torch level")
         outs_t = self.true_gm.forward(*true_args)
         outs_f = self.false_gm.forward(*false_args)
@@ -83,9 +83,9 @@ def _trace_branch(tx, fn, operands, which):
             and all(isinstance(i, V.TensorValue) for i in result.items):
         outs, structure = list(result.items), type(result)
     else:
-        raise Unsupported(f"the {which} branch of torch.cond returns {result} (not a tensor or a tuple of tensors)")
+        raise Unsupported("K0057", f"the {which} branch of torch.cond returns {result} (not a tensor or a tuple of tensors)")
     if any(_may_alias_input(o.node) for o in outs):
-        raise Unsupported(f"the {which} branch of torch.cond returns an operand or a view of one "
+        raise Unsupported("K0057", f"the {which} branch of torch.cond returns an operand or a view of one "
                           "(eager's torch.cond raises on aliasing)")
     fakes = [o.fake for o in outs]   # body Values are unusable once the body is finished
     gm = body.finish(outs)
@@ -121,23 +121,23 @@ def call_cond(tx, args, kwargs):
     bound = dict(zip(names, args))
     for k, v in kwargs.items():
         if k not in names or k in bound:
-            raise Unsupported(f"torch.cond with argument {k!r}")
+            raise Unsupported("K0057", f"torch.cond with argument {k!r}")
         bound[k] = v
     pred, true_fn, false_fn = bound["pred"], bound["true_fn"], bound["false_fn"]
     operands = bound.get("operands", V.TupleValue([]))
     if not isinstance(operands, (V.TupleValue, V.ListValue)) or \
             not all(isinstance(o, V.TensorValue) for o in operands.items):
-        raise Unsupported("torch.cond operands other than a flat tuple of tensors")
+        raise Unsupported("K0057", "torch.cond operands other than a flat tuple of tensors")
     ops = list(operands.items)
     if isinstance(pred, V.ConstantValue) and isinstance(pred.value, (bool, int, float)):
         return (true_fn if pred.value else false_fn).call(tx, ops, {})   # eager calls one branch
     if not isinstance(pred, V.TensorValue) or pred.fake.numel() != 1 or pred.fake.dtype != torch.bool:
-        raise Unsupported("torch.cond with a predicate other than a one-element bool tensor or a constant")
+        raise Unsupported("K0057", "torch.cond with a predicate other than a one-element bool tensor or a constant")
     true_gm, true_lifted, true_outs, t_struct = _trace_branch(tx, true_fn, ops, "true")
     false_gm, false_lifted, false_outs, f_struct = _trace_branch(tx, false_fn, ops, "false")
     if t_struct != f_struct or len(true_outs) != len(false_outs) or \
             not all(_same_meta(a, b) for a, b in zip(true_outs, false_outs)):
-        raise Unsupported("torch.cond branches return different structures or tensor metadata")
+        raise Unsupported("K0057", "torch.cond branches return different structures or tensor metadata")
     call = CondCall(true_gm, false_gm, len(ops), len(true_lifted))
     res = tx.output.op("call_function", call, [pred] + ops + true_lifted + false_lifted, {})
     items = res.items if isinstance(res, V.TupleValue) else [res]

@@ -54,7 +54,7 @@ def list_method(tx, lst, name, args, kwargs):
     elif name in ("index", "count", "__len__", "__getitem__", "__contains__"):
         return tuple_method(tx, lst, name, args, kwargs)
     else:
-        raise Unsupported(f"list.{name}")
+        raise Unsupported("K0019", f"list.{name}")
     _mutated(tx, lst)
     return V.ConstantValue(None)
 
@@ -86,7 +86,7 @@ def tuple_method(tx, seq, name, args, kwargs):
         return V.NamedTupleValue(seq.cls, new)
     if isinstance(seq, V.NamedTupleValue) and name == "_asdict":
         return V.DictValue(dict(zip(seq.cls._fields, items)))
-    raise Unsupported(f"tuple.{name}")
+    raise Unsupported("K0019", f"tuple.{name}")
 
 
 def dict_items_of(tx, v):
@@ -165,7 +165,7 @@ def dict_method(tx, d, name, args, kwargs):
             raise UserException(V.ExceptionValue(KeyError, [args[0]]))
         del items[k]
     else:
-        raise Unsupported(f"dict.{name}")
+        raise Unsupported("K0019", f"dict.{name}")
     _mutated(tx, d)
     return V.ConstantValue(None)
 
@@ -219,6 +219,6 @@ def set_method(tx, s, name, args, kwargs):
     elif name == "__len__":
         return V.ConstantValue(len(items))
     else:
-        raise Unsupported(f"set.{name}")
+        raise Unsupported("K0019", f"set.{name}")
     _mutated(tx, s)
     return V.ConstantValue(None)

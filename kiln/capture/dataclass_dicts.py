@@ -161,7 +161,7 @@ def construct(tx, cls, args, kwargs):
             raise UserException(V.ExceptionValue(TypeError, [V.ConstantValue(
                 f"{cls.__name__}.__init__() missing required argument {f.name!r}")]))
         else:
-            raise Unsupported(f"{cls.__name__}: a field with a default factory")
+            raise Unsupported("K0024", f"{cls.__name__}: a field with a default factory")
     if not fields:
         raise UserException(V.ExceptionValue(ValueError, [V.ConstantValue(f"{cls.__name__} has no fields.")]))
     first = attrs[fields[0].name]
@@ -170,7 +170,7 @@ def construct(tx, cls, args, kwargs):
     if others_none and not isinstance(first, V.TensorValue):
         if not _is_none(first):
             # ModelOutput then treats the first field as an iterator of (key, value)
-            raise Unsupported(f"{cls.__name__} built from a non-tensor first field")
+            raise Unsupported("K0024", f"{cls.__name__} built from a non-tensor first field")
     else:
         for f in fields:
             if not _is_none(attrs[f.name]):

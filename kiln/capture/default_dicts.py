@@ -30,7 +30,7 @@ class DefaultDictValue(V.DictValue):
         if name == "copy" and not args and not kwargs:
             return DefaultDictValue(dict(self.items), self.factory)
         if name == "__missing__":
-            raise Unsupported("calling defaultdict.__missing__ directly")
+            raise Unsupported("K0019", "calling defaultdict.__missing__ directly")
         return super().call_method(tx, name, args, kwargs)
 
     def getattr(self, tx, name):

@@ -55,14 +55,14 @@ class DictViewValue(V.Value):
     def as_set(self, tx):
         """The view's items as a Python set of constants (keys and items views)."""
         if self.kind == "values":
-            raise Unsupported("set operations on dict.values()")
+            raise Unsupported("K0014", "set operations on dict.values()")
         return set(v.const() for v in self.unpack(tx))
 
     def getattr(self, tx, name):
         if name == "__class__":
             return V.ClassValue(self.python_type())
         if name == "mapping":
-            raise Unsupported("dict view .mapping")
+            raise Unsupported("K0009", "dict view .mapping")
         return V._container_getattr(self, tx, name)
 
     def call_method(self, tx, name, args, kwargs):
@@ -78,7 +78,7 @@ class DictViewValue(V.Value):
             return V.ConstantValue(self.as_set(tx).isdisjoint(_as_set(tx, args[0])))
         if name == "__reversed__":
             return V.IteratorValue(list(reversed(self.unpack(tx))))
-        raise Unsupported(f"{self.python_type().__name__}.{name}")
+        raise Unsupported("K0019", f"{self.python_type().__name__}.{name}")
 
     def referenced(self):
         return [self.d]
@@ -94,7 +94,7 @@ def _key(v):
     try:
         return v.const()
     except Unsupported:
-        raise Unsupported("a dict key that is not a constant") from None
+        raise Unsupported("K0011", "a dict key that is not a constant") from None
 
 
 def _as_set(tx, v):
@@ -110,7 +110,7 @@ def _as_set(tx, v):
 def view_binary_op(tx, fn, a, b):
     """``keys_view & other`` and friends (either side a view): a new set."""
     if fn not in _SET_OPS:
-        raise Unsupported(f"operator {fn.__name__} on a dict view")
+        raise Unsupported("K0014", f"operator {fn.__name__} on a dict view")
     return V.SetValue(fn(_as_set(tx, a), _as_set(tx, b)))
 
 
@@ -121,11 +121,11 @@ def view_compare(tx, fn, a, b):
 
         if fn in (operator.eq, operator.ne):
             return V.ConstantValue((fn is operator.eq) == is_same(tx, a, b))
-        raise Unsupported("ordering dict.values() views")
+        raise Unsupported("K0014", "ordering dict.values() views")
     if not (_setlike(a) and _setlike(b)):  # CPython: NotImplemented, then identity
         if fn in (operator.eq, operator.ne):
             return V.ConstantValue(fn is operator.ne)
-        raise Unsupported("ordering a dict view with a non-set")
+        raise Unsupported("K0014", "ordering a dict view with a non-set")
     return V.ConstantValue(fn(_as_set(tx, a), _as_set(tx, b)))
 
 

@@ -30,10 +30,10 @@ class EnvironRead(V.Value):
 
 def environ_read(tx, name, args, kwargs):
     if name not in _READS or kwargs:
-        raise Unsupported(f"os.environ.{name}")
+        raise Unsupported("K0019", f"os.environ.{name}")
     key = args[0].const()
     if not isinstance(key, str):
-        raise Unsupported("os.environ read with a non-string key")
+        raise Unsupported("K0011", "os.environ read with a non-string key")
     value = os.environ.get(key)
     g = tx.output.guards
     env = g.const(os.environ, "env")

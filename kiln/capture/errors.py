@@ -7,21 +7,38 @@ while being traced, so the interpreter can route it to the user's own ``except``
 """
 from __future__ import annotations
 
+from kiln.debug.breaks import describe, split_id, tag
+
 
 class Unsupported(RuntimeError):
-    """Raised when code cannot be captured into a graph (and the user asked for one)."""
+    """Raised when code cannot be captured into a graph (and the user asked for one).
 
-    def __init__(self, msg: str, user_stack=None):
+    ``Unsupported("K0042", "why", user_stack=None)``: the first argument is the reason's
+    ID in ``kiln/debug/breaks.py`` (``break_id``); the message says what was met."""
+
+    def __init__(self, *args, user_stack=None, break_id=None):
+        found, (msg, *rest) = split_id(args)
         super().__init__(msg)
         self.reason = msg
-        self.user_stack = user_stack or []
+        self.break_id = found or break_id
+        self.user_stack = (rest[0] if rest else user_stack) or []
 
     def __str__(self):
-        return with_user_lines(self.reason, self.user_stack)
+        return with_user_lines(describe(self.break_id, self.reason), self.user_stack)
 
 
 class SkipFrame(Exception):
-    """The whole frame must run eagerly (nothing can be compiled for it)."""
+    """The whole frame must run eagerly (nothing can be compiled for it):
+    ``SkipFrame("K0049", "why")``, as ``Unsupported``."""
+
+    def __init__(self, *args, break_id=None):
+        found, (msg,) = split_id(args)
+        super().__init__(msg)
+        self.reason = msg
+        self.break_id = found or break_id
+
+    def __str__(self):
+        return tag(self.break_id, self.reason)
 
 
 class UserException(Exception):
@@ -37,10 +54,11 @@ class UserException(Exception):
 class RestartWithBreak(Exception):
     """Trace the root frame again, breaking the graph at ``ip`` (an instruction index)."""
 
-    def __init__(self, ip: int, reason: str, user_stack):
+    def __init__(self, ip: int, reason: str, user_stack, break_id=None):
         self.ip = ip
         self.reason = reason
         self.user_stack = user_stack
+        self.break_id = break_id
 
 
 class ReturnSignal(Exception):

@@ -19,9 +19,11 @@ import weakref
 from kiln import config
 from kiln.capture.codegen import MISS
 from kiln.capture.errors import BackendCompilerFailed, InternalError, SkipFrame, Unsupported
-from kiln.capture import autocast_state, global_state
+from kiln.capture import autocast_state, global_state, guard_failures
 from kiln.capture.guards import Guard, first_failure
 from kiln.capture.tracer import Entry, TraceContext, trace_frame
+from kiln.debug import trace_dir
+from kiln.debug.breaks import describe, tag
 from kiln.debug.logs import log_for
 from kiln.debug.timing import timed
 
@@ -42,6 +44,14 @@ class Recorder:
         self.guards = []
         self.compile_time = 0.0
         self.skips = []
+        #: (function name, break ID, reason) of each frame run eagerly
+        self.skip_infos = []
+        #: (function "name (file:line)", the first guard that failed) per recompile
+        self.recompiles = []
+
+    def skip(self, name, reason, break_id=None):
+        self.skips.append(f"{name}: {tag(break_id, reason)}")
+        self.skip_infos.append((name, break_id, reason))
 
 
 class CompiledFunction:
@@ -84,7 +94,10 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         if len(self.entries) >= config.recompile_limit:
             self._log_recompile(args, kwargs, limit=True)
-            self.skip = f"recompile_limit ({config.recompile_limit}) reached"
+            why = f"recompile_limit ({config.recompile_limit}) reached"
+            self.skip = tag("K0053", why)
+            if self.recorder is not None:
+                self.recorder.skip(self.code.co_name, why, "K0053")
             return self.fn(*args, **kwargs)
         if self.entries:
             self._log_recompile(args, kwargs)
@@ -97,6 +110,7 @@ class CompiledFunction:
             return self._run_eagerly_under(state, why, args, kwargs)
         _state.depth = getattr(_state, "depth", 0) + 1
         t0 = time.perf_counter()
+        traced = trace_dir.begin(self)      # None unless KILN_TRACE is on
         prepare = getattr(self.backend, "prepare", None)
         try:
             if prepare is not None:  # a backend's one-time set-up, overlapping the capture
@@ -105,11 +119,11 @@ class CompiledFunction:
                 entry = trace_frame(self.fn, self.code, bound, self._ctx())
         except SkipFrame as s:
             if self.fullgraph:
-                raise Unsupported(str(s), _where(self.code)) from None
+                raise Unsupported(s.reason, _where(self.code), break_id=s.break_id) from None
             self.skip = str(s)
             log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, s)
             if self.recorder is not None:
-                self.recorder.skips.append(f"{self.code.co_name}: {s}")
+                self.recorder.skip(self.code.co_name, s.reason, s.break_id)
             return self.fn(*args, **kwargs)
         except Unsupported:
             raise
@@ -122,6 +136,7 @@ class CompiledFunction:
             raise err from ex
         finally:
             _state.depth -= 1
+            trace_dir.end(traced)
         if self.recorder is not None:
             self.recorder.guards.extend(entry.guards)
         log_for("compile_times").info("compiled %s in %.3fs", self.code.co_name, time.perf_counter() - t0)
@@ -140,19 +155,24 @@ class CompiledFunction:
     def _run_eagerly_after(self, ex, args, kwargs):
         """kiln failed (its own error, not the program's): this function runs eagerly
         from now on, and says why."""
-        logging.getLogger("kiln").warning("kiln failed to compile %s, running it eagerly: %s: %s",
-                                          self.code.co_name, type(ex).__name__, ex)
+        why = f"{type(ex).__name__}: {ex}"
+        bid = "K0055" if isinstance(ex, BackendCompilerFailed) else "K0054"
+        logging.getLogger("kiln").warning("kiln failed to compile %s, running it eagerly: %s",
+                                          self.code.co_name, describe(bid, why))
+        if self.recorder is not None:
+            self.recorder.skip(self.code.co_name, why, bid)
         self.skip = repr(ex)
         return self.fn(*args, **kwargs)
 
-    def _run_eagerly_under(self, state, why, args, kwargs):
-        """Global state kiln cannot reproduce: an entry that runs ``fn`` itself while
-        that state lasts (other states still compile)."""
+    def _run_eagerly_under(self, state, reason, args, kwargs):
+        """Global state kiln cannot reproduce (``reason``: its break ID and why): an
+        entry that runs ``fn`` itself while that state lasts (other states still compile)."""
+        break_id, why = reason
         if self.fullgraph:
-            raise Unsupported(f"{self.code.co_name}: {why}", _where(self.code))
-        log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, why)
+            raise Unsupported(break_id, f"{self.code.co_name}: {why}", _where(self.code))
+        log_for("graph_breaks").info("running %s eagerly: %s", self.code.co_name, tag(break_id, why))
         if self.recorder is not None:
-            self.recorder.skips.append(f"{self.code.co_name}: {why}")
+            self.recorder.skip(self.code.co_name, why, break_id)
         self.entries.append(_eager_entry(self.fn, state, why))
         return self.fn(*args, **kwargs)
 
@@ -178,6 +198,7 @@ class CompiledFunction:
         if c is None:
             c = CompiledFunction(fn, self.backend, self.fullgraph, self.recorder, self.frozen)
             self._callees[fn] = c
+            trace_dir.note_callee(c)
         return c
 
     def _bind(self, args, kwargs):
@@ -191,19 +212,40 @@ class CompiledFunction:
         return dict(b.arguments)
 
     def _log_recompile(self, args, kwargs, limit=False):
+        """Every guard that failed, per entry, in plain words (``guard_failures``)."""
         log = log_for("recompiles")
-        if not log.isEnabledFor(logging.INFO) and not limit:
+        if not log.isEnabledFor(logging.INFO) and not limit and self.recorder is None:
             return
         bound = self._bind(args, kwargs) or {}
-        last = self.entries[-1]
-        reason = first_failure(last.guards, last.namespace, bound)
+        per_entry = [guard_failures.explain(e.guards, e.namespace, bound) for e in self.entries]
         where = f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno})"
+        # the limit's warning is shown by default: the last entry's failures only
+        text = _recompile_words(per_entry[-1:] if limit else per_entry)
+        extra = {"kiln_recompile": {"frame": self, "where": where, "limit": limit,
+                                    "entries": [guard_failures.plain_lines(f) for f in per_entry]}}
         if limit:
             logging.getLogger("kiln.recompiles").warning(
-                "%s hit recompile_limit (%d); running it eagerly from now on. Last failed guard: %s",
-                where, config.recompile_limit, reason)
+                "[K0053] %s hit recompile_limit (%d); running it eagerly from now on. Failed guards "
+                "(last entry):\n%s",
+                where, config.recompile_limit, text, extra=extra)
         else:
-            log.info("recompiling %s: guard failed: %s", where, reason)
+            log.info("recompiling %s: guards failed:\n%s", where, text, extra=extra)
+        if self.recorder is not None:
+            last = guard_failures.plain_lines(per_entry[-1])
+            self.recorder.recompiles.append((where, "; ".join(last) or "(no guard fails now)"))
+
+
+def _recompile_words(per_entry) -> str:
+    """One indented line per failed guard; entries numbered when there are several."""
+    lines = []
+    for i, failures in enumerate(per_entry):
+        words = guard_failures.plain_lines(failures) or ["(no guard fails now)"]
+        if len(per_entry) > 1:
+            lines.append(f"  entry {i}:")
+            lines += [f"    {w}" for w in words]
+        else:
+            lines += [f"  {w}" for w in words]
+    return "\n".join(lines)
 
 
 def _where(code) -> list:

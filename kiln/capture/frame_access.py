@@ -44,8 +44,8 @@ def needs_own_frame(tx, what: str):
     """Raised by a call that reads its caller's frame (``tx``)."""
     why = f"{what} reads its caller's own Python frame, which kiln's compiled code does not have"
     if tx.parent is None:
-        raise SkipFrame(why)
-    raise Unsupported(why)
+        raise SkipFrame("K0030", why)
+    raise Unsupported("K0030", why)
 
 
 class FrameFunction(V.Value):

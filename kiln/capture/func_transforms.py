@@ -130,7 +130,7 @@ class TransformValue(V.Value):
             kwargs = dict(kwargs)
             fn_value = kwargs.pop("func")
         else:
-            raise Unsupported(f"torch.func.{self.rule.name} without a function")
+            raise Unsupported("K0036", f"torch.func.{self.rule.name} without a function")
         try:
             options = inspect.signature(self.rule.fn).bind(_dummy, *[_option(a) for a in args],
                                                            **{k: _option(v) for k, v in kwargs.items()})
@@ -138,9 +138,9 @@ class TransformValue(V.Value):
             options = {k: v for k, v in options.arguments.items() if k != "func"}
             self.rule.fn(_dummy, **options)   # the transform's own checks of its options
         except Unsupported:
-            raise Unsupported(f"torch.func.{self.rule.name} with non-constant options")
+            raise Unsupported("K0011", f"torch.func.{self.rule.name} with non-constant options")
         except Exception as e:  # noqa: BLE001 -- eager raises it at this call: run it there
-            raise Unsupported(f"torch.func.{self.rule.name} rejects its options ({e})")
+            raise Unsupported("K0036", f"torch.func.{self.rule.name} rejects its options ({e})")
         return TransformedFunctionValue(self.rule, fn_value, options)
 
     def __repr__(self):
@@ -198,14 +198,14 @@ def _template(v, tensors: list):
     if isinstance(v, V.ConstantValue):
         return v.value
     if isinstance(v, V.NamedTupleValue):
-        raise Unsupported("a named tuple passed to or returned by a torch.func-transformed function")
+        raise Unsupported("K0036", "a named tuple passed to or returned by a torch.func-transformed function")
     if isinstance(v, V.TupleValue):
         return tuple(_template(i, tensors) for i in v.items)
     if isinstance(v, V.ListValue):
         return [_template(i, tensors) for i in v.items]
     if isinstance(v, V.DictValue) and v.python_type() is dict:
         return {k: _template(i, tensors) for k, i in v.items.items()}
-    raise Unsupported(f"{v} passed to or returned by a torch.func-transformed function")
+    raise Unsupported("K0036", f"{v} passed to or returned by a torch.func-transformed function")
 
 
 def _fill(template, items):
@@ -301,17 +301,17 @@ def _arg_roles(rule, options, args_template, n_tensors):
         spec = tree_structure(args_template)
         dims = _broadcast_to_and_flatten(options["in_dims"], spec)
         if dims is None:
-            raise Unsupported(f"vmap in_dims={options['in_dims']!r} do not match the arguments")
+            raise Unsupported("K0036", f"vmap in_dims={options['in_dims']!r} do not match the arguments")
         for x, d in zip(tree_leaves(args_template), dims):
             if isinstance(x, _Slot):
                 if d is not None and not isinstance(d, int):
-                    raise Unsupported(f"vmap in_dims entry {d!r}")
+                    raise Unsupported("K0036", f"vmap in_dims entry {d!r}")
                 roles[x.index] = (d, False)
     if rule.differentiates:
         argnums = options["argnums"]
         for n in (argnums,) if isinstance(argnums, int) else tuple(argnums):
             if not isinstance(n, int) or not -len(slots_per_arg) <= n < len(slots_per_arg):
-                raise Unsupported(f"torch.func.{rule.name} argnums={argnums!r} out of range")
+                raise Unsupported("K0036", f"torch.func.{rule.name} argnums={argnums!r} out of range")
             for x in slots_per_arg[n]:
                 roles[x.index] = (None, True)
     return roles
@@ -324,7 +324,7 @@ def _body_fake(fake, batch_dim, differentiable):
     shape, stride = list(fake.shape), list(fake.stride())
     if batch_dim is not None:
         if not -len(shape) <= batch_dim < len(shape):
-            raise Unsupported(f"vmap in_dim {batch_dim} out of range for a {len(shape)}-d tensor")
+            raise Unsupported("K0036", f"vmap in_dim {batch_dim} out of range for a {len(shape)}-d tensor")
         d = batch_dim % len(shape)
         del shape[d], stride[d]
     elem = torch.empty_strided(shape, stride, dtype=fake.dtype, device="meta")
@@ -347,12 +347,12 @@ class FunctionalCallValue(V.Value):
         try:
             bound = inspect.signature(self.fn).bind(*args, **kwargs)
         except TypeError as e:
-            raise Unsupported(f"functional_call: {e}")
+            raise Unsupported("K0037", f"functional_call: {e}")
         bound.apply_defaults()
         a = bound.arguments
         module, dicts = a["module"], a["parameter_and_buffer_dicts"]
         if not isinstance(module, V.ModuleValue) or module.source is None:
-            raise Unsupported("functional_call of something other than a module read from a source")
+            raise Unsupported("K0037", "functional_call of something other than a module read from a source")
         tie, strict = a["tie_weights"].const() if isinstance(a["tie_weights"], V.Value) else a["tie_weights"], \
             a["strict"].const() if isinstance(a["strict"], V.Value) else a["strict"]
         given = _given_tensors(dicts)
@@ -367,12 +367,12 @@ def _given_tensors(dicts) -> dict:
     given: dict = {}
     for d in items:
         if not isinstance(d, V.DictValue):
-            raise Unsupported("functional_call with parameters that are not a dict")
+            raise Unsupported("K0037", "functional_call with parameters that are not a dict")
         for k, v in d.items.items():
             if not isinstance(k, str) or k in given:
-                raise Unsupported(f"functional_call parameter name {k!r} (repeated or not a string)")
+                raise Unsupported("K0037", f"functional_call parameter name {k!r} (repeated or not a string)")
             if not isinstance(v, V.TensorValue):
-                raise Unsupported(f"functional_call with {k!r} given as {v}")
+                raise Unsupported("K0037", f"functional_call with {k!r} given as {v}")
             given[k] = v
     return given
 
@@ -389,7 +389,7 @@ def _call_kwargs(v):
     if v is None or isinstance(v, V.ConstantValue) and v.value is None:
         return {}
     if not isinstance(v, V.DictValue):
-        raise Unsupported("functional_call kwargs that are not a dict")
+        raise Unsupported("K0037", "functional_call kwargs that are not a dict")
     return dict(v.items)
 
 
@@ -415,11 +415,11 @@ def _check_names(tx, module, given, tie, strict):
     from torch.nn.utils import parametrize
 
     if any(parametrize.is_parametrized(m) for m in mod.modules()):
-        raise Unsupported("functional_call of a parametrized module")
+        raise Unsupported("K0037", "functional_call of a parametrized module")
     names = _tensor_names(mod)
     unknown = [k for k in given if k not in names]
     if unknown or strict and set(names) - set(given):
-        raise Unsupported(f"functional_call names {unknown or sorted(set(names) - set(given))} "
+        raise Unsupported("K0037", f"functional_call names {unknown or sorted(set(names) - set(given))} "
                           "that are not the module's parameters and buffers")
     if tie:
         groups = tie_groups(mod)
@@ -430,7 +430,7 @@ def _check_names(tx, module, given, tie, strict):
         for group in groups:
             present = [n for n in group if n in given]
             if present and any(given[n] is not given[present[0]] for n in present):
-                raise Unsupported("functional_call with different tensors for tied names")
+                raise Unsupported("K0037", "functional_call with different tensors for tied names")
             for n in group:
                 if present and n not in given:
                     given[n] = given[present[0]]
@@ -447,7 +447,7 @@ def call_with_tensors(tx, module, given: dict, args, kwargs):
             for part in path:
                 owner = owner.getattr(tx, part)
                 if not isinstance(owner, V.ModuleValue):
-                    raise Unsupported(f"functional_call name {name!r} does not name a submodule")
+                    raise Unsupported("K0037", f"functional_call name {name!r} does not name a submodule")
             saved.append((owner, leaf, owner.attrs.get(leaf, _MISSING)))
             owner.attrs[leaf] = tv
             owner.functional_overrides = getattr(owner, "functional_overrides", 0) + 1

@@ -51,13 +51,13 @@ def _update_wrapper(tx, wrapper, wrapped, assigned=None, updated=None):
     assigned = functools.WRAPPER_ASSIGNMENTS if assigned is None else assigned.const()
     updated = functools.WRAPPER_UPDATES if updated is None else updated.const()
     if not isinstance(wrapper, V.NestedFunctionValue) or tuple(updated) not in ((), ("__dict__",)):
-        raise Unsupported("functools.update_wrapper of a function kiln did not make in the trace")
+        raise Unsupported("K0009", "functools.update_wrapper of a function kiln did not make in the trace")
     if isinstance(wrapped, V.NestedFunctionValue):
         values = {}
         for name in assigned:
             v = _nested_attr(wrapped, name)
             if v is None:
-                raise Unsupported(f"functools.update_wrapper reading {name!r} of a function made in the trace")
+                raise Unsupported("K0009", f"functools.update_wrapper reading {name!r} of a function made in the trace")
             values[name] = v
         extra = dict(getattr(wrapped, "attrs", {})) if updated else {}
     elif isinstance(getattr(wrapped, "fn", None), (types.FunctionType, types.BuiltinFunctionType)) or \
@@ -66,7 +66,7 @@ def _update_wrapper(tx, wrapper, wrapped, assigned=None, updated=None):
         values = _real_attrs(real, assigned)
         extra = _real_attrs(real, list(getattr(real, "__dict__", {}))) if updated else {}
     else:
-        raise Unsupported(f"functools.update_wrapper of {wrapped}")
+        raise Unsupported("K0009", f"functools.update_wrapper of {wrapped}")
     attrs = wrapper.__dict__.setdefault("attrs", {})
     attrs.update(values)
     for k, v in extra.items():

@@ -108,7 +108,7 @@ class GeneratorValue(LazyIterator):
 
     def throw(self, tx, exc):
         if self.delegate is not None:
-            raise Unsupported("throw() into a generator suspended in `yield from`")
+            raise Unsupported("K0005", "throw() into a generator suspended in `yield from`")
         kind, v = self.resume(tx, exc=exc)
         if kind == "yield":
             return v
@@ -123,7 +123,7 @@ class GeneratorValue(LazyIterator):
         if isinstance(self.delegate, GeneratorValue):
             self.delegate.close(tx)
         elif self.delegate is not None and not isinstance(self.delegate, V.IteratorValue):
-            raise Unsupported("close() of a generator delegating to a user iterator")
+            raise Unsupported("K0005", "close() of a generator delegating to a user iterator")
         try:
             kind, _ = self.resume(tx, exc=V.ExceptionValue(GeneratorExit, []))
         except UserException as e:
@@ -139,7 +139,7 @@ class GeneratorValue(LazyIterator):
         if name == "gi_running":
             return V.ConstantValue(self.state == "running")
         if name.startswith("gi_"):
-            raise Unsupported(f"generator attribute {name!r}")
+            raise Unsupported("K0005", f"generator attribute {name!r}")
         return V._container_getattr(self, tx, name)
 
     def call_method(self, tx, name, args, kwargs):
@@ -147,12 +147,12 @@ class GeneratorValue(LazyIterator):
             return self.send(tx, args[0])
         if name == "throw":
             if len(args) != 1 or kwargs:
-                raise Unsupported("generator.throw() with a traceback (deprecated form)")
+                raise Unsupported("K0005", "generator.throw() with a traceback (deprecated form)")
             exc = args[0]
             if isinstance(exc, V.ClassValue):
                 exc = V.ExceptionValue(exc.cls, [])
             if not isinstance(exc, V.ExceptionValue):
-                raise Unsupported(f"throw({exc})")
+                raise Unsupported("K0005", f"throw({exc})")
             return self.throw(tx, exc)
         if name == "close":
             return self.close(tx)
@@ -170,7 +170,7 @@ class GeneratorValue(LazyIterator):
         if self.state == "done":
             return f"{cg.ref(finished_generator, 'f')}()"
         if self.state != "created":
-            raise Unsupported("a generator suspended at a yield is live at a graph break "
+            raise Unsupported("K0005", "a generator suspended at a yield is live at a graph break "
                               "(kiln cannot rebuild a running Python frame)")
         args = [cg.expr(a) for a in self.args] + [f"{k}={cg.expr(a)}" for k, a in self.kwargs.items()]
         return f"{cg.expr(self.fn_value)}({', '.join(args)})"
@@ -191,7 +191,7 @@ def finished_generator():
 # --- opcodes ------------------------------------------------------------------------------
 def YIELD_VALUE(tx, inst):
     if not tx.is_generator:
-        raise Unsupported("yield outside an inlined generator")
+        raise Unsupported("K0005", "yield outside an inlined generator")
     value = tx.pop()
     prev = tx.insts[inst.index - 1] if inst.index else None
     delegate = tx.stack[-1] if prev is not None and prev.opname == "SEND" else None
@@ -214,12 +214,12 @@ def SEND(tx, inst):
             v = v if v is not None else _NONE
     elif is_iterator(recv):
         if not is_none(sent):
-            raise Unsupported("send() into a non-generator iterator")
+            raise Unsupported("K0005", "send() into a non-generator iterator")
         v = next_of(tx, recv)
         kind = "yield" if v is not None else "return"
         v = v if v is not None else _NONE
     else:
-        raise Unsupported(f"yield from {recv}")
+        raise Unsupported("K0005", f"yield from {recv}")
     if kind == "yield":
         tx.push(v)
         return

@@ -69,17 +69,18 @@ def describe(state: tuple) -> str:
     return ", ".join(parts)
 
 
-def eager_reason(state: tuple) -> str | None:
-    """Why a call under ``state`` must run eagerly, or None when kiln can trace it."""
+def eager_reason(state: tuple) -> tuple[str, str] | None:
+    """Why a call under ``state`` must run eagerly (its break ID and the reason), or
+    None when kiln can trace it."""
     _inference_on, _dtype, autocast, _det, _det_warn, modes, dispatch, functorch = state
     if any(t.__name__ != "DeviceContext" for t, _ in modes):
-        return "a TorchFunctionMode is active (compiled kernels would bypass it)"
+        return "K0050", "a TorchFunctionMode is active (compiled kernels would bypass it)"
     if autocast is not None and autocast[2]:
-        return f"autocast is enabled on {', '.join(autocast[2])} (kiln models CPU and CUDA autocast)"
+        return "K0034", f"autocast is enabled on {', '.join(autocast[2])} (kiln models CPU and CUDA autocast)"
     if dispatch:
-        return "a TorchDispatchMode is active (compiled kernels would bypass it)"
+        return "K0051", "a TorchDispatchMode is active (compiled kernels would bypass it)"
     if functorch:
-        return "called inside a functorch transform (vmap, grad…), which kiln does not trace"
+        return "K0052", "called inside a functorch transform (vmap, grad…), which kiln does not trace"
     return None
 
 

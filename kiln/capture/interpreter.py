@@ -78,22 +78,27 @@ class Frame:
     # --- running ----------------------------------------------------------------------
     def run(self):
         """Run to RETURN_VALUE; returns the returned Value."""
+        out = self.output
+        caller = out.active_frame
         try:
             while True:
                 self.step()
         except ReturnSignal as r:
             return r.value
+        finally:
+            out.active_frame = caller
 
     def step(self):
         inst = self.insts[self.ip]
         self.inst = inst
+        self.output.active_frame = self     # whose line a new graph node is
         self.ip += 1
         self.steps += 1
         if self.steps > config.max_instructions:
-            raise Unsupported(f"more than {config.max_instructions} instructions (an unbounded loop?)")
+            raise Unsupported("K0002", f"more than {config.max_instructions} instructions (an unbounded loop?)")
         handler = _HANDLERS.get(inst.opname)
         if handler is None:
-            raise Unsupported(f"bytecode {inst.opname} is not supported")
+            raise Unsupported("K0001", f"bytecode {inst.opname} is not supported")
         try:
             handler(self, inst)
         except UserException as e:
@@ -116,7 +121,7 @@ class Frame:
         if entry is None:
             raise e
         if e.from_fake:
-            raise Unsupported(f"the program handles {e.value.cls.__name__} raised by an op on fake "
+            raise Unsupported("K0031", f"the program handles {e.value.cls.__name__} raised by an op on fake "
                               "tensors (the real op's error, if any, is eager's to say)")
         del self.stack[entry.depth:]
         if entry.lasti:
@@ -144,7 +149,7 @@ class Frame:
     def inline_function(self, fnv, args, kwargs):
         """Inline a user function: bind arguments, run its code in a child frame."""
         if self.depth >= config.inline_depth:
-            raise Unsupported(f"inlining deeper than {config.inline_depth} calls")
+            raise Unsupported("K0003", f"inlining deeper than {config.inline_depth} calls")
         if isinstance(fnv, V.UserFunctionValue):
             fn = fnv.fn
             code = fn.__code__
@@ -164,7 +169,7 @@ class Frame:
             kwdef_vals = fnv.kwdefaults
             defaults = kwdefaults = None
         if code.co_flags & 0x80 or code.co_flags & 0x200:  # coroutine / async generator
-            raise Unsupported("async functions")
+            raise Unsupported("K0004", "async functions")
         if defaults is not None:
             def_vals = tuple(_wrap_default(self, d, fsrc, i) for i, d in enumerate(defaults))
         if kwdefaults:
@@ -208,7 +213,7 @@ class Frame:
             return cell.value
         if cell is not None:  # a real cell of a real function
             return cell.read(self)
-        raise Unsupported(f"cell {name}")
+        raise Unsupported("K0026", f"cell {name}")
 
     def store_cell(self, name, value):
         cell = self.cells.get(name)
@@ -218,7 +223,7 @@ class Frame:
         if cell is not None:
             cell.write(self, value)
             return
-        raise Unsupported(f"cell {name}")
+        raise Unsupported("K0026", f"cell {name}")
 
     def load_global(self, name):
         if self.f_globals is self.output.root_globals and name in self.output.global_writes:
@@ -252,7 +257,7 @@ def _index_of(insts, offset):
     for i in insts:
         if i.offset == offset:
             return i.index
-    raise Unsupported(f"no instruction at offset {offset}")
+    raise Unsupported("K0001", f"no instruction at offset {offset}")
 
 
 def bind_args(code, args, kwargs, defaults, kwdefaults):
@@ -415,7 +420,7 @@ def LOAD_GLOBAL(tx, inst):
 def STORE_GLOBAL(tx, inst):
     v = tx.pop()
     if tx.f_globals is not tx.output.root_globals:
-        raise Unsupported("writing a global of another module")
+        raise Unsupported("K0026", "writing a global of another module")
     tx.output.global_writes[inst.argval] = v
     tx.output.mark_mutated(("global", inst.argval))
 
@@ -434,7 +439,7 @@ def STORE_DEREF(tx, inst):
 def LOAD_CLOSURE(tx, inst):
     cell = tx.cells.get(inst.argval)
     if cell is None:
-        raise Unsupported(f"closure over {inst.argval}")
+        raise Unsupported("K0026", f"closure over {inst.argval}")
     tx.push(cell)
 
 
@@ -478,7 +483,7 @@ def STORE_ATTR(tx, inst):
 def DELETE_ATTR(tx, inst):
     obj = tx.pop()
     if not isinstance(obj, V.ObjectValue):
-        raise Unsupported(f"del attribute of {obj}")
+        raise Unsupported("K0025", f"del attribute of {obj}")
     from kiln.capture.objects import object_delattr
 
     object_delattr(tx, obj, inst.argval)
@@ -537,7 +542,7 @@ def DELETE_SUBSCR(tx, inst):
 def _slice(a, b, c):
     if all(x.is_const() for x in (a, b, c)):
         return V.ConstantValue(slice(a.const(), b.const(), c.const()))
-    raise Unsupported("a slice with non-constant bounds")
+    raise Unsupported("K0011", "a slice with non-constant bounds")
 
 
 @handles("BUILD_SLICE")
@@ -698,7 +703,7 @@ def CALL_INTRINSIC_1(tx, inst):
     elif kind == "INTRINSIC_STOPITERATION_ERROR":
         generators.stopiteration_error(tx)
     else:
-        raise Unsupported(f"intrinsic {kind}")
+        raise Unsupported("K0001", f"intrinsic {kind}")
 
 
 @handles("UNPACK_SEQUENCE")
@@ -893,7 +898,7 @@ def BEFORE_WITH(tx, inst):
         tx.push(_ExitValue(ctx))
         tx.push(call_dunder(tx, ctx, "__enter__", [], {}))
         return
-    raise Unsupported(f"with-statement over {ctx}")
+    raise Unsupported("K0032", f"with-statement over {ctx}")
 
 
 class _ExitValue(V.Value):
@@ -953,7 +958,7 @@ def RERAISE(tx, inst):
 def RAISE_VARARGS(tx, inst):
     if inst.arg == 0:
         if not tx.exc_stack:
-            raise Unsupported("bare raise outside except")
+            raise Unsupported("K0031", "bare raise outside except")
         raise UserException(tx.exc_stack[-1])
     if inst.arg == 2:
         tx.pop()  # cause
@@ -961,7 +966,7 @@ def RAISE_VARARGS(tx, inst):
     if isinstance(exc, V.ClassValue):
         exc = V.ExceptionValue(exc.cls, [])
     if not isinstance(exc, V.ExceptionValue):
-        raise Unsupported(f"raise {exc}")
+        raise Unsupported("K0031", f"raise {exc}")
     raise UserException(exc)
 
 

@@ -42,7 +42,7 @@ class LazyIterator(V.IteratorValue):
         return []
 
     def rebuild(self, cg) -> str:
-        raise Unsupported(f"rebuilding {type(self).__name__} after the graph")
+        raise Unsupported("K0021", f"rebuilding {type(self).__name__} after the graph")
 
 
 # --- helpers the rebuilt iterators call at run time ----------------------------------------
@@ -125,7 +125,7 @@ class DictIterator(LazyIterator):
             self.state = "failed"
             raise _error(RuntimeError, "dictionary changed size during iteration")
         if keys != self.keys:
-            raise Unsupported("a dict's keys replaced (same size) while it is iterated")
+            raise Unsupported("K0020", "a dict's keys replaced (same size) while it is iterated")
         return keys
 
     def next(self, tx):
@@ -152,7 +152,7 @@ class DictIterator(LazyIterator):
         if self.state == "done":
             return f"{cg.ref(exhausted, 'f')}(iter({{}}.{self.kind}()))"
         if self.state == "failed" or tuple(self.d.items) != self.keys:
-            raise Unsupported("rebuilding an iterator over a dict changed since it was made")
+            raise Unsupported("K0020", "rebuilding an iterator over a dict changed since it was made")
         return f"{cg.ref(advanced, 'f')}(iter({cg.expr(self.d)}.{self.kind}()), {self.pos})"
 
 
@@ -465,7 +465,7 @@ def next_of(tx, it):
             if issubclass(e.value.python_type(), StopIteration):
                 return None
             raise
-    raise Unsupported(f"next() on {it}")
+    raise Unsupported("K0016", f"next() on {it}")
 
 
 def iterate(tx, v):
@@ -497,7 +497,7 @@ def iterator_method(tx, it, name, args, kwargs):
         return it
     if name == "__length_hint__" and type(it) is V.IteratorValue:
         return V.ConstantValue(len(it.items) - it.index)
-    raise Unsupported(f"{it.python_type().__name__}.{name}")
+    raise Unsupported("K0019", f"{it.python_type().__name__}.{name}")
 
 
 def stop_iteration(it):

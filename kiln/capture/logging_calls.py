@@ -31,7 +31,7 @@ def _constant_args(name, args, kwargs):
             return all(ok(i) for i in v.items)
         return isinstance(v, V.ClassValue)
     if not all(ok(a) for a in list(args) + list(kwargs.values())):
-        raise Unsupported(f"{name}() with a message built from traced values")
+        raise Unsupported("K0018", f"{name}() with a message built from traced values")
 
 
 def defer_call(tx, fn, args, kwargs, name):
@@ -57,7 +57,7 @@ class LoggerMethod(V.Value):
             try:
                 cargs = [a.const() for a in args]
             except Unsupported:
-                raise Unsupported(f"logger.{self.name} on traced values")
+                raise Unsupported("K0018", f"logger.{self.name} on traced values")
             result = getattr(logger, self.name)(*cargs)
             g = tx.output.guards
             ref = g.const(logger, "log")

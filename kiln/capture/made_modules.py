@@ -35,10 +35,10 @@ class MadeModuleValue(V.ModuleValue):
 
     def setattr(self, tx, name, value):
         if isinstance(value, V.TensorValue):
-            raise Unsupported("storing a tensor on a module made in the trace (a parameter or buffer)")
+            raise Unsupported("K0023", "storing a tensor on a module made in the trace (a parameter or buffer)")
         if isinstance(value, V.ModuleValue):
             if value.mod is self.mod:
-                raise Unsupported("a module made in the trace storing itself")
+                raise Unsupported("K0023", "a module made in the trace storing itself")
             self.mod._modules[name] = value.mod  # registered, as nn.Module.__setattr__ does
             self.attrs.pop(name, None)
             return
@@ -51,7 +51,7 @@ class MadeModuleValue(V.ModuleValue):
 def _real_arg(v):
     if isinstance(v, MadeModuleValue):
         if v.attrs:
-            raise Unsupported("a module made in the trace, changed since, passed to another module")
+            raise Unsupported("K0023", "a module made in the trace, changed since, passed to another module")
         return v.mod
     return v.const()
 
@@ -74,7 +74,7 @@ def _construct_user(tx, cls, args, kwargs):
     from kiln.capture.builder import lookup_guarded
 
     if not _user_class_ok(cls):
-        raise Unsupported(f"creating {cls.__qualname__} inside a compiled region (its own attribute protocol)")
+        raise Unsupported("K0023", f"creating {cls.__qualname__} inside a compiled region (its own attribute protocol)")
     # the rule follows nn.Module.__init__ as it is now (PyTorch's compiler, once loaded,
     # wraps it in a function of its own)
     INLINE_RULES.setdefault(nn.Module.__init__.__code__, _module_init)
@@ -84,10 +84,10 @@ def _construct_user(tx, cls, args, kwargs):
     _, init = lookup_guarded(tx, cls, "__init__")
     if init is not nn.Module.__init__:
         if not isinstance(init, types.FunctionType):
-            raise Unsupported(f"{cls.__qualname__}.__init__ is not Python code")
+            raise Unsupported("K0023", f"{cls.__qualname__}.__init__ is not Python code")
         V.UserFunctionValue(init).call(tx, [value] + list(args), kwargs)
     elif args or kwargs:
-        raise Unsupported(f"{cls.__qualname__}() with arguments and no __init__")
+        raise Unsupported("K0023", f"{cls.__qualname__}() with arguments and no __init__")
     return value
 
 
@@ -96,7 +96,7 @@ def _module_init(tx, fnv, args, kwargs):
     template already ran ``nn.Module.__init__``."""
     if len(args) == 1 and not kwargs and isinstance(args[0], MadeModuleValue):
         return V.ConstantValue(None)
-    raise Unsupported("nn.Module.__init__ of a module kiln did not make")
+    raise Unsupported("K0023", "nn.Module.__init__ of a module kiln did not make")
 
 
 def construct(tx, cls, args, kwargs):
@@ -106,8 +106,8 @@ def construct(tx, cls, args, kwargs):
         rargs = [_real_arg(a) for a in args]
         rkw = {k: _real_arg(v) for k, v in kwargs.items()}
     except Unsupported as e:
-        raise Unsupported(f"creating {cls.__qualname__} inside a compiled region from non-constant arguments ({e})")
+        raise Unsupported("K0023", f"creating {cls.__qualname__} inside a compiled region from non-constant arguments ({e})")
     mod = fold(cls, *rargs, **rkw)
     if any(True for _ in mod.parameters()) or any(True for _ in mod.buffers()):
-        raise Unsupported(f"creating {cls.__qualname__} inside a compiled region makes parameters or buffers")
+        raise Unsupported("K0023", f"creating {cls.__qualname__} inside a compiled region makes parameters or buffers")
     return tx.output.remember(mod, MadeModuleValue(mod))

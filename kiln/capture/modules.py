@@ -42,7 +42,7 @@ def _iter_items(tx, mv, name, pos, kw):
         mods = _walk(tx, mv, "") if recurse else [("", mv)]
         for mprefix, sub in mods:
             if getattr(sub, "functional_overrides", 0):
-                raise Unsupported(f"nn.Module.{name}() inside torch.func.functional_call")
+                raise Unsupported("K0037", f"nn.Module.{name}() inside torch.func.functional_call")
             for k, t in sub.mod.__dict__[table].items():
                 if t is None or id(t) in seen:
                     continue
@@ -63,7 +63,7 @@ def _iter_items(tx, mv, name, pos, kw):
         prefix = kw.get("prefix", pos[1] if len(pos) > 1 else "")
         return [V.TupleValue([V.ConstantValue((prefix + "." + p if prefix and p else prefix or p)), v]) if named else v
                 for p, v in _walk(tx, mv, "")]
-    raise Unsupported(f"nn.Module.{name}")
+    raise Unsupported("K0038", f"nn.Module.{name}")
 
 
 def _walk(tx, mv, prefix, seen=None):
@@ -113,9 +113,9 @@ def call_module(tx, mv, args, kwargs):
     pre = list(mod._forward_pre_hooks.items())
     post = list(mod._forward_hooks.items())
     if (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks):
-        raise Unsupported("global module hooks")
+        raise Unsupported("K0038", "global module hooks")
     if mod._forward_hooks_with_kwargs or mod._forward_pre_hooks_with_kwargs:
-        raise Unsupported("module hooks with kwargs")
+        raise Unsupported("K0038", "module hooks with kwargs")
     if not pre and not post:
         _hooks_guard(tx, mv)
     elif mv.source is not None:

@@ -13,11 +13,11 @@ _WRITES = {"__setitem__", "__delitem__", "update", "setdefault", "pop", "popitem
 class AttrsDictValue(V.DictValue):
     def call_method(self, tx, name, args, kwargs):
         if name in _WRITES:
-            raise Unsupported("writing to the __dict__ of an object made in the trace")
+            raise Unsupported("K0025", "writing to the __dict__ of an object made in the trace")
         return super().call_method(tx, name, args, kwargs)
 
     def setitem(self, tx, k, v):
-        raise Unsupported("writing to the __dict__ of an object made in the trace")
+        raise Unsupported("K0025", "writing to the __dict__ of an object made in the trace")
 
 
 def attrs_dict(ov):

@@ -32,7 +32,7 @@ class PartialValue(V.FunctionValue):
             return V.TupleValue(self.args)
         if name == "keywords":
             return V.DictValue(self.kwargs)
-        raise Unsupported(f"attribute {name!r} of functools.partial")
+        raise Unsupported("K0009", f"attribute {name!r} of functools.partial")
 
     def call(self, tx, args, kwargs):
         kw = dict(self.kwargs)
@@ -58,7 +58,7 @@ def object_delattr(tx, ov, name):
         ov.attrs.pop(name, None)
         return
     if ov.source is None:
-        raise Unsupported("deleting an attribute of an object kiln cannot re-read")
+        raise Unsupported("K0025", "deleting an attribute of an object kiln cannot re-read")
     if name in ov.attrs and name not in getattr(ov.obj, "__dict__", {}):
         ov.attrs.pop(name)  # set and deleted within the trace: the real object never sees it
         if ov.source is not None:
@@ -82,9 +82,9 @@ def object_getattr(tx, ov, name):
             from kiln.capture.new_object_dicts import attrs_dict
 
             return attrs_dict(ov)
-        raise Unsupported("reading obj.__dict__")
+        raise Unsupported("K0025", "reading obj.__dict__")
     if name in ("_parameters", "_buffers") and getattr(ov, "functional_overrides", 0):
-        raise Unsupported(f"reading Module.{name} inside torch.func.functional_call")
+        raise Unsupported("K0037", f"reading Module.{name} inside torch.func.functional_call")
     from kiln.capture.environ import EnvironRead, is_environ
     from kiln.capture.logging_calls import is_logger, logger_attr
 
@@ -163,13 +163,13 @@ def object_setattr(tx, ov, name, value):
         return
     sa_owner, _ = lookup_class_attr(cls, "__setattr__")
     if sa_owner not in (object, None, torch.nn.Module) and not isinstance(ov, V.NewObjectValue):
-        raise Unsupported(f"{cls.__qualname__} defines __setattr__")
+        raise Unsupported("K0025", f"{cls.__qualname__} defines __setattr__")
     if isinstance(ov, V.ModuleValue) and isinstance(value, V.TensorValue):
         mod = ov.mod
         if name in mod._parameters:
-            raise Unsupported("assigning a module parameter inside a compiled region")
+            raise Unsupported("K0025", "assigning a module parameter inside a compiled region")
     if not isinstance(ov, V.NewObjectValue) and ov.source is None:
-        raise Unsupported(f"setting an attribute of an object kiln cannot re-read")
+        raise Unsupported("K0025", f"setting an attribute of an object kiln cannot re-read")
     ov.attrs[name] = value
     if not isinstance(ov, V.NewObjectValue):
         tx.output.mark_mutated(ov)
@@ -196,7 +196,7 @@ def call_dunder(tx, ov, name, args, kwargs):
             f"{cls.__qualname__!r} object does not support {name}")]))
     if isinstance(attr, types.FunctionType):
         return V.UserFunctionValue(attr).call(tx, [ov] + list(args), kwargs)
-    raise Unsupported(f"{cls.__qualname__}.{name} is implemented in C")
+    raise Unsupported("K0015", f"{cls.__qualname__}.{name} is implemented in C")
 
 
 def object_truth(tx, ov):
@@ -206,7 +206,7 @@ def object_truth(tx, ov):
             if isinstance(attr, types.FunctionType):
                 r = V.UserFunctionValue(attr).call(tx, [ov], {})
                 return bool(r.const())
-            raise Unsupported(f"truth of {ov}")
+            raise Unsupported("K0012", f"truth of {ov}")
     return True
 
 
@@ -222,7 +222,7 @@ def object_unpack(tx, ov):
     if isinstance(ov.obj, (list, tuple)) and ov.source is not None:
         tx.output.guards.length(ov.source, len(ov.obj))
         return [wrap(tx, x, (ItemSource(ov.source, i) if ov.source is not None else None)) for i, x in enumerate(ov.obj)]
-    raise Unsupported(f"iterating over {ov}")
+    raise Unsupported("K0012", f"iterating over {ov}")
 
 
 def object_mapping_items(tx, ov):
@@ -230,4 +230,4 @@ def object_mapping_items(tx, ov):
     if isinstance(obj, dict) and ov.source is not None:
         tx.output.guards.dict_keys(ov.source, tuple(obj.keys()))
         return [(k, wrap(tx, v, (ItemSource(ov.source, k) if ov.source is not None else None))) for k, v in obj.items()]
-    raise Unsupported(f"** of {ov}")
+    raise Unsupported("K0012", f"** of {ov}")

@@ -98,7 +98,7 @@ def binary_op(tx, name, a, b):
         return V.DictValue(d)
     if isinstance(a, V.ObjectValue) or isinstance(b, V.ObjectValue):
         return _object_binary(tx, base, inplace, a, b)
-    raise Unsupported(f"operator {name} on {a} and {b}")
+    raise Unsupported("K0014", f"operator {name} on {a} and {b}")
 
 
 _SYMBOL = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
@@ -156,7 +156,7 @@ def _call_slot(tx, x, dunder, y):
     if isinstance(x, (V.ConstantValue, V._Sequence, V.DictValue, V.SetValue, V.ClassValue, V.FunctionValue)) \
             and not issubclass(y.python_type(), x.python_type()):
         return NotImplemented
-    raise Unsupported(f"{dunder} of {x} with {y}")
+    raise Unsupported("K0014", f"{dunder} of {x} with {y}")
 
 
 _IMMUTABLE = (str, int, float, complex, bytes, tuple, frozenset)
@@ -167,14 +167,14 @@ def _immutable_dunder(tx, x, method, y):
     or ``int`` enum member): its answer depends on which objects these are only, so
     it is computed now, with both pinned by identity guards."""
     if x.obj is None or x.attrs or not isinstance(x.obj, _IMMUTABLE):
-        raise Unsupported(f"{type(x.obj).__qualname__}.{method.__name__} is implemented in C")
+        raise Unsupported("K0015", f"{type(x.obj).__qualname__}.{method.__name__} is implemented in C")
     if isinstance(y, V.ConstantValue):
         other = y.value
     elif isinstance(y, V.ObjectValue) and y.obj is not None and not y.attrs and isinstance(y.obj, _IMMUTABLE):
         other = y.obj
         _pin(tx, y, other)
     else:
-        raise Unsupported(f"{method.__name__} of {x} with {y}")
+        raise Unsupported("K0014", f"{method.__name__} of {x} with {y}")
     _pin(tx, x, x.obj)
     r = method(x.obj, other)
     if r is NotImplemented:
@@ -267,7 +267,7 @@ def compare_op(tx, op, a, b):
             return V.ConstantValue(op == "==")
         if type(a) is not type(b) or isinstance(a, (V.UserFunctionValue, V.ClassValue)):
             return V.ConstantValue(op == "!=")
-    raise Unsupported(f"comparison {op} between {a} and {b}")
+    raise Unsupported("K0014", f"comparison {op} between {a} and {b}")
 
 
 def _real_object(v):
@@ -326,7 +326,7 @@ def is_same(tx, a, b) -> bool:
     if isinstance(a, V.TupleValue) and ((a.source is not None and a.source == b.source)
                                         or (not a.items and not b.items)):
         return True  # one tuple read twice; the empty tuple (a singleton)
-    raise Unsupported(f"identity of {a} and {b}")
+    raise Unsupported("K0017", f"identity of {a} and {b}")
 
 
 def unary_op(tx, opname, v):
@@ -334,7 +334,7 @@ def unary_op(tx, opname, v):
           "UNARY_INVERT": operator.invert, "UNARY_POSITIVE": operator.pos}[opname]
     if isinstance(v, V.TensorValue):
         if fn is operator.not_:
-            raise Unsupported("`not` on a tensor (data-dependent)")
+            raise Unsupported("K0006", "`not` on a tensor (data-dependent)")
         return tx.output.op("call_function", fn, [v], {})
     if fn is operator.not_:
         return V.ConstantValue(not v.truth(tx))
@@ -346,14 +346,14 @@ def unary_op(tx, opname, v):
             return call_dunder(tx, v, dunder, [], {})
     if v.is_const():
         return V.ConstantValue(fold(fn, v.const()))
-    raise Unsupported(f"{opname} on {v}")
+    raise Unsupported("K0014", f"{opname} on {v}")
 
 
 def contains_op(tx, item, container) -> bool:
     if hasattr(container, "contains"):  # a container with its own key protocol
         return container.contains(tx, item)
     if isinstance(container, V.TensorValue) or isinstance(item, V.TensorValue) and not isinstance(container, (V.ListValue, V.TupleValue)):
-        raise Unsupported("`in` on a tensor (data-dependent)")
+        raise Unsupported("K0006", "`in` on a tensor (data-dependent)")
     if isinstance(container, V.DictValue):
         return item.const() in container.items
     if isinstance(container, V.SetValue):
@@ -404,7 +404,7 @@ def subscr(tx, o, k):
         from kiln.capture.objects import call_dunder
 
         return call_dunder(tx, o, "__getitem__", [k], {})
-    raise Unsupported(f"subscript of {o}")
+    raise Unsupported("K0014", f"subscript of {o}")
 
 
 def store_subscr(tx, o, k, v):
@@ -431,12 +431,12 @@ def store_subscr(tx, o, k, v):
 
         call_dunder(tx, o, "__setitem__", [k, v], {})
         return
-    raise Unsupported(f"item assignment on {o}")
+    raise Unsupported("K0014", f"item assignment on {o}")
 
 
 def format_value(tx, v, conv, spec):
     if isinstance(v, V.TensorValue):
-        raise Unsupported("formatting a tensor into a string needs its data")
+        raise Unsupported("K0007", "formatting a tensor into a string needs its data")
     val = v.const()
     if conv == 1:
         val = str(val)

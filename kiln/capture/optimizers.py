@@ -60,7 +60,7 @@ class NoOpContextValue(V.ContextValue):
         return V.ConstantValue(None)
 
     def getattr(self, tx, name):
-        raise Unsupported(f"attribute {name!r} of a profiler range inside a compiled region")
+        raise Unsupported("K0009", f"attribute {name!r} of a profiler range inside a compiled region")
 
 
 class NoOpContextClass(V.Value):
@@ -78,7 +78,7 @@ class NoOpContextClass(V.Value):
 
 def _refuse(why):
     def rule(tx, args, kwargs):
-        raise Unsupported(why)
+        raise Unsupported("K0043", why)
 
     return rule
 
@@ -129,7 +129,7 @@ def _traced_unwrapped(tx, fnv, args, kwargs):
     """``torch._disable_dynamo(f)``: ``f``, traced."""
     inner = getattr(fnv.fn, "__wrapped__", None)
     if not isinstance(inner, type(_probe)):
-        raise Unsupported(f"{fnv.fn.__qualname__} wraps {inner!r}")
+        raise Unsupported("K0043", f"{fnv.fn.__qualname__} wraps {inner!r}")
     return V.UserFunctionValue(inner).call(tx, args, kwargs)
 
 
@@ -138,7 +138,7 @@ def _step_in_grad_mode(tx, fnv, args, kwargs):
     ``self.defaults["differentiable"]``, restored afterwards, seeing ``capturable``."""
     inner = getattr(fnv.fn, "__wrapped__", None)
     if not args or not isinstance(inner, type(_probe)):
-        raise Unsupported(f"{fnv.fn.__qualname__} called without its optimizer")
+        raise Unsupported("K0043", f"{fnv.fn.__qualname__} called without its optimizer")
     opt = args[0]
     prime_non_leaf_fakes()
     defaults = opt.getattr(tx, "defaults")

@@ -27,6 +27,11 @@ _MAX_DISTINCT_PAIRS = 8  # guards "a is not b"; past that, one id-set guard per 
 
 
 class OutputGraph:
+    #: the interpreter frame running now: each node records its user line
+    #: (``meta["kiln_user_line"]``; not FX's stack_trace, which is printed into the code
+    #: that keys caches) for the trace report's kernels
+    active_frame = None
+
     def __init__(self):
         self.graph = fx.Graph()
         self.guards = GuardSet()
@@ -62,7 +67,7 @@ class OutputGraph:
             return known
         why = unsupported_tensor(real)
         if why is not None:
-            raise Unsupported(f"{source.pretty()} is {why}, which capture does not model")
+            raise Unsupported("K0056", f"{source.pretty()} is {why}, which capture does not model")
         self.guards.tensor(source, real)
         node = self.graph.placeholder(self._fresh(source.pretty()))
         fake = to_fake(real)
@@ -153,7 +158,7 @@ class OutputGraph:
         rg = kwargs.get("requires_grad")
         if not (rg is None or isinstance(rg, V.ConstantValue) and rg.value is False):
             # a new leaf of the user's autograd graph: graph outputs are never leaves
-            raise Unsupported(f"{_target_name(target)}(requires_grad=...) inside a compiled region")
+            raise Unsupported("K0039", f"{_target_name(target)}(requires_grad=...) inside a compiled region")
         amp = self.autocast
         if amp.state.any_enabled and not amp.bypass:  # autocast's casts as nodes of their own
             args, kwargs = amp.explicit_call(self, kind, target, args, kwargs)
@@ -166,21 +171,24 @@ class OutputGraph:
                 else:
                     out = target(*fake_args, **fake_kwargs)
         except (DataDependent, NoMetaKernel) as e:
-            raise Unsupported(str(e))
+            raise Unsupported("K0008", str(e))
         except (Unsupported, InternalError):
             raise
         except Exception as e:  # noqa: BLE001 -- the op's (or a user Function's) own error
             msg = str(e)
             if "meta" in msg or "fake" in msg.lower() or "Cannot copy out" in msg:
-                raise Unsupported(f"{_target_name(target)}: {msg.splitlines()[0]}")
+                raise Unsupported("K0008", f"{_target_name(target)}: {msg.splitlines()[0]}")
             # raised on fake tensors: whether the real op raises, and its message, are
             # eager's to say (uncaught, the frame re-runs eagerly; caught, it breaks)
             raise UserException(V.ExceptionValue.of_real(e), from_fake=True)
         node_args = tuple(_to_arg(a) for a in args)
         node_kwargs = {k: _to_arg(v) for k, v in kwargs.items()}
         if _has_class((node_args, node_kwargs)):  # an FX graph cannot print a class argument
-            raise Unsupported(f"{_target_name(target)} with a class as argument")
+            raise Unsupported("K0042", f"{_target_name(target)} with a class as argument")
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        fr = self.active_frame
+        if fr is not None and fr.inst is not None:
+            node.meta["kiln_user_line"] = (fr.code.co_filename, fr.inst.line, fr.code.co_name)
         self._unwind_modes.add(self.grad_blocks[0] if self.grad_blocks else self.grad_enabled)
         amp.note_op()
         result = self._wrap_result(out, node)
@@ -213,7 +221,7 @@ class OutputGraph:
                 return nt
             return V.TupleValue(items) if isinstance(out, tuple) else V.ListValue(items)
         if _has_tensor(out):
-            raise Unsupported(f"an op returning {type(out).__qualname__} of tensors")
+            raise Unsupported("K0042", f"an op returning {type(out).__qualname__} of tensors")
         return _static(out)
 
     def enter_grad_block(self, prev: bool, enabled: bool):
@@ -316,7 +324,7 @@ def _unwrap(v, tensor):
         return v.fn
     if isinstance(v, V.SetValue):
         return set(v.items)
-    raise Unsupported(f"passing {v} to a PyTorch op")
+    raise Unsupported("K0042", f"passing {v} to a PyTorch op")
 
 
 def _to_fake(v):

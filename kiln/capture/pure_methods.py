@@ -39,12 +39,12 @@ class PureMethodValue(V.Value):
     def call(self, tx, args, kwargs):
         ov = self.ov
         if ov.source is None or ov.attrs:
-            raise Unsupported(f"{self.fn.__qualname__} on an object changed or made during the trace")
+            raise Unsupported("K0011", f"{self.fn.__qualname__} on an object changed or made during the trace")
         try:
             cargs = [a.const() for a in args]
             ckw = {k: a.const() for k, a in kwargs.items()}
         except Unsupported:
-            raise Unsupported(f"{self.fn.__qualname__} with non-constant arguments")
+            raise Unsupported("K0011", f"{self.fn.__qualname__} with non-constant arguments")
         obj = ov.obj
         snapshot = copy.deepcopy(obj.__dict__)
         g = tx.output.guards

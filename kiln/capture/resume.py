@@ -37,7 +37,7 @@ def resume_code(code, index: int, stack_nulls: tuple, local_names: tuple):
     if hit is not None:
         return hit
     if code.co_flags & (_CO_GENERATOR | 0x80 | 0x200):
-        raise Unsupported("a graph break in a generator or coroutine")
+        raise Unsupported("K0004", "a graph break in a generator or coroutine")
     b = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     instrs = [x for x in b if isinstance(x, Instr)]
     target = instrs[index]
@@ -86,7 +86,7 @@ def resume_code(code, index: int, stack_nulls: tuple, local_names: tuple):
         # 32768: CPython then crashed unwinding an exception raised in the block)
         out = new.to_code(stacksize=code.co_stacksize, compute_exception_stack_depths=False)
     except Exception as e:  # the bytecode package cannot lay this jump out
-        raise Unsupported(f"cannot build a resume function here ({e})") from None
+        raise Unsupported("K0048", f"cannot build a resume function here ({e})") from None
     per_code[key] = out
     return out
 

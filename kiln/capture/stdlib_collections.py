@@ -91,7 +91,7 @@ def _defined_above(cls, base, name) -> bool:
 
 def _dict_items(tx, args, kwargs):
     if len(args) > 1:
-        raise Unsupported("a dict constructor with more than one positional argument")
+        raise Unsupported("K0016", "a dict constructor with more than one positional argument")
     items = dict(dict_items_of(tx, args[0])) if args else {}
     items.update(kwargs)
     return items
@@ -224,7 +224,7 @@ class DequeValue(V.Value):
 
         items = self.items
         if kwargs:
-            raise Unsupported(f"deque.{name} with keyword arguments")
+            raise Unsupported("K0019", f"deque.{name} with keyword arguments")
         if name in _DEQUE_READS:
             return _DEQUE_READS[name](tx, self, args)
         self.version += 1
@@ -270,7 +270,7 @@ class DequeValue(V.Value):
                 raise _err(IndexError, "deque already at its maximum size")
             items.insert(args[0].const(), args[1])
         else:
-            raise Unsupported(f"deque.{name}")
+            raise Unsupported("K0019", f"deque.{name}")
         return C(None)
 
     def __repr__(self):
@@ -353,7 +353,7 @@ def _namedtuple(tx, typename, field_names, **kwargs):
         ckw = {k: v.const() for k, v in kwargs.items()}
         names = field_names.const()
     except Unsupported:
-        raise Unsupported("namedtuple() from non-constant arguments")
+        raise Unsupported("K0011", "namedtuple() from non-constant arguments")
     if ckw.get("module") is None:
         ckw["module"] = tx.f_globals.get("__name__", "__main__") if hasattr(tx, "f_globals") else None
     return wrap_static(fold(collections.namedtuple, typename.const(), names, **ckw))

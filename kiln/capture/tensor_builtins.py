@@ -44,10 +44,10 @@ def _tensor_minmax(which):
             rest = (V.IteratorValue(items),) if len(args) == 1 else args
             return _generic[which](tx, *rest, key=key, default=default)
         if not _same_kind(items):
-            raise Unsupported(f"{which.__name__}() over tensors of different kinds, or against numbers "
+            raise Unsupported("K0006", f"{which.__name__}() over tensors of different kinds, or against numbers "
                               "(the result's type depends on their values)")
         if any(x.node.op == "placeholder" for x in items):
-            raise Unsupported(f"{which.__name__}() over tensors returns one of the inputs themselves")
+            raise Unsupported("K0006", f"{which.__name__}() over tensors returns one of the inputs themselves")
         best = items[0]
         for x in items[1:]:
             cond = tx.output.op("call_function", compare, [x, best], {})
@@ -75,10 +75,10 @@ def index_value(tx, tv):
     ``__index__``), read from the real input and guarded; Unsupported otherwise."""
     fake = tv.fake
     if fake.dim() != 0 or fake.dtype.is_floating_point or fake.dtype.is_complex:
-        raise Unsupported("indexing a Python sequence with a tensor that is not a 0-d integer")
+        raise Unsupported("K0007", "indexing a Python sequence with a tensor that is not a 0-d integer")
     real = tx.output.real_input(tv)
     if real is None or tv.source is None or _written_in_place(tv.node):
-        raise Unsupported("indexing a Python sequence with a tensor computed in the graph (its value is data)")
+        raise Unsupported("K0007", "indexing a Python sequence with a tensor computed in the graph (its value is data)")
     value = operator.index(real)
     e = tv.source.expr()
     tx.output.guards.expression(f"{e}.item() == {value!r}", f"{tv.source.pretty()} holds {value!r}")

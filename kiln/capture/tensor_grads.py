@@ -47,9 +47,9 @@ def read_grad(tx, tv):
     if real is None:
         if not tv.fake.requires_grad:
             return V.ConstantValue(None)  # a tensor made in the graph has no gradient yet
-        raise Unsupported("reading .grad of a tensor computed in the graph")
+        raise Unsupported("K0039", "reading .grad of a tensor computed in the graph")
     if real.requires_grad and not real.is_leaf:
-        raise Unsupported("reading .grad of a non-leaf tensor")
+        raise Unsupported("K0039", "reading .grad of a non-leaf tensor")
     from kiln.capture.builder import wrap
 
     return wrap(tx, real.grad, AttrSource(tv.source, "grad"))
@@ -57,13 +57,13 @@ def read_grad(tx, tv):
 
 def write_grad(tx, tv, value):
     if tv.source is None or tx.output.real_input(tv) is None:
-        raise Unsupported("setting .grad of a tensor computed in the graph")
+        raise Unsupported("K0039", "setting .grad of a tensor computed in the graph")
     if isinstance(value, V.TensorValue):
         f, g = tv.fake, value.fake
         if (f.shape, f.dtype, f.device) != (g.shape, g.dtype, g.device):
-            raise Unsupported("assigning a .grad of another shape, dtype or device")
+            raise Unsupported("K0039", "assigning a .grad of another shape, dtype or device")
     elif not (isinstance(value, V.ConstantValue) and value.value is None):
-        raise Unsupported(f"assigning {value} to .grad")
+        raise Unsupported("K0039", f"assigning {value} to .grad")
     w = _writes(tx, tv, create=True)
     w.attrs["grad"] = value
     tx.output.mark_mutated(w)

@@ -48,14 +48,14 @@ class TensorKeyedDictValue(V.Value):
         return type(self.obj)
 
     def truth(self, tx):
-        raise Unsupported("truth of a dict keyed by tensors (reads every key)")
+        raise Unsupported("K0046", "truth of a dict keyed by tensors (reads every key)")
 
     def _key(self, tx, k):
         if not isinstance(k, V.TensorValue) or k.source is None:
-            raise Unsupported("a tensor-keyed dict looked up by a tensor made in the graph")
+            raise Unsupported("K0046", "a tensor-keyed dict looked up by a tensor made in the graph")
         real = tx.output.real_input(k)
         if real is None:
-            raise Unsupported("a tensor-keyed dict looked up by a tensor kiln cannot re-read")
+            raise Unsupported("K0046", "a tensor-keyed dict looked up by a tensor kiln cannot re-read")
         return real
 
     def _lookup(self, tx, k):
@@ -80,7 +80,7 @@ class TensorKeyedDictValue(V.Value):
         factory = getattr(self.obj, "default_factory", None)
         if factory is not dict:
             if factory is not None:
-                raise Unsupported(f"a tensor-keyed defaultdict of {factory!r}")
+                raise Unsupported("K0046", f"a tensor-keyed defaultdict of {factory!r}")
             raise UserException(V.ExceptionValue(KeyError, [k]))
         tx.output.guards.expression(f"{self.source.expr()}.default_factory is dict",
                                     f"{self.source.pretty()} is a defaultdict(dict)")
@@ -112,7 +112,7 @@ class TensorKeyedDictValue(V.Value):
             return V.ConstantValue(None)
         if name == "__contains__" and len(args) == 1:
             return V.ConstantValue(self.contains(tx, args[0]))
-        raise Unsupported(f"{type(self.obj).__name__}.{name} on a dict keyed by tensors")
+        raise Unsupported("K0019", f"{type(self.obj).__name__}.{name} on a dict keyed by tensors")
 
     def getattr(self, tx, name):
         if name == "__class__":

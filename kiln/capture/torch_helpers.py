@@ -16,7 +16,7 @@ from kiln.capture.errors import Unsupported
 def _guarded_query(fn, what):
     def rule(tx, args, kwargs):
         if args or kwargs:
-            raise Unsupported(f"{what} with arguments")
+            raise Unsupported("K0042", f"{what} with arguments")
         value = fn()
         g = tx.output.guards
         g.add(f"{g.const(fn, 'F')}() == {value!r}", f"{what} is {value!r}")

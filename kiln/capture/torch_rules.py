@@ -64,13 +64,13 @@ def _first(args, kwargs, *names):
     for n in names:
         if n in kwargs:
             return kwargs[n]
-    raise Unsupported(f"a call without its {names[0]!r} argument")
+    raise Unsupported("K0042", f"a call without its {names[0]!r} argument")
 
 
 def _fake_of(args, kwargs):
     v = _first(args, kwargs, "input")
     if not isinstance(v, V.TensorValue):
-        raise Unsupported(f"a tensor query on {v}")
+        raise Unsupported("K0042", f"a tensor query on {v}")
     return v.fake
 
 
@@ -145,9 +145,9 @@ def call_torch_function(tx, fn, args, kwargs):
         return rule(tx, args, kwargs)
     name = _name(fn)
     if name.startswith(_NEVER_IN_GRAPH_PREFIXES) and not name.startswith("set_grad"):
-        raise Unsupported(f"torch.{name} changes global state or needs data")
+        raise Unsupported("K0040", f"torch.{name} changes global state or needs data")
     if fn is torch.Tensor.item or name in _DATA_METHODS:
-        raise Unsupported(f"Tensor.{name}() needs the tensor's data")
+        raise Unsupported("K0007", f"Tensor.{name}() needs the tensor's data")
     if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)) or (
         isinstance(fn, types.FunctionType) and fn.__qualname__.startswith("Tensor.")
     ):
@@ -176,7 +176,7 @@ def tensor_attribute(tx, tv, name):
     if name in ("shape",):
         return V.ConstantValue(torch.Size(f.shape))
     if name in ("requires_grad", "is_leaf", "grad_fn") and getattr(tx.output, "in_transform", False):
-        raise Unsupported(f"Tensor.{name} inside a torch.func transform (it reports the transform's own tracking)")
+        raise Unsupported("K0036", f"Tensor.{name} inside a torch.func transform (it reports the transform's own tracking)")
     if name in ("dtype", "ndim", "requires_grad", "is_cuda", "is_sparse", "is_quantized",
                 "is_meta", "is_leaf", "layout", "is_mkldnn", "is_nested", "itemsize", "nbytes",
                 "is_cpu", "is_mps", "is_xpu"):
@@ -196,7 +196,7 @@ def tensor_attribute(tx, tv, name):
     if name == "grad_fn":
         if not f.requires_grad:
             return V.ConstantValue(None)
-        raise Unsupported("reading Tensor.grad_fn")
+        raise Unsupported("K0039", "reading Tensor.grad_fn")
     if name == "grad":
         from kiln.capture.tensor_grads import read_grad
 
@@ -212,7 +212,7 @@ def tensor_attribute(tx, tv, name):
             f"'Tensor' object has no attribute {name!r}")]))
     if callable(attr):
         return V.MethodValue(V.TorchFunctionValue(attr), tv)
-    raise Unsupported(f"tensor attribute {name!r}")
+    raise Unsupported("K0009", f"tensor attribute {name!r}")
 
 
 def tensor_method(tx, tv, name, args, kwargs):
@@ -221,22 +221,22 @@ def tensor_method(tx, tv, name, args, kwargs):
 
         return BUILTINS[len](tx, tv)
     if name in _DATA_METHODS:
-        raise Unsupported(f"Tensor.{name}() needs the tensor's data")
+        raise Unsupported("K0007", f"Tensor.{name}() needs the tensor's data")
     if name == "storage_offset":    # fakes do not carry it, and guards do not check it
-        raise Unsupported("Tensor.storage_offset() is read from the real tensor")
+        raise Unsupported("K0007", "Tensor.storage_offset() is read from the real tensor")
     if name in _META_METHODS:
         try:
             fake_args = [a.const() for a in args]
             fake_kwargs = {k: v.const() for k, v in kwargs.items()}
         except Unsupported:
-            raise Unsupported(f"Tensor.{name} with non-constant arguments")
+            raise Unsupported("K0011", f"Tensor.{name} with non-constant arguments")
         return V.ConstantValue(getattr(tv.fake, name)(*fake_args, **fake_kwargs))
     if name == "type":
         return _tensor_type(tx, tv, args, kwargs)
     if name in ("requires_grad_",):
         if _requires_grad_unchanged(tv, args, kwargs):
             return tv
-        raise Unsupported("Tensor.requires_grad_ inside a compiled region")
+        raise Unsupported("K0039", "Tensor.requires_grad_ inside a compiled region")
     if name == "__getattribute__":
         return tensor_attribute(tx, tv, args[0].const())
     rewritten = scalar_tensor_args.rewrite(tx, tv, name, args, kwargs)
@@ -260,7 +260,7 @@ def _type_string(f):
         return base
     if f.device.type == "cuda":
         return base.replace("torch.", "torch.cuda.", 1)
-    raise Unsupported(f"Tensor.type() of a {f.device.type} tensor")
+    raise Unsupported("K0041", f"Tensor.type() of a {f.device.type} tensor")
 
 
 def _tensor_type(tx, tv, args, kwargs):
@@ -271,7 +271,7 @@ def _tensor_type(tx, tv, args, kwargs):
     target = args[0] if args else kwargs.pop("dtype", V.ConstantValue(None))
     non_blocking = args[1] if len(args) > 1 else kwargs.pop("non_blocking", V.ConstantValue(False))
     if kwargs or len(args) > 2:
-        raise Unsupported("Tensor.type() with extra arguments")
+        raise Unsupported("K0041", "Tensor.type() with extra arguments")
     t = target.const()
     if t is None:
         return V.ConstantValue(_type_string(tv.fake))
@@ -279,7 +279,7 @@ def _tensor_type(tx, tv, args, kwargs):
         mod, _, cls = t.rpartition(".")
         t = getattr({"torch": torch, "torch.cuda": torch.cuda}.get(mod), cls, None)
         if t is None:
-            raise Unsupported(f"Tensor.type({target.const()!r})")
+            raise Unsupported("K0041", f"Tensor.type({target.const()!r})")
     if isinstance(t, torch.dtype):
         to = {"dtype": V.ConstantValue(t)}
     elif type(t).__name__ == "tensortype" and not t.is_sparse:
@@ -288,7 +288,7 @@ def _tensor_type(tx, tv, args, kwargs):
             device = tv.fake.device  # the same device (a CUDA tensor keeps its index)
         to = {"device": V.ConstantValue(device), "dtype": V.ConstantValue(t.dtype)}
     else:
-        raise Unsupported(f"Tensor.type({t!r})")
+        raise Unsupported("K0041", f"Tensor.type({t!r})")
     return tx.output.op("call_method", "to", [tv], {**to, "non_blocking": non_blocking})
 
 

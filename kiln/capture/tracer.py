@@ -29,6 +29,7 @@ from kiln.capture.interpreter import Frame, ReturnSignal
 from kiln.capture.output import OutputGraph
 from kiln.capture.resume import resume_code
 from kiln.capture.sources import ClosureSource, LocalSource, RefSource
+from kiln.debug.breaks import describe
 from kiln.debug.logs import log_for
 
 _CALLS = ("CALL", "CALL_FUNCTION_EX")
@@ -39,11 +40,13 @@ _JUMPS = ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE",
 
 @dataclass
 class BreakInfo:
+    """One graph break: why (``break_id`` in kiln/debug/breaks.py, ``reason``) and where."""
     reason: str
     user_stack: list
+    break_id: str | None = None
 
     def __str__(self):
-        return self.reason + "".join(f"\n    {s}" for s in self.user_stack)
+        return describe(self.break_id, self.reason) + "".join(f"\n    {s}" for s in self.user_stack)
 
 
 @dataclass
@@ -71,7 +74,7 @@ _GENERATOR_FLAGS = 0x20 | 0x80 | 0x200  # generator, coroutine, async generator
 
 def trace_frame(fn: types.FunctionType, code, bound_args: dict, ctx: TraceContext) -> Entry:
     if code.co_flags & _GENERATOR_FLAGS:
-        raise SkipFrame("a generator or coroutine function: a call only makes the generator "
+        raise SkipFrame("K0004", "a generator or coroutine function: a call only makes the generator "
                         "object, so it runs as it is")
     break_at = None
     first_reason = None
@@ -80,17 +83,17 @@ def trace_frame(fn: types.FunctionType, code, bound_args: dict, ctx: TraceContex
             return _trace_once(fn, code, bound_args, ctx, break_at, first_reason)
         except _FinishFailed as f:
             if ctx.fullgraph:
-                raise Unsupported(f.reason, f.user_stack) from None
-            raise SkipFrame(f.reason) from None
+                raise Unsupported(f.reason, f.user_stack, break_id=f.break_id) from None
+            raise SkipFrame(f.reason, break_id=f.break_id) from None
         except RestartWithBreak as r:
             if break_at == r.ip:
-                raise SkipFrame(r.reason)
+                raise SkipFrame(r.reason, break_id=r.break_id)
             if reads_own_frame(code):
-                raise SkipFrame(f"graph break ({r.reason}) in a frame that reads its own Python frame "
+                raise SkipFrame("K0030", f"graph break ({r.reason}) in a frame that reads its own Python frame "
                                 "(inspect.currentframe, locals()...): a resume function would not be it")
             break_at = r.ip
-            first_reason = BreakInfo(r.reason, r.user_stack)
-    raise SkipFrame("too many restarts")
+            first_reason = BreakInfo(r.reason, r.user_stack, r.break_id)
+    raise SkipFrame("K0049", "too many restarts")
 
 
 def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
@@ -116,7 +119,7 @@ def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
                     return _compile_break(fn, code, frame, ctx, ns, break_info)
                 except Unsupported as e:
                     raise _FinishFailed(f"graph break at {break_info.user_stack[-1] if break_info.user_stack else '?'} "
-                                        f"({break_info.reason}) cannot resume: {e.reason}") from None
+                                        f"({break_info.reason}) cannot resume: {e.reason}", break_id=e.break_id) from None
             inst = frame.insts[frame.ip]
             try:
                 frame.step()
@@ -126,27 +129,28 @@ def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
                 raise
             except Unsupported as e:
                 if ctx.fullgraph:
-                    raise Unsupported(e.reason, frame_user_stack(e, frame)) from None
+                    raise Unsupported(e.reason, frame_user_stack(e, frame), break_id=e.break_id) from None
                 stack = frame_user_stack(e, frame)
                 if inst.opname in _CALLS or inst.opname in _JUMPS:
-                    raise RestartWithBreak(inst.index, e.reason, stack) from None
-                raise SkipFrame(f"{e.reason} (at {stack[-1] if stack else '?'})") from None
+                    raise RestartWithBreak(inst.index, e.reason, stack, e.break_id) from None
+                raise SkipFrame(f"{e.reason} (at {stack[-1] if stack else '?'})", break_id=e.break_id) from None
     except ReturnSignal as r:
         try:
             return _compile_return(fn, code, frame, ctx, ns, r.value)
         except Unsupported as e:
-            raise _FinishFailed(f"cannot rebuild the return value: {e.reason}", frame.user_stack()) from None
+            raise _FinishFailed(f"cannot rebuild the return value: {e.reason}", frame.user_stack(), e.break_id) from None
     except UserException as e:
         try:
             return _compile_raise(fn, code, frame, ctx, ns, e.value)
         except Unsupported as e2:
-            raise _FinishFailed(f"cannot rebuild the raised exception: {e2.reason}", frame.user_stack()) from None
+            raise _FinishFailed(f"cannot rebuild the raised exception: {e2.reason}", frame.user_stack(), e2.break_id) from None
 
 
 class _FinishFailed(Exception):
-    def __init__(self, reason, user_stack=None):
+    def __init__(self, reason, user_stack=None, break_id=None):
         self.reason = reason
         self.user_stack = user_stack
+        self.break_id = break_id
 
 
 def frame_user_stack(e, frame):
@@ -177,7 +181,8 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where:
         pass
     log = log_for("graph")
     if log.isEnabledFor(logging.INFO):
-        log.info("captured graph:\n%s", gm.print_readable(print_output=False))
+        log.info("captured graph:\n%s", gm.print_readable(print_output=False),
+                 extra={"kiln_gm": gm})
     t0 = time.perf_counter()
     compiled = compile_graph(ctx.backend, gm, example_inputs, where)
     eager = gm.forward
@@ -281,7 +286,7 @@ def _grad_exits(frame, inst):
         if ent.start <= inst.offset <= ent.end:
             slot = frame.stack[ent.depth - 1] if 0 < ent.depth <= len(frame.stack) else None
             if not (isinstance(slot, _ExitValue) and isinstance(slot.ctx, V.ContextValue)):
-                raise Unsupported("the break is inside a try block or a with-block kiln cannot re-enter")
+                raise Unsupported("K0033", "the break is inside a try block or a with-block kiln cannot re-enter")
             if slot not in exits:
                 exits.append(slot)
     return exits
@@ -295,7 +300,7 @@ def _compile_break(fn, code, frame, ctx, ns, info: BreakInfo):
     grad_exits = [e for e in exits if isinstance(e.ctx, V.GradModeValue)]
     stateless = [e for e in exits if getattr(e.ctx, "stateless", False)]
     if len(exits) - len(grad_exits) - len(stateless) != len(out.autocast.blocks):
-        raise Unsupported("a graph break inside torch.autocast blocks entered in another way")
+        raise Unsupported("K0033", "a graph break inside torch.autocast blocks entered in another way")
     log_for("graph_breaks").info("graph break in %s: %s", code.co_name, info)
     if ctx.recorder is not None:
         ctx.recorder.breaks.append(info)

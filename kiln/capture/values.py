@@ -24,31 +24,31 @@ class Value:
     source = None
 
     def python_type(self):
-        raise Unsupported(f"type of {self} is not known")
+        raise Unsupported("K0013", f"type of {self} is not known")
 
     def is_const(self) -> bool:
         return False
 
     def const(self):
-        raise Unsupported(f"{self} is not a Python constant")
+        raise Unsupported("K0011", f"{self} is not a Python constant")
 
     def getattr(self, tx: "Frame", name: str) -> "Value":
-        raise Unsupported(f"attribute {name!r} of {self}")
+        raise Unsupported("K0009", f"attribute {name!r} of {self}")
 
     def setattr(self, tx: "Frame", name: str, value: "Value"):
-        raise Unsupported(f"setting attribute {name!r} on {self}")
+        raise Unsupported("K0025", f"setting attribute {name!r} on {self}")
 
     def call(self, tx: "Frame", args: list, kwargs: dict) -> "Value":
-        raise Unsupported(f"calling {self}")
+        raise Unsupported("K0010", f"calling {self}")
 
     def call_method(self, tx, name, args, kwargs):
         return self.getattr(tx, name).call(tx, args, kwargs)
 
     def unpack(self, tx) -> list:
-        raise Unsupported(f"iterating over {self}")
+        raise Unsupported("K0012", f"iterating over {self}")
 
     def truth(self, tx) -> bool:
-        raise Unsupported(f"truth value of {self}")
+        raise Unsupported("K0012", f"truth value of {self}")
 
     def __repr__(self):
         return f"{type(self).__name__}()"
@@ -152,7 +152,7 @@ class TensorValue(Value):
         return type(self.fake) if not hasattr(self.fake, "fake_device") else torch.Tensor
 
     def truth(self, tx):
-        raise Unsupported("branching on a tensor's value (data-dependent control flow)")
+        raise Unsupported("K0006", "branching on a tensor's value (data-dependent control flow)")
 
     def unpack(self, tx):
         if self.fake.dim() == 0:
@@ -169,7 +169,7 @@ class TensorValue(Value):
             from kiln.capture.tensor_grads import write_grad
 
             return write_grad(tx, self, value)
-        raise Unsupported(f"setting attribute {name!r} on a tensor")
+        raise Unsupported("K0025", f"setting attribute {name!r} on a tensor")
 
     def call_method(self, tx, name, args, kwargs):
         from kiln.capture.torch_rules import tensor_method
@@ -412,7 +412,7 @@ class UserFunctionValue(FunctionValue):
         if name in self.fn.__dict__:
             return wrap(tx, self.fn.__dict__[name],
                         AttrSource(self.source, name) if self.source else None)
-        raise Unsupported(f"attribute {name!r} of function {self.fn.__qualname__}")
+        raise Unsupported("K0009", f"attribute {name!r} of function {self.fn.__qualname__}")
 
     def __repr__(self):
         return f"Function({self.fn.__qualname__})"
@@ -426,7 +426,7 @@ class _FunctionGet(Value):
 
     def call(self, tx, args, kwargs):
         if kwargs or not 1 <= len(args) <= 2:
-            raise Unsupported("function.__get__ with these arguments")
+            raise Unsupported("K0044", "function.__get__ with these arguments")
         obj = args[0]
         if isinstance(obj, ConstantValue) and obj.value is None:
             return self.fnv
@@ -458,7 +458,7 @@ class NestedFunctionValue(FunctionValue):
             return ConstantValue(self.qualname.rsplit(".", 1)[-1] if name == "__name__" else self.qualname)
         if name == "__class__":
             return ClassValue(types.FunctionType)
-        raise Unsupported(f"attribute {name!r} of a nested function")
+        raise Unsupported("K0009", f"attribute {name!r} of a nested function")
 
     def __repr__(self):
         return f"NestedFunction({self.qualname})"
@@ -510,7 +510,7 @@ class BuiltinValue(_CallableRef):
             return ConstantValue(getattr(self.fn, name, None))
         if name == "__class__":
             return ClassValue(type(self.fn))
-        raise Unsupported(f"attribute {name!r} of builtin {self.fn!r}")
+        raise Unsupported("K0009", f"attribute {name!r} of builtin {self.fn!r}")
 
     def __repr__(self):
         return f"Builtin({getattr(self.fn, '__qualname__', self.fn)!r})"
@@ -639,7 +639,7 @@ class AutogradFunctionApply(Value):
 
     def call(self, tx, args, kwargs):
         if any(not isinstance(a, (TensorValue, ConstantValue)) for a in list(args) + list(kwargs.values())):
-            raise Unsupported(f"{self.cls.__qualname__}.apply with non-tensor, non-constant arguments")
+            raise Unsupported("K0045", f"{self.cls.__qualname__}.apply with non-tensor, non-constant arguments")
         return tx.output.op("call_function", self.fn, list(args), dict(kwargs))
 
     def __repr__(self):
@@ -739,7 +739,7 @@ class SuperValue(Value):
         for klass in mro[i + 1:]:
             if name in klass.__dict__:
                 return wrap_class_attr(tx, self.self_value, klass, name)
-        raise Unsupported(f"super().{name} not found")
+        raise Unsupported("K0044", f"super().{name} not found")
 
 
 class ExceptionValue(Value):
@@ -776,14 +776,14 @@ class ExceptionValue(Value):
         if name == "__class__":
             return ClassValue(self.cls)
         if name in ("__cause__", "__context__", "__traceback__", "__notes__", "__suppress_context__"):
-            raise Unsupported(f"{name} of an exception made in the trace")
+            raise Unsupported("K0031", f"{name} of an exception made in the trace")
         if name == "value" and issubclass(self.cls, StopIteration) and not self.custom_init:
             return self.args[0] if self.args else ConstantValue(None)
         from kiln.capture.builder import lookup_class_attr, wrap_class_attr
 
         _, attr = lookup_class_attr(self.cls, name)
         if isinstance(attr, (types.MemberDescriptorType, types.GetSetDescriptorType)):
-            raise Unsupported(f"{self.cls.__name__}.{name} (kept by the exception's C code)")
+            raise Unsupported("K0031", f"{self.cls.__name__}.{name} (kept by the exception's C code)")
         return wrap_class_attr(tx, self, self.cls, name)
 
     def setattr(self, tx, name, value):
@@ -791,7 +791,7 @@ class ExceptionValue(Value):
             self.args = value.unpack(tx)
             return
         if name.startswith("__"):
-            raise Unsupported(f"setting {name} of an exception")
+            raise Unsupported("K0031", f"setting {name} of an exception")
         self.attrs[name] = value
 
     def __repr__(self):
@@ -826,7 +826,7 @@ class GradModeValue(ContextValue):
     def getattr(self, tx, name):
         if name == "__class__":
             return ClassValue(torch.enable_grad if self.enabled else torch.no_grad)
-        raise Unsupported(f"attribute {name!r} of a grad-mode context manager")
+        raise Unsupported("K0009", f"attribute {name!r} of a grad-mode context manager")
 
     def call(self, tx, args, kwargs):
         # used as a decorator: no_grad()(fn) -> a function that runs fn in this mode;

@@ -38,7 +38,7 @@ class WeakRefValue(V.Value):
 
     def call(self, tx, args, kwargs):
         if args or kwargs:
-            raise Unsupported("calling a weak reference with arguments")
+            raise Unsupported("K0016", "calling a weak reference with arguments")
         from kiln.capture.builder import wrap
 
         return wrap(tx, self.ref(), RefCallSource(self.source))

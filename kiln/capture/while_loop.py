@@ -39,7 +39,7 @@ class WhileLoopCall:
         if carried[0].is_meta:
             from kiln.autograd.functionalize import AotUnsupported
 
-            raise AotUnsupported("torch.while_loop: its trip count is data; the graph runs at torch level")
+            raise AotUnsupported("K0114", "torch.while_loop: its trip count is data; the graph runs at torch level")
         vals = carried
         while bool(self.cond_gm.forward(*vals, *lifted_c)[0]):
             vals = list(self.body_gm.forward(*vals, *lifted_b))
@@ -58,9 +58,9 @@ def _trace(tx, fn, carried, what):
     elif type(result) is V.TupleValue and all(isinstance(i, V.TensorValue) for i in result.items):
         outs, single = list(result.items), False
     else:
-        raise Unsupported(f"the {what} of torch.while_loop returns {result} (not tensors)")
+        raise Unsupported("K0057", f"the {what} of torch.while_loop returns {result} (not tensors)")
     if any(_may_alias_input(o.node) for o in outs):
-        raise Unsupported(f"the {what} of torch.while_loop returns an input or a view of one "
+        raise Unsupported("K0057", f"the {what} of torch.while_loop returns an input or a view of one "
                           "(eager's torch.while_loop raises on aliasing)")
     fakes = [o.fake for o in outs]
     gm = body.finish(outs)
@@ -72,25 +72,25 @@ def call_while_loop(tx, args, kwargs):
     bound = dict(zip(names, args))
     for k, v in kwargs.items():
         if k not in names or k in bound:
-            raise Unsupported(f"torch.while_loop with argument {k!r}")
+            raise Unsupported("K0057", f"torch.while_loop with argument {k!r}")
         bound[k] = v
     if len(bound) != 3:
-        raise Unsupported("torch.while_loop with these arguments")
+        raise Unsupported("K0057", "torch.while_loop with these arguments")
     carried = bound["carried_inputs"]
     if type(carried) is not V.TupleValue or not carried.items or \
             not all(isinstance(c, V.TensorValue) for c in carried.items):
-        raise Unsupported("torch.while_loop carrying other than a tuple of tensors")
+        raise Unsupported("K0057", "torch.while_loop carrying other than a tuple of tensors")
     items = list(carried.items)
     cond_gm, cond_lifted, cond_out, _ = _trace(tx, bound["cond_fn"], items, "condition")
     if len(cond_out) != 1 or cond_out[0].dtype != torch.bool or cond_out[0].numel() != 1:
-        raise Unsupported("the condition of torch.while_loop is not a one-element bool tensor")
+        raise Unsupported("K0057", "the condition of torch.while_loop is not a one-element bool tensor")
     body_gm, body_lifted, body_out, single = _trace(tx, bound["body_fn"], items, "body")
     if single and len(items) != 1:
-        raise Unsupported("the body of torch.while_loop returns one tensor for several carried ones")
+        raise Unsupported("K0057", "the body of torch.while_loop returns one tensor for several carried ones")
     if len(body_out) != len(items) or any(
             o.shape != c.fake.shape or o.dtype != c.fake.dtype or o.fake_device != c.fake.fake_device
             for o, c in zip(body_out, items)):
-        raise Unsupported("the body of torch.while_loop changes the carried tensors' metadata")
+        raise Unsupported("K0057", "the body of torch.while_loop changes the carried tensors' metadata")
     call = WhileLoopCall(cond_gm, body_gm, len(items), len(cond_lifted))
     res = tx.output.op("call_function", call, items + cond_lifted + body_lifted, {})
     outs = res.items if isinstance(res, V.TupleValue) else [res]

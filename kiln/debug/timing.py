@@ -11,6 +11,8 @@ from collections import defaultdict
 
 _totals: dict[str, float] = defaultdict(float)
 _counts: dict[str, int] = defaultdict(int)
+#: stage, seconds -> None: the trace directory's per-compile accounting, when one is on
+observer = None
 
 
 @contextlib.contextmanager
@@ -19,8 +21,11 @@ def timed(stage: str):
     try:
         yield
     finally:
-        _totals[stage] += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        _totals[stage] += dt
         _counts[stage] += 1
+        if observer is not None:
+            observer(stage, dt)
 
 
 def totals() -> dict[str, float]:

@@ -18,10 +18,13 @@ import subprocess
 import tempfile
 import types
 
+from ..debug.logs import log_for
 from ..debug.timing import timed
 from ..disk_cache import (find_exact, key_of, locations, read_entry,  # noqa: F401  (re-exported)
                           reject, store_file, write_entry)
 from .cxx_probe import workaround_flags
+
+_log = log_for("cache")
 
 CXX = os.environ.get("CXX", "g++")
 # -ffp-contract=off: GCC would otherwise fuse a*b+c into one FMA (one rounding where
@@ -63,8 +66,10 @@ def compile_cpp(source: str) -> str:
     found = read_entry("cpp", key, ".so")
     if found is not None:
         stats["hits"] += 1
+        _log.info("kernels: C++ library cache hit %s", key)
         return found[0]
     stats["misses"] += 1
+    _log.info("kernels: C++ library cache miss %s: compiling", key)
     # the source is kept beside the library, for whoever reads the cache (and for the
     # command a BuildError names to be run again by hand)
     src = store_file("cpp", key, ".cpp", source.encode())

@@ -14,6 +14,8 @@ import torch
 import torch.fx as fx
 
 from .. import config
+from ..debug.breaks import describe, tag
+from ..debug import trace_dir
 from ..debug.logs import log_for
 from ..debug.timing import timed
 from . import cache, cpp, graph_cache, ir
@@ -23,6 +25,7 @@ from .scheduler import format_schedule, schedule
 
 _code_log = log_for("output_code")
 _fallback_log = log_for("fallbacks")
+_cache_log = log_for("cache")
 
 
 def _signature(args):
@@ -69,6 +72,8 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
     with timed("kernels.graph_cache"):
         key = graph_cache.key_of(gm, example_inputs, target)
         p = graph_cache.load(key)
+    _cache_log.info("kernels: graph cache %s (%s source)", "hit" if p is not None else "miss" if key else "off",
+                    target)
     if p is not None:
         for op, reason in p.fallback_messages:
             _fallback_log.info("kernels: %s falls back to aten (%s)", op, reason)
@@ -152,10 +157,11 @@ def _leaf_views(tree):
 
 class EagerGraph:
     """A specialisation whose kernels could not be built or loaded, with
-    ``config.suppress_errors`` on: the aten graph run by PyTorch op by op."""
+    ``config.suppress_errors`` on: the aten graph run by PyTorch op by op. ``break_id``
+    names the reason in kiln/debug/breaks.py."""
 
-    def __init__(self, gm, reason: str):
-        self.gm, self.reason = gm, reason
+    def __init__(self, gm, break_id: str, reason: str):
+        self.gm, self.break_id, self.reason = gm, break_id, reason
 
     def __call__(self, *args):
         return self.gm(*args)
@@ -188,6 +194,8 @@ class CompiledGraph:
         #: id of each built Runtime not yet called -> its signature
         self._untried = {}
         self.artefacts = None
+        #: the traced compile this graph belongs to: kernels built later are filed there
+        self._trace_owner = trace_dir.current()
         # Meta stand-ins (what the autograd stage passes) say nothing of the device nor
         # of real values: compile on the first call instead.
         if not any(isinstance(t, torch.Tensor) and t.device.type == "meta"
@@ -198,8 +206,8 @@ class CompiledGraph:
         sig = _signature(args)
         if any(isinstance(a, torch.Tensor) and a.device.type == "meta" for a in args):
             # real meta tensors: there is no data for kernels to read
-            _fallback_log.info("kernels: a graph called on meta tensors runs op by op")
-            rt = self.variants[sig] = EagerGraph(self.gm, "called on meta tensors")
+            _fallback_log.info("kernels: %s", tag("K0203", "a graph called on meta tensors runs op by op"))
+            rt = self.variants[sig] = EagerGraph(self.gm, "K0203", "called on meta tensors")
             return rt
         try:
             target = pick_target(args, self.requested_target)
@@ -212,18 +220,18 @@ class CompiledGraph:
         except Exception as e:                # noqa: BLE001  (suppress_errors: eager)
             if not config.suppress_errors:
                 raise
-            rt = self._eager(e, "built")
+            rt = self._eager("K0201", e, "built")
         self.variants[sig] = rt
         return rt
 
-    def _eager(self, error: Exception, stage: str) -> EagerGraph:
+    def _eager(self, break_id: str, error: Exception, stage: str) -> EagerGraph:
         reason = f"{type(error).__name__}: {error}"
         _fallback_log.warning("kiln: the kernels of a graph could not be %s (%s); "
                               "running that graph with PyTorch eagerly",
-                              stage, reason.strip())
+                              stage, describe(break_id, reason.strip()))
         if self.artefacts is None:
             self.artefacts = {"target": "eager", "error": reason}
-        return EagerGraph(self.gm, reason)
+        return EagerGraph(self.gm, break_id, reason)
 
     @property
     def target(self):
@@ -254,14 +262,14 @@ class CompiledGraph:
             return rt.call_boxed(list(args)) if boxed else rt(*args)
         except Exception as e:                # noqa: BLE001  (suppress_errors: eager)
             failure = e
-        eager = EagerGraph(self.gm, f"{type(failure).__name__}: {failure}")
+        eager = EagerGraph(self.gm, "K0202", f"{type(failure).__name__}: {failure}")
         try:
             out = eager(*args)
         except Exception as e:                # noqa: BLE001
             if type(e) is type(failure):      # the program's own error: eager raises it too
                 raise
             raise failure from None
-        self.variants[sig] = self._eager(failure, "loaded or launched")
+        self.variants[sig] = self._eager("K0202", failure, "loaded or launched")
         self._last = None
         return out
 
@@ -278,7 +286,8 @@ class CompiledGraph:
         sig = _signature(args)
         rt = self.variants.get(sig)
         if rt is None:
-            with timed("kernels"):
+            with timed("kernels"), trace_dir.within(self._trace_owner):
+                trace_dir.note_user_lines(self.gm)     # (the trace's kernels name them)
                 rt = self._build(args)
         check = self._checks.get(sig)
         if check is None:

@@ -26,6 +26,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from ..debug.breaks import split_id, tag
 from ..debug.logs import log_for
 from . import ir
 from ..dispatch_mode import spare_compiler_import
@@ -102,7 +103,14 @@ def _device_of(node: fx.Node, meta: dict) -> torch.device:
 
 
 class Unsupported(Exception):
-    """Raised by a lowering that cannot handle these arguments: the node falls back."""
+    """Raised by a lowering that cannot handle these arguments: the node falls back
+    (runs as the aten op). ``Unsupported("K0205", "why")``: the first argument is the
+    reason's ID in kiln/debug/breaks.py (``break_id``)."""
+
+    def __init__(self, *args):
+        self.break_id, (msg,) = split_id(args)
+        super().__init__(msg)
+        self.reason = msg
 
 
 def _returns_a_view(op) -> bool:
@@ -343,7 +351,7 @@ class GraphLowering:
             elif node.op == "get_attr":
                 self.env[node] = self._get_attr(node)
             else:
-                raise Unsupported(f"unexpected node {node.op}")
+                raise Unsupported("K0205", f"unexpected node {node.op}")
         return self
 
     def _placeholder(self, node, pos):
@@ -392,9 +400,9 @@ class GraphLowering:
                 self._check_target_ops(out)
                 return self._maybe_realize(node, out)
             except Unsupported as e:
-                reason = f"lowering declined: {e}"
+                reason = tag(e.break_id, f"lowering declined: {e.reason}")
         else:
-            reason = "no lowering" if fn is None else "dtype/device not supported"
+            reason = tag("K0204", "no lowering") if fn is None else tag("K0205", "dtype/device not supported")
         return self.fallback(node, args, kwargs, reason)
 
     def _check_target_ops(self, out):
@@ -407,7 +415,7 @@ class GraphLowering:
             if isinstance(o, Lazy):
                 for e in ir.walk(o.load(loop_vars(o.sizes))):
                     if isinstance(e, ir.Op) and e.name in LIBDEVICE_ONLY:
-                        raise Unsupported(f"{e.name} needs libdevice, absent in the interpreter")
+                        raise Unsupported("K0209", f"{e.name} needs libdevice, absent in the interpreter")
 
     def _maybe_realize(self, node, out):
         if isinstance(out, (tuple, list)):
@@ -559,7 +567,7 @@ def _as_expr(x, idx, out_sizes, dtype):
         e = x.load(sub)
     else:
         if isinstance(x, torch.Tensor):
-            raise Unsupported("tensor constant")
+            raise Unsupported("K0205", "tensor constant")
         return const(x, dtype)
     return cast(e, dtype) if dtype is not None else e
 
@@ -1047,7 +1055,7 @@ def _cat(lo, node, tensors, dim=0):
     sizes, dtype = tuple(m.shape), m.dtype
     parts = [t for t in tensors if is_box(t) and not (len(t.sizes) == 1 and t.sizes[0] == 0)]
     if not parts:
-        raise Unsupported("empty cat")
+        raise Unsupported("K0206", "empty cat")
     dim = _dim(dim, len(sizes))
 
     def body(idx):
@@ -1111,7 +1119,7 @@ def reduce(lo, node, x, dims, keepdim, red_type, dtype, pre=None) -> View:
     ksizes = tuple(x.sizes[i] for i in kept)
     rsizes = tuple(x.sizes[i] for i in dims)
     if any(s == 0 for s in rsizes) and red_type in ("max", "min", "argmax", "argmin"):
-        raise Unsupported("empty max/min reduction")
+        raise Unsupported("K0206", "empty max/min reduction")
     vars_ = loop_vars(ksizes + rsizes)
     idx = [None] * n
     for j, i in enumerate(kept):
@@ -1157,19 +1165,19 @@ def _cumsum(lo, node, x, dim, dtype=None):
     eager's accumulation type: on the CPU double for float32; on a GPU (``triton_scan``)
     the compute dtype, float32 for half precision."""
     if not is_box(x):
-        raise Unsupported("cumsum of a scalar")
+        raise Unsupported("K0205", "cumsum of a scalar")
     m = lo.out_meta(node)
     sizes, odt = tuple(int(s) for s in m.shape), m.dtype
     if not sizes:
         return pointwise(lo, node, [x], lambda a: a)
     if lo.target != "cpp" and any(s == 0 for s in sizes):
-        raise Unsupported("an empty scan")
+        raise Unsupported("K0206", "an empty scan")
     if lo.target == "cpp":
         acc = _CPU_ACC.get(odt, torch.int64 if not odt.is_floating_point else None)
     else:
         acc = odt if odt.is_floating_point else torch.int64
     if acc is None or odt == torch.bool:
-        raise Unsupported(f"cumsum to {odt}")
+        raise Unsupported("K0205", f"cumsum to {odt}")
     d = _dim(dim, len(sizes))
     strides = ir.contiguous_strides(sizes)
     idx = loop_vars(sizes)
@@ -1296,7 +1304,7 @@ def _convolution(lo, node, x, w, b, stride, padding, dilation, transposed, outpu
                  groups):
     if (lo.target != "triton" or not is_box(x) or len(x.sizes) != 4 or transposed
             or x.dtype not in CHANNELS_LAST_DTYPES):
-        raise Unsupported("convolution stays as the graph has it")
+        raise Unsupported("K0211", "convolution stays as the graph has it")
     cl = channels_last_strides(x.sizes)
     if not (isinstance(x, View) and is_channels_last(x.sizes, x.strides)):
         lazy = x if isinstance(x, Lazy) else Lazy(x.sizes, x.dtype, x.load)

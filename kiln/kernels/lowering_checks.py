@@ -27,7 +27,7 @@ def _integer_divisor(lo, node, a, b, *rest, **kw):
     if kw.get("rounding_mode", rest[0] if rest else "floor") is None:
         return                          # true division: a float result
     if is_box(b) or b == 0:
-        raise Unsupported("integer division by a tensor or by zero: eager raises "
+        raise Unsupported("K0207", "integer division by a tensor or by zero: eager raises "
                           "ZeroDivisionError for a zero divisor")
 
 
@@ -35,7 +35,7 @@ def _integer_negative_power(lo, node, a, b, *rest, **kw):
     """An integer tensor to a negative integer scalar power raises in eager."""
     if (is_box(a) and _integral(a.dtype) and isinstance(b, int)
             and not isinstance(b, bool) and b < 0):
-        raise Unsupported("integers to negative integer powers raise in eager")
+        raise Unsupported("K0207", "integers to negative integer powers raise in eager")
 
 
 CHECKS = {

@@ -93,7 +93,7 @@ class IndexCheck:
 
 def _checked(lo, node, index, size, allow_negative, dim=None) -> View:
     if not is_box(index) or index.dtype not in INDEX_DTYPES:
-        raise Unsupported("index tensor of this dtype")
+        raise Unsupported("K0205", "index tensor of this dtype")
     v = index if isinstance(index, View) else lo.realize(index, origin=node.name)
     name = lo.new_name()
     strides = ir.contiguous_strides(tuple(v.sizes))
@@ -107,7 +107,7 @@ def _checked(lo, node, index, size, allow_negative, dim=None) -> View:
 
 def _stored(lo, node, x) -> View:
     if not is_box(x):
-        raise Unsupported("not a tensor")
+        raise Unsupported("K0205", "not a tensor")
     return x if isinstance(x, View) else lo.realize(x, origin=node.name)
 
 
@@ -125,7 +125,7 @@ def _embedding(lo, node, weight, indices, padding_idx=-1, scale_grad_by_freq=Fal
                sparse=False):
     w = _stored(lo, node, weight)
     if len(w.sizes) != 2:
-        raise Unsupported("embedding weight of rank != 2")
+        raise Unsupported("K0205", "embedding weight of rank != 2")
     V = int(w.sizes[0])
     ix = _checked(lo, node, indices, V, False)
     m = lo.out_meta(node)
@@ -142,7 +142,7 @@ def _index(lo, node, x, indices):
     if len(pos) == 1:
         return _index_dim(lo, node, x, pos[0], indices[pos[0]], True)
     if not pos:
-        raise Unsupported("no index tensor")
+        raise Unsupported("K0205", "no index tensor")
     return _index_many(lo, node, x, pos, [indices[i] for i in pos])
 
 
@@ -152,12 +152,12 @@ def _index_many(lo, node, x, pos, indices):
     adjacent, else B first (numpy's rule). One load with a gather term per index."""
     xv = _stored(lo, node, x)
     if not xv.sizes:
-        raise Unsupported("index of a 0-d tensor")
+        raise Unsupported("K0205", "index of a 0-d tensor")
     ixs = [_checked(lo, node, t, int(xv.sizes[d]), True) for d, t in zip(pos, indices)]
     sizes, position, _, _ = _advanced_indexing(tuple(xv.sizes), pos, ixs)
     m = lo.out_meta(node)
     if tuple(m.shape) != sizes:
-        raise Unsupported("result shape differs from the advanced-indexing rule")
+        raise Unsupported("K0205", "result shape differs from the advanced-indexing rule")
 
     def body(idx):
         index, mask, terms = position(idx, xv.strides, xv.offset)
@@ -173,7 +173,7 @@ def _advanced_indexing(xsizes, pos, ixs):
     try:
         bshape = tuple(torch.broadcast_shapes(*[tuple(v.sizes) for v in ixs]))
     except RuntimeError:
-        raise Unsupported("index tensors that do not broadcast") from None
+        raise Unsupported("K0205", "index tensors that do not broadcast") from None
     nb = len(bshape)
     rest = [d for d in range(len(xsizes)) if d not in pos]
     adjacent = pos == list(range(pos[0], pos[-1] + 1))
@@ -212,20 +212,20 @@ def _index_put(lo, node, x, indices, values, accumulate=False):
     transformers fell back on. On the GPU the writes are atomics (``triton_scatter``)."""
     sizes = _scatter_target(lo, node, accumulate)
     if not is_box(x):
-        raise Unsupported("index_put into a non-tensor")
+        raise Unsupported("K0205", "index_put into a non-tensor")
     pos = [i for i, t in enumerate(indices) if t is not None]
     if not pos or any(t is not None and not is_box(t) for t in indices):
-        raise Unsupported("no index tensor")
+        raise Unsupported("K0205", "no index tensor")
     if any(t.dtype not in INDEX_DTYPES for t in (indices[d] for d in pos)):
-        raise Unsupported("boolean or other non-integer index")
+        raise Unsupported("K0205", "boolean or other non-integer index")
     ixs = [_checked(lo, node, indices[d], sizes[d], True) for d in pos]
     rsizes, position, bstart, nb = _advanced_indexing(sizes, pos, ixs)
     if is_box(values):
         try:
             if tuple(torch.broadcast_shapes(tuple(values.sizes), rsizes)) != rsizes:
-                raise Unsupported("values do not broadcast to the indexed shape")
+                raise Unsupported("K0205", "values do not broadcast to the indexed shape")
         except RuntimeError:
-            raise Unsupported("values do not broadcast to the indexed shape") from None
+            raise Unsupported("K0205", "values do not broadcast to the indexed shape") from None
 
     def dest(out, ivars):
         index, mask, terms = position(ivars, out.strides, 0)
@@ -242,10 +242,10 @@ def _scatter_target(lo, node, accumulate) -> tuple:
     m = lo.out_meta(node)
     sizes, dtype = tuple(int(s) for s in m.shape), m.dtype
     if not sizes or (accumulate and dtype == torch.bool):
-        raise Unsupported("a scatter into a 0-d tensor, or accumulating bools")
+        raise Unsupported("K0205", "a scatter into a 0-d tensor, or accumulating bools")
     if lo.target != "cpp" and (accumulate and _work_dtype(lo, dtype, accumulate)
                                not in _ATOMIC_DTYPES or 0 in sizes):
-        raise Unsupported("Triton accumulates float32/64 and int32 only (atomics), "
+        raise Unsupported("K0208", "Triton accumulates float32/64 and int32 only (atomics), "
                           "and launches no empty grid")
     return sizes
 
@@ -268,7 +268,7 @@ def _scatter(lo, node, init, iter_sizes, dest, value, accumulate, parallel_dims)
     m = lo.out_meta(node)
     sizes, dtype = tuple(int(s) for s in m.shape), m.dtype
     if lo.target != "cpp" and 0 in iter_sizes:
-        raise Unsupported("an empty scatter (no Triton launch of zero programs)")
+        raise Unsupported("K0206", "an empty scatter (no Triton launch of zero programs)")
     wdt = _work_dtype(lo, dtype, accumulate)
     strides = ir.contiguous_strides(sizes)
     out = View(lo.new_name(), sizes, strides, 0, wdt)
@@ -296,10 +296,10 @@ def _scatter_dim(lo, node, x, dim, index, src, reduce="sum", include_self=True):
     is stable."""
     accumulate = node.target in (aten.scatter_add.default, aten.scatter_reduce.two)
     if reduce != "sum" or not include_self:
-        raise Unsupported("scatter_reduce other than a sum including self")
+        raise Unsupported("K0205", "scatter_reduce other than a sum including self")
     sizes = _scatter_target(lo, node, accumulate)
     if not is_box(index) or len(index.sizes) != len(sizes):
-        raise Unsupported("a 0-d index or one of another rank")
+        raise Unsupported("K0205", "a 0-d index or one of another rank")
     d = _dim(dim, len(sizes))
     ix = _checked(lo, node, index, sizes[d], False)
     rsizes = tuple(int(n) for n in ix.sizes)
@@ -342,13 +342,13 @@ def _embedding_dense_backward(lo, node, grad, indices, num_weights, padding_idx,
     one write, as ``_scatter`` does for half precision.
     Scaling by frequency would need the counts first: it falls back."""
     if scale_grad_by_freq:
-        raise Unsupported("scale_grad_by_freq")
+        raise Unsupported("K0205", "scale_grad_by_freq")
     if not (is_box(grad) and is_box(indices)) or indices.dtype not in INDEX_DTYPES:
-        raise Unsupported("non-tensor gradient, or indices of a non-index dtype")
+        raise Unsupported("K0205", "non-tensor gradient, or indices of a non-index dtype")
     sizes = _scatter_target(lo, node, True)
     rsizes = tuple(int(n) for n in grad.sizes)
     if rsizes[:-1] != tuple(int(n) for n in indices.sizes):
-        raise Unsupported("gradient not of the indices' shape and one feature dim")
+        raise Unsupported("K0205", "gradient not of the indices' shape and one feature dim")
 
     def dest(out, ivars):
         e = cast(indices.load(ivars[:-1]), _I64)
@@ -361,7 +361,7 @@ def _embedding_dense_backward(lo, node, grad, indices, num_weights, padding_idx,
 @register(aten.index_select.default)
 def _index_select(lo, node, x, dim, index):
     if not is_box(x) or not x.sizes:
-        raise Unsupported("index_select of a 0-d tensor")
+        raise Unsupported("K0205", "index_select of a 0-d tensor")
     d = _dim(dim, len(x.sizes))
     return _index_dim(lo, node, x, d, index, False, d if len(x.sizes) > 1 else None)
 
@@ -375,7 +375,7 @@ def _index_dim(lo, node, x, d, index, allow_negative, error_dim=None):
     m = lo.out_meta(node)
     sizes = tuple(xv.sizes[:d]) + tuple(ix.sizes) + tuple(xv.sizes[d + 1:])
     if tuple(m.shape) != sizes:
-        raise Unsupported("result shape differs from the one-index-tensor rule")
+        raise Unsupported("K0205", "result shape differs from the one-index-tensor rule")
 
     def body(idx):
         e = cast(ix.load(list(idx[d:d + k])), _I64)
@@ -389,7 +389,7 @@ def _index_dim(lo, node, x, d, index, allow_negative, error_dim=None):
 def _gather(lo, node, x, dim, index, sparse_grad=False):
     xv = _stored(lo, node, x)
     if not xv.sizes:
-        raise Unsupported("gather from a 0-d tensor")
+        raise Unsupported("K0205", "gather from a 0-d tensor")
     d = _dim(dim, len(xv.sizes))
     n = int(xv.sizes[d])
     ix = _checked(lo, node, index, n, False)
@@ -409,7 +409,7 @@ def _slice_scatter(lo, node, x, src, dim=0, start=None, end=None, step=1):
     in ``src`` is ``(i - start) // step``, not affine: a gather term on the stored
     ``src``, read where ``i - start`` is a multiple of the step."""
     if not (is_box(x) and is_box(src)) or step < 1:
-        raise Unsupported("slice_scatter of a non-tensor or with a step below 1")
+        raise Unsupported("K0205", "slice_scatter of a non-tensor or with a step below 1")
     n = len(x.sizes)
     d = _dim(dim, n)
     size = int(x.sizes[d])
@@ -453,7 +453,7 @@ def _repeat(lo, node, x, repeats):
     is not really tiled (repeat 1, or size 1: a broadcast) is a view; a tiled one reads
     ``x`` at ``i % size``, a gather term on the stored ``x``."""
     if not is_box(x):
-        raise Unsupported("not a tensor")
+        raise Unsupported("K0205", "not a tensor")
     out = tuple(lo.out_meta(node).shape)
     nd = len(x.sizes)
     off = len(out) - nd

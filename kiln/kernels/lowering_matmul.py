@@ -27,13 +27,13 @@ _DTYPES = (torch.float32, torch.float64)
 def _product_sum(lo, node, a, b, dtype):
     """``a @ b`` for boxes [M, K] and [K, N]: a sum over K of a lazy [M, N, K] product."""
     if lo.target != "cpp" or dtype not in _DTYPES:
-        raise Unsupported("small matmuls are lowered for the C++ target only")
+        raise Unsupported("K0211", "small matmuls are lowered for the C++ target only")
     if not (is_box(a) and is_box(b)) or len(a.sizes) != 2 or len(b.sizes) != 2:
-        raise Unsupported("mm of non-matrices")
+        raise Unsupported("K0205", "mm of non-matrices")
     m, k = (int(s) for s in a.sizes)
     n = int(b.sizes[1])
     if m * n * k > config.small_matmul_macs or k == 0:
-        raise Unsupported("large enough for the library")
+        raise Unsupported("K0211", "large enough for the library")
 
     def body(idx):
         i, j, r = idx

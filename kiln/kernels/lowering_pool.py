@@ -111,10 +111,10 @@ def _window_args(kernel, stride, padding, dilation):
 def _max_pool2d_with_indices(lo, node, x, kernel_size, stride=(), padding=0, dilation=1,
                              ceil_mode=False):
     if not is_box(x) or len(x.sizes) not in (3, 4) or not x.dtype.is_floating_point:
-        raise Unsupported("max_pool2d of this rank or dtype")
+        raise Unsupported("K0205", "max_pool2d of this rank or dtype")
     kernel, stride, padding, dilation = _window_args(kernel_size, stride, padding, dilation)
     if kernel[0] * kernel[1] > MAX_TAPS:
-        raise Unsupported("window too large to unroll")
+        raise Unsupported("K0212", "window too large to unroll")
     vals_m, idx_m = lo.out_meta(node)
     sizes, dtype = tuple(vals_m.shape), vals_m.dtype
 
@@ -188,10 +188,10 @@ def _acc(dtype):
 def _avg_pool2d(lo, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
                 count_include_pad=True, divisor_override=None):
     if not is_box(x) or len(x.sizes) not in (3, 4):
-        raise Unsupported("avg_pool2d of this rank")
+        raise Unsupported("K0205", "avg_pool2d of this rank")
     kernel, stride, padding, dilation = _window_args(kernel_size, stride, padding, 1)
     if kernel[0] * kernel[1] > MAX_TAPS:
-        raise Unsupported("window too large to unroll")
+        raise Unsupported("K0212", "window too large to unroll")
     H, W = int(x.sizes[-2]), int(x.sizes[-1])
     m = lo.out_meta(node)
     sizes, dtype = tuple(m.shape), m.dtype
@@ -220,14 +220,14 @@ def _blocks(lo, node, x, out_hw):
     for n_in, n_out, st in ((int(x.sizes[-2]), int(out_hw[0]), x.strides[-2]),
                             (int(x.sizes[-1]), int(out_hw[1]), x.strides[-1])):
         if n_out <= 0:
-            raise Unsupported("empty output")
+            raise Unsupported("K0206", "empty output")
         if n_in % n_out == 0:
             k = n_in // n_out
             dims.append((n_out, k, st * k, st))
         elif n_in == 1:
             dims.append((n_out, 1, 0, st))
         else:
-            raise Unsupported("windows of unequal sizes")
+            raise Unsupported("K0205", "windows of unequal sizes")
     (oh, kh, s_oh, s_kh), (ow, kw, s_ow, s_kw) = dims
     lead = len(x.sizes) - 2
     return View(x.buf, tuple(x.sizes[:-2]) + (oh, kh, ow, kw),
@@ -239,7 +239,7 @@ def _adaptive_avg_pool2d(lo, node, x, output_size):
     """Windows of equal size when the output size divides the input's (global pooling
     included): a mean over two dims of a strided view."""
     if not is_box(x) or len(x.sizes) not in (3, 4):
-        raise Unsupported("adaptive_avg_pool2d of this rank")
+        raise Unsupported("K0205", "adaptive_avg_pool2d of this rank")
     v, lead, n = _blocks(lo, node, x, _pair(output_size))
     m = lo.out_meta(node)
     acc_t = torch.float32 if m.dtype in (torch.float16, torch.bfloat16) else m.dtype
@@ -254,10 +254,10 @@ def _adaptive_avg_pool2d_backward(lo, node, grad, x):
     the (…, oh, kh, ow, kw) view of a contiguous result, where that is a broadcast. An
     input of one row (or column) read by every output row gets their sum."""
     if not is_box(grad) or len(grad.sizes) not in (3, 4):
-        raise Unsupported("adaptive_avg_pool2d_backward of this rank")
+        raise Unsupported("K0205", "adaptive_avg_pool2d_backward of this rank")
     m = lo.out_meta(node)
     if tuple(m.stride()) != ir.contiguous_strides(tuple(m.shape)):
-        raise Unsupported("non-contiguous gradient layout")
+        raise Unsupported("K0210", "non-contiguous gradient layout")
     H, W = int(m.shape[-2]), int(m.shape[-1])
     n = len(grad.sizes)
     for d, n_in in ((n - 2, H), (n - 1, W)):
@@ -265,7 +265,7 @@ def _adaptive_avg_pool2d_backward(lo, node, grad, x):
             grad = reduce(lo, node, grad, [d], True, "sum", grad.dtype)
     oh, ow = int(grad.sizes[-2]), int(grad.sizes[-1])
     if oh <= 0 or ow <= 0 or H % oh or W % ow:
-        raise Unsupported("output size does not divide the input's")
+        raise Unsupported("K0205", "output size does not divide the input's")
     kh, kw = H // oh, W // ow
     dtype = m.dtype
     lead = tuple(m.shape[:-2])
@@ -294,7 +294,7 @@ def _gather_by_phase(lo, node, grad, kernel, stride, padding, dilation, contribu
     H, W = int(sizes[-2]), int(sizes[-1])
     sh, sw = stride
     if kernel[0] * kernel[1] > MAX_TAPS:
-        raise Unsupported("window too large to unroll")
+        raise Unsupported("K0212", "window too large to unroll")
     Hp, Wp = -(-H // sh) * sh, -(-W // sw) * sw
     OH, OW = int(grad.sizes[-2]), int(grad.sizes[-1])
     acc_t = _acc(dtype)
@@ -337,7 +337,7 @@ def _max_pool2d_with_indices_backward(lo, node, grad, x, kernel_size, stride, pa
                                       dilation, ceil_mode, indices):
     """Each output's gradient goes to the input element its saved index names."""
     if not (is_box(grad) and is_box(indices)) or len(grad.sizes) not in (3, 4):
-        raise Unsupported("max_pool2d backward of this rank")
+        raise Unsupported("K0205", "max_pool2d backward of this rank")
     kernel, stride, padding, dilation = _window_args(kernel_size, stride, padding, dilation)
 
     def contribution(at, o_h, o_w, valid, flat, acc_t):
@@ -352,7 +352,7 @@ def _avg_pool2d_backward(lo, node, grad, x, kernel_size, stride, padding, ceil_m
                          count_include_pad, divisor_override):
     """Each output's gradient over its window's divisor, to every input of the window."""
     if not is_box(grad) or len(grad.sizes) not in (3, 4):
-        raise Unsupported("avg_pool2d backward of this rank")
+        raise Unsupported("K0205", "avg_pool2d backward of this rank")
     kernel, stride, padding, dilation = _window_args(kernel_size, stride, padding, 1)
     m = lo.out_meta(node)
     H, W = int(m.shape[-2]), int(m.shape[-1])

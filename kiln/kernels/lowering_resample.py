@@ -31,7 +31,7 @@ def _opmath(dtype):
         return torch.float64
     if dtype in (torch.float32, torch.float16, torch.bfloat16):
         return torch.float32
-    raise Unsupported(f"bilinear resampling of {dtype}")
+    raise Unsupported("K0205", f"bilinear resampling of {dtype}")
 
 
 def _ratio(insize, outsize, align_corners, scale, opdt):
@@ -74,7 +74,7 @@ def _upsample_bilinear2d(lo, node, x, output_size, align_corners, scales_h=None,
                          scales_w=None):
     xv = _stored(lo, node, x)
     if len(xv.sizes) != 4:
-        raise Unsupported("upsample_bilinear2d of a non-4-d tensor")
+        raise Unsupported("K0205", "upsample_bilinear2d of a non-4-d tensor")
     m = lo.out_meta(node)
     sizes, dtype = tuple(int(s) for s in m.shape), m.dtype
     opdt = _opmath(dtype)
@@ -104,16 +104,16 @@ def _upsample_bilinear2d_vec(lo, node, x, output_size, align_corners, scale_fact
 def _upsample_bilinear2d_backward(lo, node, grad, output_size, input_size, align_corners,
                                   scales_h=None, scales_w=None):
     if not is_box(grad) or len(grad.sizes) != 4:
-        raise Unsupported("upsample_bilinear2d_backward of a non-4-d gradient")
+        raise Unsupported("K0205", "upsample_bilinear2d_backward of a non-4-d gradient")
     m = lo.out_meta(node)
     sizes, dtype = tuple(int(s) for s in m.shape), m.dtype
     opdt = _opmath(dtype)
     if lo.target != "cpp" and dtype not in (torch.float32, torch.float64):
-        raise Unsupported("Triton accumulates float32/64 only (atomics)")
+        raise Unsupported("K0208", "Triton accumulates float32/64 only (atomics)")
     N, C, H, W = sizes
     Ho, Wo = (int(s) for s in output_size)
     if lo.target != "cpp" and 0 in (N, C, H, W, Ho, Wo):
-        raise Unsupported("an empty scatter")
+        raise Unsupported("K0206", "an empty scatter")
     iter_sizes = (N, C, Ho, Wo, 2, 2)
 
     def pick(t, a, b):

@@ -62,12 +62,12 @@ def _storage_view(lo, node, x) -> View:
     """``x`` as a ``View`` whose buffer positions are eager's storage positions (offset
     0, eager's strides): stored anew at eager's strides when it is not already."""
     if not is_box(x):
-        raise Unsupported("not a tensor")
+        raise Unsupported("K0205", "not a tensor")
     if isinstance(x, View) and isinstance(lo.by_name.get(x.buf), ir.Input):
-        raise Unsupported("the storage of a graph input is not known at compile time")
+        raise Unsupported("K0210", "the storage of a graph input is not known at compile time")
     m = _meta_of_arg(lo, node)
     if not _whole_storage(m):
-        raise Unsupported("a view into a larger storage")
+        raise Unsupported("K0210", "a view into a larger storage")
     if isinstance(x, View) and x.offset == 0 and _same_strides(x.sizes, x.strides, m.stride()):
         return x
     lazy = x if isinstance(x, Lazy) else Lazy(x.sizes, x.dtype, x.load)
@@ -174,10 +174,10 @@ def _as_strided_scatter(lo, node, x, src, size, stride, storage_offset=None):
       ``src`` stored at the window's strides and read at ``p - offset``.
     Other windows (gaps across dims, steps) fall back."""
     if not (is_box(x) and is_box(src)):
-        raise Unsupported("not a tensor")
+        raise Unsupported("K0205", "not a tensor")
     m = lo.out_meta(node)
     if not _whole_storage(m):
-        raise Unsupported("a result that is not its own storage")
+        raise Unsupported("K0210", "a result that is not its own storage")
     size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
     off = 0 if storage_offset is None else int(storage_offset)
     out_sizes, out_strides = tuple(int(s) for s in m.shape), tuple(int(s) for s in m.stride())
@@ -190,7 +190,7 @@ def _as_strided_scatter(lo, node, x, src, size, stride, storage_offset=None):
         if box is not None:
             return _scatter_box(lo, node, x, src, box, m)
         if not dense:
-            raise Unsupported("a window with gaps or steps")
+            raise Unsupported("K0210", "a window with gaps or steps")
     if isinstance(src, View) and src.offset == 0 and src.dtype == m.dtype \
             and _same_strides(size, src.strides, stride):
         s = src

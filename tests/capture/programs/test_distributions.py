@@ -6,7 +6,8 @@ by classes, ``kl_divergence``'s cached dispatch), argument validation as eager's
 check is assumed while tracing and tested after the graph, and a failing one re-runs
 the frame eagerly, so the ValueError (or the ``except`` catching it) is eager's.
 Sampling draws the same numbers as eager from the same seed, and leaves the same
-random state, also when validation fails.
+random state, also when validation fails. (Loading PyTorch's compiler turns the
+default validation off process-wide, so the programs that test it ask for it.)
 """
 import pytest
 import torch
@@ -54,13 +55,13 @@ def normal_no_validation(x):
 
 @program(inputs=_scale_flips_sign, kiln=True)
 def normal_invalid_scale_raises_as_eager(x, s):
-    return D.Normal(x, s).log_prob(x * 0.5) * 2
+    return D.Normal(x, s, validate_args=True).log_prob(x * 0.5) * 2
 
 
 @program(inputs=_scale_flips_sign)
 def normal_invalid_scale_caught(x, s):
     try:
-        d = D.Normal(x, s)
+        d = D.Normal(x, s, validate_args=True)
     except ValueError:
         return x * 0
     return d.log_prob(x)
@@ -144,7 +145,7 @@ def test_program_on_kiln(fn):
 
 
 def _rsample(x, s):
-    d = D.Independent(D.Normal(x, s), 1)
+    d = D.Independent(D.Normal(x, s, validate_args=True), 1, validate_args=True)
     y = d.rsample()
     return y, d.log_prob(y)
 
@@ -177,5 +178,5 @@ def test_validation_with_an_input_written_in_place_runs_eagerly():
     re-run, so that frame runs eagerly (still eager's answers)."""
     def f(x, s):
         x.add_(1)
-        return D.Normal(x, s).log_prob(x)
+        return D.Normal(x, s, validate_args=True).log_prob(x)
     check(f, _scale_flips_sign)
