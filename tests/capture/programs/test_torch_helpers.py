@@ -365,6 +365,12 @@ def test_cond_with_gradients_on_aot_backends(backend):
 
 
 # --- what stays a break (kiln's own decisions; torch.compile may trace on) ------------------------------------------------------------------
+def test_any_all_over_tensors_break():
+    """Their Python bool is the tensors' data (torch.compile breaks too)."""
+    expect_unsupported(lambda x: (x * 2) if any([x.sum() > 0, x.mean() > 1]) else x, shapes((3,)))
+    expect_unsupported(lambda x: (x * 2) if all(x > 0) else x, shapes((3,)))
+
+
 @kiln_only
 def test_max_tensor_against_number_breaks():
     """Eager returns the number or the tensor depending on the data (torch.compile
