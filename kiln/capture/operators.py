@@ -308,6 +308,10 @@ def is_same(tx, a, b) -> bool:
     """``a is b``."""
     if a is b:
         return True
+    if isinstance(a, V.TensorValue) and isinstance(b, V.TensorValue):
+        from kiln.capture.tensor_builtins import check_identity
+
+        check_identity(tx, a, b)
     if isinstance(a, V.ConstantValue) and isinstance(b, V.ConstantValue):
         return a.value is b.value or (type(a.value) is type(b.value) and a.value == b.value and type(a.value) in (bool, type(None)))
     ra, rb = _real_object(a), _real_object(b)

@@ -131,6 +131,8 @@ def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
                 if ctx.fullgraph:
                     raise Unsupported(e.reason, frame_user_stack(e, frame), break_id=e.break_id) from None
                 stack = frame_user_stack(e, frame)
+                if getattr(e, "restart_ip", None) is not None:  # the break belongs at an earlier call
+                    raise RestartWithBreak(e.restart_ip, e.reason, stack, e.break_id) from None
                 if inst.opname in _CALLS or inst.opname in _JUMPS:
                     raise RestartWithBreak(inst.index, e.reason, stack, e.break_id) from None
                 raise SkipFrame(f"{e.reason} (at {stack[-1] if stack else '?'})", break_id=e.break_id) from None
