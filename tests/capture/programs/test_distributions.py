@@ -14,7 +14,7 @@ import torch
 
 import kiln
 
-from .harness import TORCH_MODE, T, check, shapes
+from .harness import TORCH_MODE, T, check, dynamo_bug, shapes
 
 D = torch.distributions
 PROGRAMS = []
@@ -22,9 +22,9 @@ ON_KILN = []
 kiln_only = pytest.mark.skipif(TORCH_MODE, reason="kiln's backend")
 
 
-def program(*shps, inputs=None, kiln=False):
+def program(*shps, inputs=None, kiln=False, marks=()):
     def deco(f):
-        PROGRAMS.append(pytest.param(f, id=f.__name__))
+        PROGRAMS.append(pytest.param(f, id=f.__name__, marks=marks))
         if kiln:
             ON_KILN.append(pytest.param(f, id=f.__name__, marks=kiln_only))
         f.make_inputs = inputs or shapes(*(shps or ((2, 3),)))
@@ -53,12 +53,16 @@ def normal_no_validation(x):
     return D.Normal(x, x.abs() + 1, validate_args=False).log_prob(x)
 
 
-@program(inputs=_scale_flips_sign, kiln=True)
+_VALIDATION_SKIPPED = dynamo_bug("breaks: distribution validation is on its skip list (and loading "
+                                 "PyTorch's compiler turns the default validation off)")
+
+
+@program(inputs=_scale_flips_sign, kiln=True, marks=_VALIDATION_SKIPPED)
 def normal_invalid_scale_raises_as_eager(x, s):
     return D.Normal(x, s, validate_args=True).log_prob(x * 0.5) * 2
 
 
-@program(inputs=_scale_flips_sign)
+@program(inputs=_scale_flips_sign, marks=_VALIDATION_SKIPPED)
 def normal_invalid_scale_caught(x, s):
     try:
         d = D.Normal(x, s, validate_args=True)
