@@ -130,6 +130,10 @@ def wrap(tx, obj, source, module_member=False):
         from kiln.capture.func_transforms import prebuilt_value
 
         return prebuilt_value(tx, obj, source) or V.UserFunctionValue(obj, source)
+    if t is functools._lru_cache_wrapper:
+        from kiln.capture.cached_functions import wrap_cached
+
+        return wrap_cached(tx, obj, source)
     if t is types.MethodType and isinstance(obj.__self__, (torch.no_grad, torch.enable_grad)) \
             and obj.__func__.__name__ == "__exit__":
         # the exit of a grad-mode with-block entered before a graph break
@@ -302,6 +306,10 @@ def wrap_static(obj):
         return V.TorchFunctionValue(obj)
     if t is types.FunctionType:
         return V.UserFunctionValue(obj)
+    if t is functools._lru_cache_wrapper:
+        from kiln.capture.cached_functions import CachedFunctionValue
+
+        return CachedFunctionValue(obj)
     if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
         return V.BuiltinValue(obj)
     # anything else: the same real object, read-only (writes need a source)
@@ -339,12 +347,24 @@ def wrap_class_attr(tx, self_value, cls, name, source=None):
         return V.MethodValue(_fn_value(attr.__func__), V.ClassValue(klass))
     if isinstance(attr, property):
         if self_value is None:
-            return V.ObjectValue(attr) if False else _unsupported(f"property {name} on a class")
+            return V.ObjectValue(attr, None)  # the property object itself, read-only
         return _fn_value(attr.fget).call(tx, [self_value], {})
+    py_get = _python_descriptor_get(attr)
+    if py_get is not None:  # a descriptor written in Python (torch.distributions' lazy_property)
+        if self_value is None and type(attr).__module__.startswith("torch."):
+            return wrap_static(attr.__get__(None, cls))  # torch's own, read on the class: pure
+        return V.UserFunctionValue(py_get).call(
+            tx, [wrap_static(attr), self_value if self_value is not None else V.ConstantValue(None),
+                 V.ClassValue(cls)], {})
     if isinstance(attr, types.FunctionType):
         if self_value is None:
             return V.UserFunctionValue(attr, AttrSource(source, name) if source else None)
         return V.MethodValue(V.UserFunctionValue(attr), self_value)
+    if isinstance(attr, functools._lru_cache_wrapper):  # an lru_cache'd method: bound as a function is
+        from kiln.capture.cached_functions import CachedFunctionValue
+
+        cached = CachedFunctionValue(attr)
+        return V.MethodValue(cached, self_value) if self_value is not None else cached
     if isinstance(attr, types.ClassMethodDescriptorType):
         attr = getattr(cls, name)  # a C classmethod: bound to the class, as Python reads it
     if isinstance(attr, (functools.cached_property,)):
@@ -360,6 +380,19 @@ def wrap_class_attr(tx, self_value, cls, name, source=None):
     if self_value is not None and is_torch_callable(attr):
         return V.MethodValue(V.TorchFunctionValue(attr), self_value)
     return wrap(tx, attr, src) if src is not None else wrap_static(attr)
+
+
+def _python_descriptor_get(attr):
+    """``type(attr).__get__`` when it is Python code of a class outside the builtins
+    (functions, properties and the like are handled by their own rules)."""
+    t = type(attr)
+    if t.__module__ == "builtins" or isinstance(attr, (type, types.FunctionType)):
+        return None
+    for klass in t.__mro__:
+        if "__get__" in klass.__dict__:
+            get = klass.__dict__["__get__"]
+            return get if isinstance(get, types.FunctionType) else None
+    return None
 
 
 def _is_py(fn):

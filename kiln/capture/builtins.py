@@ -103,6 +103,14 @@ def call_builtin(tx, fn, args, kwargs):
     raise Unsupported("K0016", f"call to builtin {getattr(fn, '__qualname__', fn)!r} (kiln cannot trace it)")
 
 
+@rule(object.__init__)
+def _object_init(tx, self_, *args, **kwargs):
+    """``super().__init__()`` reaching object's: nothing to do (arguments: plain Python)."""
+    if args or kwargs:
+        raise Unsupported("K0016", "object.__init__ with arguments")
+    return C(None)
+
+
 @rule(pow)
 def _pow(tx, a, b, *mod):
     if not mod and (isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue)):
@@ -207,6 +215,8 @@ def _len(tx, x):
         return C(len(x.items))
     if isinstance(x, DictViewValue):
         return C(len(x))
+    if hasattr(x, "length"):  # a container Value of its own (deque)
+        return C(x.length())
     if isinstance(x, V.ConstantValue):
         return C(fold(len, x.value))
     if isinstance(x, V.ModuleValue):
@@ -689,3 +699,7 @@ def _zip_longest(tx, *its, fillvalue=None):
 @rule(math.isclose)
 def _isclose(tx, a, b, **kw):
     return C(math.isclose(a.const(), b.const(), **{k: v.const() for k, v in kw.items()}))
+
+
+# rule tables of their own modules, registered into BUILTINS on import
+from kiln.capture import function_attrs, made_modules, stdlib_collections, stdlib_itertools, tensor_builtins  # noqa: E402,F401,I001

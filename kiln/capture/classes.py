@@ -14,6 +14,11 @@ from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.sources import AttrSource
 
 
+# torch classes whose instances are plain Python objects made by Python code: traced as
+# a user class's are (``__init__`` inlined)
+TRACED_TORCH_CLASSES = ("torch.distributions.",)
+
+
 def construct(tx, cv, args, kwargs):
     from kiln.capture.builtins import BUILTINS
 
@@ -23,6 +28,11 @@ def construct(tx, cv, args, kwargs):
         from kiln.capture.builtins import apply_rule
 
         return apply_rule(tx, cls, h, args, kwargs)
+    from kiln.capture.stdlib_collections import construct_subclass
+
+    made = construct_subclass(tx, cls, args, kwargs)
+    if made is not None:
+        return made
     if cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo):
         try:
             return V.ConstantValue(cls(*[a.const() for a in args], **{k: v.const() for k, v in kwargs.items()}))
@@ -61,10 +71,13 @@ def construct(tx, cv, args, kwargs):
     if dataclass_dicts.is_dataclass_dict(cls):
         return dataclass_dicts.construct(tx, cls, args, kwargs)
     if issubclass(cls, torch.nn.Module):
-        raise Unsupported("K0023", f"creating an nn.Module ({cls.__qualname__}) inside a compiled region")
+        from kiln.capture import made_modules
+
+        return made_modules.construct(tx, cls, args, kwargs)
     if issubclass(cls, torch.Tensor):
         raise Unsupported("K0024", f"constructing {cls.__qualname__} directly")
-    if cls.__module__ in ("builtins",) or cls.__module__.startswith("torch"):
+    if cls.__module__ in ("builtins",) or (cls.__module__.startswith("torch")
+                                           and not cls.__module__.startswith(TRACED_TORCH_CLASSES)):
         raise Unsupported("K0024", f"constructing {cls.__qualname__}")
     if type(cls) is abc.ABCMeta and cls.__abstractmethods__:
         raise Unsupported("K0024", f"instantiating abstract class {cls.__qualname__}")

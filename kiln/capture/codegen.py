@@ -144,6 +144,8 @@ class EntryCodegen:
         if isinstance(v, V.NewObjectValue):
             return self._new_object(v)
         if isinstance(v, (V.ObjectValue,)):
+            if getattr(v, "made_in_trace", False):
+                raise Unsupported("K0021", f"{v} made in the compiled region outlives it (eager makes a new one per call)")
             if v.source is None:
                 if v.obj is not None and not v.attrs:
                     return self.ref(v.obj, "obj")  # the same real object, unchanged
@@ -164,6 +166,8 @@ class EntryCodegen:
                 return f"{self.expr(v.self_value)}.{name}"
             return f"{self.ref(types.MethodType, 'types')}({self.expr(fn)}, {self.expr(v.self_value)})"
         if isinstance(v, V.NestedFunctionValue):
+            if v.__dict__.get("attrs"):
+                raise Unsupported("K0021", "rebuilding a function whose attributes were set inside the compiled region")
             if v.closure:
                 raise Unsupported("K0021", "rebuilding a closure created inside the compiled region")
             defaults = "None" if not v.defaults else "(" + ", ".join(self.expr(d) for d in v.defaults) + ",)"

@@ -873,8 +873,10 @@ def MAKE_FUNCTION(tx, inst):
         tx.pop()  # annotations
     kwdefaults = tx.pop().items if flags & 0x02 else None
     defaults = tuple(tx.pop().items) if flags & 0x01 else None
-    tx.push(V.NestedFunctionValue(code, tx.f_globals, defaults, kwdefaults,
-                                  tuple(closure) if closure else None, qualname))
+    fv = V.NestedFunctionValue(code, tx.f_globals, defaults, kwdefaults,
+                               tuple(closure) if closure else None, qualname)
+    fv.has_annotations = bool(flags & 0x04)
+    tx.push(fv)
 
 
 @handles("RETURN_GENERATOR")

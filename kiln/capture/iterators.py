@@ -434,6 +434,8 @@ def get_iter(tx, v):
         return v
     if type(v) is V.ListValue:
         return ListIterator(v)
+    if hasattr(v, "make_iter"):  # a container with an iterator of its own (deque)
+        return v.make_iter(tx)
     from kiln.capture.dict_views import DictViewValue
 
     if isinstance(v, DictViewValue):

@@ -78,6 +78,10 @@ def object_getattr(tx, ov, name):
     if name == "__class__":
         return V.ClassValue(cls)
     if name == "__dict__":
+        if isinstance(ov, V.NewObjectValue):
+            from kiln.capture.new_object_dicts import attrs_dict
+
+            return attrs_dict(ov)
         raise Unsupported("K0025", "reading obj.__dict__")
     if name in ("_parameters", "_buffers") and getattr(ov, "functional_overrides", 0):
         raise Unsupported("K0037", f"reading Module.{name} inside torch.func.functional_call")
@@ -182,6 +186,10 @@ def call_dunder(tx, ov, name, args, kwargs):
     if is_environ(getattr(ov, "obj", None)):
         return environ_read(tx, name, args, kwargs)
     cls = ov.python_type()
+    if cls is dict and name in ("__getitem__", "__contains__", "get") and not ov.attrs:
+        from kiln.capture.builtins import _opaque_dict_read  # a registry keyed by classes
+
+        return _opaque_dict_read(tx, ov.obj, name, list(args))
     owner, attr = lookup_guarded(tx, cls, name)
     if owner is None or owner is object:
         raise UserException(V.ExceptionValue(TypeError, [V.ConstantValue(

@@ -314,6 +314,10 @@ def is_same(tx, a, b) -> bool:
     """``a is b``."""
     if a is b:
         return True
+    if isinstance(a, V.TensorValue) and isinstance(b, V.TensorValue):
+        from kiln.capture.tensor_builtins import check_identity
+
+        check_identity(tx, a, b)
     if isinstance(a, V.ConstantValue) and isinstance(b, V.ConstantValue):
         return a.value is b.value or (type(a.value) is type(b.value) and a.value == b.value and type(a.value) in (bool, type(None)))
     ra, rb = _real_object(a), _real_object(b)
@@ -385,6 +389,10 @@ def subscr(tx, o, k):
     if isinstance(o, V.TensorValue):
         return tx.output.op("call_function", operator.getitem, [o, k], {})
     if isinstance(o, (V.ListValue, V.TupleValue)):
+        if isinstance(k, V.TensorValue):
+            from kiln.capture.tensor_builtins import index_value
+
+            k = index_value(tx, k)
         key = k.const()
         try:
             r = o.items[key]

@@ -155,6 +155,10 @@ class OutputGraph:
     # --- graph ops -----------------------------------------------------------------
     def op(self, kind: str, target, args, kwargs) -> V.Value:
         """Record ``target(*args, **kwargs)`` in the graph; return the result's Value."""
+        if "minmax_nodes" in self.__dict__:  # max()/min() of tensors: eager's result is an operand
+            from kiln.capture.tensor_builtins import check_write
+
+            check_write(self, target, args, kwargs)
         rg = kwargs.get("requires_grad")
         if not (rg is None or isinstance(rg, V.ConstantValue) and rg.value is False):
             # a new leaf of the user's autograd graph: graph outputs are never leaves

@@ -8,10 +8,14 @@ import types
 
 import torch
 
+from kiln.capture import assumptions
 from kiln.capture import autocast
+from kiln.capture import cond
 from kiln.capture import numpy_values
 from kiln.capture import optimizers
 from kiln.capture import scalar_tensor_args
+from kiln.capture import torch_helpers
+from kiln.capture import while_loop
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
 
@@ -122,6 +126,10 @@ CONST_FOLD = {
     torch.are_deterministic_algorithms_enabled: lambda tx, a, k: _const(torch.are_deterministic_algorithms_enabled()),
 }
 CONST_FOLD.update(autocast.QUERY_RULES)
+CONST_FOLD.update(torch_helpers.QUERY_RULES)
+CONST_FOLD[torch.cond] = cond.call_cond
+CONST_FOLD[torch.while_loop] = while_loop.call_while_loop
+CONST_FOLD[torch._is_all_true] = assumptions.is_all_true
 CONST_FOLD.update(optimizers.STEP_KERNEL_RULES)
 # Library code asks these to pick compile-friendly paths: they read True while kiln
 # traces (reading the names only, as DESIGN.md allows).
@@ -158,7 +166,7 @@ def call_torch_function(tx, fn, args, kwargs):
 
 _DATA_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__",
                  "backward", "register_hook", "data_ptr", "storage", "untyped_storage",
-                 "__array__", "__len__", "retain_grad", "__reduce_ex__", "__deepcopy__",
+                 "__array__", "retain_grad", "__reduce_ex__", "__deepcopy__",
                  "_version", "cpu_", "record_stream", "share_memory_", "pin_memory"}
 
 # Methods whose result is metadata: computed on the fake, no graph node.
@@ -213,6 +221,10 @@ def tensor_attribute(tx, tv, name):
 
 
 def tensor_method(tx, tv, name, args, kwargs):
+    if name == "__len__" and not args and not kwargs:  # as len(x): the first size
+        from kiln.capture.builtins import BUILTINS
+
+        return BUILTINS[len](tx, tv)
     if name in _DATA_METHODS:
         raise Unsupported("K0007", f"Tensor.{name}() needs the tensor's data")
     if name == "storage_offset":    # fakes do not carry it, and guards do not check it

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from kiln.capture import assumptions
 from kiln.capture import values as V
 from kiln.capture.autocast_state import graph_without_autocast
 from kiln.capture.codegen import EntryCodegen, build_entry, call_at, call_source, restoring_grad_mode
@@ -130,6 +131,8 @@ def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
                 if ctx.fullgraph:
                     raise Unsupported(e.reason, frame_user_stack(e, frame), break_id=e.break_id) from None
                 stack = frame_user_stack(e, frame)
+                if getattr(e, "restart_ip", None) is not None:  # the break belongs at an earlier call
+                    raise RestartWithBreak(e.restart_ip, e.reason, stack, e.break_id) from None
                 if inst.opname in _CALLS or inst.opname in _JUMPS:
                     raise RestartWithBreak(inst.index, e.reason, stack, e.break_id) from None
                 raise SkipFrame(f"{e.reason} (at {stack[-1] if stack else '?'})", break_id=e.break_id) from None
@@ -208,11 +211,18 @@ def _is_method(f, obj, name) -> bool:
 
 def _finish(fn, code, out, cg, ctx, tail_lines, where, break_info=None, graph=True):
     lines = []
+    for check in assumptions.checks_of(out):  # validation checks: graph outputs, tested after it
+        cg.need(check)
     res = _compile_graph(out, cg, ctx, where) if graph else None
     gm = None
     if res:
         call_lines, gm = res
-        lines += call_lines
+        checked = assumptions.entry_lines(out, cg, gm, fn, code, call_lines)
+        if checked is None:  # the graph cannot be re-run safely: the frame runs eagerly
+            fresh = EntryCodegen(out, cg.ns)
+            return _finish(fn, code, out, fresh, ctx, [f"return {fresh.ref(fn, 'eager')}({call_source(code)})"],
+                           where, graph=False)
+        lines += checked
     if out.grad_enabled != out.entry_grad_enabled:
         # the grad mode the traced code leaves, whatever the backend does with the
         # graph's own mode changes (aten graphs have none)

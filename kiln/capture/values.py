@@ -451,6 +451,9 @@ class NestedFunctionValue(FunctionValue):
         return tx.inline_function(self, args, kwargs)
 
     def getattr(self, tx, name):
+        attrs = self.__dict__.get("attrs")
+        if attrs and name in attrs:  # set by functools.update_wrapper (function_attrs.py)
+            return attrs[name]
         if name in ("__name__", "__qualname__"):
             return ConstantValue(self.qualname.rsplit(".", 1)[-1] if name == "__name__" else self.qualname)
         if name == "__class__":

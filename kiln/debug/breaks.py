@@ -104,7 +104,8 @@ BREAKS: dict[str, Break] = {
     "K0022": _b("cannot replay a side effect",
                 "A change to a Python object made while tracing cannot be applied after the graph."),
     "K0023": _b("nn.Module created inside",
-                "An nn.Module is constructed inside the compiled region.",
+                "An nn.Module constructed inside the compiled region makes parameters or "
+                "buffers, has its own attribute protocol, or outlives the graph.",
                 "create modules outside the compiled function and pass them in"),
     "K0024": _b("constructing a class",
                 "Instantiating a user class kiln cannot model (custom __new__, a metaclass, "
@@ -205,6 +206,10 @@ BREAKS: dict[str, Break] = {
                 "A sparse, quantized or nested tensor (or another layout) met while tracing; "
                 "kiln's fake tensors do not model it.",
                 "keep such tensors out of the compiled function, or convert them (to_dense) first"),
+    "K0057": _b("control-flow operator",
+                "torch.cond or torch.while_loop used in a way kiln does not model: a branch or "
+                "body with Python side effects, writing its inputs, returning an input (eager "
+                "raises), or outputs whose structure or metadata differ."),
     # --- autograd: what the ahead-of-time tracer cannot express ---------------------
     "K0101": _b("in-place op changes storage or size",
                 "An in-place op gives a tensor another storage or size (resize_, set_).", kind=_GRAPH),
@@ -239,6 +244,10 @@ BREAKS: dict[str, Break] = {
     "K0113": _b("input does not start its storage",
                 "The graph addresses the storage of an input that does not start at its "
                 "storage's beginning (as_strided on a view).", kind=_GRAPH),
+    "K0114": _b("control flow on data",
+                "A torch.cond whose operands need gradients, or a torch.while_loop: its path "
+                "depends on data the meta-tensor trace does not have; the torch-level graph runs "
+                "the operator on real tensors.", kind=_GRAPH),
     # --- kernels --------------------------------------------------------------------
     # --- capture: NumPy (numpy_*.py) ------------------------------------------------
     "K0301": _b("NumPy call kiln does not trace",

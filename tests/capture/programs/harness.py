@@ -10,6 +10,7 @@ breaks.  The compiler under test is kiln by default, or torch.compile when
 """
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import math
@@ -284,7 +285,7 @@ _COMPARE = [
     (torch.nn.Module, _cmp_module),
     (np.ndarray, _cmp_ndarray),
     (float, _cmp_float),
-    ((list, tuple), _cmp_seq),
+    ((list, tuple, collections.deque), _cmp_seq),
     (dict, _cmp_dict),
 ]
 
