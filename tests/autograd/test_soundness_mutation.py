@@ -128,6 +128,11 @@ def _grad_input(*shape):
     return [leaf * 1], [leaf]
 
 
+def _leaf_input(*shape):
+    leaf = torch.randn(*shape, requires_grad=True)
+    return [leaf], [leaf]
+
+
 # --- in-place geometry changes of inputs --------------------------------------
 
 def _squeeze(x):
@@ -311,6 +316,11 @@ def _partial_overlap(x):
     return x
 
 
+def _logical_not_of_unsqueezed(b):
+    b[None].logical_not_()
+    return b
+
+
 VIEW_WRITES = [
     ("split", _split_write, lambda: [R(4, 3)]),
     ("split_with_sizes", _split_sizes_write, lambda: [R(2, 4)]),
@@ -322,6 +332,8 @@ VIEW_WRITES = [
     ("strided_input", _write_row, lambda: [R(3, 4)[1:, ::2]]),
     ("expanded_input", _bump_element, lambda: [torch.zeros(1).expand(4)]),
     ("partial_overlap", _partial_overlap, lambda: [torch.arange(5.)]),
+    ("logical_not_bool", _logical_not_of_unsqueezed, lambda: [torch.tensor([True, False, True])]),
+    ("logical_not_float", _logical_not_of_unsqueezed, lambda: [torch.tensor([0., 1., 2.])]),
 ]
 
 
@@ -429,6 +441,12 @@ def _activation_and_weight():
     return [leaf * 1, w], [leaf, w]
 
 
+def _logical_not_without_grad(b):
+    with torch.no_grad():
+        b[None].logical_not_()
+    return b * 2
+
+
 def _expanded_grad():
     leaf = torch.randn(3, 1, requires_grad=True)
     return [leaf.expand(3, 4)], [leaf]
@@ -441,6 +459,8 @@ GRAD_CASES = [
     ("non_leaf_across_a_break", _in_place_after_a_break, lambda: _grad_input(3, 2)),
     ("leaf_written_without_grad", _no_grad_write, _leaf_and_weight),
     ("t_then_write_activation", _t_then_write_grad, _activation_and_weight),
+    ("logical_not_of_a_leaf_view", _logical_not_of_unsqueezed, lambda: _leaf_input(3)),
+    ("logical_not_of_a_leaf_view_without_grad", _logical_not_without_grad, lambda: _leaf_input(3)),
 ]
 
 
