@@ -257,7 +257,31 @@ def _intermediate_out(x, y):
     return t + 1
 
 
+def _geometry_change_after_a_write(x):
+    """The op that made ``y`` and the write's new value both record ``y``: the later
+    ``unsqueeze_`` must change neither (fuzz seed 8390: kernels planned y's first
+    buffer with the new shape, wrong values or a crash)."""
+    y = x * x
+    y.view(-1)[0] = 1.5
+    u = y.unflatten(0, (1, -1)).float()
+    y.unsqueeze_(2)
+    return u + 1, y * 2
+
+
+def _geometry_change_after_a_write_t(x):
+    y = x * 2
+    y[0] += 1
+    z = y.sum(0)
+    y.t_()
+    return z, y + 1
+
+
 INTERMEDIATES = [
+    ("geometry_change_after_a_write", _geometry_change_after_a_write, lambda: [R(2, 2, 2)]),
+    ("geometry_change_after_a_write_half", _geometry_change_after_a_write,
+     lambda: [R(2, 2, 2).half()]),
+    ("geometry_change_after_a_write_grad", _geometry_change_after_a_write, lambda: _grad_input(2, 2, 2)),
+    ("t_after_a_write", _geometry_change_after_a_write_t, lambda: [R(3, 2)]),
     ("unsqueeze_", _interm_unsqueeze, lambda: [R(3, 2)]),
     ("t_", _interm_t, lambda: [R(3, 2)]),
     ("pow_", _interm_pow, lambda: [R(3, 2)]),
