@@ -508,6 +508,25 @@ def _split_view_written_across_a_break(x):
     return (v > 0).any(), x * 2
 
 
+def _view_written_then_base_unsqueezed(x):
+    """``y`` owns its storage after ``unsqueeze_``; ``v``, made before, is still a view
+    of it in eager (as_strided): it must not come back as a copy."""
+    y = x * 2
+    v = y[0]
+    v.add_(1)
+    s = y.sum(0)
+    y.unsqueeze_(1)
+    return s, y, v
+
+
+def _view_written_then_base_transposed(x):
+    y = x * 2
+    v = y[:, 1]
+    v.mul_(3)
+    y.t_()
+    return y, v
+
+
 def _expanded_grad():
     leaf = torch.randn(3, 1, requires_grad=True)
     return [leaf.expand(3, 4)], [leaf]
@@ -522,6 +541,8 @@ GRAD_CASES = [
     ("t_then_write_activation", _t_then_write_grad, _activation_and_weight),
     ("logical_not_of_a_leaf_view", _logical_not_of_unsqueezed, lambda: _leaf_input(3)),
     ("split_view_of_a_written_base", _compare_split_view, _split_view_of_a_written_base),
+    ("view_written_then_base_unsqueezed", _view_written_then_base_unsqueezed, lambda: _grad_input(2, 3)),
+    ("view_written_then_base_transposed", _view_written_then_base_transposed, lambda: _grad_input(2, 3)),
     ("split_view_of_a_written_base_used", _use_split_view, _split_view_of_a_written_base),
     ("split_view_written_across_a_break", _split_view_written_across_a_break, lambda: _grad_input(5)),
     ("logical_not_of_a_leaf_view_without_grad", _logical_not_without_grad, lambda: _leaf_input(3)),
