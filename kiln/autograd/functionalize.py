@@ -272,12 +272,14 @@ class Functionalize:
             raise AotUnsupported("K0103", f"{func} with grad off on an input that requires grad")
         with self:
             view = view_op(*args, **kwargs)
-        # the recorded value keeps its geometry: a stand-in takes t's place in it
+        # the recorded values keep their geometry: a stand-in takes t's place in every
+        # node that recorded t (the op that made it, and after a write to t also the
+        # node of its new value: neither need be an input of the other)
         old = self.infos[id(t)]
         standin = t.as_strided(t.size(), t.stride(), t.storage_offset())
         self.keep.append(standin)
         self.infos[id(standin)] = dataclasses.replace(old)
-        for n in (old.node, *old.node.all_input_nodes):
+        for n in old.node.graph.nodes:
             val = n.meta.get("val")
             if val is t:
                 n.meta["val"] = standin

@@ -124,6 +124,12 @@ class TraceResult:
 _ALIASES = (aten.detach.default, aten.alias.default)
 
 
+def as_strided_from(t: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
+    """``t``'s storage viewed at ``size``/``stride``, ``offset`` elements from ``t``'s
+    own start (a view step of an output spec: the real output's offset is its own)."""
+    return t.as_strided(size, stride, t.storage_offset() + offset)
+
+
 def _owned_by_output(mode, o, owner) -> bool:
     """Is output ``o`` (of an intermediate storage) the output ``owner`` or a view of
     it (its view chain extends the owner's)?"""
@@ -573,6 +579,16 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             if id(st) not in bases:
                 bases[id(st)] = -1   # filled below, after mutations
             specs.append(("storage_view", st, info.chain, info.modes))
+        elif owners.get(id(st)) is not None and info.chain:
+            # a view made before the owner's geometry changed: eager's is a view of
+            # the owner still (as_strided over the same storage), never a copy
+            owner = owners[id(st)]
+            if id(st) not in owner_slot:
+                owner_slot[id(st)] = len(fw_values)
+                fw_values.append(owner)
+            step = (as_strided_from, (tuple(o.shape), tuple(o.stride()),
+                                      o.storage_offset() - owner.storage_offset()), {}, None)
+            specs.append(("base_view", owner_slot[id(st)], (step,), tuple(info.modes[-1:])))
         else:
             specs.append(("fn", len(fw_values)))
             fw_values.append(o)

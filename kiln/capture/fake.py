@@ -314,7 +314,21 @@ def unsupported_tensor(t: torch.Tensor) -> str | None:
         return "a quantized tensor"
     if t.is_nested:
         return "a nested tensor"
+    if t.requires_grad and _history_refused(t):
+        return "a view whose autograd history PyTorch refuses (its base was written in place " \
+            "after a multi-output view op made it)"
     return None
+
+
+def _history_refused(t: torch.Tensor) -> bool:
+    """Whether reading ``t.grad_fn`` raises: eager then raises at every differentiable
+    use of ``t`` and allows the others (comparisons, ``detach``, anything under
+    ``no_grad``); a trace cannot tell them apart, so such a tensor is not traced."""
+    try:
+        t.grad_fn
+    except RuntimeError:
+        return True
+    return False
 
 
 def to_fake(t: torch.Tensor) -> FakeTensor:

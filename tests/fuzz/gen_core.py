@@ -8,14 +8,13 @@ of the state (so a branch not taken today is still known to run).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 import random
 
 import torch
 
 from .gen_inputs import InputPlan
-from .gen_state import Block, State, initial_state, signature
+from .gen_state import Block, State, initial_state, overruns, signature
 
 
 @dataclasses.dataclass
@@ -37,14 +36,15 @@ class Gen:
         self.global_writes: set[str] = set()
         self.features: set[str] = set()
         self.depth = 0
-        self._ids = itertools.count()
+        self._next_id = 0
         # A body under construction: headers and statements not yet part of self.body.
         self._pending: list[tuple[str, list[str], list[Block]]] = []
         self.st = self.replay()
 
     # ------------------------------------------------------------------ names
     def fresh(self, prefix: str = "v") -> str:
-        return f"{prefix}{next(self._ids)}"
+        self._next_id += 1
+        return f"{prefix}{self._next_id - 1}"
 
     # ------------------------------------------------------------------ state
     def replay(self) -> State:
@@ -93,7 +93,34 @@ class Gen:
 
     def step(self, rules) -> bool:
         """Add one statement drawn from ``rules``. A rule that raises (it met a value
-        it did not expect) just adds nothing; FUZZ_DEBUG=1 lets the error through."""
+        it did not expect) just adds nothing; FUZZ_DEBUG=1 lets the error through.
+
+        A step during which a statement ran over its time limit is undone and made
+        again from the same random state: a first use of an op can be slow once, and
+        the program must not depend on that (only a statement slow twice is dropped)."""
+        mark, before = self._mark(), overruns()
+        added = self._step(rules)
+        if overruns() == before:
+            return added
+        self._restore(mark)
+        return self._step(rules)
+
+    def _mark(self):
+        pending = self._pending[-1] if self._pending else None
+        return (self.rng.getstate(), self._next_id, len(self.header), len(self.body),
+                set(self.global_writes), set(self.features),
+                (len(pending[2]), len(pending[3])) if pending else None)
+
+    def _restore(self, mark) -> None:
+        rng_state, self._next_id, n_header, n_body, writes, feats, pending = mark
+        self.rng.setstate(rng_state)
+        del self.header[n_header:], self.body[n_body:]
+        self.global_writes, self.features = writes, feats
+        if pending is not None:
+            del self._pending[-1][2][pending[0]:], self._pending[-1][3][pending[1]:]
+        self.st = self.replay()
+
+    def _step(self, rules) -> bool:
         try:
             b = self.choose(rules)(self)
         except Exception:

@@ -32,8 +32,19 @@ MAX_NDIM = 6
 MAX_OP_NUMEL = 1 << 16
 
 
-#: Longest a statement may run while generating (a loop over a list it extends).
+#: Most CPU time a statement may take while generating (a loop over a list it
+#: extends). CPU time, not wall time: the programs must not depend on the machine's load.
 STATEMENT_SECONDS = 2.0
+
+#: How many times a statement ran over its limit in this process. The first use of an
+#: op can be slow once (lazy initialization), so a step that saw an overrun is tried
+#: again (``Gen.step``): only a statement slow every time is dropped, and the program of
+#: a seed does not depend on what this process ran before.
+_overruns = 0
+
+
+def overruns() -> int:
+    return _overruns
 
 
 class TooLarge(RuntimeError):
@@ -46,7 +57,8 @@ class TooSlow(RuntimeError):
 
 @contextlib.contextmanager
 def _time_limit(on: bool = True):
-    """Raise TooSlow in the statement after STATEMENT_SECONDS (main thread only), and
+    """Raise TooSlow in the statement after STATEMENT_SECONDS of the process's CPU time
+    (main thread only), and
     again every 0.1 s until it leaves: the statement's own ``except RuntimeError`` (or
     a meta kernel's refusal, caught below) may swallow one."""
     if not on or not hasattr(signal, "setitimer") or \
@@ -55,14 +67,16 @@ def _time_limit(on: bool = True):
         return
 
     def expire(signum, frame):
-        raise TooSlow(f"a statement ran over {STATEMENT_SECONDS} s")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, STATEMENT_SECONDS, 0.1)
+        global _overruns
+        _overruns += 1
+        raise TooSlow(f"a statement ran over {STATEMENT_SECONDS} s of CPU time")
+    old = signal.signal(signal.SIGPROF, expire)
+    signal.setitimer(signal.ITIMER_PROF, STATEMENT_SECONDS, 0.1)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, old)
 
 
 class _SizeCap(TorchDispatchMode):
@@ -177,10 +191,10 @@ def signature(st: State) -> dict:
 def initial_state(inputs_text: str, params: list[str], header: list[str]) -> State:
     ns = {"__name__": "fuzzgen", "graph_break": _noop}
     st = State(ns, list(params))
-    st.run(PREAMBLE)
+    st.run(PREAMBLE, limit=False)
     for h in header:
-        st.run(h)
-    st.run(inputs_text)
+        st.run(h, limit=False)
+    st.run(inputs_text, limit=False)
     g = torch.Generator().manual_seed(INPUT_SEEDS[0])
     args, _, _ = ns["make_inputs"](g)
     for name, value in zip(params, args):

@@ -302,6 +302,38 @@ def test_generator_is_deterministic_and_eager_runs(seed):
     compile(p.source, "<fuzz>", "exec")
 
 
+@pytest.mark.parametrize("slow_call", [0, 7, 25, 50])
+def test_a_statement_slow_once_does_not_change_the_program(monkeypatch, slow_call):
+    """A first use of an op can run over the statement time limit once (lazy
+    initialization, a busy machine): the seed's program must be the same as without it."""
+    from . import gen_state
+
+    expected = generate(3)
+    calls = {"n": 0}
+
+    def maybe_overrun():
+        calls["n"] += 1
+        if calls["n"] == slow_call + 1:
+            gen_state._overruns += 1
+            raise gen_state.TooSlow("simulated")
+
+    real_run, real_eval = gen_state.State.run, gen_state.State.eval
+
+    def run(self, text, limit=True):
+        if limit:                  # not a replay of a statement that finished before
+            maybe_overrun()
+        return real_run(self, text, limit)
+
+    def eval_(self, text):
+        maybe_overrun()
+        return real_eval(self, text)
+
+    monkeypatch.setattr(gen_state.State, "run", run)
+    monkeypatch.setattr(gen_state.State, "eval", eval_)
+    assert generate(3) == expected
+    assert calls["n"] > slow_call
+
+
 def test_path_expressions():
     assert path_expr("out[0]['a'].t", "E") == "E[\"out\"][0]['a'].t"
     assert path_expr("grads[1]", "C") == 'C["leaves"][1].grad'
