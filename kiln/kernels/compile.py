@@ -18,9 +18,12 @@ from ..debug.breaks import describe, tag
 from ..debug import trace_dir
 from ..debug.logs import log_for
 from ..debug.timing import timed
-from . import cache, cpp, graph_cache, ir
-from .lowering import GraphLowering, View
-from .runtime import ExternStep, Runtime
+from . import ir
+from .toolchain import cxx_build as cache
+from .codegen.cpp import source as cpp
+from .toolchain import graph_cache
+from .lowering.engine import GraphLowering, View
+from .runtime.runner import ExternStep, Runtime
 from .scheduler import format_schedule, schedule
 
 _code_log = log_for("output_code")
@@ -94,7 +97,7 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
         if target == "cpp":
             source, entries = cpp.generate(sched, lo.buffers)
         else:
-            from . import triton_gen
+            from .codegen.triton import source as triton_gen
             source, entries, kinfo = triton_gen.generate_detailed(sched, lo.buffers)
     arte["source"] = source
     arte["kinfo"] = kinfo
@@ -120,7 +123,7 @@ def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
         lib = ctypes.CDLL(cache.compile_cpp(p.source)) if p.entries else None
         entry_iter = iter(p.entries)
     else:
-        from . import triton_gen
+        from .codegen.triton import source as triton_gen
         launchers = triton_gen.load(p.source, p.entries, p.kinfo)
         entry_iter = iter(launchers)
     seg_open = False
@@ -216,7 +219,7 @@ class CompiledGraph:
             target = pick_target(args, self.requested_target)
             if target == "triton" and any(isinstance(a, torch.Tensor) and
                                           a.device.type == "cuda" for a in args):
-                from . import triton_setup
+                from .toolchain import triton_setup
                 triton_setup.start()          # overlaps this graph's lowering
             rt, self.artefacts = build(self.gm, list(args), target)
             self._untried[id(rt)] = sig

@@ -193,7 +193,7 @@ def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -
             cur = Group(tuple(b.sizes), None, [b])
         groups.append(cur)
     if matmul_epilogues:
-        from .matmul_epilogue import fuse
+        from .codegen.triton.matmul_epilogue import fuse
         groups = fuse(groups, buffers, set(output_names))
 
     # who reads what: by group, and by reading node

@@ -8,7 +8,7 @@ import torch
 import torch.fx as fx
 
 from kiln import config
-from kiln.kernels import matmul_epilogue
+from kiln.kernels.codegen.triton import matmul_epilogue
 from kiln.kernels.compile import build
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",

@@ -6,7 +6,8 @@ import stat
 import pytest
 
 from kiln import config
-from kiln.kernels import cache, cxx_probe
+from kiln.kernels.toolchain import cxx_build as cache
+from kiln.kernels.toolchain import cxx_probe
 
 
 def test_probes_are_correct_programs():

@@ -10,7 +10,9 @@ import torch
 import torch.fx as fx
 
 from kiln import config
-from kiln.kernels import ir, lowering, matmul_epilogue
+from kiln.kernels import ir
+from kiln.kernels.lowering import engine as lowering
+from kiln.kernels.codegen.triton import matmul_epilogue
 from kiln.kernels.scheduler import schedule
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -145,7 +145,7 @@ def test_short_sums_are_not_blocked_cpp():
 
 _TRITON_CHILD = textwrap.dedent("""
     import torch, torch.fx as fx
-    from kiln.kernels import triton_gen
+    from kiln.kernels.codegen.triton import source as triton_gen
     from kiln.kernels.compile import build
     aten = torch.ops.aten
     # looped rows with long per-lane chains, as on the GPU for large N*H*W

@@ -32,7 +32,7 @@ def test_case_triton(case):
 import torch
 import torch.fx as fx
 
-from kiln.kernels import triton_gen
+from kiln.kernels.codegen.triton import source as triton_gen
 from kiln.kernels.compile import build
 
 aten = torch.ops.aten
@@ -164,7 +164,8 @@ def test_bf16_convolutions_run_channels_last():
     """bf16 convolution chains stay channels-last (no cuDNN transposes around each call):
     our kernels write the NHWC inputs, walk memory in NHWC order, and outputs come back
     in eager's layout."""
-    from kiln.kernels import ir, runtime
+    from kiln.kernels import ir
+    from kiln.kernels.runtime import runner as runtime
     dt = torch.bfloat16
     torch.manual_seed(0)
     ins = [torch.randn(2, 3, 16, 16), torch.randn(8, 3, 3, 3) / 3, torch.randn(8, 8, 3, 3) / 8,

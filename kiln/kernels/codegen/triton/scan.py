@@ -5,8 +5,8 @@ half precision and float32, as eager's CUDA kernel does; int64 for integers).
 """
 from __future__ import annotations
 
-from . import ir
-from .triton_gen import (TL, AloneKernel, TBody, _decompose, _numel, _pow2, compute_dtype,
+from ... import ir
+from .source import (TL, AloneKernel, TBody, _decompose, _numel, _pow2, compute_dtype,
                          store_value)
 
 #: The largest block a program scans at once (longer lines loop over blocks).

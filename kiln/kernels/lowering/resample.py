@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from . import ir
-from .ir import Index
-from .lowering import Lazy, Unsupported, View, _as_expr, is_box, register
-from .lowering_index import _scatter, _stored
-from .ops import cast, const, op
+from .. import ir
+from ..ir import Index
+from .engine import Lazy, Unsupported, View, _as_expr, is_box, register
+from .index import _scatter, _stored
+from ..ops import cast, const, op
 
 aten = torch.ops.aten
 _I64 = torch.int64

@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from .compile_worker import compile_source
+from .triton_worker import compile_source
 
 _TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
           torch.float64: "fp64", torch.int8: "i8", torch.int16: "i16", torch.int32: "i32",

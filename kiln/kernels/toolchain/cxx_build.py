@@ -18,9 +18,9 @@ import subprocess
 import tempfile
 import types
 
-from ..debug.logs import log_for
-from ..debug.timing import timed
-from ..disk_cache import (find_exact, key_of, locations, read_entry,  # noqa: F401  (re-exported)
+from ...debug.logs import log_for
+from ...debug.timing import timed
+from ...disk_cache import (find_exact, key_of, locations, read_entry,  # noqa: F401  (re-exported)
                           reject, store_file, write_entry)
 from .cxx_probe import workaround_flags
 

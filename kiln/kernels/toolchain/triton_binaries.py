@@ -30,8 +30,8 @@ from types import SimpleNamespace
 
 import torch
 
-from ..debug.logs import log_for
-from . import cache
+from ...debug.logs import log_for
+from . import cxx_build as cache
 
 _log = log_for("cache")
 #: Bumped when the manifest's layout changes.
@@ -130,7 +130,7 @@ def load(source: str, kinfo) -> dict | None:
             if None in group.values():
                 return None                # rejected (logged): compiled again, kept again
             groups[name] = group
-        from .cuda_launch import ready
+        from ..runtime.cuda_launch import ready
         out = {}
         for name, e in entries.items():
             out[name] = ready(compiled_kernel(dict(e, group=groups[name]), e["arg_names"]),

@@ -9,8 +9,8 @@ is what it is; it allocates nothing.
 """
 from __future__ import annotations
 
-from . import ir
-from .runtime import _span
+from .. import ir
+from .runner import _span
 
 
 def _nbytes(sizes, strides, dtype) -> int:

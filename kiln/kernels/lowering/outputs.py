@@ -35,8 +35,8 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from . import ir
-from .lowering import Lazy, View, _dense, _returns_a_view, is_box
+from .. import ir
+from .engine import Lazy, View, _dense, _returns_a_view, is_box
 
 #: ``output_node.meta[INTERNAL_OUTPUTS] = k``: the graph's flat outputs from position k
 #: on are internal (saved for a backward), free to keep kiln's layout.

@@ -14,9 +14,9 @@ import weakref
 import torch
 from torch.utils import _pytree as pytree
 
-from . import ir
+from .. import ir
 from .graph_replay import GraphReplay
-from .lowering import View
+from ..lowering.engine import View
 
 
 def _step_names(step, buffers) -> set:

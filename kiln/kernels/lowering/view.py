@@ -30,11 +30,11 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from . import ir
-from .ir import Index, Load
-from .lowering import (STORAGE_OPS, Lazy, Unsupported, View, _dense, add_mask, is_box,
+from .. import ir
+from ..ir import Index, Load
+from .engine import (STORAGE_OPS, Lazy, Unsupported, View, _dense, add_mask, is_box,
                        pointwise, register)
-from .ops import cast, const, op, within
+from ..ops import cast, const, op, within
 
 aten = torch.ops.aten
 

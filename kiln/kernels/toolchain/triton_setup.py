@@ -26,7 +26,7 @@ import importlib.util
 import os
 import threading
 
-from . import cache
+from . import cxx_build as cache
 
 _installed = False
 _lock = threading.Lock()
@@ -74,7 +74,7 @@ def install() -> None:
     if st is None:
         return
     try:
-        from .compile_worker import install_stamp
+        from .triton_worker import install_stamp
         install_stamp(st)
     except (ImportError, AttributeError):
         return
@@ -95,8 +95,8 @@ _warm = threading.Event()
 
 def _warmup() -> None:
     try:
-        from .compile_worker import warm_up
-        from .triton_compile import target
+        from .triton_worker import warm_up
+        from .triton_build import target
         warm_up(target())
         _warm.set()
     except Exception:                    # noqa: BLE001  (the first real kernel pays it)
@@ -126,7 +126,7 @@ def start() -> None:
             t = threading.Thread(target=_setup, name="kiln-triton-setup", daemon=True)
             t.start()
             _setup_thread.append(t)
-            from . import compile_pool
+            from . import triton_pool as compile_pool
             compile_pool.start()
 
 

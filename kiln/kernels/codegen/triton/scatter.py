@@ -8,9 +8,9 @@ once at the end, as eager sums repeats in float before one write.
 """
 from __future__ import annotations
 
-from . import ir
-from .scheduler import Group
-from .triton_gen import (XBLOCK, AloneKernel, TBody, TritonKernel, _decompose, _numel, _pow2,
+from ... import ir
+from ...scheduler import Group
+from .source import (XBLOCK, AloneKernel, TBody, TritonKernel, _decompose, _numel, _pow2,
                          store_value)
 
 

@@ -164,7 +164,7 @@ def ready(ck, n_args: int):
     argument signature, 0.3 s each on a cold cache)."""
     drv = prepare(ck, n_args)
     if drv is None:
-        from . import triton_setup
+        from ..toolchain import triton_setup
         triton_setup.wait_for("driver")
         ck._init_handles()
     return ck, drv

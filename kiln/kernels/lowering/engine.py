@@ -26,14 +26,14 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from .. import config
-from ..debug.breaks import split_id, tag
-from ..debug.logs import log_for
-from . import ir
-from ..dispatch_mode import spare_compiler_import
-from .devices import same_device, graph_device
-from .ir import Affine, Const, Index, Load, linear_index, loop_vars
-from .ops import cast, const, op
+from ... import config
+from ...debug.breaks import split_id, tag
+from ...debug.logs import log_for
+from .. import ir
+from ...dispatch_mode import spare_compiler_import
+from ..devices import same_device, graph_device
+from ..ir import Affine, Const, Index, Load, linear_index, loop_vars
+from ..ops import cast, const, op
 
 aten = torch.ops.aten
 _fallback_log = log_for("fallbacks")
@@ -215,7 +215,7 @@ class GraphLowering:
         self.fallback_messages: list[tuple] = []     # (op, reason), re-logged on cache hits
         self.relaid: set = set()       # buffers whose layout differs from eager's
         self.pinned: set = set()       # buffers an extern's result aliases (own memory slot)
-        from .lowering_outputs import output_roots, user_outputs
+        from .outputs import output_roots, user_outputs
         self.visible_outputs = set(user_outputs(gm))
         self.out_roots = output_roots(gm)    # stored in eager's layout (lowering_outputs)
         self.root_views: dict = {}     # output root node -> its View in eager's layout
@@ -337,7 +337,7 @@ class GraphLowering:
 
     # --- the walk ---
     def run(self):
-        from .lowering_outputs import lower_outputs, own_eager_layout
+        from .outputs import lower_outputs, own_eager_layout
         n_in = 0
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
@@ -411,7 +411,7 @@ class GraphLowering:
         under Triton's interpreter)."""
         if self.target != "triton" or os.environ.get("TRITON_INTERPRET") != "1":
             return
-        from .triton_gen import LIBDEVICE_ONLY
+        from ..codegen.triton.source import LIBDEVICE_ONLY
         for o in (out if isinstance(out, (tuple, list)) else [out]):
             if isinstance(o, Lazy):
                 for e in ir.walk(o.load(loop_vars(o.sizes))):
@@ -1323,5 +1323,9 @@ def _convolution(lo, node, x, w, b, stride, padding, dilation, transposed, outpu
     return View(out.buf, out.sizes, ext.strides, 0, out.dtype)
 
 
-from . import lowering_index, lowering_matmul, lowering_pool, lowering_resample, lowering_view  # noqa: E402,F401  (register their lowerings)
-from . import lowering_checks  # noqa: E402,F401  (last: wraps lowerings registered above)
+from . import index as lowering_index  # noqa: E402,F401  (register their lowerings)
+from . import matmul as lowering_matmul  # noqa: E402,F401
+from . import pool as lowering_pool  # noqa: E402,F401
+from . import resample as lowering_resample  # noqa: E402,F401
+from . import view as lowering_view  # noqa: E402,F401
+from . import checks as lowering_checks  # noqa: E402,F401  (last: wraps lowerings registered above)

@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils import _pytree as pytree
 
-from .. import config
-from ..debug.logs import log_for
-from . import cache, ir
+from ... import config
+from ...debug.logs import log_for
+from .. import ir
+from . import cxx_build as cache
 
 _log = log_for("cache")
 #: Constant tensors above this many bytes make a graph uncacheable (their bytes would
@@ -78,7 +79,8 @@ def _sources_hash() -> str:
     """Hash of all of kiln's sources: a plan depends on more than the kernel compiler
     (the meta kernels of kiln's own ops, fast_meta's layouts, the decompositions), and
     a plan made by other code planned other dtypes or strides."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.abspath(__file__)
+    root = here.rsplit(os.sep + "kernels" + os.sep, 1)[0]       # kiln/, above this room
     h = hashlib.sha256()
     for d, dirs, files in sorted(os.walk(root)):
         dirs.sort()
@@ -92,7 +94,11 @@ def _sources_hash() -> str:
 
 def _module_constants() -> str:
     """Module-level UPPER_CASE tuning constants of the kernel compiler (tests patch them)."""
-    from . import cpp, ir, lowering, matmul_epilogue, scheduler, triton_gen
+    from .. import ir, scheduler
+    from ..codegen.cpp import source as cpp
+    from ..codegen.triton import matmul_epilogue
+    from ..codegen.triton import source as triton_gen
+    from ..lowering import engine as lowering
     parts = []
     for mod in (cpp, ir, lowering, matmul_epilogue, scheduler, triton_gen):
         for k, v in sorted(vars(mod).items()):

@@ -17,7 +17,7 @@ import os
 import subprocess
 import tempfile
 
-from ..disk_cache import key_of, read_entry, write_entry
+from ...disk_cache import key_of, read_entry, write_entry
 
 log = logging.getLogger("kiln")
 

@@ -26,9 +26,9 @@ import threading
 
 import torch
 
-from .. import config
-from . import ir
-from .ir import Affine, Load
+from .... import config
+from ... import ir
+from ...ir import Affine, Load
 
 aten = torch.ops.aten
 _log = logging.getLogger("kiln.kernels")
@@ -186,7 +186,7 @@ def source(name: str, g, params: list, writes: set, lay: dict, dtypes: dict,
     of the outputs stored through TMA descriptors) of the fused kernel of group ``g``:
     parameters ``kiln_a``/``kiln_b`` (TMA descriptors), then ``params`` (the group's
     own, less the product)."""
-    from .triton_gen import TL, TBody, store_value, tindex
+    from .source import TL, TBody, store_value, tindex
 
     class TileBody(TBody):
         """Loads in an [BM, BN/2] tile keep the shape of their index: a bias indexed
@@ -349,9 +349,11 @@ def _signature(kernel, descs, args, consts) -> dict:
 
 def _compile(tier, kernel, spec, sig, path, device) -> None:
     """Compile in a worker (or here when none runs) and load the binary."""
-    from . import compile_pool, triton_binaries, triton_setup
-    from .compile_worker import compile_source
-    from .triton_compile import target
+    from ...toolchain import triton_pool as compile_pool
+    from ...toolchain import triton_binaries
+    from ...toolchain import triton_setup
+    from ...toolchain.triton_worker import compile_source
+    from ...toolchain.triton_build import target
     job = {"path": path, "name": kernel.fn.__name__, "signature": sig,
            "consts": dict(spec["consts"]), "options": dict(spec["options"])}
     try:

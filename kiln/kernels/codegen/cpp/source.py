@@ -17,10 +17,10 @@ import os
 
 import torch
 
-from . import ir
-from .ir import Affine, Const, Index, Load, Op
-from .ops import OPS
-from .scheduler import Group, Schedule, _span
+from ... import ir
+from ...ir import Affine, Const, Index, Load, Op
+from ...ops import OPS
+from ...scheduler import Group, Schedule, _span
 
 CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
           torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import config
-from ..debug.timing import timed
-from . import cache, ir
-from .ir import Affine, Const, Index, Load
-from .ops import OPS
-from .scheduler import Group, Schedule
+from .... import config
+from ....debug.timing import timed
+from ... import ir
+from ...toolchain import cxx_build as cache
+from ...ir import Affine, Const, Index, Load
+from ...ops import OPS
+from ...scheduler import Group, Schedule
 
 TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
       torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32",
@@ -54,7 +55,7 @@ MAX_RBLOCK = 1024
 #: A pointwise kernel with more IR ops than this gets 8 warps (see _pointwise_warps).
 HEAVY_OPS = 96
 
-from .triton_prelude import INTERPRETER_SHIMS, PRELUDE  # noqa: E402  (helpers of every kernel module)
+from .prelude import INTERPRETER_SHIMS, PRELUDE  # noqa: E402  (helpers of every kernel module)
 
 # Triton spells a few ops differently from C++ (``and``/``or`` on int1 are bitwise).
 _TRITON_OVERRIDES = {
@@ -659,10 +660,10 @@ def generate_detailed(sched: Schedule, buffers: list, interpret: bool | None = N
             continue
         kernels = [(TritonKernel(gi, g, sched, interpret=interpret), [])]
         if isinstance(g.alone, ir.Scatter):
-            from .triton_scatter import scatter_kernels
+            from .scatter import scatter_kernels
             kernels = scatter_kernels(gi, g, sched, interpret)
         elif isinstance(g.alone, ir.Scan):
-            from .triton_scan import ScanKernel
+            from .scan import ScanKernel
             kernels = [(ScanKernel(gi, g.alone), [])]
         elif g.red is not None:
             plan = plan_reduction(g, interpret)
@@ -773,7 +774,7 @@ class Launcher:
             return
         self.compiled[name] = ck
         if len(self.compiled) == len(self.names):
-            from . import triton_binaries
+            from ...toolchain import triton_binaries
             triton_binaries.save(self.source, self.kinfo, self.compiled)
             self.names = {}
 
@@ -848,7 +849,7 @@ class Launcher:
             else:
                 self._note("alignment changed")
         if not _interpreting():
-            from . import triton_setup
+            from ...toolchain import triton_setup
             triton_setup.wait_for("driver")   # Triton's JIT from here
         if key in self.fast:
             ck = kernel[grid](*args, **kw)
@@ -869,7 +870,7 @@ class Launcher:
             names = list(getattr(kernel, "arg_names", None) or kernel.fn.arg_names)
             consts = tuple(kw[n] for n in names[len(args):])
             ck.run   # initialises the handles
-            from . import cuda_launch
+            from ...runtime import cuda_launch
             self.fast[key] = (tuple(a.data_ptr() % 16 == 0 for a in args), ck, grid, consts,
                               cuda_launch.prepare(ck, len(args)))
             if all(a.data_ptr() % 16 == 0 for a in args):
@@ -889,8 +890,11 @@ def precompile(mod, kinfo, path: str) -> tuple:
     that are); failures are left to the first launch."""
     if _interpreting() or not kinfo or not torch.cuda.is_available():
         return {}, {}
-    from . import compile_pool, triton_binaries, triton_compile, triton_setup
-    from .cuda_launch import ready
+    from ...toolchain import triton_pool as compile_pool
+    from ...toolchain import triton_binaries
+    from ...toolchain import triton_build as triton_compile
+    from ...toolchain import triton_setup
+    from ...runtime.cuda_launch import ready
     dev = torch.cuda.current_device()
     done, tuned, jobs, specs = {}, {}, [], []
     for name, params, dtypes, consts, nw, tune in kinfo:
@@ -943,7 +947,7 @@ def load(source: str, entries, kinfo=None):
     """Import the module from the cache directory; one step callable per segment."""
     with timed("kernels.triton_setup"):      # once per process; mostly done meanwhile
         import triton  # noqa: F401
-        from . import triton_setup
+        from ...toolchain import triton_setup
         if _interpreting() or not torch.cuda.is_available():
             triton_setup.install()
         else:
@@ -952,7 +956,7 @@ def load(source: str, entries, kinfo=None):
         mod, path = cache.load_module("triton", source)
     launch = Launcher()
     if kinfo and not _interpreting() and torch.cuda.is_available():
-        from . import triton_binaries
+        from ...toolchain import triton_binaries
         with timed("kernels.triton_load"):
             ready_ = triton_binaries.load(source, kinfo)
         tuned = {}

@@ -34,9 +34,9 @@ import weakref
 
 import torch
 
-from .. import config
-from ..debug.logs import log_for
-from . import ir
+from ... import config
+from ...debug.logs import log_for
+from .. import ir
 
 #: graphs of fewer steps than this make plain calls (one launch is not worth a graph)
 GRAPH_MIN_STEPS = 8

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from . import ir
-from .ir import Index
-from .lowering import (Lazy, Unsupported, View, _as_expr, add_mask, is_box, pointwise,
+from .. import ir
+from ..ir import Index
+from .engine import (Lazy, Unsupported, View, _as_expr, add_mask, is_box, pointwise,
                        reduce, register)
-from .ops import cast, const, op, within
+from ..ops import cast, const, op, within
 
 aten = torch.ops.aten
 #: Windows with more taps than this are not unrolled (the op falls back).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .lowering import LOWERINGS, Unsupported, is_box
+from .engine import LOWERINGS, Unsupported, is_box
 
 aten = torch.ops.aten
 

@@ -19,8 +19,8 @@ import subprocess
 import sys
 import threading
 
-from .. import config
-from . import compile_worker
+from ... import config
+from . import triton_worker as compile_worker
 
 _jobs: queue.Queue = queue.Queue()      # (job, slot): slot is a one-item queue for the reply
 _workers: list = []

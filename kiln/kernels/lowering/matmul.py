@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import config
-from .lowering import Lazy, Unsupported, is_box, pointwise, reduce, register
-from .ops import cast, const, op
+from ... import config
+from .engine import Lazy, Unsupported, is_box, pointwise, reduce, register
+from ..ops import cast, const, op
 
 aten = torch.ops.aten
 _DTYPES = (torch.float32, torch.float64)

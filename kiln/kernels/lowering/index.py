@@ -26,10 +26,10 @@ import re
 
 import torch
 
-from . import ir
-from .lowering import (Lazy, Unsupported, View, _as_expr, _dim, add_mask, affine_view,
+from .. import ir
+from .engine import (Lazy, Unsupported, View, _as_expr, _dim, add_mask, affine_view,
                        is_box, register)
-from .ops import cast, const, op, within
+from ..ops import cast, const, op, within
 
 aten = torch.ops.aten
 _I64 = torch.int64
