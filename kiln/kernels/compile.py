@@ -22,7 +22,7 @@ from . import ir
 from .toolchain import cxx_build as cache
 from .codegen.cpp import source as cpp
 from .toolchain import graph_cache
-from .lowering.engine import GraphLowering, View
+from .lowering import GraphLowering, View
 from .runtime.runner import ExternStep, Runtime
 from .scheduler import format_schedule, schedule
 
@@ -97,8 +97,8 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
         if target == "cpp":
             source, entries = cpp.generate(sched, lo.buffers)
         else:
-            from .codegen.triton import source as triton_gen
-            source, entries, kinfo = triton_gen.generate_detailed(sched, lo.buffers)
+            from .codegen.triton import source as triton_source
+            source, entries, kinfo = triton_source.generate_detailed(sched, lo.buffers)
     arte["source"] = source
     arte["kinfo"] = kinfo
     _code_log.info("kernels: %s source for graph\n%s\n%s", target, arte["ir"], source)
@@ -123,8 +123,8 @@ def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
         lib = ctypes.CDLL(cache.compile_cpp(p.source)) if p.entries else None
         entry_iter = iter(p.entries)
     else:
-        from .codegen.triton import source as triton_gen
-        launchers = triton_gen.load(p.source, p.entries, p.kinfo)
+        from .codegen.triton import launcher
+        launchers = launcher.load(p.source, p.entries, p.kinfo)
         entry_iter = iter(launchers)
     seg_open = False
     for g in sched.groups:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from . import ir
 from .ir import Affine, Load, loop_vars
+from .matmul_fusion import fuse
 
 
 @dataclass
@@ -159,7 +160,7 @@ def live_buffers(buffers: list, output_names: set) -> list:
 
 def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -> Schedule:
     """``matmul_epilogues``: fuse large library products into their pointwise reader
-    (Triton only; ``matmul_epilogue``)."""
+    (Triton only; ``matmul_fusion``)."""
     buffers = live_buffers(buffers, output_names)
     squeeze_unit_dims(buffers)
     groups: list[Group] = []
@@ -193,7 +194,6 @@ def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -
             cur = Group(tuple(b.sizes), None, [b])
         groups.append(cur)
     if matmul_epilogues:
-        from .codegen.triton.matmul_epilogue import fuse
         groups = fuse(groups, buffers, set(output_names))
 
     # who reads what: by group, and by reading node

@@ -232,7 +232,7 @@ def test_eager_graph_carries_id():
 def test_kernel_op_fallback_has_id():
     """An aten op the kernel compiler has no lowering for is left to aten, tagged K0204;
     one whose lowering declines these arguments carries the lowering's ID."""
-    from kiln.kernels.lowering.engine import GraphLowering
+    from kiln.kernels.lowering import GraphLowering
 
     aten = torch.ops.aten
 

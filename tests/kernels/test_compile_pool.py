@@ -11,9 +11,10 @@ import torch.fx as fx
 from kiln.kernels.toolchain import triton_pool as compile_pool
 from kiln.kernels.toolchain import triton_binaries
 from kiln.kernels.toolchain import triton_build as triton_compile
+from kiln.kernels.codegen.triton import prelude
 from kiln.kernels.codegen.triton import source as triton_gen
 from kiln.kernels.toolchain import triton_setup
-from kiln.kernels.lowering.engine import GraphLowering
+from kiln.kernels.lowering import GraphLowering
 from kiln.kernels.scheduler import schedule
 
 aten = torch.ops.aten
@@ -121,5 +122,5 @@ def test_worker_blanks_host_only_lines(tmp_path):
     p.write_text("import nonexistent_module  # host only\nX = 1\n")
     mod = compile_worker._module(str(p), {})
     assert mod.X == 1
-    assert "host only" in triton_gen.PRELUDE and "import torch  # host only" in triton_gen.PRELUDE
+    assert "host only" in prelude.PRELUDE and "import torch  # host only" in prelude.PRELUDE
     assert os.path.exists(compile_worker.__file__)

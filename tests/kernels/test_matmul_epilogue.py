@@ -12,6 +12,7 @@ import torch.fx as fx
 from kiln import config
 from kiln.kernels import ir
 from kiln.kernels.lowering import engine as lowering
+from kiln.kernels import matmul_fusion
 from kiln.kernels.codegen.triton import matmul_epilogue
 from kiln.kernels.scheduler import schedule
 
@@ -73,7 +74,7 @@ def test_gpu_tiers_match_eager(mode, monkeypatch):
     "background" starts on the library tier and moves to the fused kernel."""
     from kiln.kernels import compile_aten_graph
     monkeypatch.setattr(config, "matmul_epilogue", mode)
-    monkeypatch.setattr(matmul_epilogue, "MIN_MNK", 1 << 20)
+    monkeypatch.setattr(matmul_fusion, "MIN_MNK", 1 << 20)
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def r(*s, scale=1.0):

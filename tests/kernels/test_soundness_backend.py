@@ -16,7 +16,7 @@ import kiln
 from kiln.autograd.trace import trace_joint
 from kiln.capture.fake import FakeTensor
 from kiln.kernels import ir
-from kiln.kernels.lowering.engine import GraphLowering
+from kiln.kernels.lowering import GraphLowering
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

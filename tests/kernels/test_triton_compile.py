@@ -17,7 +17,7 @@ import torch.fx as fx
 from kiln.kernels.runtime import cuda_launch
 from kiln.kernels.toolchain import triton_build as triton_compile
 from kiln.kernels.codegen.triton import source as triton_gen
-from kiln.kernels.lowering.engine import GraphLowering
+from kiln.kernels.lowering import GraphLowering
 from kiln.kernels.scheduler import schedule
 
 aten = torch.ops.aten

@@ -37,7 +37,7 @@ def test_cuda_graph_replay_matches_eager(mode, monkeypatch):
     """Launch-bound graphs replay a recorded CUDA graph from the third call: results follow
     new input values and addresses; a moved parameter falls back to plain calls."""
     import torch.fx as fx
-    from kiln.kernels.codegen.triton import source as triton_gen
+    from kiln.kernels.codegen.triton import launcher as triton_gen
     monkeypatch.setattr(config, "cudagraphs", mode)
     dt, dev = torch.bfloat16, "cuda"
     w1 = (torch.randn(16, 16, 3, 3, device=dev) / 12).to(dt)
@@ -174,7 +174,7 @@ def test_kernels_compile_in_parallel_at_load(monkeypatch, tmp_path):
     """Every kernel of a module is compiled at load time (by the compile workers and this
     process), none at first launch."""
     import torch.fx as fx
-    from kiln.kernels.codegen.triton import source as triton_gen
+    from kiln.kernels.codegen.triton import launcher as triton_gen
     done = []
     orig = triton_gen.precompile
 
@@ -209,7 +209,7 @@ def test_second_process_launches_without_tritons_jit(tmp_path):
         import kiln.config; kiln.config.cache_dir = {str(tmp_path)!r}
         from kiln.kernels import compile_aten_graph
         from kiln.kernels.toolchain import triton_binaries
-        from kiln.kernels.codegen.triton import source as triton_gen
+        from kiln.kernels.codegen.triton import launcher as triton_gen
         if sys.argv[1] == "warm":
             def no_jit(*a, **k):
                 raise AssertionError("went through Triton's JIT")
@@ -256,7 +256,7 @@ def test_cold_process_builds_no_launcher(tmp_path):
         import kiln.config; kiln.config.cache_dir = {str(tmp_path)!r}
         from kiln.kernels import compile_aten_graph
         from kiln.kernels.toolchain import triton_pool as compile_pool
-        from kiln.kernels.codegen.triton import source as triton_gen
+        from kiln.kernels.codegen.triton import launcher as triton_gen
         from kiln.kernels.toolchain import triton_setup
         triton_setup.wait()
         hellos = compile_pool.wait_started()

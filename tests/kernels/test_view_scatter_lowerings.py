@@ -186,7 +186,7 @@ def test_view_into_a_fallbacks_memory_outlives_its_last_direct_reader(monkeypatc
     so a later buffer of the same size took it and the view read that buffer's values.
     With as_strided's own lowering out of the way the fallback path is exercised: the
     aliased buffer must keep its slot (``GraphLowering.pinned``)."""
-    from kiln.kernels.lowering.engine import LOWERINGS
+    from kiln.kernels.lowering import LOWERINGS
     monkeypatch.delitem(LOWERINGS, aten.as_strided.default)
 
     def f(g, h):

@@ -8,8 +8,7 @@ of a family (``remainder``'s, ``floor_divide``'s...) keeps the same check.
 from __future__ import annotations
 
 import torch
-
-from .engine import LOWERINGS, Unsupported, is_box
+from .base import LOWERINGS, Unsupported, is_box
 
 aten = torch.ops.aten
 

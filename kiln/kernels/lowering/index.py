@@ -27,7 +27,7 @@ import re
 import torch
 
 from .. import ir
-from .engine import (Lazy, Unsupported, View, _as_expr, _dim, add_mask, affine_view,
+from .base import (Lazy, Unsupported, View, as_expr, norm_dim, add_mask, affine_view,
                        is_box, register)
 from ..ops import cast, const, op, within
 
@@ -274,9 +274,9 @@ def _scatter(lo, node, init, iter_sizes, dest, value, accumulate, parallel_dims)
     out = View(lo.new_name(), sizes, strides, 0, wdt)
     ivars = list(ir.loop_vars(iter_sizes))
     lo.add(ir.Scatter(out.buf, sizes, strides, wdt,
-                      init=_as_expr(init, list(ir.loop_vars(sizes)), sizes, wdt),
+                      init=as_expr(init, list(ir.loop_vars(sizes)), sizes, wdt),
                       iter_sizes=tuple(iter_sizes), dest=dest(out, ivars),
-                      value=_as_expr(value, ivars, iter_sizes, wdt),
+                      value=as_expr(value, ivars, iter_sizes, wdt),
                       accumulate=bool(accumulate), parallel_dims=tuple(parallel_dims),
                       origin=node.name))
     if wdt == dtype:
@@ -300,7 +300,7 @@ def _scatter_dim(lo, node, x, dim, index, src, reduce="sum", include_self=True):
     sizes = _scatter_target(lo, node, accumulate)
     if not is_box(index) or len(index.sizes) != len(sizes):
         raise Unsupported("K0205", "a 0-d index or one of another rank")
-    d = _dim(dim, len(sizes))
+    d = norm_dim(dim, len(sizes))
     ix = _checked(lo, node, index, sizes[d], False)
     rsizes = tuple(int(n) for n in ix.sizes)
     if rsizes[d] == 1 and all(rsizes[k] == sizes[k] for k in range(len(sizes)) if k != d):
@@ -326,8 +326,8 @@ def _one_hot_scatter(lo, node, x, d, ix, src, accumulate, sizes):
         line = list(idx)
         line[d] = ir.Affine.c(0)
         hit = op("eq", ir.Index(idx[d]), cast(ix.load(line), _I64))
-        old = _as_expr(x, list(idx), sizes, dtype)
-        new = _as_expr(src, line, tuple(ix.sizes), dtype)
+        old = as_expr(x, list(idx), sizes, dtype)
+        new = as_expr(src, line, tuple(ix.sizes), dtype)
         return op("where", hit, op("add", old, new) if accumulate else new, old)
     return Lazy(sizes, dtype, body)
 
@@ -362,7 +362,7 @@ def _embedding_dense_backward(lo, node, grad, indices, num_weights, padding_idx,
 def _index_select(lo, node, x, dim, index):
     if not is_box(x) or not x.sizes:
         raise Unsupported("K0205", "index_select of a 0-d tensor")
-    d = _dim(dim, len(x.sizes))
+    d = norm_dim(dim, len(x.sizes))
     return _index_dim(lo, node, x, d, index, False, d if len(x.sizes) > 1 else None)
 
 
@@ -390,7 +390,7 @@ def _gather(lo, node, x, dim, index, sparse_grad=False):
     xv = _stored(lo, node, x)
     if not xv.sizes:
         raise Unsupported("K0205", "gather from a 0-d tensor")
-    d = _dim(dim, len(xv.sizes))
+    d = norm_dim(dim, len(xv.sizes))
     n = int(xv.sizes[d])
     ix = _checked(lo, node, index, n, False)
     m = lo.out_meta(node)
@@ -411,7 +411,7 @@ def _slice_scatter(lo, node, x, src, dim=0, start=None, end=None, step=1):
     if not (is_box(x) and is_box(src)) or step < 1:
         raise Unsupported("K0205", "slice_scatter of a non-tensor or with a step below 1")
     n = len(x.sizes)
-    d = _dim(dim, n)
+    d = norm_dim(dim, n)
     size = int(x.sizes[d])
     start = 0 if start is None else (start + size if start < 0 else start)
     start = min(max(start, 0), size)

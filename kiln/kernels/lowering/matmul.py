@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ... import config
-from .engine import Lazy, Unsupported, is_box, pointwise, reduce, register
+from .base import Lazy, Unsupported, is_box, pointwise, reduce, register
 from ..ops import cast, const, op
 
 aten = torch.ops.aten

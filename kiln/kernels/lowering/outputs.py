@@ -36,7 +36,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from .. import ir
-from .engine import Lazy, View, _dense, _returns_a_view, is_box
+from .base import Lazy, View, is_dense, returns_a_view, is_box
 
 #: ``output_node.meta[INTERNAL_OUTPUTS] = k``: the graph's flat outputs from position k
 #: on are internal (saved for a backward), free to keep kiln's layout.
@@ -48,10 +48,10 @@ def eager_root(node):
     while isinstance(node, fx.Node) and node.op == "call_function":
         if node.target is operator.getitem:
             src = node.args[0]
-            if not (isinstance(src, fx.Node) and _returns_a_view(src.target)):
+            if not (isinstance(src, fx.Node) and returns_a_view(src.target)):
                 return node
             node = src
-        elif _returns_a_view(node.target) and node.args and isinstance(node.args[0], fx.Node):
+        elif returns_a_view(node.target) and node.args and isinstance(node.args[0], fx.Node):
             node = node.args[0]
         else:
             return node
@@ -67,7 +67,7 @@ def kiln_root(by_name: dict, buf: str) -> str:
         b = by_name.get(buf)
         if isinstance(b, ir.MultiOutput):
             b = by_name.get(b.source)
-        if not isinstance(b, ir.Extern) or not _returns_a_view(b.op):
+        if not isinstance(b, ir.Extern) or not returns_a_view(b.op):
             return buf
         arg = next((a for a in _extern_args(b.args) if isinstance(a, ir.ExternArg)), None)
         if arg is None:
@@ -103,7 +103,7 @@ def owns_its_storage(m) -> bool:
     a view of it at any geometry eager gives reads only elements it holds."""
     if not isinstance(m, torch.Tensor) or m.storage_offset() != 0 or m.numel() == 0:
         return False
-    return _dense(m) and m.untyped_storage().nbytes() == m.numel() * m.element_size()
+    return is_dense(m) and m.untyped_storage().nbytes() == m.numel() * m.element_size()
 
 
 def _same_strides(sizes, a, b) -> bool:
@@ -165,7 +165,7 @@ def store_output(lo, lazy, m):
     contiguous."""
     if m is None or m.numel() <= 1 or len(m.shape) != len(lazy.sizes):
         return lo.realize(lazy, origin="output")
-    if _dense(m):
+    if is_dense(m):
         return lo.realize(lazy, strides=tuple(m.stride()), origin="output")
     spread = [int(s) > 1 and st == 0 for s, st in zip(m.shape, m.stride())]
     if not any(spread):
@@ -188,7 +188,7 @@ def _in_eager_layout(lo, node, box):
             return v
     if isinstance(box, Lazy):
         return store_output(lo, box, m)
-    if isinstance(box, View) and box.buf in lo.relaid and m is not None and _dense(m) \
+    if isinstance(box, View) and box.buf in lo.relaid and m is not None and is_dense(m) \
             and tuple(m.stride()) != tuple(box.strides):
         return lo.realize(Lazy(box.sizes, box.dtype, box.load), strides=tuple(m.stride()),
                           origin="output")

@@ -16,7 +16,7 @@ import torch
 
 from .. import ir
 from ..ir import Index
-from .engine import (Lazy, Unsupported, View, _as_expr, add_mask, is_box, pointwise,
+from .base import (Lazy, Unsupported, View, as_expr, add_mask, is_box, pointwise,
                        reduce, register)
 from ..ops import cast, const, op, within
 
@@ -272,7 +272,7 @@ def _adaptive_avg_pool2d_backward(lo, node, grad, x):
     six = lead + (oh, kh, ow, kw)
 
     def body(idx):
-        g = _as_expr(grad, list(idx[:-4]) + [idx[-4], idx[-2]], tuple(grad.sizes), dtype)
+        g = as_expr(grad, list(idx[:-4]) + [idx[-4], idx[-2]], tuple(grad.sizes), dtype)
         return op("truediv", g, const(kh * kw, dtype))
     buf = lo.realize(Lazy(six, dtype, body), origin=node.name)
     strides = ir.contiguous_strides(tuple(m.shape))

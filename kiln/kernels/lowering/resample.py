@@ -18,7 +18,7 @@ import torch
 
 from .. import ir
 from ..ir import Index
-from .engine import Lazy, Unsupported, View, _as_expr, is_box, register
+from .base import Lazy, Unsupported, View, as_expr, is_box, register
 from .index import _scatter, _stored
 from ..ops import cast, const, op
 
@@ -128,7 +128,7 @@ def _upsample_bilinear2d_backward(lo, node, grad, output_size, input_size, align
                                                       pick(tw, ww0, ww1))
 
     def value(idx):
-        g = _as_expr(grad, list(idx[:4]), (N, C, Ho, Wo), opdt)
+        g = as_expr(grad, list(idx[:4]), (N, C, Ho, Wo), opdt)
         return cast(op("mul", tap(idx)[2], g), dtype)
 
     def dest(out, ivars):

@@ -32,7 +32,7 @@ import torch.fx as fx
 
 from .. import ir
 from ..ir import Index, Load
-from .engine import (STORAGE_OPS, Lazy, Unsupported, View, _dense, add_mask, is_box,
+from .base import (STORAGE_OPS, Lazy, Unsupported, View, is_dense, add_mask, is_box,
                        pointwise, register)
 from ..ops import cast, const, op, within
 
@@ -49,7 +49,7 @@ def _whole_storage(m) -> bool:
     storage holds nothing else. Only then does kiln know where its elements lie."""
     if not isinstance(m, torch.Tensor):
         return False
-    return (m.storage_offset() == 0 and _dense(m)
+    return (m.storage_offset() == 0 and is_dense(m)
             and m.untyped_storage().nbytes() == m.numel() * m.element_size())
 
 
@@ -91,7 +91,7 @@ def _dense_geometry(size, stride) -> bool:
     """Whether (size, stride) covers a contiguous run of positions once each."""
     if any(int(s) == 0 for s in size):
         return False
-    return _dense(torch.empty_strided(tuple(size), tuple(stride), device="meta"))
+    return is_dense(torch.empty_strided(tuple(size), tuple(stride), device="meta"))
 
 
 @register(aten.copy.default)
@@ -104,7 +104,7 @@ def _copy(lo, node, dst, src, non_blocking=False):
             and not isinstance(lo.by_name.get(src.buf), ir.Input)):
         return src          # already stored as the copy would be: the same values, no kernel
     out = pointwise(lo, node, [src], lambda a: a)
-    if _dense(m) and tuple(m.stride()) != ir.contiguous_strides(m.shape):
+    if is_dense(m) and tuple(m.stride()) != ir.contiguous_strides(m.shape):
         out = Lazy(out.sizes, out.dtype, out.fn, tuple(m.stride()))
     return _ready_for_storage_ops(lo, node, out)
 
@@ -114,7 +114,7 @@ def _new_empty_strided(lo, node, x, size, stride, **kw):
     """Uninitialised memory in eager: zeros here, at the strides asked for (a later
     ``as_strided`` addresses them)."""
     m = lo.out_meta(node)
-    layout = tuple(m.stride()) if _dense(m) else None
+    layout = tuple(m.stride()) if is_dense(m) else None
     return _ready_for_storage_ops(
         lo, node, Lazy(tuple(m.shape), m.dtype, lambda idx: const(0, m.dtype), layout))
 

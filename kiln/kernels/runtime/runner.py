@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 
 from .. import ir
 from .graph_replay import GraphReplay
-from ..lowering.engine import View
+from ..lowering import View
 
 
 def _step_names(step, buffers) -> set:

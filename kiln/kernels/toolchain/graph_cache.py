@@ -79,8 +79,7 @@ def _sources_hash() -> str:
     """Hash of all of kiln's sources: a plan depends on more than the kernel compiler
     (the meta kernels of kiln's own ops, fast_meta's layouts, the decompositions), and
     a plan made by other code planned other dtypes or strides."""
-    here = os.path.abspath(__file__)
-    root = here.rsplit(os.sep + "kernels" + os.sep, 1)[0]       # kiln/, above this room
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     h = hashlib.sha256()
     for d, dirs, files in sorted(os.walk(root)):
         dirs.sort()
@@ -92,15 +91,20 @@ def _sources_hash() -> str:
     return h.hexdigest()
 
 
+def _tuned_modules() -> tuple:
+    """The modules whose constants shape a plan (lowering, scheduling, code generation)."""
+    from .. import ir, matmul_fusion, scheduler
+    from ..codegen.cpp import source as cpp_source
+    from ..codegen.triton import exprs, heuristics, kernel, matmul_epilogue, source as triton_source
+    from ..lowering import engine
+    return (cpp_source, ir, engine, exprs, heuristics, kernel, matmul_epilogue, matmul_fusion,
+            scheduler, triton_source)
+
+
 def _module_constants() -> str:
     """Module-level UPPER_CASE tuning constants of the kernel compiler (tests patch them)."""
-    from .. import ir, scheduler
-    from ..codegen.cpp import source as cpp
-    from ..codegen.triton import matmul_epilogue
-    from ..codegen.triton import source as triton_gen
-    from ..lowering import engine as lowering
     parts = []
-    for mod in (cpp, ir, lowering, matmul_epilogue, scheduler, triton_gen):
+    for mod in _tuned_modules():
         for k, v in sorted(vars(mod).items()):
             if k.isupper() and isinstance(v, (int, float, str, bool, tuple)):
                 parts.append(f"{mod.__name__}.{k}={v!r}")
@@ -113,7 +117,7 @@ def _versions(target: str, device: str) -> str:
     if target == "triton":
         # Triton's file stamps, not its version: no wait for its import (under way in
         # the background, triton_setup), and an edited installation is a new key
-        from .triton_setup import triton_stamp
+        from .triton_stamp import triton_stamp
         parts.append(triton_stamp() or "no-triton")
         parts.append(os.environ.get("TRITON_INTERPRET", "0"))
     if device.startswith("cuda") and torch.cuda.is_available():

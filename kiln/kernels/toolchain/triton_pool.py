@@ -95,8 +95,8 @@ def wait_started(timeout: float = 60) -> list:
 def _launch() -> None:
     try:
         import torch
-        from . import triton_setup
-        stamp = triton_setup.triton_stamp()
+        from .triton_stamp import triton_stamp
+        stamp = triton_stamp()
         if stamp is None or not torch.cuda.is_available():
             return
         major, minor = torch.cuda.get_device_capability()

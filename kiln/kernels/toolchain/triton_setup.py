@@ -12,56 +12,21 @@ and (3) sets up MLIR and LLVM at its first compile (0.3-0.5 s). So
 * ``start()`` runs the rest in background threads as soon as kiln is called with CUDA
   tensors (``backend.prepare``), overlapping the capture, the autograd stage and the
   lowering (gcc and LLVM release the GIL): the driver helpers in one, and in another a
-  one-line kernel compiled for the device's target (``compile_worker.warm_up``), which
+  one-line kernel compiled for the device's target (``triton_worker.warm_up``), which
   needs no driver, so MLIR's and LLVM's set-up is paid meanwhile too. kiln's own kernels need
-  no driver either (``triton_compile``, ``cuda_launch``): ``wait()`` only waits for
+  no driver either (``triton_build``, ``cuda_launch``): ``wait()`` only waits for
   the import and the key, ``wait_for("driver")`` is for Triton's JIT (the fallbacks).
 
 Anything unexpected (another Triton layout) leaves Triton's own behaviour in place.
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
-import os
 import threading
 
-from . import cxx_build as cache
+from .triton_stamp import stamp, triton_dir, triton_stamp  # noqa: F401  (the key; re-exported)
 
 _installed = False
 _lock = threading.Lock()
-
-
-def stamp(triton_dir: str) -> str:
-    """A key of the path, size and modification time of the files ``triton_key``
-    hashes (Triton's compiler, backends, language, runtime and its C library)."""
-    parts = []
-    for sub in ("compiler", "backends", "language", "runtime", "_C"):
-        top = os.path.join(triton_dir, sub)
-        for root, dirs, files in os.walk(top):
-            dirs.sort()
-            for f in sorted(files):
-                if f.endswith((".py", ".so")):
-                    p = os.path.join(root, f)
-                    st = os.stat(p)
-                    parts.append(f"{p}:{st.st_size}:{st.st_mtime_ns}")
-    return cache.key_of(*parts)
-
-
-def triton_dir() -> str | None:
-    """Where Triton is installed, found without importing it."""
-    spec = importlib.util.find_spec("triton")
-    locs = getattr(spec, "submodule_search_locations", None) if spec else None
-    return os.path.abspath(locs[0]) if locs else None
-
-
-@functools.lru_cache(None)
-def triton_stamp() -> str | None:
-    d = triton_dir()
-    try:
-        return stamp(d) if d else None
-    except OSError:
-        return None
 
 
 def install() -> None:
@@ -120,14 +85,14 @@ def _setup() -> None:
 def start() -> None:
     """Begin Triton's set-up in background threads (once per process): its import and
     key, then the driver helpers beside the warm-up compile; and start the compile
-    workers (``compile_pool``)."""
+    workers (``triton_pool``)."""
     with _lock:
         if not _setup_thread:
             t = threading.Thread(target=_setup, name="kiln-triton-setup", daemon=True)
             t.start()
             _setup_thread.append(t)
-            from . import triton_pool as compile_pool
-            compile_pool.start()
+            from . import triton_pool
+            triton_pool.start()
 
 
 def wait() -> None:

@@ -220,3 +220,7 @@ def kiln_argmin_combine(v1, i1, v2, i2):
 INTERPRETER_SHIMS = """
 kiln_fmodf = kiln_fmodf_emulated
 """
+
+#: Ops only libdevice provides: Triton's interpreter cannot run them (no extern calls),
+#: so under TRITON_INTERPRET=1 the lowering sends them to aten instead.
+LIBDEVICE_ONLY = {"atan2", "asin", "acos", "atan", "asinh", "acosh", "atanh"}

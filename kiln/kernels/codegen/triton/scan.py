@@ -6,7 +6,7 @@ half precision and float32, as eager's CUDA kernel does; int64 for integers).
 from __future__ import annotations
 
 from ... import ir
-from .source import (TL, AloneKernel, TBody, _decompose, _numel, _pow2, compute_dtype,
+from .exprs import (TL, AloneKernel, TBody, decompose, numel_of, pow2, compute_dtype,
                          store_value)
 
 #: The largest block a program scans at once (longer lines loop over blocks).
@@ -23,13 +23,13 @@ class ScanKernel(AloneKernel):
         d, n = b.dim, int(b.sizes[b.dim])
         others = [(i, s) for i, s in enumerate(b.sizes) if i != d]
         vars_ = ir.loop_vars(tuple(b.sizes))
-        rb = min(MAX_RBLOCK, _pow2(max(n, 16)))
+        rb = min(MAX_RBLOCK, pow2(max(n, 16)))
         acc = compute_dtype(b.acc_dtype)
         out = [f"# {self.name}: {b.scan_type} scan along dim {d}; from {b.origin}",
                "@triton.jit",
                f"def {self.name}({', '.join(params)}, RBLOCK: tl.constexpr):",
                "    pid = tl.program_id(0)"]
-        out += ["    " + line for line in _decompose([vars_[i] for i, _ in others],
+        out += ["    " + line for line in decompose([vars_[i] for i, _ in others],
                                                       [s for _, s in others], "pid")]
         out.append(f"    carry = tl.full([], 0, {TL[acc]})")
         out.append(f"    for r0 in range(0, {n}, RBLOCK):")
@@ -48,5 +48,5 @@ class ScanKernel(AloneKernel):
         out.append(f"{ind}tl.store({body.ptr(b.name, b.store_index(vars_))}, "
                    f"{store_value('c', b.dtype)}, mask=rmask)")
         out.append(f"{ind}carry += tl.sum(v, 0)")
-        grid = f"({max(_numel([s for _, s in others]), 1)},)"
+        grid = f"({max(numel_of([s for _, s in others]), 1)},)"
         return "\n".join(out), params, grid, {"RBLOCK": rb}, 4, ()

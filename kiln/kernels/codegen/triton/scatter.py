@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from ... import ir
 from ...scheduler import Group
-from .source import (XBLOCK, AloneKernel, TBody, TritonKernel, _decompose, _numel, _pow2,
-                         store_value)
+from .exprs import (AloneKernel, TBody, decompose, numel_of, pow2, store_value)
+from .kernel import XBLOCK, TritonKernel
 
 
 class ScatterKernel(AloneKernel):
@@ -22,8 +22,8 @@ class ScatterKernel(AloneKernel):
         b = self.b
         params, _ = self.params()
         sizes = tuple(b.iter_sizes)
-        numel = _numel(sizes)
-        xb = min(XBLOCK, _pow2(max(numel, 16)))
+        numel = numel_of(sizes)
+        xb = min(XBLOCK, pow2(max(numel, 16)))
         out = [f"# {self.name}: scatter over {list(sizes)}; from {b.origin}", "@triton.jit",
                f"def {self.name}({', '.join(params)}, XBLOCK: tl.constexpr):",
                "    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)"]
@@ -31,7 +31,7 @@ class ScatterKernel(AloneKernel):
         if numel % xb:
             out.append(f"    xmask = xindex < {numel}")
             mask = "xmask"
-        out += ["    " + line for line in _decompose(ir.loop_vars(sizes), sizes, "xindex")]
+        out += ["    " + line for line in decompose(ir.loop_vars(sizes), sizes, "xindex")]
         out.append("    xzero = xindex * 0")
         body = TBody({}, "    ", self.counter, mask, {f"x{i}" for i in range(len(sizes))},
                      "xzero")
