@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import torch
 
+from .reductions import KINDS
+
 
 # --- affine index expressions -----------------------------------------------------
 @dataclass(frozen=True)
@@ -266,7 +268,7 @@ class Pointwise(Buffer):
         return {x.buf for x in walk(self.body) if isinstance(x, Load)}
 
 
-REDUCTIONS = ("sum", "prod", "max", "min", "argmax", "argmin", "any")
+REDUCTIONS = tuple(KINDS)           # the kinds of reductions.py's table
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Compile workers (``kiln/kernels/compile_pool.py``, ``compile_worker.py``), checked on
+"""Compile workers (``kiln/kernels/toolchain/triton_pool.py``, ``triton_worker.py``), checked on
 the CPU: Triton's compiler needs no GPU, so a worker compiles a generated module's
 kernels for an H100 (sm_90) here too."""
 import os

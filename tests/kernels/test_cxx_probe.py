@@ -1,4 +1,4 @@
-"""The C++ compiler check (``kiln/kernels/cxx_probe.py``): a compiler that fails a probe
+"""The C++ compiler check (``kiln/kernels/toolchain/cxx_probe.py``): a compiler that fails a probe
 gets the first workaround that makes it pass, remembered on disk."""
 import os
 import stat

@@ -1,4 +1,4 @@
-"""Library products fused with their pointwise reader (``kernels/matmul_epilogue.py``):
+"""Library products fused with their pointwise reader (``kernels/codegen/triton/matmul_epilogue.py``):
 which products fuse, the fused code under Triton's interpreter (a child pytest), and
 the two tiers on a GPU."""
 import os

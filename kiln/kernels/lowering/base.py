@@ -16,6 +16,7 @@ from ...debug.breaks import split_id
 from .. import ir
 from ..ir import Affine, Load, linear_index, loop_vars
 from ..ops import cast, const, op
+from ..reductions import KINDS
 
 
 aten = torch.ops.aten
@@ -242,7 +243,7 @@ def reduce(lo, node, x, dims, keepdim, red_type, dtype, pre=None) -> View:
     kept = [i for i in range(n) if i not in dims]
     ksizes = tuple(x.sizes[i] for i in kept)
     rsizes = tuple(x.sizes[i] for i in dims)
-    if any(s == 0 for s in rsizes) and red_type in ("max", "min", "argmax", "argmin"):
+    if any(s == 0 for s in rsizes) and not KINDS[red_type].has_identity_for_empty:
         raise Unsupported("K0206", "empty max/min reduction")
     vars_ = loop_vars(ksizes + rsizes)
     idx = [None] * n
@@ -253,7 +254,7 @@ def reduce(lo, node, x, dims, keepdim, red_type, dtype, pre=None) -> View:
     e = x.load(idx)
     if pre is not None:
         e = pre(e)
-    if red_type not in ("argmax", "argmin"):
+    if not KINDS[red_type].is_arg:
         e = cast(e, dtype)
     b = lo.add(ir.Reduction(lo.new_name(), ksizes, ir.contiguous_strides(ksizes), dtype,
                             red_sizes=rsizes, red_type=red_type, body=e, origin=node.name))

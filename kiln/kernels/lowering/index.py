@@ -209,7 +209,7 @@ def _index_put(lo, node, x, indices, values, accumulate=False):
     """``x`` with ``values`` written (or, ``accumulate``, added) at ``x[indices]``: an
     ``ir.Scatter`` — a copy of x, then a serial loop over the indexed positions. The
     backward of indexing (``new_zeros`` + accumulate) is most of what the zoo's
-    transformers fell back on. On the GPU the writes are atomics (``triton_scatter``)."""
+    transformers fell back on. On the GPU the writes are atomics (``codegen/triton/scatter.py``)."""
     sizes = _scatter_target(lo, node, accumulate)
     if not is_box(x):
         raise Unsupported("K0205", "index_put into a non-tensor")

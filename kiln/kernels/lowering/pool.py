@@ -1,7 +1,6 @@
 """Lowerings of pooling (and ``empty_permuted``).
 
-Registered into ``lowering.LOWERINGS`` on import (``lowering.py`` imports this module
-near the end). On the model zoo these were most of what fell back to aten: CNNs pool with
+Registered into ``LOWERINGS`` on import (``lowering/__init__.py`` imports this module). On the model zoo these were most of what fell back to aten: CNNs pool with
 ``max_pool2d_with_indices`` and ``_adaptive_avg_pool2d``; inception averages with
 ``avg_pool2d``.
 

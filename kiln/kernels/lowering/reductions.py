@@ -35,7 +35,7 @@ _CPU_ACC = {torch.float32: torch.float64, torch.float64: torch.float64}
 @register(aten.cumsum.default)
 def _cumsum(lo, node, x, dim, dtype=None):
     """Prefix sums as an ``ir.Scan``, the input cast to the result dtype and summed in
-    eager's accumulation type: on the CPU double for float32; on a GPU (``triton_scan``)
+    eager's accumulation type: on the CPU double for float32; on a GPU (``codegen/triton/scan.py``)
     the compute dtype, float32 for half precision."""
     if not is_box(x):
         raise Unsupported("K0205", "cumsum of a scalar")

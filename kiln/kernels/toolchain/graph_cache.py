@@ -1,6 +1,6 @@
 """The whole-graph cache: lowering, scheduling and code generation, remembered on disk.
 
-The kernel cache (``cache.py``) already spares a second process the C++ and Triton
+The kernel cache (``cxx_build.py``) already spares a second process the C++ and Triton
 compilers; what remained per graph was kiln's own Python work — running the graph for
 its metadata, lowering every node, fusing, generating source — about as long as the
 compilers on a warm cache. This cache keeps the result of all of it, the ``Plan``.
@@ -36,7 +36,7 @@ from torch.utils import _pytree as pytree
 from ... import config
 from ...debug.logs import log_for
 from .. import ir
-from . import cxx_build as cache
+from . import cxx_build
 
 _log = log_for("cache")
 #: Constant tensors above this many bytes make a graph uncacheable (their bytes would
@@ -173,7 +173,7 @@ def key_of(gm, example_inputs, target: str) -> str | None:
             sig.append(f"V{type(a).__name__}:{a!r}")
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     internal = out.meta.get("kiln_internal_outputs_from")
-    return cache.key_of(gm.code, consts, ";".join(sig), f"internal={internal}",
+    return cxx_build.key_of(gm.code, consts, ";".join(sig), f"internal={internal}",
                         _layouts(gm), target, _sources_hash(),
                         _module_constants(), _versions(target, device),
                         f"fallback_random={config.fallback_random}",
@@ -215,7 +215,7 @@ def load(key: str | None) -> Plan | None:
     unpickles; anything else is a miss (logged) that the caller rebuilds and stores."""
     if key is None:
         return None
-    found = cache.read_entry("graphs", key, ".pkl")
+    found = cxx_build.read_entry("graphs", key, ".pkl")
     if found is None:
         stats["misses"] += 1
         return None
@@ -248,7 +248,7 @@ def store(key: str | None, plan: Plan) -> bool:
         _log.info("kernels: graph not cached (%s: %s)", type(e).__name__, e)
         return False
     try:
-        cache.write_entry("graphs", key, ".pkl", buf.getvalue())
+        cxx_build.write_entry("graphs", key, ".pkl", buf.getvalue())
     except OSError as e:               # nowhere to keep it: compiled again next time
         _log.info("kernels: graph not cached (%s: %s)", type(e).__name__, e)
         return False

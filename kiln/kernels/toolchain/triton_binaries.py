@@ -31,7 +31,7 @@ from types import SimpleNamespace
 import torch
 
 from ...debug.logs import log_for
-from . import cxx_build as cache
+from . import cxx_build
 
 _log = log_for("cache")
 #: Bumped when the manifest's layout changes.
@@ -47,25 +47,25 @@ def _toolchain() -> str:
 
 
 def _manifest_key(source: str, kinfo) -> str:
-    return cache.key_of(source, repr([(k[0], k[3], k[4]) for k in kinfo]), _toolchain())
+    return cxx_build.key_of(source, repr([(k[0], k[3], k[4]) for k in kinfo]), _toolchain())
 
 
 def _file_path(fname: str, digest: str) -> str | None:
     """Where a kept kernel file whose bytes have sha256 ``digest`` is, checked; None
     when nowhere (a file there with other bytes is rejected)."""
     ext = os.path.splitext(fname)[1]
-    for path in cache.locations("triton_bin", digest, ext):
+    for path in cxx_build.locations("triton_bin", digest, ext):
         try:
             with open(path, "rb") as f:
                 ok = hashlib.sha256(f.read()).hexdigest() == digest
         except (FileNotFoundError, NotADirectoryError):
             continue
         except OSError as e:
-            cache.reject(path, f"{type(e).__name__}: {e.strerror or e}")
+            cxx_build.reject(path, f"{type(e).__name__}: {e.strerror or e}")
             continue
         if ok:
             return path
-        cache.reject(path, "its content does not match its sha256")
+        cxx_build.reject(path, "its content does not match its sha256")
     return None
 
 
@@ -85,7 +85,7 @@ def save(source: str, kinfo, compiled: dict) -> bool:
                     data = f.read()
                 digest = hashlib.sha256(data).hexdigest()
                 if _file_path(fname, digest) is None:
-                    cache.store_file("triton_bin", digest, os.path.splitext(fname)[1], data)
+                    cxx_build.store_file("triton_bin", digest, os.path.splitext(fname)[1], data)
                 files[fname] = digest
             src = ck.src
             entries[name] = {
@@ -95,7 +95,7 @@ def save(source: str, kinfo, compiled: dict) -> bool:
                 "attrs": dict(getattr(src, "attrs", {}) or {}),
                 "arg_names": list(src.fn.arg_names),
             }
-        cache.write_entry("triton_manifest", _manifest_key(source, kinfo), ".pkl",
+        cxx_build.write_entry("triton_manifest", _manifest_key(source, kinfo), ".pkl",
                           pickle.dumps(entries))
         stats["saved"] += 1
         return True
@@ -117,7 +117,7 @@ def load(source: str, kinfo) -> dict | None:
     """Kernel name -> (CompiledKernel, its ``cuda_launch`` kernel or None), loaded for
     launching, for every kernel of the module; or None (then the JIT compiles them)."""
     try:
-        found = cache.read_entry("triton_manifest", _manifest_key(source, kinfo), ".pkl")
+        found = cxx_build.read_entry("triton_manifest", _manifest_key(source, kinfo), ".pkl")
         if found is None:
             return None
         entries = pickle.loads(found[1])

@@ -1,7 +1,7 @@
 """Worker processes that compile a graph's Triton kernels side by side.
 
 ``start()`` (from ``triton_setup.start``, when kiln is first called with CUDA tensors)
-launches ``config.compile_workers`` processes running ``compile_worker.py``; they
+launches ``config.compile_workers`` processes running ``triton_worker.py``; they
 import Triton and warm up while this process captures and lowers. ``run(jobs,
 local)`` then shares a graph's compile jobs between the workers that are ready and
 this process itself (``local``, in ``config.compile_threads`` threads): a graph
@@ -20,7 +20,7 @@ import sys
 import threading
 
 from ... import config
-from . import triton_worker as compile_worker
+from . import triton_worker
 
 _jobs: queue.Queue = queue.Queue()      # (job, slot): slot is a one-item queue for the reply
 _workers: list = []
@@ -33,7 +33,7 @@ stats = {"remote": 0, "local": 0, "failed": 0}
 class _Worker:
     def __init__(self, stamp: str, arch: int, warp_size: int):
         self.proc = subprocess.Popen(
-            [sys.executable, "-P", compile_worker.__file__, stamp, str(arch), str(warp_size)],
+            [sys.executable, "-P", triton_worker.__file__, stamp, str(arch), str(warp_size)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
         self.hello, self.started = None, threading.Event()
@@ -45,7 +45,7 @@ class _Worker:
         """Take jobs from the shared queue once the worker says it is ready; every job
         taken gets a reply, an error one if the worker fails."""
         try:
-            self.hello = compile_worker.read_message(self.proc.stdout)
+            self.hello = triton_worker.read_message(self.proc.stdout)
         except Exception:                # noqa: BLE001
             self.hello = None
         ok = isinstance(self.hello, dict)
@@ -54,8 +54,8 @@ class _Worker:
             job, slot = _jobs.get()
             reply = None
             try:
-                compile_worker.write_message(self.proc.stdin, job)
-                reply = compile_worker.read_message(self.proc.stdout)
+                triton_worker.write_message(self.proc.stdin, job)
+                reply = triton_worker.read_message(self.proc.stdout)
             except Exception:            # noqa: BLE001  (a dead or confused worker)
                 pass
             ok = isinstance(reply, dict)

@@ -1,4 +1,4 @@
-"""A process that compiles Triton kernels for kiln (``compile_pool`` runs several).
+"""A process that compiles Triton kernels for kiln (``triton_pool`` runs several).
 
 Triton holds the GIL for much of a compile, so threads of one process overlap only
 its ptxas runs and parts of LLVM. Separate processes compile side by side. A worker
@@ -15,7 +15,7 @@ rebuild its ``CompiledKernel``) or ``{"error": text}``. End of input ends it.
 
 The functions here that need no torch (Triton's key, a compile for a named target,
 the warm-up) are also what the parent process uses (``triton_setup``,
-``triton_compile``).
+``triton_build``).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ HOST_ONLY = "# host only"
 
 def install_stamp(stamp: str) -> None:
     """Make Triton's installation key (``triton_key``, wherever it was imported) its
-    version and ``stamp`` (``triton_setup.stamp``: its files' sizes and times)."""
+    version and ``stamp`` (``triton_stamp.stamp``: its files' sizes and times)."""
     import triton
     from triton.runtime import cache as tcache
     original = tcache.triton_key

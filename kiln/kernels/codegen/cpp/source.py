@@ -20,6 +20,7 @@ import torch
 from ... import ir
 from ...ir import Affine, Const, Index, Load, Op
 from ...ops import OPS
+from ...reductions import KINDS
 from ...scheduler import Group, Schedule, _span
 
 CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
@@ -28,158 +29,10 @@ CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t
 PARALLEL_WORK = 32768
 
 
-PRELUDE = r"""
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
-#include <algorithm>
-#include <type_traits>
-#include <sys/mman.h>
-#if defined(__AVX__)
-#include <immintrin.h>
-#endif
-
-static inline float kiln_exp(float x) {
-  // Cephes-style expf: exact range reduction, degree-6 polynomial, 2^n in two halves
-  // so that denormal results stay right. NaN passes through the clamp and the arithmetic.
-  float xc = std::min(std::max(x, -104.0f), 89.0f);
-  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-  float z = r * r;
-  float p = 1.9875691500E-4f;
-  p = p * r + 1.3981999507E-3f;
-  p = p * r + 8.3334519073E-3f;
-  p = p * r + 4.1665795894E-2f;
-  p = p * r + 1.6666665459E-1f;
-  p = p * r + 5.0000001201E-1f;
-  p = p * z + r + 1.0f;
-  int32_t ni = (int32_t)n;
-  int32_t n1 = ni >> 1, n2 = ni - n1;
-  int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
-  float s1, s2;
-  std::memcpy(&s1, &b1, 4);
-  std::memcpy(&s2, &b2, 4);
-  return p * s1 * s2;
-}
-static inline double kiln_exp(double x) { return std::exp(x); }
-static inline float kiln_tanh(float x) {
-  // Cephes tanhf: an odd polynomial below 0.625, 1 - 2 / (exp(2|x|) + 1) above.
-  float z = x * x;
-  float p = (((-5.70498872745E-3f * z + 2.06390887954E-2f) * z - 5.37397155531E-2f) * z
-             + 1.33314422036E-1f) * z - 3.33332819422E-1f;
-  float small = p * z * x + x;
-  float a = std::min(std::fabs(x), 9.5f);
-  float big = 1.0f - 2.0f / (kiln_exp(a + a) + 1.0f);
-  return std::copysign(std::fabs(x) < 0.625f ? small : big, x);   // odd, and tanh(-0) = -0
-}
-static inline double kiln_tanh(double x) { return std::tanh(x); }
-template <class T, class = std::enable_if_t<std::is_integral<T>::value>>
-static inline double kiln_tanh(T x) { return std::tanh(double(x)); }
-template <class T> static inline T kiln_sigmoid(T x) { return T(1) / (T(1) + kiln_exp(-x)); }
-template <class T> static inline T kiln_abs(T a) {
-  if constexpr (std::is_floating_point<T>::value) return std::fabs(a);
-  else if constexpr (std::is_unsigned<T>::value) return a;
-  else return a < 0 ? T(-a) : a;
-}
-// a tie (-0.0 and 0.0) gives the first operand, as eager's clamp, relu and max reductions
-template <class T> static inline T kiln_maximum(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) return a != a ? a : (b != b ? b : (b > a ? b : a));
-  else return b > a ? b : a;
-}
-template <class T> static inline T kiln_minimum(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) return a != a ? a : (b != b ? b : (b < a ? b : a));
-  else return b < a ? b : a;
-}
-template <class T> static inline T kiln_fmod(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) return std::fmod(a, b);
-  else return b == 0 ? T(0) : T(a % b);
-}
-template <class T> static inline T kiln_remainder(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) {
-    T r = std::fmod(a, b);
-    return (r != 0 && ((b < 0) != (r < 0))) ? r + b : r;
-  } else {
-    if (b == 0) return T(0);
-    T r = a % b;
-    return (r != 0 && ((b < 0) != (r < 0))) ? T(r + b) : r;
-  }
-}
-template <class T> static inline T kiln_truncdiv(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) return std::trunc(a / b);
-  else return b == 0 ? T(0) : T(a / b);
-}
-template <class T> static inline T kiln_floordiv(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) {
-    if (b == 0) return a / b;
-    T mod = std::fmod(a, b);
-    T div = (a - mod) / b;
-    if (mod != 0 && ((b < 0) != (mod < 0))) div -= T(1);
-    if (div == 0) return std::copysign(T(0), a / b);
-    T fl = std::floor(div);
-    if (div - fl > T(0.5)) fl += T(1);
-    return fl;
-  } else {
-    if (b == 0) return T(0);
-    T q = a / b;
-    if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
-    return q;
-  }
-}
-template <class T> static inline T kiln_pow(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) return std::pow(a, b);
-  else {
-    if (b < 0) return a == 1 ? T(1) : (a == -1 ? T((b % 2) ? -1 : 1) : T(0));
-    T r = 1;
-    while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
-    return r;
-  }
-}
-template <class T> static inline T kiln_sign(T a) {
-  return T((T(0) < a) - (a < T(0)));     // NaN: 0, as eager
-}
-template <class T> static inline bool kiln_isinf(T a) {
-  return a == std::numeric_limits<T>::infinity() || a == -std::numeric_limits<T>::infinity();
-}
-template <class T> static inline T kiln_bitnot(T a) { return T(~a); }
-
-static inline void kiln_stream(float* __restrict__ d, const float* __restrict__ s, int64_t n) {
-  // Stores that bypass the cache (no read-for-ownership of lines about to be overwritten
-  // whole) for outputs far larger than the caches; the caller fences.
-#if defined(__AVX__)
-  int64_t i = 0;
-  for (; i < n && (reinterpret_cast<uintptr_t>(d + i) & 31); ++i) d[i] = s[i];
-  for (; i + 8 <= n; i += 8) _mm256_stream_ps(d + i, _mm256_loadu_ps(s + i));
-  for (; i < n; ++i) d[i] = s[i];
-#else
-  std::memcpy(d, s, n * sizeof(float));
-#endif
-}
-static inline void kiln_sum_add(float& s, float& c, float v) {
-  // A block's partial sum into a running total, the rounding error kept in c (Neumaier).
-  float t = s + v;
-  c += std::fabs(s) >= std::fabs(v) ? (s - t) + v : (v - t) + s;
-  s = t;
-}
-static inline float kiln_sum_total(float s, float c) {
-  return std::isfinite(s) ? s + c : s;    // an inf or NaN total stays as plain summing gives it
-}
-static inline void kiln_fence() {
-#if defined(__AVX__)
-  _mm_sfence();
-#endif
-}
-static inline void kiln_hugepages(void* p, int64_t bytes) {
-  // A large output is a fresh allocation (its own mmap) about to be written whole: let its
-  // first touch take 2 MiB pages (one fault and one clear per 512 small pages).
-#if defined(MADV_HUGEPAGE)
-  const uintptr_t H = uintptr_t(2) << 20;
-  uintptr_t a = (reinterpret_cast<uintptr_t>(p) + H - 1) & ~(H - 1);
-  uintptr_t e = (reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes)) & ~(H - 1);
-  if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
-#endif
-}
-"""
+#: The helpers every generated C++ file starts with (NaN-exact math, sums, the fence):
+#: C++ text, kept as a C++ file beside this one.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "prelude.h")) as _f:
+    PRELUDE = _f.read()
 
 
 #: C++ spellings that differ from ops.py's: libm's tanhf is a scalar call that keeps a loop
@@ -270,15 +123,26 @@ class Body:
         return s
 
 
-_RED_INIT = {
-    "sum": lambda t, dt: cconst(0, dt), "prod": lambda t, dt: cconst(1, dt),
-    "any": lambda t, dt: "false",
-    "max": lambda t, dt: (f"-std::numeric_limits<{t}>::infinity()" if dt.is_floating_point
-                          else f"std::numeric_limits<{t}>::lowest()"),
-    "min": lambda t, dt: (f"std::numeric_limits<{t}>::infinity()" if dt.is_floating_point
-                          else f"std::numeric_limits<{t}>::max()"),
-}
-_RED_CLAUSE = {"sum": "+", "prod": "*", "any": "||", "max": "max", "min": "min"}
+def identity(kind: str, t: str, dt: torch.dtype) -> str:
+    """The start value of a reduction kind (``reductions.KINDS``) in C++ type ``t``."""
+    i = KINDS[kind].identity
+    if i is False:
+        return "false"
+    if i == "lowest":
+        return (f"-std::numeric_limits<{t}>::infinity()" if dt.is_floating_point
+                else f"std::numeric_limits<{t}>::lowest()")
+    if i == "highest":
+        return (f"std::numeric_limits<{t}>::infinity()" if dt.is_floating_point
+                else f"std::numeric_limits<{t}>::max()")
+    return cconst(i, dt)
+
+
+def _tracks_nan(n) -> bool:
+    return KINDS[n.red_type].tracks_nan and n.dtype.is_floating_point
+
+
+def _compensated(n) -> bool:
+    return KINDS[n.red_type].compensated and n.dtype == torch.float32
 
 
 SCRATCH_BYTES = 64 * 1024
@@ -332,8 +196,7 @@ def _column_reduction(g) -> bool:
     and not along the innermost reduced one: worth the column loop order."""
     if not g.red or not g.outer or len(g.loops) != 1 or int(g.outer[-1]) < 8:
         return False
-    if not all(isinstance(n, ir.Reduction) and n.red_type in ("sum", "prod", "max", "min", "any")
-               for n in g.nodes):
+    if not all(isinstance(n, ir.Reduction) and not KINDS[n.red_type].is_arg for n in g.nodes):
         return False
     k = len(g.outer)
     last, inner = f"x{k - 1}", f"x{k + len(g.red) - 1}"
@@ -535,17 +398,16 @@ class CppKernel:
         out.append(f"{ind}const int64_t xn = std::min<int64_t>({B}, {last} - xb);")
         for n in nodes:
             t = ctype(n.dtype)
-            init = _RED_INIT[n.red_type](t, n.dtype)
+            init = identity(n.red_type, t, n.dtype)
             out.append(f"{ind}{t} acc_{n.name}[{B}];")
-            if n.red_type in ("max", "min") and n.dtype.is_floating_point:
+            if _tracks_nan(n):
                 out.append(f"{ind}int nan_{n.name}[{B}];")
                 out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) nan_{n.name}[i] = 0;")
             out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}[i] = {init};")
         # long fp32 sums: each column's partial over a block of rows (acc_X_p), added
         # compensated into acc_X / acc_X_c once per block
         cut = _sum_blocks(red, COLUMN_SUM_ROWS)
-        casc = [n for n in nodes if n.red_type == "sum" and n.dtype == torch.float32] \
-            if cut else []
+        casc = [n for n in nodes if _compensated(n)] if cut else []
         level, chunk = cut if casc else (None, None)
         casc_names = {n.name for n in casc}
         for n in casc:
@@ -557,10 +419,10 @@ class CppKernel:
             # accumulator arrays combined at the end (OpenMP array-section reductions)
             cl = []
             for n in nodes:
-                cl.append(f"reduction({_RED_CLAUSE[n.red_type]}:acc_{n.name}[:{B}])")
+                cl.append(f"reduction({KINDS[n.red_type].cpp_clause}:acc_{n.name}[:{B}])")
                 if n.name in casc_names:
                     cl.append(f"reduction(+:acc_{n.name}_c[:{B}])")
-                if n.red_type in ("max", "min") and n.dtype.is_floating_point:
+                if _tracks_nan(n):
                     cl.append(f"reduction(|:nan_{n.name}[:{B}])")
             coll = level + bool(chunk) if casc else len(red)
             out.append(f"{li}#pragma omp parallel for collapse({coll}) " + " ".join(cl))
@@ -588,18 +450,9 @@ class CppKernel:
         for n in nodes:
             v = body.render(n.body)
             a = f"acc_{n.name}{'_p' if n.name in casc_names else ''}[xi]"
-            rt = n.red_type
-            if rt == "sum":
-                body.lines.append(f"{bi}{a} += {v};")
-            elif rt == "prod":
-                body.lines.append(f"{bi}{a} *= {v};")
-            elif rt == "any":
-                body.lines.append(f"{bi}{a} = {a} || {v};")
-            else:
-                fn = "std::max" if rt == "max" else "std::min"
-                body.lines.append(f"{bi}{a} = {fn}({a}, {v});")
-                if n.dtype.is_floating_point:
-                    body.lines.append(f"{bi}nan_{n.name}[xi] |= ({v} != {v});")
+            body.lines.append(bi + KINDS[n.red_type].cpp_update.format(a=a, v=v))
+            if _tracks_nan(n):
+                body.lines.append(f"{bi}nan_{n.name}[xi] |= ({v} != {v});")
         out += body.lines
         out.append(f"{li}}}")
         for _ in range(len(red) + (1 if chunk else 0)):
@@ -617,7 +470,7 @@ class CppKernel:
             a = f"acc_{n.name}[xi]"
             if n.name in casc_names:
                 out.append(f"{ind}  {a} = kiln_sum_total({a}, acc_{n.name}_c[xi]);")
-            if n.red_type in ("max", "min") and n.dtype.is_floating_point:
+            if _tracks_nan(n):
                 out.append(f"{ind}  if (nan_{n.name}[xi]) {a} = "
                            f"std::numeric_limits<{ctype(n.dtype)}>::quiet_NaN();")
             if n.name in writes:
@@ -681,31 +534,30 @@ class CppKernel:
         red = tuple(g.red)
         all_vars = g.all_vars()
         reds = [n for n in nodes if isinstance(n, ir.Reduction)]
-        args_red = any(n.red_type in ("argmax", "argmin") for n in reds)
+        args_red = any(KINDS[n.red_type].is_arg for n in reds)
         clauses = []
         # long fp32 sums: a partial per block (acc_X_p), added compensated into acc_X/acc_X_c
         blocks = _sum_blocks(red) if red else None
-        casc = [n for n in reds if n.red_type == "sum" and n.dtype == torch.float32] \
-            if blocks else []
+        casc = [n for n in reds if _compensated(n)] if blocks else []
         casc_names = {n.name for n in casc}
         inner_clauses = []
         for n in reds:
             t = ctype(n.dtype)
             a = f"acc_{n.name}"
-            if n.red_type in ("argmax", "argmin"):
+            if KINDS[n.red_type].is_arg:
                 vt = ctype(n.body.dtype)
-                init = _RED_INIT["max" if n.red_type == "argmax" else "min"](vt, n.body.dtype)
+                init = identity(n.red_type, vt, n.body.dtype)
                 out.append(f"{ind}{vt} {a}_v = {init}; int64_t {a} = 0;")
                 continue
-            out.append(f"{ind}{t} {a} = {_RED_INIT[n.red_type](t, n.dtype)};")
+            out.append(f"{ind}{t} {a} = {identity(n.red_type, t, n.dtype)};")
             if n.name in casc_names:
-                out.append(f"{ind}{t} {a}_c = {_RED_INIT[n.red_type](t, n.dtype)};")
+                out.append(f"{ind}{t} {a}_c = {identity(n.red_type, t, n.dtype)};")
                 clauses.append(f"reduction(+:{a}) reduction(+:{a}_c)")
                 inner_clauses.append(f"reduction(+:{a}_p)")
                 continue
-            clauses.append(f"reduction({_RED_CLAUSE[n.red_type]}:{a})")
+            clauses.append(f"reduction({KINDS[n.red_type].cpp_clause}:{a})")
             inner_clauses.append(clauses[-1])
-            if n.red_type in ("max", "min") and n.dtype.is_floating_point:
+            if _tracks_nan(n):
                 out.append(f"{ind}int nan_{n.name} = 0;")
                 clauses.append(f"reduction(|:nan_{n.name})")
         simd = not args_red and not _has_masks(nodes)
@@ -775,20 +627,13 @@ class CppKernel:
             v = body.render(n.body)
             if isinstance(n, ir.Reduction):
                 a = f"acc_{n.name}" + ("_p" if n.name in casc_names else "")
-                rt = n.red_type
-                if rt == "sum":
-                    body.lines.append(f"{li}{a} += {v};")
-                elif rt == "prod":
-                    body.lines.append(f"{li}{a} *= {v};")
-                elif rt == "any":
-                    body.lines.append(f"{li}{a} = {a} || {v};")
-                elif rt in ("max", "min"):
-                    fn = "std::max" if rt == "max" else "std::min"
-                    body.lines.append(f"{li}{a} = {fn}({a}, {v});")
-                    if n.dtype.is_floating_point:
+                kind = KINDS[n.red_type]
+                if not kind.is_arg:
+                    body.lines.append(li + kind.cpp_update.format(a=a, v=v))
+                    if _tracks_nan(n):
                         body.lines.append(f"{li}nan_{n.name} |= ({v} != {v});")
                 else:
-                    cmp = ">" if rt == "argmax" else "<"
+                    cmp = kind.arg_cmp
                     ridx = cindex(ir.linear_index(all_vars[k:], ir.contiguous_strides(red)))
                     nan = (f" || ({v} != {v} && {a}_v == {a}_v)" if n.body.dtype.is_floating_point
                            else "")
@@ -824,7 +669,7 @@ class CppKernel:
             out.append(f"{li}kiln_fence();")
         for n in reds:
             a = f"acc_{n.name}"
-            if n.red_type in ("max", "min") and n.dtype.is_floating_point:
+            if _tracks_nan(n):
                 out.append(f"{ind}if (nan_{n.name}) {a} = std::numeric_limits<{ctype(n.dtype)}>::quiet_NaN();")
             scope_values[n.name] = a
             if n.name in writes:

@@ -12,6 +12,7 @@ import torch
 from ... import ir
 from ...ir import Affine, Const, Index, Load
 from ...ops import OPS
+from ...reductions import KINDS
 
 
 TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -79,8 +80,9 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def acc_dtype(n) -> torch.dtype:
     """The dtype of a reduction's accumulator: fixed for the whole loop."""
-    if n.red_type == "any":
-        return torch.int8
+    acc = KINDS[n.red_type].triton_acc
+    if acc is not None:
+        return getattr(torch, acc)
     return compute_dtype(n.dtype)
 
 
@@ -217,7 +219,7 @@ def numel_of(sizes) -> int:
 
 class AloneKernel:
     """Base of the kernel of a buffer computed by a kernel of its own (``Group.alone``:
-    ``triton_scatter``, ``triton_scan``): its name and its parameters — the buffers it
+    ``scatter``, ``scan``): its name and its parameters — the buffers it
     reads, then the one it writes."""
 
     def __init__(self, gi: int, b):

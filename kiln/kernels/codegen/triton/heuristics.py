@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from .... import config
 from ... import ir
 from ...ir import Load
+from ...reductions import KINDS
 from .exprs import numel_of, pow2
 
 
@@ -28,7 +29,6 @@ SPLIT_MIN_RNUM = 32768
 SPLIT_TARGET_PROGRAMS = 1024
 #: Kernels over at least this many elements try a few num_warps on first use (GPU only).
 AUTOTUNE_MIN_NUMEL = 1 << 24
-COMBINE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "any": "any"}
 
 
 @dataclass
@@ -62,7 +62,7 @@ def _splittable(g) -> bool:
     if any(kind != "outer" for kind, _ in g.loops[1:]):
         return False
     reds = [n for n in g.loops[0][1] if isinstance(n, ir.Reduction)]
-    return bool(reds) and all(n.red_type in COMBINE for n in reds)
+    return bool(reds) and all(KINDS[n.red_type].combine for n in reds)
 
 
 def plan_reduction(g, interpret: bool = False) -> Plan:

@@ -9,9 +9,10 @@ import torch
 from ... import ir
 from ...ir import Affine, Load
 from ...scheduler import Group, Schedule
+from ...reductions import KINDS
 from .exprs import (TL, TBody, acc_dtype, compute_dtype, decompose, memory_order, numel_of, pow2,
                     store_value, tindex)
-from .heuristics import COMBINE, Plan, plan_reduction
+from .heuristics import Plan, plan_reduction
 
 
 XBLOCK = 1024
@@ -176,14 +177,14 @@ class TritonKernel:
             for n in reds:
                 a = f"acc_{n.name}"
                 at = TL[acc_dtype(n)]
-                if n.red_type in ("argmax", "argmin"):
+                if KINDS[n.red_type].is_arg:
                     vt = compute_dtype(n.body.dtype)
-                    init = _init("max" if n.red_type == "argmax" else "min", vt)
+                    init = identity(n.red_type, vt)
                     out.append(f"{ind}{a}_v = tl.full([XBLOCK, RBLOCK], {init}, {TL[vt]})")
                     out.append(f"{ind}{a}_i = tl.zeros([XBLOCK, RBLOCK], tl.int64)")
                 else:
                     out.append(f"{ind}{a} = tl.full([XBLOCK, RBLOCK], "
-                               f"{_init(n.red_type, n.dtype)}, {at})")
+                               f"{identity(n.red_type, n.dtype)}, {at})")
             if p.persistent:
                 bi = ind
                 body = top
@@ -211,17 +212,13 @@ class TritonKernel:
                           f"{store_value(v, n.dtype)}{_mk(fm)})")
                     continue
                 at = TL[acc_dtype(n)]
-                if rt == "sum":
-                    upd = f"{a} + {_where(fm, v, '0')}"
-                elif rt == "prod":
-                    upd = f"{a} * {_where(fm, v, '1')}"
-                elif rt == "any":
-                    upd = f"{a} | {_where(fm, v, '0')}.to(tl.int8)"
-                elif rt in ("max", "min"):
-                    fn = "kiln_maximum" if rt == "max" else "kiln_minimum"
-                    upd = _where(fm, f"{fn}({a}, {v})", a)
+                kind = KINDS[rt]
+                if kind.triton_fill is not None:
+                    upd = kind.triton_update.format(a=a, v=_where(fm, v, kind.triton_fill))
+                elif not kind.is_arg:
+                    upd = _where(fm, kind.triton_update.format(a=a, v=v), a)
                 else:
-                    cmp = ">" if rt == "argmax" else "<"
+                    cmp = kind.arg_cmp
                     vt = TL[compute_dtype(n.body.dtype)]
                     nan = (f" | (({v} != {v}) & ({a}_v == {a}_v))"
                            if n.body.dtype.is_floating_point else "")
@@ -236,19 +233,14 @@ class TritonKernel:
                 top.lines = []
             for n in reds:
                 a = f"acc_{n.name}"
-                rt = n.red_type
-                if rt == "sum":
-                    fin = f"tl.sum({a}, 1)"
-                elif rt == "prod":
-                    fin = f"tl.reduce({a}, 1, kiln_prod_combine)"
-                elif rt == "any":
-                    fin = f"tl.max({a}, 1) != 0"
-                elif rt in ("max", "min"):
-                    fin = f"tl.reduce({a}, 1, kiln_{'maximum' if rt == 'max' else 'minimum'})"
+                kind = KINDS[n.red_type]
+                if not kind.is_arg:
+                    fin = kind.triton_finish.format(a=a)
                 else:
-                    out.append(f"{ind}_, {a}_r = tl.reduce(({a}_v, {a}_i), 1, kiln_{rt}_combine)")
+                    out.append(f"{ind}_, {a}_r = tl.reduce(({a}_v, {a}_i), 1, "
+                               f"{kind.triton_arg_combine})")
                     fin = f"{a}_r"
-                if rt in ("sum", "prod") and acc_dtype(n) != compute_dtype(n.dtype):
+                if kind.widens and acc_dtype(n) != compute_dtype(n.dtype):
                     fin = f"{fin}.to({TL[compute_dtype(n.dtype)]})"
                 out.append(f"{ind}{a}_s = ({fin})[:, None]")
                 scope[n.name] = f"{a}_s"
@@ -274,17 +266,18 @@ def _where(mask, v, other):
     return f"tl.where({mask}, {v}, {other})" if mask else v
 
 
-def _init(red_type, dtype) -> str:
-    if red_type == "sum" or red_type == "any":
-        return "0"
-    if red_type == "prod":
-        return "1"
+def identity(kind: str, dtype) -> str:
+    """The start value of a reduction kind (``reductions.KINDS``) for ``dtype``."""
+    i = KINDS[kind].identity
+    if i not in ("lowest", "highest"):
+        return str(int(i))
+    low = i == "lowest"
     if dtype.is_floating_point:
-        return 'float("-inf")' if red_type == "max" else 'float("inf")'
+        return 'float("-inf")' if low else 'float("inf")'
     if dtype == torch.bool:
-        return "0" if red_type == "max" else "1"
+        return "0" if low else "1"
     info = torch.iinfo(dtype)
-    return str(info.min if red_type == "max" else info.max)
+    return str(info.min if low else info.max)
 
 
 def split_group(gi, g: Group, sched: Schedule, plan: Plan):
@@ -302,11 +295,11 @@ def split_group(gi, g: Group, sched: Schedule, plan: Plan):
     rvar = Affine.var(f"x{len(outer)}") if s > 1 else Affine.c(0)
     for n in reds:
         ws = f"ws{gi}_{n.name}"
-        pdt = acc_dtype(n) if n.red_type != "any" else torch.bool
+        pdt = acc_dtype(n) if KINDS[n.red_type].triton_acc is None else torch.bool
         partials[n.name] = ws
         allocs.append((ws, onum * s, pdt))
         stage2.append(ir.Reduction(n.name, n.sizes, n.strides, n.dtype, red_sizes=(s,),
-                                   red_type=COMBINE[n.red_type],
+                                   red_type=KINDS[n.red_type].combine,
                                    body=Load(ws, flat * s + rvar, pdt), origin=n.origin))
     g1 = Group(outer, tuple(g.red), list(inner), loops=[("inner", list(inner))])
     rest = [n for _, ns in g.loops[1:] for n in ns]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ....debug.timing import timed
-from ...toolchain import cxx_build as cache
+from ...toolchain import cxx_build
 from .exprs import interpreting
 
 
@@ -159,17 +159,17 @@ class Launcher:
 
 def precompile(mod, kinfo, path: str) -> tuple:
     """Compile every kernel of ``mod`` (the module at ``path``) now, for the device's
-    target (``triton_compile``; Triton's ``warmup`` where kiln cannot name the
+    target (``triton_build``; Triton's ``warmup`` where kiln cannot name the
     signature), each autotuning candidate separately, shared between the compile
-    workers and this process (``compile_pool``), and load each for launching
+    workers and this process (``triton_pool``), and load each for launching
     (``ready``). Returns (kernel name -> (CompiledKernel, DriverKernel | None) for
     kernels that are not autotuned, kernel name -> [one such pair per config] for those
     that are); failures are left to the first launch."""
     if interpreting() or not kinfo or not torch.cuda.is_available():
         return {}, {}
-    from ...toolchain import triton_pool as compile_pool
+    from ...toolchain import triton_pool
     from ...toolchain import triton_binaries
-    from ...toolchain import triton_build as triton_compile
+    from ...toolchain import triton_build
     from ...toolchain import triton_setup
     from ...runtime.cuda_launch import ready
     dev = torch.cuda.current_device()
@@ -184,7 +184,7 @@ def precompile(mod, kinfo, path: str) -> tuple:
             cands = [(kernel, {"num_warps": nw}, None)]
         for fn, opts, i in cands:
             jobs.append((name, len(params), dtypes, consts, fn, opts, i))
-            sig = triton_compile.signature(fn, dtypes, consts)
+            sig = triton_build.signature(fn, dtypes, consts)
             specs.append(None if sig is None else {
                 "path": path, "name": name, "signature": sig, "consts": dict(consts),
                 "options": opts})
@@ -201,7 +201,7 @@ def precompile(mod, kinfo, path: str) -> tuple:
         name, n_args, dtypes, consts, fn, opts, i = jobs[k]
         try:
             triton_setup.wait_for("warmup")     # LLVM's one-time set-up, done meanwhile
-            compiled = triton_compile.compile_kernel(fn, dtypes, consts, opts)
+            compiled = triton_build.compile_kernel(fn, dtypes, consts, opts)
             if compiled is None:          # through the JIT, which needs Triton's driver
                 triton_setup.wait_for("driver")
                 compiled = fn.warmup(*dtypes, grid=(1,), **dict(consts), **opts)
@@ -210,7 +210,7 @@ def precompile(mod, kinfo, path: str) -> tuple:
             pass
     with timed("kernels.triton_compile"):    # (Triton's own set-up: triton_setup)
         torch.cuda.set_device(dev)
-        replies = compile_pool.run(specs, local)
+        replies = triton_pool.run(specs, local)
         for k, reply in enumerate(replies):
             if reply is not None:
                 try:
@@ -230,7 +230,7 @@ def load(source: str, entries, kinfo=None):
         else:
             triton_setup.wait()
     with timed("kernels.triton_module"):
-        mod, path = cache.load_module("triton", source)
+        mod, path = cxx_build.load_module("triton", source)
     launch = Launcher()
     if kinfo and not interpreting() and torch.cuda.is_available():
         from ...toolchain import triton_binaries

@@ -232,7 +232,7 @@ def _signature(kernel, descs, args, consts) -> dict:
 
 def _compile(tier, kernel, spec, sig, path, device) -> None:
     """Compile in a worker (or here when none runs) and load the binary."""
-    from ...toolchain import triton_pool as compile_pool
+    from ...toolchain import triton_pool
     from ...toolchain import triton_binaries
     from ...toolchain import triton_setup
     from ...toolchain.triton_worker import compile_source
@@ -242,9 +242,9 @@ def _compile(tier, kernel, spec, sig, path, device) -> None:
     try:
         torch.cuda.set_device(device)
         ck = None
-        slot = compile_pool.submit(job) if config.matmul_epilogue == "background" else None
+        slot = triton_pool.submit(job) if config.matmul_epilogue == "background" else None
         if slot is not None:
-            reply = slot.get(timeout=compile_pool.WAIT_S)
+            reply = slot.get(timeout=triton_pool.WAIT_S)
             if "error" not in reply:
                 ck = triton_binaries.compiled_kernel(reply, kernel.arg_names)
         if ck is None:
