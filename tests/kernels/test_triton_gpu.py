@@ -10,7 +10,7 @@ from kiln.kernels import compile_aten_graph
 from .cases import CASES, run_case
 
 # factories and tensor constants in these graphs are CPU tensors: eager refuses to mix
-GPU_CASES = [c for c in CASES if c[0] not in ("full_arange", "tensor_constant")]
+GPU_CASES = [c for c in CASES if c[0] not in ("full_arange", "tensor_constant", "factories")]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -95,7 +95,7 @@ def _sub(lo, node, a, b, alpha=1):
 
 @register(aten.rsub.Tensor, aten.rsub.Scalar)
 def _rsub(lo, node, a, b, alpha=1):
-    return pointwise(lo, node, [a, b], lambda x, y: op("sub", _alpha(y, x, alpha), y))
+    return pointwise(lo, node, [a, b], lambda x, y: op("sub", y, _alpha(y, x, alpha)))   # b - alpha*a
 
 
 def _binary(name):
