@@ -74,6 +74,21 @@ def linear_index(idx: list, strides) -> Affine:
     return out
 
 
+def numel_of(sizes) -> int:
+    """Elements of a tensor of these sizes."""
+    n = 1
+    for s in sizes:
+        n *= int(s)
+    return n
+
+
+def span(sizes, strides) -> int:
+    """Elements a strided view reaches, first to last (0 when it is empty)."""
+    if any(int(s) == 0 for s in sizes):
+        return 0
+    return 1 + sum((int(s) - 1) * int(st) for s, st in zip(sizes, strides))
+
+
 def contiguous_strides(sizes) -> tuple:
     strides, acc = [], 1
     for s in reversed(list(sizes)):

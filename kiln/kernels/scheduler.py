@@ -139,12 +139,6 @@ class Schedule:
     outputs: set
 
 
-def _span(b) -> int:
-    if any(int(s) == 0 for s in b.sizes):
-        return 0
-    return 1 + sum((int(s) - 1) * int(st) for s, st in zip(b.sizes, b.strides))
-
-
 def live_buffers(buffers: list, output_names: set) -> list:
     """``buffers`` without computed ones that nothing needs: a max pool's indices in an
     inference graph, say, whose lowering builds them beside the values. Library calls
@@ -233,7 +227,7 @@ def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -
         for n in g.nodes:
             if n.name in locals_:
                 continue
-            key = (_span(n), n.dtype)
+            key = (ir.span(n.sizes, n.strides), n.dtype)
             reuse = None
             if n.name not in output_names:
                 for k, (avail, s) in enumerate(free):

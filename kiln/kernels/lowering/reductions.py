@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .. import ir
-from ..ir import loop_vars
+from ..ir import loop_vars, numel_of
 from ..ops import cast, const, op
 from .base import Lazy, Unsupported, View, as_expr, is_box, norm_dim, pointwise, reduce, register, squeeze
 
@@ -85,22 +85,15 @@ def _max_dim(lo, node, x, dim, keepdim=False):
 def _mean(lo, node, x, dim=None, keepdim=False, dtype=None):
     m = lo.out_meta(node)
     s = reduce(lo, node, x, dim, keepdim, "sum", m.dtype)
-    red_n = _numel(x.sizes) // max(1, _numel(m.shape)) if _numel(m.shape) else 0
+    red_n = numel_of(x.sizes) // max(1, numel_of(m.shape)) if numel_of(m.shape) else 0
     return Lazy(s.sizes, m.dtype, lambda idx: op("truediv", s.load(idx), const(red_n, m.dtype)))
-
-
-def _numel(sizes):
-    n = 1
-    for s in sizes:
-        n *= int(s)
-    return n
 
 
 def _var_parts(lo, node, x, dim, correction, keepdim, dtype):
     n = len(x.sizes)
     dims = list(range(n)) if dim is None or (isinstance(dim, (list, tuple)) and not dim) else \
         ([dim] if isinstance(dim, int) else list(dim))
-    red_n = _numel([x.sizes[norm_dim(d, n)] for d in dims]) if n else 1
+    red_n = numel_of([x.sizes[norm_dim(d, n)] for d in dims]) if n else 1
     s = reduce(lo, node, x, dims, True, "sum", dtype)
     mean_k = Lazy(s.sizes, dtype, lambda idx: op("truediv", s.load(idx), const(red_n, dtype)))
     sizes = tuple(x.sizes)

@@ -10,11 +10,10 @@ is what it is; it allocates nothing.
 from __future__ import annotations
 
 from .. import ir
-from .runner import _span
 
 
 def _nbytes(sizes, strides, dtype) -> int:
-    return _span(sizes, strides) * dtype.itemsize
+    return ir.span(sizes, strides) * dtype.itemsize
 
 
 def _buffer_bytes(b) -> int:

@@ -96,8 +96,8 @@ class Runtime:
             sz, st, dt = self.slot_specs[s]
             if layout is None or layout[2] != 0 or (layout[0], layout[1]) == (sz, st):
                 continue
-            if _span(layout[0], layout[1]) == _span(sz, st) and \
-                    _numel(layout[0]) == _numel(sz):
+            if ir.span(layout[0], layout[1]) == ir.span(sz, st) and \
+                    ir.numel_of(layout[0]) == ir.numel_of(sz):
                 self.slot_specs[s] = (layout[0], layout[1], dt)
 
     def _plan_lifetimes(self):
@@ -306,19 +306,6 @@ def _extern_args(x):
     elif isinstance(x, (list, tuple)):
         for y in x:
             yield from _extern_args(y)
-
-
-def _numel(sizes) -> int:
-    n = 1
-    for s in sizes:
-        n *= int(s)
-    return n
-
-
-def _span(sizes, strides) -> int:
-    if any(int(s) == 0 for s in sizes):
-        return 0
-    return 1 + sum((int(s) - 1) * int(st) for s, st in zip(sizes, strides))
 
 
 def _has_arg(x) -> bool:

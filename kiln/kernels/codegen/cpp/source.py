@@ -18,10 +18,10 @@ import os
 import torch
 
 from ... import ir
-from ...ir import Affine, Const, Index, Load, Op
+from ...ir import Affine, Const, Index, Load, Op, numel_of
 from ...ops import OPS
 from ...reductions import KINDS
-from ...scheduler import Group, Schedule, _span
+from ...scheduler import Group, Schedule
 
 CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
           torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
@@ -169,13 +169,6 @@ SUM_BLOCK = 256
 COLUMN_SUM_ROWS = 64
 
 
-def _numel(sizes) -> int:
-    n = 1
-    for s_ in sizes:
-        n *= int(s_)
-    return n
-
-
 def _sum_blocks(red, block=SUM_BLOCK):
     """Where a long fp32 sum over the loops ``red`` restarts its partial sum: (level,
     chunk). The partial covers loops level..end (the largest such suffix of at most
@@ -183,10 +176,10 @@ def _sum_blocks(red, block=SUM_BLOCK):
     into chunks of ``block``, one partial per chunk (level is then len(red) - 1). None:
     the whole reduction is one block, summed as before."""
     red = [int(s_) for s_ in red]
-    if not red or _numel(red) <= block:
+    if not red or numel_of(red) <= block:
         return None
     for j in range(1, len(red)):
-        if _numel(red[j:]) <= block:
+        if numel_of(red[j:]) <= block:
             return j, None
     return len(red) - 1, block
 
@@ -325,7 +318,7 @@ class CppKernel:
         b = self.g.alone
         out, params = self._alone_head(dtypes, f"scatter over {list(b.iter_sizes)}")
         dims = list(enumerate(b.sizes))
-        ind = _open_loops(out, dims, _numel(b.sizes) >= PARALLEL_WORK)
+        ind = _open_loops(out, dims, numel_of(b.sizes) >= PARALLEL_WORK)
         body = Body({}, ind, self.counter)
         v = body.render(b.init)
         out.extend(body.lines)
@@ -338,7 +331,7 @@ class CppKernel:
             k += 1
         par = list(enumerate(b.iter_sizes))[:k]
         ser = list(enumerate(b.iter_sizes))[k:]
-        ind = _open_loops(out, par, _numel(b.iter_sizes) >= PARALLEL_WORK)
+        ind = _open_loops(out, par, numel_of(b.iter_sizes) >= PARALLEL_WORK)
         ind = _open_loops(out, ser, False, ind)
         body = Body({}, ind, self.counter)
         v = body.render(b.value)
@@ -358,7 +351,7 @@ class CppKernel:
         out, params = self._alone_head(dtypes, f"{b.scan_type} scan along dim {b.dim}")
         d = b.dim
         others = [(i, n) for i, n in enumerate(b.sizes) if i != d]
-        ind = _open_loops(out, others, _numel(b.sizes) >= PARALLEL_WORK)
+        ind = _open_loops(out, others, numel_of(b.sizes) >= PARALLEL_WORK)
         acc = ctype(b.acc_dtype)
         out.append(f"{ind}{acc} acc = {acc}(0);")
         ind2 = _open_loops(out, [(d, b.sizes[d])], False, ind)
@@ -385,8 +378,8 @@ class CppKernel:
         work = 1
         for s_ in tuple(g.outer) + red:
             work *= int(s_)
-        blocks = _numel(g.outer[:-1]) * -(-last // B)
-        split = blocks < FEW_OUTER and _numel(red) >= LONG_REDUCTION and work >= PARALLEL_WORK
+        blocks = numel_of(g.outer[:-1]) * -(-last // B)
+        split = blocks < FEW_OUTER and numel_of(red) >= LONG_REDUCTION and work >= PARALLEL_WORK
         if work >= PARALLEL_WORK and not split:
             out.append(f"{ind}#pragma omp parallel for collapse({k})")
         for i, s_ in enumerate(g.outer[:-1]):
@@ -520,7 +513,7 @@ class CppKernel:
         res = {}
         for n in nodes:
             if (n.name not in writes or isinstance(n, ir.Reduction) or n.dtype != torch.float32
-                    or _numel(n.sizes) * 4 < STREAM_BYTES):
+                    or numel_of(n.sizes) * 4 < STREAM_BYTES):
                 continue
             if n.store_index(g.all_vars()).coef(xv) == 1:
                 res[n.name] = f"st_{n.name}"
@@ -705,7 +698,7 @@ def generate(sched: Schedule, buffers: list) -> tuple[str, list]:
         big = []
         for p in dict.fromkeys(written):
             b = by_name[p]
-            nbytes = _span(b) * torch.empty((), dtype=b.dtype).element_size()
+            nbytes = ir.span(b.sizes, b.strides) * torch.empty((), dtype=b.dtype).element_size()
             if nbytes >= STREAM_BYTES:
                 big.append(f"  kiln_hugepages({p}, {nbytes});\n")
         calls = "\n".join(

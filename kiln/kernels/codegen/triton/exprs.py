@@ -210,13 +210,6 @@ def pow2(n: int) -> int:
     return p
 
 
-def numel_of(sizes) -> int:
-    n = 1
-    for s in sizes:
-        n *= int(s)
-    return n
-
-
 class AloneKernel:
     """Base of the kernel of a buffer computed by a kernel of its own (``Group.alone``:
     ``scatter``, ``scan``): its name and its parameters — the buffers it

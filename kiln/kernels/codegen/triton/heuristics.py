@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from .... import config
 from ... import ir
-from ...ir import Load
+from ...ir import Load, numel_of
 from ...reductions import KINDS
-from .exprs import numel_of, pow2
+from .exprs import pow2
 
 
 # --- how a reduction group maps onto programs ------------------------------------------

@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 
 from ... import ir
-from ...ir import Affine, Load
-from ...scheduler import Group, Schedule
+from ...ir import Affine, Load, numel_of
 from ...reductions import KINDS
-from .exprs import (TL, TBody, acc_dtype, compute_dtype, decompose, memory_order, numel_of, pow2,
+from ...scheduler import Group, Schedule
+from .exprs import (TL, TBody, acc_dtype, compute_dtype, decompose, memory_order, pow2,
                     store_value, tindex)
 from .heuristics import Plan, plan_reduction
 

@@ -6,7 +6,8 @@ half precision and float32, as eager's CUDA kernel does; int64 for integers).
 from __future__ import annotations
 
 from ... import ir
-from .exprs import (TL, AloneKernel, TBody, decompose, numel_of, pow2, compute_dtype,
+from ...ir import numel_of
+from .exprs import (TL, AloneKernel, TBody, decompose, pow2, compute_dtype,
                          store_value)
 
 #: The largest block a program scans at once (longer lines loop over blocks).

@@ -9,8 +9,9 @@ once at the end, as eager sums repeats in float before one write.
 from __future__ import annotations
 
 from ... import ir
+from ...ir import numel_of
 from ...scheduler import Group
-from .exprs import (AloneKernel, TBody, decompose, numel_of, pow2, store_value)
+from .exprs import AloneKernel, TBody, decompose, pow2, store_value
 from .kernel import XBLOCK, TritonKernel
 
 
