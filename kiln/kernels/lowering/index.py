@@ -14,9 +14,9 @@ buffer.
 functionalized) is an affine choice between two loads (a gather term when it has a
 step); ``repeat`` reads its tiled dims at ``i % size``. The writes by computed position
 — ``index_put`` (the backward of indexing), ``scatter_add`` / ``scatter`` /
-``scatter_reduce`` (a sum including self) and ``embedding_dense_backward`` — are each an
-``ir.Scatter`` built by ``_scatter``, except a scatter with one index per line along its
-dim (``nll_loss``'s backward), which is pointwise; other reductions of
+``scatter_reduce`` (a sum including self) and ``embedding_dense_backward`` — are each
+an ``ir.Scatter`` built by ``scatter_buffer``, except a scatter with one index per line
+along its dim (``nll_loss``'s backward), which is pointwise; other reductions of
 ``scatter_reduce`` and an embedding gradient scaled by frequency still fall back.
 """
 from __future__ import annotations
@@ -105,7 +105,7 @@ def _checked(lo, node, index, size, allow_negative, dim=None) -> View:
     return View(name, tuple(v.sizes), strides, 0, v.dtype)
 
 
-def _stored(lo, node, x) -> View:
+def stored(lo, node, x) -> View:
     if not is_box(x):
         raise Unsupported("K0205", "not a tensor")
     return x if isinstance(x, View) else lo.realize(x, origin=node.name)
@@ -123,7 +123,7 @@ def _gather_load(src: View, idx, d, e, n):
 @register(aten.embedding.default)
 def _embedding(lo, node, weight, indices, padding_idx=-1, scale_grad_by_freq=False,
                sparse=False):
-    w = _stored(lo, node, weight)
+    w = stored(lo, node, weight)
     if len(w.sizes) != 2:
         raise Unsupported("K0205", "embedding weight of rank != 2")
     V = int(w.sizes[0])
@@ -150,7 +150,7 @@ def _index_many(lo, node, x, pos, indices):
     """``x[..., i0, ..., i1, ...]`` with several index tensors: they broadcast together
     into the dims B; the result has B in place of the indexed dims when these are
     adjacent, else B first (numpy's rule). One load with a gather term per index."""
-    xv = _stored(lo, node, x)
+    xv = stored(lo, node, x)
     if not xv.sizes:
         raise Unsupported("K0205", "index of a 0-d tensor")
     ixs = [_checked(lo, node, t, int(xv.sizes[d]), True) for d, t in zip(pos, indices)]
@@ -232,7 +232,7 @@ def _index_put(lo, node, x, indices, values, accumulate=False):
         return ir.Load(out.buf, index, out.dtype, mask, terms)
     # the dims of x not indexed map one to one to its coordinates: parallel in C++
     own = tuple(i for i in range(len(rsizes)) if not bstart <= i < bstart + nb)
-    return _scatter(lo, node, x, rsizes, dest, values, accumulate, own)
+    return scatter_buffer(lo, node, x, rsizes, dest, values, accumulate, own)
 
 
 def _scatter_target(lo, node, accumulate) -> tuple:
@@ -259,7 +259,7 @@ def _work_dtype(lo, dtype, accumulate):
     return torch.float32 if lo.target != "cpp" and accumulate and dtype in _HALF else dtype
 
 
-def _scatter(lo, node, init, iter_sizes, dest, value, accumulate, parallel_dims):
+def scatter_buffer(lo, node, init, iter_sizes, dest, value, accumulate, parallel_dims):
     """The ``ir.Scatter`` every scatter lowering builds: the output (``lo.out_meta``)
     starts as ``init`` (a box of its shape, or a scalar); then, for each index of
     ``iter_sizes`` in order, ``value`` (a box broadcasting to ``iter_sizes``, or a
@@ -308,7 +308,7 @@ def _scatter_dim(lo, node, x, dim, index, src, reduce="sum", include_self=True):
 
     def dest(out, ivars):
         return _gather_load(out, ivars, d, cast(ix.load(ivars), _I64), sizes[d])
-    return _scatter(lo, node, x, rsizes, dest, src, accumulate,
+    return scatter_buffer(lo, node, x, rsizes, dest, src, accumulate,
                     [k for k in range(len(sizes)) if k != d])
 
 
@@ -339,7 +339,7 @@ def _embedding_dense_backward(lo, node, grad, indices, num_weights, padding_idx,
     ``indices`` name, but for ``padding_idx`` — and, as in eager's CPU kernel, for
     indices out of range (it raises nothing). Eager's CPU kernel adds the rows in index
     order, as the C++ loop does; its GPU kernel sums a row's repeats in float before
-    one write, as ``_scatter`` does for half precision.
+    one write, as ``scatter_buffer`` does for half precision.
     Scaling by frequency would need the counts first: it falls back."""
     if scale_grad_by_freq:
         raise Unsupported("K0205", "scale_grad_by_freq")
@@ -355,7 +355,7 @@ def _embedding_dense_backward(lo, node, grad, indices, num_weights, padding_idx,
         load = _gather_load(out, [None, ivars[-1]], 0, e, sizes[0])
         keep = op("and", load.mask, op("ne", e, const(int(padding_idx), _I64)))
         return dataclasses.replace(load, mask=keep)
-    return _scatter(lo, node, 0, rsizes, dest, grad, True, [len(rsizes) - 1])
+    return scatter_buffer(lo, node, 0, rsizes, dest, grad, True, [len(rsizes) - 1])
 
 
 @register(aten.index_select.default)
@@ -368,7 +368,7 @@ def _index_select(lo, node, x, dim, index):
 
 def _index_dim(lo, node, x, d, index, allow_negative, error_dim=None):
     """``x`` with dim ``d`` replaced by the dims of ``index`` (its values pick along d)."""
-    xv = _stored(lo, node, x)
+    xv = stored(lo, node, x)
     n = int(xv.sizes[d])
     ix = _checked(lo, node, index, n, allow_negative, error_dim)
     k = len(ix.sizes)
@@ -387,7 +387,7 @@ def _index_dim(lo, node, x, d, index, allow_negative, error_dim=None):
 
 @register(aten.gather.default)
 def _gather(lo, node, x, dim, index, sparse_grad=False):
-    xv = _stored(lo, node, x)
+    xv = stored(lo, node, x)
     if not xv.sizes:
         raise Unsupported("K0205", "gather from a 0-d tensor")
     d = norm_dim(dim, len(xv.sizes))
@@ -431,7 +431,7 @@ def _slice_scatter(lo, node, x, src, dim=0, start=None, end=None, step=1):
 
 
 def _strided_slice_scatter(lo, node, x, src, d, start, length, step, dtype):
-    sv = _stored(lo, node, src)
+    sv = stored(lo, node, src)
 
     def body(idx):
         rel = op("sub", ir.Index(idx[d]), const(start, _I64))
@@ -464,7 +464,7 @@ def _repeat(lo, node, x, repeats):
                 for i in range(nd)]
     if not tiled:
         return affine_view(x, out, remap)
-    xv = _stored(lo, node, x)
+    xv = stored(lo, node, x)
 
     def body(idx):
         base = ir.linear_index(remap(list(idx)), xv.strides) + xv.offset

@@ -19,7 +19,7 @@ import torch
 from .. import ir
 from ..ir import Index
 from .base import Lazy, Unsupported, View, as_expr, is_box, register
-from .index import _scatter, _stored
+from .index import scatter_buffer, stored
 from ..ops import cast, const, op
 
 aten = torch.ops.aten
@@ -72,7 +72,7 @@ def _tap(xv: View, n, c, ih, iw, opdt):
 @register(aten.upsample_bilinear2d.default)
 def _upsample_bilinear2d(lo, node, x, output_size, align_corners, scales_h=None,
                          scales_w=None):
-    xv = _stored(lo, node, x)
+    xv = stored(lo, node, x)
     if len(xv.sizes) != 4:
         raise Unsupported("K0205", "upsample_bilinear2d of a non-4-d tensor")
     m = lo.out_meta(node)
@@ -136,4 +136,5 @@ def _upsample_bilinear2d_backward(lo, node, grad, output_size, input_size, align
         st = out.strides
         return ir.Load(out.buf, ivars[0] * st[0] + ivars[1] * st[1], dtype, None,
                        ((row, st[2]), (col, st[3])))
-    return _scatter(lo, node, 0, iter_sizes, dest, Lazy(iter_sizes, dtype, value), True, (0, 1))
+    return scatter_buffer(lo, node, 0, iter_sizes, dest, Lazy(iter_sizes, dtype, value), True,
+                          (0, 1))
