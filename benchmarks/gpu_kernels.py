@@ -203,10 +203,10 @@ def profile_model(name, calls, with_tc=True):
         host_e = (time.perf_counter() - t0) / calls * 1e3
         torch.cuda.synchronize()
     print(f"host-side ms per call (no sync): kiln {host:.3f}, eager {host_e:.3f}")
-    from kiln.kernels import triton_gen
-    print("direct-launch misses:", dict(triton_gen.Launcher.why))
+    from kiln.kernels.codegen.triton import launcher
+    print("direct-launch misses:", dict(launcher.Launcher.why))
     import gc
-    from kiln.kernels import graph_replay
+    from kiln.kernels.runtime import graph_replay
     for o in gc.get_objects():
         if isinstance(o, graph_replay.GraphReplay):
             print(f"cuda graph: calls {o.calls}, recorded {o.graph is not None}, "

@@ -89,7 +89,7 @@ def measure(backend_name: str, w, device: str) -> dict:
 def _replays():
     import gc
 
-    from kiln.kernels import graph_replay
+    from kiln.kernels.runtime import graph_replay
     return [o for o in gc.get_objects() if isinstance(o, graph_replay.GraphReplay)]
 
 

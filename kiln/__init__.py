@@ -51,7 +51,7 @@ def wait_for_compiles(timeout: float | None = None) -> bool:
     with its epilogue: until it is ready, calls run the library product and a separate
     kernel, never a different result). Returns True if any were under way and all are
     done; benchmarks call it before timing the steady state."""
-    from kiln.kernels import matmul_epilogue
+    from kiln.kernels.codegen.triton import matmul_epilogue
 
     return matmul_epilogue.wait(timeout)
 

@@ -77,7 +77,7 @@ compile_threads: int = _env_int("KILN_COMPILE_THREADS", min(4, os.cpu_count() or
 #: when kiln is first called with CUDA tensors; 0: every kernel compiles in this
 #: process (KILN_COMPILE_WORKERS).
 compile_workers: int = _env_int("KILN_COMPILE_WORKERS", min(8, (os.cpu_count() or 1) // 2))
-#: Replay compiled graphs' launches from CUDA graphs (``kernels/graph_replay.py``):
+#: Replay compiled graphs' launches from CUDA graphs (``kernels/runtime/graph_replay.py``):
 #: "auto" (graphs of >= 8 steps without random ops; one launch instead of one per
 #: kernel, their memory pool held between calls), "1" (any size) or "0" (never)
 #: (KILN_CUDAGRAPHS).

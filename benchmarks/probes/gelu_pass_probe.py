@@ -6,7 +6,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import torch
 import torch.nn.functional as F
 import kiln
-from kiln.kernels import triton_gen as tg
+from kiln.kernels.codegen.triton import kernel as tg
 from probe_timing import median_ms  # noqa: E402  (benchmarks/probes on sys.path)
 
 VARIANTS = [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16)]

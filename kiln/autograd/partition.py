@@ -165,7 +165,7 @@ def partition(joint: fx.Graph, num_fw_outputs: int, mutated_inputs=(),
         saved_vals.append(v)
     out = fw.output((*[env[o] if o is not None else None for o in fw_outs], *saved_vals))
     # what follows the forward outputs is saved for the backward alone: the kernel
-    # compiler may keep its own layout there (kernels.lowering_outputs.INTERNAL_OUTPUTS)
+    # compiler may keep its own layout there (kernels.lowering.outputs.INTERNAL_OUTPUTS)
     out.meta["kiln_internal_outputs_from"] = len(fw_outs)
 
     bw = fx.Graph()

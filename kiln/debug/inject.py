@@ -1,7 +1,7 @@
 """Deliberate kernel-compiler bugs (``KILN_INJECT_BUG``), so that the minifier can be
 tested end to end on a failure whose cause is known: ``relu_compile_error`` makes
 building any aten graph that contains ``relu`` raise; ``relu_accuracy`` makes the relu
-lowering compute ``relu(x) + 1`` (in ``kernels/lowering.py``). Never set in normal use.
+lowering compute ``relu(x) + 1`` (in ``kernels/lowering/``). Never set in normal use.
 """
 from __future__ import annotations
 

@@ -184,7 +184,7 @@ class Checked:
 
 
 def _random(gm) -> bool:
-    from kiln.kernels.graph_replay import _RANDOM
+    from kiln.kernels.runtime.graph_replay import _RANDOM
     return any(n.op in ("call_function", "call_method")
                and any(r in str(getattr(n.target, "__name__", n.target)) for r in _RANDOM)
                for n in gm.graph.nodes)

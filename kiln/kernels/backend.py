@@ -24,7 +24,7 @@ def prepare(args) -> None:
     Triton's one-time set-up starts now, in the background (``triton_setup``), beside
     the capture and the autograd stage rather than after them."""
     if _on_cuda(args):
-        from . import triton_setup
+        from .toolchain import triton_setup
         triton_setup.start()
 
 
@@ -37,7 +37,7 @@ def kiln_backend(gm, example_inputs):
             f"which could not be imported ({e}); use backend='eager', or call "
             "kiln.kernels.compile_aten_graph on an aten graph directly") from e
     if _on_cuda(example_inputs):
-        from . import triton_setup
+        from .toolchain import triton_setup
         triton_setup.start()              # overlaps the autograd stage and lowering
     compiler = compile_aten_graph
     if config.repro_after:                # the minifier checks the aten graphs

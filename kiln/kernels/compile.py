@@ -1,8 +1,9 @@
 """``compile_aten_graph``: an aten FX graph and real example inputs → a fast callable.
 
-lower (``lowering.py``) → verify → schedule (``scheduler.py``) → C++ (``cpp.py``) or
-Triton (``triton_gen.py``) source — all of which the graph cache (``graph_cache.py``)
-remembers — → cached build (``cache.py``) → ``Runtime``.
+``plan``: graph cache (``toolchain/graph_cache``) → lower (``lowering/``) → verify →
+schedule (``scheduler``) → C++ (``codegen/cpp``) or Triton (``codegen/triton``) source;
+``build``: the plan → its kernels loaded (``toolchain/cxx_build``, ``codegen/triton/launcher``)
+→ steps → ``Runtime`` (``runtime/``). Each stage is one named function below.
 The callable is specialised to the sizes, strides and dtypes of the example inputs; a
 call with others compiles again for those (kept side by side).
 """
@@ -18,10 +19,12 @@ from ..debug.breaks import describe, tag
 from ..debug import trace_dir
 from ..debug.logs import log_for
 from ..debug.timing import timed
-from . import cache, cpp, graph_cache, ir
+from . import ir
+from .codegen.cpp import source as cpp_source
 from .lowering import GraphLowering, View
-from .runtime import ExternStep, Runtime
+from .runtime.runner import ExternStep, Runtime
 from .scheduler import format_schedule, schedule
+from .toolchain import cxx_build, graph_cache
 
 _code_log = log_for("output_code")
 _fallback_log = log_for("fallbacks")
@@ -69,33 +72,14 @@ def pick_target(example_inputs, target=None) -> str:
 
 def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache.Plan:
     """Lower, schedule and generate source — or find all of it in the graph cache."""
-    with timed("kernels.graph_cache"):
-        key = graph_cache.key_of(gm, example_inputs, target)
-        p = graph_cache.load(key)
-    _cache_log.info("kernels: graph cache %s (%s source)", "hit" if p is not None else "miss" if key else "off",
-                    target)
+    key, p = _cached(gm, example_inputs, target)
     if p is not None:
-        for op, reason in p.fallback_messages:
-            _fallback_log.info("kernels: %s falls back to aten (%s)", op, reason)
-        _code_log.info("kernels: %s source for graph (cached)\n%s\n%s", target,
-                       p.artefacts["ir"], p.source)
         return p
-    with timed("kernels.lowering"):
-        lo = GraphLowering(gm, example_inputs, target).run()
-        ir.verify(lo.buffers)
-    out_names = {v.buf for v in _leaf_views(lo.outputs)} | lo.pinned
-    with timed("kernels.scheduling"):
-        sched = schedule(lo.buffers, out_names,
-                         matmul_epilogues=target == "triton" and config.matmul_epilogue != "off")
+    lo = _lower(gm, example_inputs, target)
+    sched = _schedule(lo, target)
     arte = {"ir": ir.format_program(lo.buffers), "schedule": format_schedule(sched),
             "fallbacks": list(lo.fallbacks), "target": target}
-    kinfo = None
-    with timed("kernels.codegen"):
-        if target == "cpp":
-            source, entries = cpp.generate(sched, lo.buffers)
-        else:
-            from . import triton_gen
-            source, entries, kinfo = triton_gen.generate_detailed(sched, lo.buffers)
+    source, entries, kinfo = _generate(sched, lo, target)
     arte["source"] = source
     arte["kinfo"] = kinfo
     _code_log.info("kernels: %s source for graph\n%s\n%s", target, arte["ir"], source)
@@ -113,39 +97,83 @@ def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
         from ..debug.inject import check_compile
         check_compile(gm)
     p = plan(gm, example_inputs, target)
-    lo, sched, arte = p.lowered, p.sched, p.artefacts
-    by_name = {b.name: b for b in lo.buffers}
-    steps = []
+    steps = _steps(p, _load(p, target), target)
+    with timed("kernels.runtime"):
+        rt = Runtime(p.lowered, p.sched, steps, p.lowered.device)
+    return rt, p.artefacts
+
+
+# --- the pipeline's stages, in order ----------------------------------------------------
+def _cached(gm, example_inputs, target):
+    """(key, plan found in the graph cache or None); key None: not cacheable."""
+    with timed("kernels.graph_cache"):
+        key = graph_cache.key_of(gm, example_inputs, target)
+        p = graph_cache.load(key)
+    _cache_log.info("kernels: graph cache %s (%s source)", "hit" if p is not None else "miss" if key else "off",
+                    target)
+    if p is not None:
+        for op, reason in p.fallback_messages:
+            _fallback_log.info("kernels: %s falls back to aten (%s)", op, reason)
+        _code_log.info("kernels: %s source for graph (cached)\n%s\n%s", target,
+                       p.artefacts["ir"], p.source)
+    return key, p
+
+
+def _lower(gm, example_inputs, target):
+    """Aten graph → loop IR (``lowering``), verified."""
+    with timed("kernels.lowering"):
+        lo = GraphLowering(gm, example_inputs, target).run()
+        ir.verify(lo.buffers)
+    return lo
+
+
+def _schedule(lo, target):
+    """Loop IR → fused groups in order (``scheduler``)."""
+    out_names = {v.buf for v in _leaf_views(lo.outputs)} | lo.pinned
+    with timed("kernels.scheduling"):
+        return schedule(lo.buffers, out_names,
+                        matmul_epilogues=target == "triton" and config.matmul_epilogue != "off")
+
+
+def _generate(sched, lo, target):
+    """Groups → source: (source, entries, Triton kernel info or None) (``codegen``)."""
+    with timed("kernels.codegen"):
+        if target == "cpp":
+            source, entries = cpp_source.generate(sched, lo.buffers)
+            return source, entries, None
+        from .codegen.triton import source as triton_source
+        return triton_source.generate_detailed(sched, lo.buffers)
+
+
+def _load(p, target):
+    """Source → callables (``toolchain``): the C++ library's entry points, or one Triton
+    launcher per segment."""
     if target == "cpp":
-        lib = ctypes.CDLL(cache.compile_cpp(p.source)) if p.entries else None
-        entry_iter = iter(p.entries)
-    else:
-        from . import triton_gen
-        launchers = triton_gen.load(p.source, p.entries, p.kinfo)
-        entry_iter = iter(launchers)
-    seg_open = False
-    for g in sched.groups:
+        lib = ctypes.CDLL(cxx_build.compile_cpp(p.source)) if p.entries else None
+        return [_cpp_step(getattr(lib, name), params) for name, params in p.entries]
+    from .codegen.triton import launcher
+    return list(launcher.load(p.source, p.entries, p.kinfo))
+
+
+def _steps(p, kernels, target):
+    """The runtime's steps: each group's library call, or the next segment's kernel."""
+    by_name = {b.name: b for b in p.lowered.buffers}
+    kernels = iter(kernels)
+    steps, seg_open = [], False
+    for g in p.sched.groups:
         if g.extern is not None:
             steps.append(ExternStep(g.extern, by_name))
             seg_open = False
-            continue
-        if seg_open:
-            continue
-        seg_open = True
-        if target == "cpp":
-            name, params = next(entry_iter)
-            fn = getattr(lib, name)
-            fn.argtypes = [ctypes.c_void_p] * len(params)
-            fn.restype = None
-            steps.append(_cpp_step(fn, params))
-        else:
-            steps.append(next(entry_iter))
-    with timed("kernels.runtime"):
-        rt = Runtime(lo, sched, steps, lo.device)
-    return rt, arte
+        elif not seg_open:
+            seg_open = True
+            steps.append(next(kernels))
+    return steps
 
 
 def _cpp_step(fn, params):
+    fn.argtypes = [ctypes.c_void_p] * len(params)
+    fn.restype = None
+
     def step(rt, tensors):
         fn(*[tensors[p].data_ptr() for p in params])
     step.params = params
@@ -216,7 +244,7 @@ class CompiledGraph:
             target = pick_target(args, self.requested_target)
             if target == "triton" and any(isinstance(a, torch.Tensor) and
                                           a.device.type == "cuda" for a in args):
-                from . import triton_setup
+                from .toolchain import triton_setup
                 triton_setup.start()          # overlaps this graph's lowering
             rt, self.artefacts = build(self.gm, list(args), target)
             self._untried[id(rt)] = sig

@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import torch
 
+from .reductions import KINDS
+
 
 # --- affine index expressions -----------------------------------------------------
 @dataclass(frozen=True)
@@ -70,6 +72,21 @@ def linear_index(idx: list, strides) -> Affine:
     for i, s in zip(idx, strides):
         out = out + i * s
     return out
+
+
+def numel_of(sizes) -> int:
+    """Elements of a tensor of these sizes."""
+    n = 1
+    for s in sizes:
+        n *= int(s)
+    return n
+
+
+def span(sizes, strides) -> int:
+    """Elements a strided view reaches, first to last (0 when it is empty)."""
+    if any(int(s) == 0 for s in sizes):
+        return 0
+    return 1 + sum((int(s) - 1) * int(st) for s, st in zip(sizes, strides))
 
 
 def contiguous_strides(sizes) -> tuple:
@@ -266,7 +283,7 @@ class Pointwise(Buffer):
         return {x.buf for x in walk(self.body) if isinstance(x, Load)}
 
 
-REDUCTIONS = ("sum", "prod", "max", "min", "argmax", "argmin", "any")
+REDUCTIONS = tuple(KINDS)           # the kinds of reductions.py's table
 
 
 @dataclass

@@ -3,7 +3,7 @@
 One row per operation: adding an op means adding a row here (and a lowering that uses
 it). Templates take the rendered arguments as ``{0}``, ``{1}``…; ``{t}`` is the C++
 type of the result. Float-only helpers (``kiln_expf`` and friends) live in the C++
-prelude of ``cpp.py``.
+prelude (``codegen/cpp/prelude.h``).
 """
 from __future__ import annotations
 

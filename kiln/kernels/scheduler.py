@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from . import ir
 from .ir import Affine, Load, loop_vars
+from .matmul_fusion import fuse
 
 
 @dataclass
@@ -138,12 +139,6 @@ class Schedule:
     outputs: set
 
 
-def _span(b) -> int:
-    if any(int(s) == 0 for s in b.sizes):
-        return 0
-    return 1 + sum((int(s) - 1) * int(st) for s, st in zip(b.sizes, b.strides))
-
-
 def live_buffers(buffers: list, output_names: set) -> list:
     """``buffers`` without computed ones that nothing needs: a max pool's indices in an
     inference graph, say, whose lowering builds them beside the values. Library calls
@@ -159,7 +154,7 @@ def live_buffers(buffers: list, output_names: set) -> list:
 
 def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -> Schedule:
     """``matmul_epilogues``: fuse large library products into their pointwise reader
-    (Triton only; ``matmul_epilogue``)."""
+    (Triton only; ``matmul_fusion``)."""
     buffers = live_buffers(buffers, output_names)
     squeeze_unit_dims(buffers)
     groups: list[Group] = []
@@ -193,7 +188,6 @@ def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -
             cur = Group(tuple(b.sizes), None, [b])
         groups.append(cur)
     if matmul_epilogues:
-        from .matmul_epilogue import fuse
         groups = fuse(groups, buffers, set(output_names))
 
     # who reads what: by group, and by reading node
@@ -233,7 +227,7 @@ def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -
         for n in g.nodes:
             if n.name in locals_:
                 continue
-            key = (_span(n), n.dtype)
+            key = (ir.span(n.sizes, n.strides), n.dtype)
             reuse = None
             if n.name not in output_names:
                 for k, (avail, s) in enumerate(free):

@@ -30,7 +30,7 @@ def test_graph_cache_key_covers_all_of_kilns_sources(tmp_path, monkeypatch):
     """A plan depends on kiln's meta kernels outside the kernel compiler too."""
     import shutil
 
-    from kiln.kernels import graph_cache
+    from kiln.kernels.toolchain import graph_cache
     root = tmp_path / "kiln"
     shutil.copytree(graph_cache.__file__.rsplit("/kernels/", 1)[0], root,
                     ignore=shutil.ignore_patterns("__pycache__"))

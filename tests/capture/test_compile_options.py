@@ -113,7 +113,7 @@ def test_modes_on_the_gpu(mode, replayed):
     default only graphs of 8 steps or more are)."""
     import gc
 
-    from kiln.kernels import graph_replay
+    from kiln.kernels.runtime import graph_replay
 
     def live():
         return {id(o) for o in gc.get_objects() if isinstance(o, graph_replay.GraphReplay)}

@@ -237,6 +237,91 @@ def _pool_inputs():
     return [x, torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)]
 
 
+# --- the rest of the lowering and scalar-op tables (tests/kernels/test_coverage.py) ------
+def more_pointwise_graph(x, p, i, j):
+    """Scalar-argument variants, the remaining math and bitwise ops, clamps by tensors."""
+    u = aten.mul.Tensor(aten.tanh.default(x), 0.9)          # in (-0.9, 0.9)
+    return (aten.add.Scalar(x, 2), aten.sub.Scalar(x, 0.5), aten.mul.Scalar(x, 3),
+            aten.div.Scalar(x, 4), aten.rsub.Tensor(x, p), aten.rsub.Scalar(x, 1),
+            aten.pow.Scalar(2.0, x), aten.div.Scalar_mode(x, 0.7, rounding_mode="floor"),
+            aten.fmod.Scalar(x, 0.3), aten.remainder.Scalar(x, 0.3),
+            aten.ge.Scalar(x, 0.1), aten.le.Scalar(x, 0.1), aten.ne.Scalar(x, 0),
+            aten.where.Scalar(aten.gt.Scalar(x, 0), 1.0, -1.0),
+            aten.where.ScalarSelf(aten.gt.Scalar(x, 0), 0.5, x),
+            aten.clamp.Tensor(x, aten.neg.default(p), p), aten.clamp_min.default(x, 0.1),
+            aten.clamp_max.default(x, 0.2), aten.clamp_min.Tensor(x, p),
+            aten.clamp_max.Tensor(x, p),
+            aten.asin.default(u), aten.acos.default(u), aten.atanh.default(u),
+            aten.asinh.default(x), aten.acosh.default(aten.add.Tensor(p, 1)),
+            aten.sinh.default(x), aten.cosh.default(x), aten.tan.default(u),
+            aten.isinf.default(aten.reciprocal.default(aten.mul.Tensor(x, 0))),
+            aten.logical_or.default(aten.gt.Scalar(x, 0), aten.gt.Scalar(p, 0.5)),
+            aten.logical_xor.default(aten.gt.Scalar(x, 0), aten.gt.Scalar(p, 0.5)),
+            aten.bitwise_not.default(i), aten.bitwise_or.Tensor(i, j),
+            aten.bitwise_or.Scalar(i, 6), aten.bitwise_and.Scalar(i, 6),
+            aten.bitwise_xor.Scalar(i, 6), aten.floor_divide.default(x, p))
+
+
+def more_reductions_graph(x):
+    """Whole-tensor and multi-dim reductions, min with indices."""
+    return (aten.any.default(aten.gt.Scalar(x, 0)), aten.any.dims(aten.gt.Scalar(x, 1), [0, 2]),
+            aten.mean.default(x), aten.min.default(x), aten.min.dim(x, 1)[0],
+            aten.min.dim(x, 1)[1], aten.prod.default(aten.add.Tensor(aten.abs.default(x), 0.5)))
+
+
+def more_shapes_graph(x, y):
+    """Splits, squeezes, aliases and repeats."""
+    a, b = aten.split_with_sizes.default(x, [1, 2], 0)
+    return (aten.add.Tensor(a, 1), aten.mul.Tensor(b, 2), aten.squeeze.default(y),
+            aten.add.Tensor(aten._unsafe_view.default(x, [3, 20]), 1),
+            aten.mul.Tensor(aten.alias.default(x), 2), aten.lift_fresh_copy.default(y),
+            aten.repeat.default(y, [2, 1, 3]))
+
+
+def factories_graph():
+    """Factories (by hand, as ``full_graph``): values, and empty ones filled by a copy."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    f32 = {"dtype": torch.float32}
+    outs = [g.call_function(aten.arange.default, (5,), {"dtype": torch.int64}),
+            g.call_function(aten.arange.start, (1, 6), {"dtype": torch.int64}),
+            g.call_function(aten.zeros.default, ([2, 3],), f32),
+            g.call_function(aten.ones.default, ([2, 3],), f32),
+            g.call_function(aten.zeros_like.default, (x,)),
+            g.call_function(aten.ones_like.default, (x,)),
+            g.call_function(aten.full_like.default, (x, 1.5))]
+    empties = [g.call_function(aten.empty.memory_format, ([5, 3],), f32),
+               g.call_function(aten.empty_like.default, (x,)),
+               g.call_function(aten.empty_strided.default, ([5, 3], [1, 5]), f32),
+               g.call_function(aten.empty_permuted.default, ([5, 3], [1, 0]), f32),
+               g.call_function(aten.new_empty_strided.default, (x, [5, 3], [3, 1]))]
+    outs += [g.call_function(aten.copy.default, (e, x)) for e in empties]
+    g.output(tuple(outs))
+    return fx.GraphModule({}, g)
+
+
+def more_scatter_graph(x, idx, src, g, ids, rows, v):
+    """scatter (src, value), scatter_add, scatter_reduce (sum), an accumulating
+    _unsafe_index_put and embedding's backward."""
+    return (aten.scatter.src(x, 1, idx, src), aten.scatter.value(x, 1, idx, 2.0),
+            aten.scatter_add.default(x, 0, aten.remainder.Scalar(idx, 4), src),
+            aten.scatter_reduce.two(x, 0, aten.remainder.Scalar(idx, 4), src, "sum"),
+            aten._unsafe_index_put.default(x, [rows], v, True),
+            aten.embedding_dense_backward.default(g, ids, 7, -1, False))
+
+
+def small_mm_graph(b, x, w, gp, xp):
+    """A small addmm (a sum over the shared dim on the CPU) and avg_pool2d's backward."""
+    return (aten.addmm.default(b, x, w),
+            aten.avg_pool2d_backward.default(gp, xp, [3, 3], [1, 1], [1, 1], False, True, None))
+
+
+def _scatter_inputs():
+    idx = torch.stack([torch.randperm(6)[:3] for _ in range(4)])       # unique per row
+    return [torch.randn(4, 6), idx, torch.randn(4, 3), torch.randn(2, 5, 3),
+            torch.randint(0, 7, (2, 5)), torch.tensor([0, 2, 0, 3]), torch.randn(4, 6)]
+
+
 CASES = [
     # name, fn, inputs factory, (rtol, atol)
     ("unary_contig", unary_graph, lambda: [torch.randn(7, 33), _pos(7, 33)], (1e-5, 1e-6)),
@@ -281,6 +366,17 @@ CASES = [
               torch.tensor(7)], (1e-5, 1e-6)),
     ("fallback", fallback_graph, lambda: [torch.randn(6, 4), torch.tensor([4, 0, 0, 2])],
      (1e-6, 1e-6)),
+    ("more_pointwise", more_pointwise_graph,
+     lambda: [torch.randn(6, 7), _pos(6, 7), torch.randint(-20, 20, (6, 7)),
+              torch.randint(1, 7, (6, 7))], (1e-5, 1e-5)),
+    ("more_reductions", more_reductions_graph, lambda: [nc(3, 4, 5)], (1e-5, 1e-5)),
+    ("more_shapes", more_shapes_graph, lambda: [torch.randn(3, 4, 5), torch.randn(2, 1, 3)],
+     (1e-6, 1e-6)),
+    ("factories", factories_graph(), lambda: [torch.randn(5, 3)], (1e-6, 1e-6)),
+    ("more_scatter", more_scatter_graph, _scatter_inputs, (1e-6, 1e-6)),
+    ("small_mm", small_mm_graph, lambda: [torch.randn(5), torch.randn(3, 4), torch.randn(4, 5),
+                                          torch.randn(1, 2, 6, 5), torch.randn(1, 2, 6, 5)],
+     (1e-5, 1e-5)),
 ]
 
 

@@ -8,7 +8,8 @@ import torch
 import torch.fx as fx
 
 from kiln import config
-from kiln.kernels import matmul_epilogue
+from kiln.kernels import matmul_fusion
+from kiln.kernels.codegen.triton import matmul_epilogue
 from kiln.kernels.compile import build
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -64,7 +65,7 @@ def _eager(fn, inputs):
 @pytest.fixture(autouse=True)
 def _fuse_all_sizes(monkeypatch):
     monkeypatch.setattr(config, "matmul_epilogue", "sync")
-    monkeypatch.setattr(matmul_epilogue, "MIN_MNK", 0)
+    monkeypatch.setattr(matmul_fusion, "MIN_MNK", 0)
 
 
 @pytest.mark.parametrize("library_tier", [False, True], ids=["fused", "library"])

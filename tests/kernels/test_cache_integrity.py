@@ -23,7 +23,8 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     import torch, kiln
     from kiln import disk_cache
-    from kiln.kernels import cache, graph_cache
+    from kiln.kernels.toolchain import cxx_build as cache
+    from kiln.kernels.toolchain import graph_cache
     programs = {"f": lambda x: torch.sin(x) * 2 + 1,
                 "g": lambda x: torch.cos(x) - 3,
                 "train": lambda x: (torch.tanh(x) * x).sum()}
@@ -219,7 +220,8 @@ def test_failing_compiler_in_process_falls_back_per_graph(monkeypatch, tmp_path,
     import torch
     import torch.fx as fx
     import kiln.config
-    from kiln.kernels import cache as kcache, compile_aten_graph
+    from kiln.kernels import compile_aten_graph
+    from kiln.kernels.toolchain import cxx_build as kcache
     monkeypatch.setattr(kiln.config, "cache_dir", str(tmp_path))
     monkeypatch.setattr(kiln.config, "suppress_errors", True)
     monkeypatch.setattr(kiln.config, "graph_cache", False)
@@ -254,7 +256,8 @@ def test_failure_at_first_call_of_built_kernels(monkeypatch, tmp_path):
     import torch
     import torch.fx as fx
     import kiln.config
-    from kiln.kernels import compile_aten_graph, runtime
+    from kiln.kernels import compile_aten_graph
+    from kiln.kernels.runtime import runner as runtime
     monkeypatch.setattr(kiln.config, "cache_dir", str(tmp_path))
     calls = []
 
@@ -307,7 +310,8 @@ GPU_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch, torch.fx as fx
     from kiln import disk_cache
-    from kiln.kernels import compile_aten_graph, triton_binaries
+    from kiln.kernels import compile_aten_graph
+    from kiln.kernels.toolchain import triton_binaries
     aten = torch.ops.aten
     def f(x, y):
         return (aten._softmax.default(aten.mul.Tensor(x, y), -1, False),

@@ -1,4 +1,4 @@
-"""Compile workers (``kiln/kernels/compile_pool.py``, ``compile_worker.py``), checked on
+"""Compile workers (``kiln/kernels/toolchain/triton_pool.py``, ``triton_worker.py``), checked on
 the CPU: Triton's compiler needs no GPU, so a worker compiles a generated module's
 kernels for an H100 (sm_90) here too."""
 import os
@@ -8,7 +8,12 @@ import pytest
 import torch
 import torch.fx as fx
 
-from kiln.kernels import compile_pool, triton_binaries, triton_compile, triton_gen, triton_setup
+from kiln.kernels.toolchain import triton_pool as compile_pool
+from kiln.kernels.toolchain import triton_binaries
+from kiln.kernels.toolchain import triton_build as triton_compile
+from kiln.kernels.codegen.triton import prelude
+from kiln.kernels.codegen.triton import source as triton_gen
+from kiln.kernels.toolchain import triton_setup
 from kiln.kernels.lowering import GraphLowering
 from kiln.kernels.scheduler import schedule
 
@@ -112,10 +117,10 @@ def test_no_workers_means_everything_here(monkeypatch, threads):
 def test_worker_blanks_host_only_lines(tmp_path):
     """A worker executes a module with its host-only imports blanked (no torch), line
     numbers kept, so Triton reads each kernel's own source from the file."""
-    from kiln.kernels import compile_worker
+    from kiln.kernels.toolchain import triton_worker as compile_worker
     p = tmp_path / "m.py"
     p.write_text("import nonexistent_module  # host only\nX = 1\n")
     mod = compile_worker._module(str(p), {})
     assert mod.X == 1
-    assert "host only" in triton_gen.PRELUDE and "import torch  # host only" in triton_gen.PRELUDE
+    assert "host only" in prelude.PRELUDE and "import torch  # host only" in prelude.PRELUDE
     assert os.path.exists(compile_worker.__file__)

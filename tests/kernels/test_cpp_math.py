@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.fx as fx
 
-from kiln.kernels import compile_aten_graph, cpp
+from kiln.kernels import compile_aten_graph
+from kiln.kernels.codegen.cpp import source as cpp
 
 aten = torch.ops.aten
 

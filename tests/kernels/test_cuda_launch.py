@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import torch
 
-from kiln.kernels import cuda_launch
+from kiln.kernels.runtime import cuda_launch
 
 PTX = """
 .visible .entry kernel0(

@@ -1,4 +1,4 @@
-"""The C++ compiler check (``kiln/kernels/cxx_probe.py``): a compiler that fails a probe
+"""The C++ compiler check (``kiln/kernels/toolchain/cxx_probe.py``): a compiler that fails a probe
 gets the first workaround that makes it pass, remembered on disk."""
 import os
 import stat
@@ -6,7 +6,8 @@ import stat
 import pytest
 
 from kiln import config
-from kiln.kernels import cache, cxx_probe
+from kiln.kernels.toolchain import cxx_build as cache
+from kiln.kernels.toolchain import cxx_probe
 
 
 def test_probes_are_correct_programs():

@@ -12,7 +12,9 @@ import torch
 import torch.fx as fx
 
 from kiln.debug import timing
-from kiln.kernels import compile_aten_graph, graph_cache, lowering
+from kiln.kernels import compile_aten_graph
+from kiln.kernels.lowering import engine as lowering
+from kiln.kernels.toolchain import graph_cache
 
 aten = torch.ops.aten
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
@@ -95,7 +97,7 @@ def test_second_process_lowers_nothing(tmp_path):
         import torch, torch.fx as fx, torchvision
         import kiln, kiln.config; kiln.config.cache_dir = {str(tmp_path)!r}
         from kiln.debug import timing
-        from kiln.kernels import graph_cache
+        from kiln.kernels.toolchain import graph_cache
         torch.manual_seed(0)
         m = torchvision.models.resnet18().eval()
         x = torch.randn(1, 3, 32, 32)

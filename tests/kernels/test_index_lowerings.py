@@ -1,4 +1,4 @@
-"""Gathers (``kiln/kernels/lowering_index.py``): embedding, index.Tensor with one index
+"""Gathers (``kiln/kernels/lowering/index.py``): embedding, index.Tensor with one index
 tensor (negative indices wrap), gather — against eager on awkward inputs, fused with
 their consumers, and out-of-range indices raising as in eager."""
 import pytest

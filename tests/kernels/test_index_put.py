@@ -1,4 +1,4 @@
-"""``index_put`` as an ``ir.Scatter`` on the C++ target (``lowering_index._index_put``):
+"""``index_put`` as an ``ir.Scatter`` on the C++ target (``lowering.index._index_put``):
 one index tensor or several (adjacent or not, broadcasting, with slices between),
 negative and int32 indices, broadcast values, repeated positions accumulating, the copy
 of the destination fused with its producer, out-of-range indices raising as in eager —

@@ -1,4 +1,4 @@
-"""Library products fused with their pointwise reader (``kernels/matmul_epilogue.py``):
+"""Library products fused with their pointwise reader (``kernels/codegen/triton/matmul_epilogue.py``):
 which products fuse, the fused code under Triton's interpreter (a child pytest), and
 the two tiers on a GPU."""
 import os
@@ -10,7 +10,10 @@ import torch
 import torch.fx as fx
 
 from kiln import config
-from kiln.kernels import ir, lowering, matmul_epilogue
+from kiln.kernels import ir
+from kiln.kernels.lowering import engine as lowering
+from kiln.kernels import matmul_fusion
+from kiln.kernels.codegen.triton import matmul_epilogue
 from kiln.kernels.scheduler import schedule
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -71,7 +74,7 @@ def test_gpu_tiers_match_eager(mode, monkeypatch):
     "background" starts on the library tier and moves to the fused kernel."""
     from kiln.kernels import compile_aten_graph
     monkeypatch.setattr(config, "matmul_epilogue", mode)
-    monkeypatch.setattr(matmul_epilogue, "MIN_MNK", 1 << 20)
+    monkeypatch.setattr(matmul_fusion, "MIN_MNK", 1 << 20)
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def r(*s, scale=1.0):

@@ -1,4 +1,4 @@
-"""Pooling and functional-copy lowerings (``kiln/kernels/lowering_pool.py``): compared
+"""Pooling and functional-copy lowerings (``kiln/kernels/lowering/pool.py``): compared
 with eager on awkward shapes — padding, ceil mode, dilation, NaN and -inf in windows,
 non-contiguous inputs — through the C++ path (and not falling back)."""
 import pytest

@@ -145,12 +145,12 @@ def test_short_sums_are_not_blocked_cpp():
 
 _TRITON_CHILD = textwrap.dedent("""
     import torch, torch.fx as fx
-    from kiln.kernels import triton_gen
+    from kiln.kernels.codegen.triton import heuristics
     from kiln.kernels.compile import build
     aten = torch.ops.aten
     # looped rows with long per-lane chains, as on the GPU for large N*H*W
-    triton_gen.PERSISTENT_MAX = 256
-    triton_gen.LOOP_RBLOCK = 64
+    heuristics.PERSISTENT_MAX = 256
+    heuristics.LOOP_RBLOCK = 64
     torch.manual_seed(0)
     x = 100.0 + torch.randn(4, 8, 32, 32)
     gm = fx.symbolic_trace(lambda t: aten.var_mean.correction(t, [0, 2, 3], correction=0))

@@ -10,7 +10,8 @@ import torch
 import torch.fx as fx
 
 import kiln
-from kiln.kernels import compile_aten_graph, runtime
+from kiln.kernels import compile_aten_graph
+from kiln.kernels.runtime import runner as runtime
 
 aten = torch.ops.aten
 _seen = []
@@ -92,7 +93,7 @@ def test_cross_entropy_backward_holds_one_logits_sized_buffer(monkeypatch):
     decomposed (nll_loss's backward a scatter into zeros, then log_softmax's backward),
     it held four: a language model's peak was there."""
     from kiln.kernels import compile as kcompile
-    from kiln.kernels import memory_plan
+    from kiln.kernels.runtime import memory_plan
     built = []
     build = kcompile.build
     monkeypatch.setattr(kcompile, "build", lambda *a, **k: built.append(build(*a, **k)) or built[-1])

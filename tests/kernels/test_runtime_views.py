@@ -8,7 +8,7 @@ import torch
 
 import kiln
 from kiln import config
-from kiln.kernels import runtime
+from kiln.kernels.runtime import runner as runtime
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,9 @@ import pytest
 import torch
 import torch.fx as fx
 
-from kiln.kernels import cuda_launch, triton_compile, triton_gen
+from kiln.kernels.runtime import cuda_launch
+from kiln.kernels.toolchain import triton_build as triton_compile
+from kiln.kernels.codegen.triton import source as triton_gen
 from kiln.kernels.lowering import GraphLowering
 from kiln.kernels.scheduler import schedule
 

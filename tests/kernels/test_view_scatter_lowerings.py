@@ -1,4 +1,4 @@
-"""Writes through views, as functionalization leaves them (``kiln/kernels/lowering_view.py``
+"""Writes through views, as functionalization leaves them (``kiln/kernels/lowering/view.py``
 and ``lowering_index.py``): ``copy``, ``new_empty_strided``, ``as_strided``,
 ``as_strided_scatter``, ``slice_scatter`` with a step, ``repeat`` and ``index.Tensor``
 with several index tensors — against eager on awkward inputs (non-contiguous, broadcast,

@@ -28,11 +28,11 @@ def test_case_triton(case):
     assert "@triton.jit" in compiled.artefacts["source"]
 
 
-# --- reduction mappings (kernels/triton_gen.py plan_reduction) -------------------------
+# --- reduction mappings (kernels/codegen/triton/heuristics.py plan_reduction) -------------------------
 import torch
 import torch.fx as fx
 
-from kiln.kernels import triton_gen
+from kiln.kernels.codegen.triton import heuristics
 from kiln.kernels.compile import build
 
 aten = torch.ops.aten
@@ -69,10 +69,10 @@ def _few_outputs(x, m):
 def test_split_reduction(monkeypatch):
     """Few outputs, long reductions: partial results per chunk, then a combining kernel.
     (Without the split the toy example's sum is one program looping over 2^26 values.)"""
-    monkeypatch.setattr(triton_gen, "SPLIT_MIN_RNUM", 256)
-    monkeypatch.setattr(triton_gen, "PERSISTENT_MAX", 64)
-    monkeypatch.setattr(triton_gen, "SPLIT_TARGET_PROGRAMS", 12)
-    monkeypatch.setattr(triton_gen, "LOOP_RBLOCK", 64)
+    monkeypatch.setattr(heuristics, "SPLIT_MIN_RNUM", 256)
+    monkeypatch.setattr(heuristics, "PERSISTENT_MAX", 64)
+    monkeypatch.setattr(heuristics, "SPLIT_TARGET_PROGRAMS", 12)
+    monkeypatch.setattr(heuristics, "LOOP_RBLOCK", 64)
     a, b = torch.randn(3001), torch.randn(3001)
     rt, art = _check(_toy, [a, b])
     assert "kernel0_split" in art["source"] and "ws0_" in art["source"]
@@ -93,7 +93,7 @@ def test_column_reduction_walks_the_kept_dim():
         return (aten.sum.dim_IntList(x, [0]), aten.sum.dim_IntList(x, [1]),
                 aten.amax.default(x, [0]), aten.argmax.default(x, 1))
     rt, art = _check(f, [torch.randn(37, 19, 45)])
-    plans = [triton_gen.plan_reduction(g) for g in rt.sched.groups if g.red]
+    plans = [heuristics.plan_reduction(g) for g in rt.sched.groups if g.red]
     assert plans and all(p.column and p.xb > 1 for p in plans)
 
 
@@ -113,13 +113,13 @@ def test_persistent_row_is_one_pass():
 
 def test_small_rows_share_a_program():
     rt, art = _check(lambda x: (aten._log_softmax.default(x, 1, False),), [torch.randn(33, 20)])
-    p = triton_gen.plan_reduction(rt.sched.groups[0])
+    p = heuristics.plan_reduction(rt.sched.groups[0])
     assert p.xb > 1 and p.persistent
 
 
 def test_long_rows_loop(monkeypatch):
-    monkeypatch.setattr(triton_gen, "PERSISTENT_MAX", 64)
-    monkeypatch.setattr(triton_gen, "LOOP_RBLOCK", 128)
+    monkeypatch.setattr(heuristics, "PERSISTENT_MAX", 64)
+    monkeypatch.setattr(heuristics, "LOOP_RBLOCK", 128)
 
     def f(x):
         return (aten._softmax.default(x, -1, False), aten.var.correction(x, [1]),
@@ -164,7 +164,8 @@ def test_bf16_convolutions_run_channels_last():
     """bf16 convolution chains stay channels-last (no cuDNN transposes around each call):
     our kernels write the NHWC inputs, walk memory in NHWC order, and outputs come back
     in eager's layout."""
-    from kiln.kernels import ir, runtime
+    from kiln.kernels import ir
+    from kiln.kernels.runtime import runner as runtime
     dt = torch.bfloat16
     torch.manual_seed(0)
     ins = [torch.randn(2, 3, 16, 16), torch.randn(8, 3, 3, 3) / 3, torch.randn(8, 8, 3, 3) / 8,

@@ -1,0 +1,1 @@
+"""C++/OpenMP source for CPU graphs (one shared library per graph)."""

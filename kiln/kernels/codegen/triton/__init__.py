@@ -1,0 +1,1 @@
+"""Triton source for CUDA graphs, and the launcher that runs its kernels."""

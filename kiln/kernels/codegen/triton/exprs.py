@@ -1,0 +1,227 @@
+"""IR values as Triton text: dtypes, constants, indices, loads and stores (``TBody``,
+one scope's lines), the compute dtype of narrow floats, and the base of kernels that
+compute one buffer alone (``AloneKernel``). Every Triton kernel writer builds on it."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from ... import ir
+from ...ir import Affine, Const, Index, Load
+from ...ops import OPS
+from ...reductions import KINDS
+
+
+TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
+      torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32",
+      torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
+      torch.bool: "tl.int1"}
+
+
+#: the integer type of each float's width, for constants written as bits
+_BITS = {torch.float64: "tl.int64", torch.float32: "tl.int32", torch.float16: "tl.int16",
+         torch.bfloat16: "tl.int16"}
+
+
+def _negative_zero(dtype) -> str:
+    """-0.0 of ``dtype``: the integer with only the sign bit set, bit-cast."""
+    width = dtype.itemsize * 8
+    return f"tl.full([], {-(1 << (width - 1))}, {_BITS[dtype]}).to({TL[dtype]}, bitcast=True)"
+
+
+# Triton spells a few ops differently from C++ (``and``/``or`` on int1 are bitwise).
+_TRITON_OVERRIDES = {
+    "expm1": "kiln_expm1({0})", "log1p": "kiln_log1p({0})", "tanh": "kiln_tanh({0})",
+    "sinh": "kiln_sinh({0})", "cosh": "kiln_cosh({0})", "tan": "kiln_tan({0})",
+    "log10": "kiln_log10({0})", "trunc": "kiln_trunc({0})", "round": "kiln_round({0})",
+    "reciprocal": "(1.0 / {0})",
+    "rsqrt": "(1.0 / tl.sqrt({0}))",
+    "not": "({0} == 0)",
+    "cast": "{0}.to({t})",
+}
+
+
+_IEEE = {"truediv": "tl.math.div_rn({0}, {1})", "sqrt": "tl.math.sqrt_rn({0})",
+         "rsqrt": "tl.math.div_rn(1.0, tl.math.sqrt_rn({0}))",
+         "reciprocal": "tl.math.div_rn(1.0, {0})"}
+
+
+def tconst(value, dtype) -> str:
+    if dtype == torch.bool:
+        return "True" if value else "False"
+    if dtype.is_floating_point:
+        v = float(value)
+        if math.isnan(v):
+            return 'float("nan")'
+        if math.isinf(v):
+            return f'float("{"-" if v < 0 else ""}inf")'
+        return repr(v)
+    return repr(int(value))
+
+
+def tindex(a: Affine) -> str:
+    parts = [(v if k == 1 else f"{k}*{v}") for v, k in a.terms]
+    if a.const or not parts:
+        parts.append(str(a.const))
+    return "(" + " + ".join(parts) + ")"
+
+
+#: Low-precision floats are loaded into float32, computed in float32 and rounded once at
+#: the store (what libraries do; Triton's math functions have no bf16/fp16 versions).
+_COMPUTE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return _COMPUTE.get(dtype, dtype)
+
+
+def acc_dtype(n) -> torch.dtype:
+    """The dtype of a reduction's accumulator: fixed for the whole loop."""
+    acc = KINDS[n.red_type].triton_acc
+    if acc is not None:
+        return getattr(torch, acc)
+    return compute_dtype(n.dtype)
+
+
+class TBody:
+    """One scope's lines. ``two_d``: a reduction kernel's [XBLOCK, RBLOCK] block, where
+    loads broadcast naturally (an index without reduced variables loads [XBLOCK, 1])."""
+
+    def __init__(self, values, indent, counter, mask, block_vars=(), zero="", two_d=None,
+                 memo=None):
+        self.lines, self.memo = [], dict(memo or {})
+        self.values, self.indent, self.counter, self.mask = values, indent, counter, mask
+        self.block_vars, self.zero = set(block_vars), zero
+        self.two_d = two_d          # None, or (xmask, full mask, reduced var names)
+
+    def ptr(self, buf, index: Affine) -> str:
+        """``buf + index``, broadcast to the block when the index is the same for all lanes."""
+        p = f"{buf} + {tindex(index)}"
+        if self.zero and not (index.vars() & self.block_vars):
+            p += f" + {self.zero}"
+        return p
+
+    def tmp(self, rhs):
+        name = f"t{self.counter[0]}"
+        self.counter[0] += 1
+        self.lines.append(f"{self.indent}{name} = {rhs}")
+        return name
+
+    def load_mask(self, index: Affine):
+        if self.two_d is None:
+            return self.mask
+        xmask, full, rvars = self.two_d
+        return full if index.vars() & rvars else xmask
+
+    def address(self, e: Load) -> str:
+        """The pointers ``e`` addresses: its buffer plus its affine index plus its
+        indirect terms (an int64 value times a stride each)."""
+        p = f"{e.buf} + {tindex(e.index)}" if self.two_d else self.ptr(e.buf, e.index)
+        for v, st in e.gather:
+            p += f" + {self.render(v)}.to(tl.int64) * {st}"
+        return p
+
+    def render(self, e) -> str:
+        if e in self.memo:
+            return self.memo[e]
+        cdt = compute_dtype(e.dtype)
+        if isinstance(e, Const):
+            # Triton makes any constant equal to 0 a +0.0, and negates by subtracting
+            # from 0 (+0.0 again): -0.0 is written as its bits, the sign bit alone
+            neg0 = cdt.is_floating_point and e.value == 0 and math.copysign(1, e.value) < 0
+            s = self.tmp(_negative_zero(cdt) if neg0 else
+                         f"tl.full([], {tconst(e.value, cdt)}, {TL[cdt]})")
+        elif isinstance(e, Index):
+            if e.index.terms:
+                s = self.tmp(f"{tindex(e.index)}.to(tl.int64)")
+            else:
+                s = self.tmp(f"tl.full([], {e.index.const}, tl.int64)")
+        elif isinstance(e, Load):
+            if e.buf in self.values and e.mask is None and not e.gather:
+                s = self.values[e.buf]
+            else:
+                masks = [m for m in (self.load_mask(e.index),
+                                     self.render(e.mask) if e.mask is not None else None) if m]
+                mk = f", mask={' & '.join(masks)}, other=0" if masks else ""
+                s = self.tmp(f"tl.load({self.address(e)}{mk})")
+                if e.dtype == torch.bool:
+                    s = self.tmp(f"{s} != 0")
+                elif cdt != e.dtype:
+                    s = self.tmp(f"{s}.to({TL[cdt]})")
+        else:
+            tpl = _TRITON_OVERRIDES.get(e.name, OPS[e.name][1])
+            if cdt == torch.float32 and e.name in _IEEE:
+                tpl = _IEEE[e.name]      # fp32 / and sqrt are approximate on GPUs; fp64 is IEEE
+            src = e.args[0].dtype if e.name == "cast" else None
+            if e.name == "cast" and cdt != e.dtype:
+                tpl = "{0}.to({t}).to(tl.float32)"     # round to the narrow type, then widen
+                s = self.tmp(tpl.format(self.render(e.args[0]), t=TL[e.dtype]))
+            elif e.name == "cast" and src.is_floating_point and compute_dtype(src) != src:
+                # a narrow value is held unrounded in its compute type (ops between
+                # loads and stores round once, at the store); an explicit cast out of
+                # the narrow type (autocast's ``.float()``) reads it rounded, as eager
+                s = self.tmp(f"{self.render(e.args[0])}.to({TL[src]}).to({TL[cdt]})")
+            else:
+                args = [self.render(a) for a in e.args]
+                s = self.tmp(tpl.format(*args, t=TL[cdt]))
+        self.memo[e] = s
+        return s
+
+
+def store_value(v: str, dtype) -> str:
+    return f"{v}.to({TL[dtype]})" if compute_dtype(dtype) != dtype else v
+
+
+def decompose(vars_, sizes, flat: str) -> list:
+    """Lines recovering each dim's index from a flat one (contiguous order)."""
+    lines, stride = [], 1
+    strides = []
+    for s in reversed(sizes):
+        strides.append(stride)
+        stride *= int(s)
+    strides.reverse()
+    for i, (v, s, st) in enumerate(zip(vars_, sizes, strides)):
+        if v.terms:
+            q = flat if st == 1 else f"({flat} // {st})"
+            lines.append(f"{v.terms[0][0]} = {q}" if i == 0 else f"{v.terms[0][0]} = {q} % {int(s)}")
+    return lines
+
+
+def memory_order(g, sizes, writes) -> list:
+    """Dims from outermost to innermost in memory of the group's first stored buffer
+    (a channels-last result walks channels fastest, so lanes stay coalesced)."""
+    n = len(sizes)
+    for node in g.nodes:
+        if node.name in writes and tuple(node.sizes) == tuple(sizes):
+            st = [int(s) for s in node.strides]
+            if st == list(ir.contiguous_strides(sizes)):
+                break
+            return sorted(range(n), key=lambda i: (-st[i] if int(sizes[i]) != 1 else 0, i))
+    return list(range(n))
+
+
+def pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+class AloneKernel:
+    """Base of the kernel of a buffer computed by a kernel of its own (``Group.alone``:
+    ``scatter``, ``scan``): its name and its parameters — the buffers it
+    reads, then the one it writes."""
+
+    def __init__(self, gi: int, b):
+        self.name, self.b, self.counter = f"kernel{gi}", b, [0]
+
+    def params(self):
+        b = self.b
+        return sorted(b.reads() - {b.name}) + [b.name], {b.name}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"

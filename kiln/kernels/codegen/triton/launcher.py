@@ -1,0 +1,258 @@
+"""Running a generated Triton module: the launcher of each kernel (Triton's JIT at
+first, then the compiled kernel called directly through ``cuda_launch``), the
+autotuning of its candidates at first launch, compiling ahead (``precompile``) and
+loading a module (``load``)."""
+
+from __future__ import annotations
+
+import torch
+
+from ....debug.timing import timed
+from ...toolchain import cxx_build
+from .exprs import interpreting
+
+
+def _hook_set(h) -> bool:
+    """Triton's launch hooks: None, or (3.5+) a HookChain that may be empty."""
+    if h is None:
+        return False
+    calls = getattr(h, "calls", None)
+    return calls is None or len(calls) > 0
+
+
+class Launcher:
+    """Launches one kernel. The first launch goes through Triton (compiling, autotuning)
+    unless ``load`` handed the kernel over compiled; later ones call the compiled kernel
+    directly while the arguments' 16-byte alignment (what Triton specialises pointers
+    on) is unchanged: Triton's own dispatch costs tens of microseconds of Python per
+    launch. Where ``cuda_launch`` can launch a kernel it does so (no C launcher to
+    build), and it also times the candidates of an autotuned kernel at its first launch.
+    ``why``: reasons the direct path was not taken (diagnostics)."""
+
+    why: dict = {}
+    #: the generated module's file (what a compile worker reads a fused kernel from)
+    path: str | None = None
+
+    def __init__(self, source=None, kinfo=None, mod=None):
+        # id(kernel) -> (alignment, compiled, grid, constexprs, DriverKernel | None) | None
+        self.fast = {}
+        self.tuned = {}         # id(kernel) -> [(compiled, DriverKernel)], one per config
+        self.disabled = False
+        # for triton_binaries: each kernel's compiled form, once all have one
+        self.source, self.kinfo = source, kinfo
+        self.names = {id(getattr(mod, k[0])): k[0] for k in kinfo} if kinfo else {}
+        self.compiled = {}
+
+    def _keep(self, key, ck):
+        """Note ``ck`` as what kernel ``key`` runs (after autotuning: the winner); when
+        every kernel of the module has one, keep them for later processes."""
+        name = self.names.get(key)
+        if name is None or name in self.compiled:
+            return
+        self.compiled[name] = ck
+        if len(self.compiled) == len(self.names):
+            from ...toolchain import triton_binaries
+            triton_binaries.save(self.source, self.kinfo, self.compiled)
+            self.names = {}
+
+    def preload(self, kernel, ck, n_args, consts, drv=None):
+        """Launch ``kernel`` through ``ck`` (compiled for aligned pointers; ``drv``: its
+        driver launch, if any) from the first call on, without Triton's JIT."""
+        names = list(getattr(kernel, "arg_names", None) or kernel.fn.arg_names)
+        self.fast[id(kernel)] = ((True,) * n_args, ck, None,
+                                 tuple(consts[n] for n in names[n_args:]), drv)
+        self._keep(id(kernel), ck)
+
+    def preload_candidates(self, kernel, candidates):
+        """An autotuned ``kernel`` whose every config is compiled and driver-launchable
+        (``candidates``: (compiled, DriverKernel) in config order): its first aligned
+        launch times them and keeps the fastest."""
+        self.tuned[id(kernel)] = candidates
+
+    def _note(self, reason):
+        Launcher.why[reason] = Launcher.why.get(reason, 0) + 1
+
+    @staticmethod
+    def _fastest(candidates, gx, gy, stream, ptrs):
+        """The candidate with the least time for a few launches (after two warm ones),
+        timed with CUDA events on the launch stream; the kernels only write their
+        outputs, so running them again is harmless (as in Triton's autotuner)."""
+        spans = []
+        for _, drv in candidates:
+            for _ in range(2):
+                drv.launch(gx, gy, stream, ptrs)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(5):
+                drv.launch(gx, gy, stream, ptrs)
+            end.record()
+            spans.append((start, end))
+        end.synchronize()
+        times = [a.elapsed_time(b) for a, b in spans]
+        return candidates[times.index(min(times))]
+
+    def matmul(self, kernel, spec, a, b, args) -> bool:
+        """A fused matmul kernel's launch if its tier is up (``matmul_epilogue``)."""
+        from . import matmul_epilogue
+        return matmul_epilogue.launch(kernel, spec, a, b, args, self.path)
+
+    def __call__(self, rt, kernel, grid, args, kw):
+        key = id(kernel)
+        ent = self.fast.get(key)
+        if ent is not None or key in self.tuned:
+            ptrs = [a.data_ptr() for a in args]
+            align = tuple(p % 16 == 0 for p in ptrs)
+            gx, gy = grid[0], grid[1] if len(grid) > 1 else 1
+            dev = args[0].device.index if args else 0
+            stream = torch._C._cuda_getCurrentRawStream(dev)
+            if ent is None and all(align):
+                with timed("kernels.triton_autotune"):
+                    ck, drv = self._fastest(self.tuned.pop(key), gx, gy, stream, ptrs)
+                ent = self.fast[key] = (align, ck, None, (), drv)
+                self._keep(key, ck)
+            if ent is not None and align == ent[0]:
+                ck, consts, drv = ent[1], ent[3], ent[4]
+                try:
+                    if drv is not None:
+                        drv.launch(gx, gy, stream, ptrs)
+                    else:
+                        ck.run(gx, gy, 1, stream, ck.function, ck.packed_metadata, None, None,
+                               None, *args, *consts)
+                    return
+                except Exception as e:       # noqa: BLE001
+                    self._note(f"direct launch failed: {type(e).__name__}: {e}")
+                    self.disabled = True
+                    self.fast.clear()
+            else:
+                self._note("alignment changed")
+        if not interpreting():
+            from ...toolchain import triton_setup
+            triton_setup.wait_for("driver")   # Triton's JIT from here
+        if key in self.fast:
+            ck = kernel[grid](*args, **kw)
+        else:
+            with timed("kernels.triton_first_launch"):
+                ck = kernel[grid](*args, **kw)
+        if self.disabled or key in self.fast or interpreting():
+            return
+        self.fast[key] = None           # one attempt per kernel
+        try:
+            from triton import knobs
+            if _hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook):
+                self._note("launch hooks installed")
+                return
+            if ck is None or not hasattr(ck, "packed_metadata"):
+                self._note(f"no compiled kernel returned ({type(ck).__name__})")
+                return
+            names = list(getattr(kernel, "arg_names", None) or kernel.fn.arg_names)
+            consts = tuple(kw[n] for n in names[len(args):])
+            ck.run   # initialises the handles
+            from ...runtime import cuda_launch
+            self.fast[key] = (tuple(a.data_ptr() % 16 == 0 for a in args), ck, grid, consts,
+                              cuda_launch.prepare(ck, len(args)))
+            if all(a.data_ptr() % 16 == 0 for a in args):
+                self._keep(key, ck)
+        except Exception as e:        # an unexpected Triton version: keep its own dispatch
+            self._note(f"setup failed: {type(e).__name__}: {e}")
+            self.disabled = True
+
+
+def precompile(mod, kinfo, path: str) -> tuple:
+    """Compile every kernel of ``mod`` (the module at ``path``) now, for the device's
+    target (``triton_build``; Triton's ``warmup`` where kiln cannot name the
+    signature), each autotuning candidate separately, shared between the compile
+    workers and this process (``triton_pool``), and load each for launching
+    (``ready``). Returns (kernel name -> (CompiledKernel, DriverKernel | None) for
+    kernels that are not autotuned, kernel name -> [one such pair per config] for those
+    that are); failures are left to the first launch."""
+    if interpreting() or not kinfo or not torch.cuda.is_available():
+        return {}, {}
+    from ...toolchain import triton_pool
+    from ...toolchain import triton_binaries
+    from ...toolchain import triton_build
+    from ...toolchain import triton_setup
+    from ...runtime.cuda_launch import ready
+    dev = torch.cuda.current_device()
+    done, tuned, jobs, specs = {}, {}, [], []
+    for name, params, dtypes, consts, nw, tune in kinfo:
+        kernel = getattr(mod, name)
+        if tune:
+            tuned[name] = [None] * len(kernel.configs)
+            # one candidate of an autotuned kernel: the options its autotuner will pass
+            cands = [(kernel.fn, cfg.all_kwargs(), i) for i, cfg in enumerate(kernel.configs)]
+        else:
+            cands = [(kernel, {"num_warps": nw}, None)]
+        for fn, opts, i in cands:
+            jobs.append((name, len(params), dtypes, consts, fn, opts, i))
+            sig = triton_build.signature(fn, dtypes, consts)
+            specs.append(None if sig is None else {
+                "path": path, "name": name, "signature": sig, "consts": dict(consts),
+                "options": opts})
+
+    def keep(k, compiled):
+        name, n_args, *_, i = jobs[k]
+        compiled = ready(compiled, n_args)
+        if i is None:
+            done[name] = compiled
+        else:
+            tuned[name][i] = compiled
+
+    def local(k):
+        name, n_args, dtypes, consts, fn, opts, i = jobs[k]
+        try:
+            triton_setup.wait_for("warmup")     # LLVM's one-time set-up, done meanwhile
+            compiled = triton_build.compile_kernel(fn, dtypes, consts, opts)
+            if compiled is None:          # through the JIT, which needs Triton's driver
+                triton_setup.wait_for("driver")
+                compiled = fn.warmup(*dtypes, grid=(1,), **dict(consts), **opts)
+            keep(k, compiled)
+        except Exception:         # noqa: BLE001  (compiled at its first launch instead)
+            pass
+    with timed("kernels.triton_compile"):    # (Triton's own set-up: triton_setup)
+        torch.cuda.set_device(dev)
+        replies = triton_pool.run(specs, local)
+        for k, reply in enumerate(replies):
+            if reply is not None:
+                try:
+                    keep(k, triton_binaries.compiled_kernel(reply, jobs[k][4].arg_names))
+                except Exception:     # noqa: BLE001  (compiled at its first launch instead)
+                    pass
+    return done, {n: c for n, c in tuned.items() if all(x is not None for x in c)}
+
+
+def load(source: str, entries, kinfo=None):
+    """Import the module from the cache directory; one step callable per segment."""
+    with timed("kernels.triton_setup"):      # once per process; mostly done meanwhile
+        import triton  # noqa: F401
+        from ...toolchain import triton_setup
+        if interpreting() or not torch.cuda.is_available():
+            triton_setup.install()
+        else:
+            triton_setup.wait()
+    with timed("kernels.triton_module"):
+        mod, path = cxx_build.load_module("triton", source)
+    launch = Launcher()
+    if kinfo and not interpreting() and torch.cuda.is_available():
+        from ...toolchain import triton_binaries
+        with timed("kernels.triton_load"):
+            ready_ = triton_binaries.load(source, kinfo)
+        tuned = {}
+        if ready_ is None:
+            launch = Launcher(source, kinfo, mod)
+            ready_, tuned = precompile(mod, kinfo, path)
+        for name, params, _, consts, _, _ in kinfo:
+            if name in ready_:
+                ck, drv = ready_[name]
+                launch.preload(getattr(mod, name), ck, len(params), consts, drv)
+            elif name in tuned and all(drv is not None for _, drv in tuned[name]):
+                launch.preload_candidates(getattr(mod, name), tuned[name])
+    launch.path = path
+    steps = []
+    for name, params in entries:
+        fn = getattr(mod, name)
+
+        def step(rt, tensors, fn=fn, params=params):
+            fn(rt, launch, *[tensors[p] for p in params])
+        step.params = params
+        steps.append(step)
+    return steps

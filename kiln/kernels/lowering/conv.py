@@ -1,0 +1,37 @@
+"""Library calls with a layout of kiln's choosing: half-precision 2-d convolutions run
+channels-last on the GPU (cuDNN's tensor-core kernels are NHWC)."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Lazy, Unsupported, View, channels_last_strides, is_box, is_channels_last, register
+
+aten = torch.ops.aten
+
+
+# --- library calls with a layout of our choosing ---------------------------------------
+#: dtypes whose 2-d convolutions run channels-last on the Triton (GPU) path: cuDNN's
+#: tensor-core kernels are NHWC; given NCHW it transposes in and out around each call
+#: (two extra kernels, and their launch cost, per convolution).
+CHANNELS_LAST_DTYPES = {torch.bfloat16, torch.float16}
+
+
+@register(aten.convolution.default)
+def _convolution(lo, node, x, w, b, stride, padding, dilation, transposed, output_padding,
+                 groups):
+    if (lo.target != "triton" or not is_box(x) or len(x.sizes) != 4 or transposed
+            or x.dtype not in CHANNELS_LAST_DTYPES):
+        raise Unsupported("K0211", "convolution stays as the graph has it")
+    cl = channels_last_strides(x.sizes)
+    if not (isinstance(x, View) and is_channels_last(x.sizes, x.strides)):
+        lazy = x if isinstance(x, Lazy) else Lazy(x.sizes, x.dtype, x.load)
+        x = lo.realize(Lazy(lazy.sizes, lazy.dtype, lazy.fn, cl), strides=cl, origin=node.name)
+    out = lo.fallback(node, (x, w, b, stride, padding, dilation, transposed, output_padding,
+                             groups), {}, "library call")
+    # cuDNN (and oneDNN) give a channels-last result for a channels-last input; the meta
+    # kernel does not say so. Should a library disagree, the runtime copies (_fix_layout).
+    ext = lo.by_name[out.buf]
+    ext.strides = channels_last_strides(ext.sizes)
+    lo.relaid.add(ext.name)
+    return View(out.buf, out.sizes, ext.strides, 0, out.dtype)

@@ -1,0 +1,1 @@
+"""Runtime: running a compiled graph's steps (allocation, launch, CUDA-graph replay)."""

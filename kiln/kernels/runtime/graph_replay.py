@@ -1,0 +1,305 @@
+"""Replaying a compiled graph's launches from a recorded CUDA graph (``KILN_CUDAGRAPHS``).
+
+A graph of many small launches spends most of a call on the host (resnet18 at batch 16:
+~90%); a recorded CUDA graph replays them all with one launch. ``GraphReplay`` records a
+``Runtime``'s steps on its second call and replays them after.
+
+Inputs. One at the same address as on the call before (a parameter) is read in place;
+one that moves every call (a batch) is copied into a static buffer first. One that
+moves once (the backward's saved activations, once the forward is itself replayed from
+the graph's memory) records the graph again at its new address instead of being copied
+from then on.
+
+Memory. Every graph on a device is recorded into one shared memory pool (``_Pool``), so
+graphs share their temporaries: a training backward reuses what its forward freed.
+Outputs are handed out as aliases of the graph's memory, never copied: a forward's
+saved activations cost their bytes once, and a replay launches nothing but the graph.
+That is safe only while nothing still holds memory a replay will overwrite. A replay
+of graph G writes what G allocated while being recorded: its outputs and temporaries.
+Graphs keep their outputs allocated, so outputs of graphs recorded before G were never
+G's to write; G's own outputs, and those of graphs recorded after G (which may lie in
+G's temporaries), must no longer be held by anyone when G replays. Whether something
+holds an output is its storage's reference count against the pool's own.
+
+When something does: the graph whose output is held copies that output out from then
+on (the caller keeps it across calls: ``loss = step(x)`` holds the last loss while the
+next call runs; copies are the caller's own), and G is recorded again, allocating
+around what is held. After ``RECORD_LIMIT`` recordings G makes plain calls.
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+import weakref
+
+import torch
+
+from ... import config
+from ...debug.logs import log_for
+from .. import ir
+
+#: graphs of fewer steps than this make plain calls (one launch is not worth a graph)
+GRAPH_MIN_STEPS = 8
+#: recordings of one graph before it gives up on replay (inputs that keep moving,
+#: outputs held across calls)
+RECORD_LIMIT = 6
+_RANDOM = ("rand", "bernoulli", "dropout", "normal", "uniform", "multinomial", "poisson",
+           "exponential", "geometric", "cauchy", "log_normal")
+_log = log_for("perf_hints")
+_use_count = torch._C._storage_Use_Count
+
+
+class _Pool:
+    """One device's shared CUDA-graph memory pool and the outputs recorded into it.
+
+    ``entries``: [seq, storage, base, owner, outputs] per output storage of each current
+    recording, in recording order; ``base`` is its reference count held by the pool
+    alone, ``owner`` a weak reference to the GraphReplay that recorded it, ``outputs``
+    the positions of the outputs that view it. ``retired``: the same for recordings no
+    longer replayed (recorded again, given up, garbage-collected), kept, with their
+    memory, until nothing outside holds them."""
+
+    def __init__(self):
+        # A pool exists while a graph recorded into it, or a MemPool, holds it: when
+        # the last graph goes (recorded again, say), recording into its id again trips
+        # an assertion in the caching allocator; the MemPool keeps it held for good.
+        mem_pool = getattr(torch.cuda, "MemPool", None)
+        self.keeper = mem_pool() if mem_pool is not None else None
+        self.handle = self.keeper.id if self.keeper is not None else \
+            torch.cuda.graph_pool_handle()
+        self.entries = []
+        self.retired = []
+        self.seq = itertools.count()
+
+    def add(self, owner, storages) -> int:
+        """Register a recording's output storages, [(storage, output positions)]."""
+        seq = next(self.seq)
+        ref = weakref.ref(owner, self._retire_ref)
+        for st, outputs in storages:
+            self.entries.append([seq, st, _use_count(st._cdata), ref, outputs])
+        return seq
+
+    def retire(self, owner) -> None:
+        """``owner`` no longer replays its recording: its outputs stay protected while
+        something holds them; the others' memory goes back to the pool now (before a
+        new recording allocates)."""
+        self._retire_where(lambda ref: ref() is owner)
+
+    def _retire_ref(self, ref) -> None:
+        """A recording's GraphReplay was garbage-collected."""
+        self._retire_where(lambda r: r is ref)
+
+    def _retire_where(self, is_owner) -> None:
+        going = [e for e in self.entries if is_owner(e[3])]
+        if going:
+            self.entries = [e for e in self.entries if not is_owner(e[3])]
+            self.retired += going
+        self.retired = [e for e in self.retired if _use_count(e[1]._cdata) > e[2]]
+
+    def held_after(self, seq: int) -> list:
+        """(owner or None when retired, output positions, storage) of the storages
+        recorded at or after ``seq`` that something outside the pool still holds. Called
+        before every replay: it reads only those storages' reference counts."""
+        held = []
+        if self.retired:
+            self.retired = [e for e in self.retired if _use_count(e[1]._cdata) > e[2]]
+            held += [(None, e[4], e[1]._cdata) for e in self.retired if e[0] >= seq]
+        entries = self.entries
+        for k in range(bisect.bisect_left(entries, seq, key=_seq), len(entries)):
+            e = entries[k]
+            if _use_count(e[1]._cdata) > e[2]:
+                held.append((e[3](), e[4], e[1]._cdata))
+        return held
+
+    def owns(self, t: torch.Tensor) -> bool:
+        """Is ``t`` a view of a current recording's output?"""
+        c = t.untyped_storage()._cdata
+        return any(e[1]._cdata == c for e in self.entries)
+
+
+def _seq(entry) -> int:
+    return entry[0]
+
+
+_POOLS: dict[int, _Pool] = {}
+
+
+def _pool(device) -> _Pool:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _POOLS:
+        _POOLS[idx] = _Pool()
+    return _POOLS[idx]
+
+
+class GraphReplay:
+    """Records a Runtime's steps in a CUDA graph on its second call and replays it after
+    (see the module doc). Anything unexpected (capture failing: host syncs, unsupported
+    ops) falls back to plain calls for good; ``reason`` says why."""
+
+    def __init__(self, rt):
+        self.calls = 0
+        self.records = 0
+        self.ptrs = None
+        self.graph = None
+        self.disabled = False
+        self.reason = None
+        self.moving = set()            # inputs copied into static buffers
+        self.moved_once = set()        # inputs that moved once after recording
+        self.copied = set()            # outputs handed out as copies, not aliases
+        self.seq = -1
+        self.outs = None               # per output: (storage, offset, sizes, strides, dtype)
+        self.pool = _pool(rt.device)
+        self.position = {name: pos for pos, name in rt.inputs}
+
+    @staticmethod
+    def maybe(rt):
+        mode = config.cudagraphs
+        if mode == "0" or rt.device.type != "cuda" or not torch.cuda.is_available():
+            return None
+        if any(k == "const" for k, _ in rt.out_plan):
+            return None
+        for s in rt.steps:
+            op = getattr(getattr(s, "b", None), "op", None)
+            if op is not None and any(r in str(getattr(op, "__name__", op)) for r in _RANDOM):
+                return None
+        if mode != "1" and len(rt.steps) < GRAPH_MIN_STEPS:
+            return None
+        return GraphReplay(rt)
+
+    def __call__(self, rt, args):
+        if self.disabled:
+            return rt.run(args)
+        ptrs = [args[pos].data_ptr() for pos, _ in rt.inputs]
+        self.calls += 1
+        if self.calls == 1:                      # warm-up: compiles, library plans
+            self.ptrs = ptrs
+            if any(args[pos].device.type != "cuda" for pos, _ in rt.inputs):
+                # a CPU tensor (a 0-d scalar) is read by the host when an op is
+                # launched: a replay would launch with the value it had when recorded
+                self._disable("a graph input is not on the GPU")
+            return rt.run(args)
+        if self.graph is None:
+            # inputs that moved since the first call are read in place for now: the
+            # backward's saved activations move once, when the forward starts replaying
+            self.moved_once |= {i for i, (p, q) in enumerate(zip(ptrs, self.ptrs)) if p != q}
+            return self._record(rt, args, ptrs)
+        moved = [i for i in self.stable if ptrs[i] != self.ptrs[i]]
+        if moved:
+            # record again, reading it at its new address; if it moves again it is
+            # copied in from then on, unless it is another graph's output (that moves
+            # only when its graph records again)
+            for i in moved:
+                if i in self.moved_once and not self.pool.owns(args[rt.inputs[i][0]]):
+                    self.moving.add(i)
+            self.moved_once.update(moved)
+            return self._record(rt, args, ptrs)
+        held = self.pool.held_after(self.seq)
+        if held:
+            self._copy_held(held, args)
+            return self._record(rt, args, ptrs)
+        for i, st in self.copies:
+            st.copy_(args[rt.inputs[i][0]])
+        self.graph.replay()
+        return self._outputs(rt, args)
+
+    def _copy_held(self, held, args):
+        """Outputs held across calls are copied out from now on; except another graph's
+        outputs that are this call's inputs (a backward's saved activations, after its
+        forward recorded again): recording this graph again is the whole remedy."""
+        inputs = {a.untyped_storage()._cdata for a in args if isinstance(a, torch.Tensor)}
+        for g, outputs, cdata in held:
+            if g is None or g.copied.issuperset(outputs) or (g is not self and cdata in inputs):
+                continue
+            g.copied.update(outputs)
+            _log.info("CUDA graph outputs %s are kept across calls: copying them out "
+                      "from now on", sorted(outputs))
+
+    def _disable(self, why):
+        self.disabled = True
+        self.reason = why
+        self._release()
+        _log.info("CUDA graph replay off for a graph: %s", why)
+
+    def _release(self):
+        self.pool.retire(self)
+        self.graph = None
+        self.outs = None
+
+    def _outputs(self, rt, args):
+        out = []
+        copied = self.copied
+        for i, spec in enumerate(self.outs):
+            if spec is None:
+                out.append(None)
+                continue
+            if len(spec) == 2:           # an input, or a view of one (a saved input)
+                kind, v = spec
+                a = args[self.position[v if kind == "buf" else v.buf]]
+                out.append(a if kind == "buf" else
+                           rt.tensor_of({v.buf: a}, v.buf, v.sizes, v.strides, v.offset))
+                continue
+            st, off, size, stride, dtype = spec
+            t = torch.empty(0, dtype=dtype, device=st.device).set_(st, off, size, stride)
+            out.append(t.clone() if i in copied else t)
+        return rt.package(out)
+
+    def _record(self, rt, args, ptrs):
+        self.records += 1
+        old = self.graph                 # holds the pool until the new one does
+        self._release()
+        if self.records > RECORD_LIMIT:
+            self._disable(f"recorded {RECORD_LIMIT} times (inputs keep moving, or "
+                          "outputs are kept across calls)")
+            return rt.run(args)
+        self.stable = [i for i in range(len(ptrs)) if i not in self.moving]
+        self.ptrs = ptrs
+        self.copies = []
+        static = list(args)
+        for i in sorted(self.moving):
+            pos = rt.inputs[i][0]
+            a = args[pos]
+            st = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+            st.copy_(a)
+            static[pos] = st
+            self.copies.append((i, st))
+        try:
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool.handle):
+                flat = rt.run_flat(rt.take_inputs(static))
+        except Exception as e:        # noqa: BLE001  (capture is best effort)
+            try:
+                torch.cuda.synchronize()
+            except Exception:          # noqa: BLE001
+                pass
+            self._disable(f"capture failed: {type(e).__name__}: {e}")
+            return rt.run(args)
+        del old
+        del static
+        specs, storages = _output_specs(flat, rt)
+        del flat                      # the pool's storages are now the only holders
+        self.outs = specs
+        self.graph = graph
+        self.seq = self.pool.add(self, storages)
+        graph.replay()
+        return self._outputs(rt, args)
+
+
+def _output_specs(flat, rt):
+    """Per output (storage, offset, sizes, strides, dtype) in the graph's memory, the
+    runtime's plan (kind, view) for one that is an input or a view of one, or None;
+    and the distinct storages, one Python object each, with the positions of the
+    outputs viewing them."""
+    specs, seen, users = [], {}, {}
+    for i, (t, (kind, v)) in enumerate(zip(flat, rt.out_plan)):
+        if t is None:
+            specs.append(None)
+            continue
+        if isinstance(rt.buffers[v if kind == "buf" else v.buf], ir.Input):
+            specs.append((kind, v))
+            continue
+        st = t.untyped_storage()
+        st = seen.setdefault(st._cdata, st)
+        users.setdefault(st._cdata, set()).add(i)
+        specs.append((st, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype))
+    return specs, [(st, frozenset(users[c])) for c, st in seen.items()]

@@ -1,0 +1,1 @@
+"""Toolchain: the compilers kiln drives (g++, Triton), their probes, workers and caches."""
