@@ -73,7 +73,6 @@ class Compile:
     notes: list = field(default_factory=list)
     log: list = field(default_factory=list)
     graphs: int = 0
-    user_lines: dict = field(default_factory=dict)   # aten node name -> (file, line, fn)
 
 
 class Session:
@@ -259,19 +258,6 @@ def note_callee(cf) -> None:
                         f"resume function {fr.name} (rewritten bytecode)")
 
 
-@_safe
-def note_user_lines(gm) -> None:
-    """The user line of each node of ``gm`` (an aten graph about to become kernels), so
-    that the kernels written to the trace name the lines they compute."""
-    c = current()
-    if c is None:
-        return
-    for n in gm.graph.nodes:
-        where = n.meta.get("kiln_user_line")
-        if where is not None:
-            c.user_lines[n.name] = where
-
-
 def current() -> Compile | None:
     st = getattr(_tls, "stack", None)
     return st[-1] if st else None
@@ -409,8 +395,7 @@ def _kernels(s, c, record, msg):
         s.write(c, "loop_ir.txt", ir_text, "loop IR")
         ext, what = (".cpp", "C++ kernels") if target == "cpp" else (".py", "Triton kernels")
         cached = " (from the graph cache)" if "(cached)" in record.msg else ""
-        s.write(c, "kernels" + ext, _with_user_lines(source, c.user_lines, target),
-                what + cached)
+        s.write(c, "kernels" + ext, source, what + cached)   # with user lines (provenance)
     else:
         s.write(c, "kernels.txt", msg, "kernels")
 
@@ -435,34 +420,6 @@ def _node_lines(record) -> str:
         text = linecache.getline(file, line or 0).strip()
         out.append(f"#   {', '.join(names)}: {file}:{line} in {fn}: {text}")
     return "\n".join(out) + "\n"
-
-
-_KERNEL_HEAD = re.compile(r"^(?P<indent>\s*)(?P<mark>//|#) .*; from (?P<origins>.+)$")
-
-
-def _with_user_lines(source: str, user_lines: dict, target: str) -> str:
-    """The kernel source with, under each kernel's header comment (``...; from add_1,
-    mul_2``), the user lines its nodes came from (the trace's copy only: the compiled
-    source, which keys caches, is unchanged)."""
-    if not user_lines:
-        return source
-    import linecache
-
-    out = []
-    for line in source.splitlines():
-        out.append(line)
-        m = _KERNEL_HEAD.match(line)
-        if m is None:
-            continue
-        seen = []
-        for origin in m.group("origins").split(", "):
-            where = user_lines.get(origin.split(" ")[0])
-            if where is not None and where not in seen:
-                seen.append(where)
-        for file, lineno, fn in seen:
-            text = linecache.getline(file, lineno or 0).strip()
-            out.append(f"{m.group('indent')}{m.group('mark')}   {file}:{lineno} in {fn}: {text}")
-    return "\n".join(out) + ("\n" if source.endswith("\n") else "")
 
 
 def _breaks(s, c, record, msg):

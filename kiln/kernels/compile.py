@@ -10,6 +10,7 @@ call with others compiles again for those (kept side by side).
 from __future__ import annotations
 
 import ctypes
+import logging
 
 import torch
 import torch.fx as fx
@@ -19,7 +20,7 @@ from ..debug.breaks import describe, tag
 from ..debug import trace_dir
 from ..debug.logs import log_for
 from ..debug.timing import timed
-from . import ir
+from . import ir, provenance
 from .codegen.cpp import source as cpp_source
 from .lowering import GraphLowering, View
 from .runtime.runner import ExternStep, Runtime
@@ -82,13 +83,21 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
     source, entries, kinfo = _generate(sched, lo, target)
     arte["source"] = source
     arte["kinfo"] = kinfo
-    _code_log.info("kernels: %s source for graph\n%s\n%s", target, arte["ir"], source)
+    _code_log.info("kernels: %s source for graph\n%s\n%s", target, arte["ir"],
+                   _shown(source, gm))
     p = graph_cache.Plan(graph_cache.Lowered(lo.buffers, lo.outputs, lo.device),
                          sched, source, entries, kinfo, arte, list(lo.fallback_messages))
     if key is not None:
         with timed("kernels.graph_cache"):
             graph_cache.store(key, p)
     return p
+
+
+def _shown(source: str, gm) -> str:
+    """The source as logged: each kernel under the user lines it computes (provenance)."""
+    if not _code_log.isEnabledFor(logging.INFO):
+        return source
+    return provenance.annotate(source, provenance.user_lines_of(gm))
 
 
 def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
@@ -115,7 +124,7 @@ def _cached(gm, example_inputs, target):
         for op, reason in p.fallback_messages:
             _fallback_log.info("kernels: %s falls back to aten (%s)", op, reason)
         _code_log.info("kernels: %s source for graph (cached)\n%s\n%s", target,
-                       p.artefacts["ir"], p.source)
+                       p.artefacts["ir"], _shown(p.source, gm))
     return key, p
 
 
@@ -318,7 +327,6 @@ class CompiledGraph:
         rt = self.variants.get(sig)
         if rt is None:
             with timed("kernels"), trace_dir.within(self._trace_owner):
-                trace_dir.note_user_lines(self.gm)     # (the trace's kernels name them)
                 rt = self._build(args)
         check = self._checks.get(sig)
         if check is None:
