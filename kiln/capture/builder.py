@@ -213,7 +213,7 @@ class _AllowedFunction(V.Value):
 
 
 def _special(obj):
-    from kiln.capture import api, func_transforms
+    from kiln.capture import func_transforms, marks
 
     from kiln.capture.frame_access import frame_function
     from kiln.capture.optimizers import special as optimizer_special
@@ -224,13 +224,13 @@ def _special(obj):
     if found is not None:
         return found
     try:
-        if obj is api.graph_break:
+        if obj is marks.graph_break:
             return _BreakingFunction(obj, "K0027", "kiln.graph_break() called")
         if type(obj) is types.MethodType and isinstance(obj.__self__, (torch.no_grad, torch.enable_grad)) \
                 and obj.__func__.__name__ == "clone":
             # the factory inside @torch.no_grad()-decorated functions: a fresh manager
             return _GradModeFactory(obj, isinstance(obj.__self__, torch.enable_grad))
-        if obj is api.is_compiling:
+        if obj is marks.is_compiling:
             return V.BuiltinValue(_true)
         if isinstance(obj, types.FunctionType) and obj in _builtin_rules():  # inspect.signature…
             return V.BuiltinValue(obj)
@@ -238,11 +238,11 @@ def _special(obj):
             # folded at trace time (torch.compiler.is_compiling and friends are Python
             # functions outside torch's graph modules: inlining them would read False)
             return V.TorchFunctionValue(obj)
-        if getattr(obj, "__dict__", {}).get("_kiln_disabled") is True:  # not a __getattr__'s answer
+        if marks.is_marked_disabled(obj):
             return _BreakingFunction(obj, "K0028", f"{getattr(obj, '__qualname__', obj)} is marked kiln.disable")
-        if obj in api._disallowed_in_graph:
+        if obj in marks.disallowed_in_graph:
             return _BreakingFunction(obj, "K0029", f"{getattr(obj, '__qualname__', obj)} is disallowed in graph")
-        if obj in api._allowed_in_graph:
+        if obj in marks.allowed_in_graph:
             return _AllowedFunction(obj)
         found = func_transforms.special_value(obj)
         if found is not None:

@@ -37,14 +37,29 @@ def _resolve(name, modules):
     return None
 
 
+def _runtime_nodes(tree):
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:`` (annotations only:
+    never imported when the program runs)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and getattr(child.test, "id", None) == "TYPE_CHECKING":
+                todo.extend(child.orelse)
+                continue
+            todo.append(child)
+
+
 def import_graph():
-    """module -> set of kiln.capture modules it imports anywhere in its body."""
+    """module -> set of kiln.capture modules it imports anywhere in its body (function-local
+    imports included, type-checking-only ones not)."""
     modules = _modules()
     graph = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
             targets = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
