@@ -38,6 +38,7 @@ def _stable_module(mod) -> bool:
     return name.split(".")[0] in _STABLE_MODULE_PREFIXES
 
 
+@V.rule
 def wrap(tx, obj, source, module_member=False):
     """The Value for ``obj`` read from ``source`` (None: no guard, not re-readable)."""
     from kiln.capture.torch_rules import is_torch_callable
@@ -137,7 +138,6 @@ def wrap(tx, obj, source, module_member=False):
     if t is types.MethodType and isinstance(obj.__self__, (torch.no_grad, torch.enable_grad)) \
             and obj.__func__.__name__ == "__exit__":
         # the exit of a grad-mode with-block entered before a graph break
-        from kiln.capture.interpreter import _ExitValue
 
         cm = obj.__self__
         if g:
@@ -145,7 +145,7 @@ def wrap(tx, obj, source, module_member=False):
             g.constant(AttrSource(AttrSource(source, "__self__"), "prev"), cm.prev)
         gv = V.GradModeValue(isinstance(cm, torch.enable_grad))
         gv.prev = cm.prev
-        return _ExitValue(gv)
+        return V.ExitValue(gv)
     if autocast.is_real_autocast(obj):
         return autocast.wrap_real(tx, obj, source)
     if t is types.MethodType:
@@ -276,6 +276,7 @@ def _wrap_object(tx, obj, source):
     return tx.output.object_value(obj, source)
 
 
+@V.rule
 def wrap_static(obj):
     """A Value for a constant result computed at trace time (no source, no guard)."""
     t = type(obj)
@@ -316,6 +317,7 @@ def wrap_static(obj):
     return V.ObjectValue(obj, None)
 
 
+@V.rule
 def lookup_class_attr(cls, name):
     """(owner class, raw attribute) from the MRO without invoking descriptors."""
     for klass in cls.__mro__:
@@ -333,6 +335,7 @@ def lookup_guarded(tx, cls, name):
     return owner, attr
 
 
+@V.rule
 def wrap_class_attr(tx, self_value, cls, name, source=None):
     """Read ``name`` as found on ``cls`` (through ``self_value`` if not None), applying
     the descriptor protocol for functions, static/class methods and properties."""

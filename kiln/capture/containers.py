@@ -16,6 +16,7 @@ def _mutated(tx, c):
         tx.output.mark_mutated(c)
 
 
+@V.rule
 def list_method(tx, lst, name, args, kwargs):
     items = lst.items
     if name == "append":
@@ -59,6 +60,7 @@ def list_method(tx, lst, name, args, kwargs):
     return V.ConstantValue(None)
 
 
+@V.rule
 def tuple_method(tx, seq, name, args, kwargs):
     items = seq.items
     if name == "index":
@@ -109,6 +111,7 @@ def dict_items_of(tx, v):
     return out
 
 
+@V.rule
 def dict_method(tx, d, name, args, kwargs):
     items = d.items
     if name == "get":
@@ -190,6 +193,7 @@ _SET_READS = ("union", "intersection", "difference", "symmetric_difference", "is
 _SET_UPDATES = ("update", "intersection_update", "difference_update", "symmetric_difference_update")
 
 
+@V.rule
 def set_method(tx, s, name, args, kwargs):
     """The method run on the real set of constants (same results, same order)."""
     items = s.items
