@@ -297,11 +297,6 @@ def set_operand(tx, v):
     return [x.const() for x in iterate(tx, v)]
 
 
-_SET_READS = ("union", "intersection", "difference", "symmetric_difference", "issubset",
-              "issuperset", "isdisjoint")
-_SET_UPDATES = ("update", "intersection_update", "difference_update", "symmetric_difference_update")
-
-
 # --- set: run on the real set of constants -----------------------------------------------
 _SET_READS = ("union", "intersection", "difference", "symmetric_difference", "issubset",
               "issuperset", "isdisjoint")

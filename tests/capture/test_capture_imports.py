@@ -124,6 +124,12 @@ def test_graph_sees_function_local_imports():
     assert any(len(c) > 1 for c in strongly_connected(graph)) or MAX_SCC == 1
 
 
+def test_no_capture_file_over_1000_lines():
+    long = {name: n for name, path in _modules().items()
+            if (n := len(path.read_text().splitlines())) > 1000}
+    assert not long, long
+
+
 if __name__ == "__main__":
     g = import_graph()
     comps = strongly_connected(g)
