@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import types
-import weakref
 
 import torch
 
@@ -14,8 +13,9 @@ from kiln import config
 from kiln.backends import lookup_backend
 from kiln.capture.errors import Unsupported
 from kiln.debug.breaks import hint, tag
-from kiln.capture import eval_frame
+from kiln.capture import eval_frame, marks
 from kiln.capture.eval_frame import CompiledFunction, Recorder
+from kiln.capture.marks import allow_in_graph, disallow_in_graph, graph_break, is_compiling
 
 __all__ = ["Unsupported", "compile", "optimize", "explain", "export", "disable",
            "allow_in_graph", "disallow_in_graph", "graph_break", "reset", "run", "is_compiling"]
@@ -193,59 +193,13 @@ def disable(fn=None, recursive=True):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        eval_frame._state.disabled = getattr(eval_frame._state, "disabled", 0) + 1
+        marks.state.disabled = marks.disabled_depth() + 1
         try:
             return fn(*args, **kwargs)
         finally:
-            eval_frame._state.disabled -= 1
+            marks.state.disabled -= 1
 
-    wrapper._kiln_disabled = True
-    return wrapper
-
-
-class _Registry:
-    """Functions registered by ``allow_in_graph`` / ``disallow_in_graph``: held weakly
-    where Python allows it. Builtins cannot be (they live as long as their module);
-    bound methods are new objects on every read, compared by value: held strongly."""
-
-    def __init__(self):
-        self._weak = weakref.WeakSet()
-        self._strong = set()
-
-    def add(self, fn):
-        if isinstance(fn, types.MethodType):
-            self._strong.add(fn)
-            return
-        try:
-            self._weak.add(fn)
-        except TypeError:
-            self._strong.add(fn)
-
-    def __contains__(self, fn):
-        try:
-            return fn in self._weak or fn in self._strong
-        except TypeError:       # unhashable
-            return False
-
-
-_allowed_in_graph = _Registry()
-_disallowed_in_graph = _Registry()
-
-
-def allow_in_graph(fn):
-    """Put calls to ``fn`` into the graph as one node, without tracing into it."""
-    _allowed_in_graph.add(fn)
-    return fn
-
-
-def disallow_in_graph(fn):
-    """Never put ``fn`` into a graph: calls to it become graph breaks."""
-    _disallowed_in_graph.add(fn)
-    return fn
-
-
-def graph_break():
-    """Force a graph break here (a no-op when run eagerly)."""
+    return marks.mark_disabled(wrapper)
 
 
 def reset():
@@ -265,8 +219,3 @@ def run(fn):
         fn._kiln_forward.frozen = True
         return fn
     return fn
-
-
-def is_compiling() -> bool:
-    """True while kiln traces (library code may ask, to pick compile-friendly paths)."""
-    return eval_frame.is_compiling()

@@ -426,7 +426,6 @@ def construct(tx, cls, args, kwargs):
 def wrap_real(tx, obj, source):
     """A real ``torch.autocast`` object (the ``@torch.autocast(...)`` decorator's), or the
     bound ``__exit__`` of one entered before a graph break; guarded on the fields read."""
-    from kiln.capture.interpreter import _ExitValue
     from kiln.capture.sources import AttrSource
 
     is_exit = not isinstance(obj, torch.amp.autocast)
@@ -444,7 +443,7 @@ def wrap_real(tx, obj, source):
     if not is_exit:
         return v
     v.prev = (cm.prev, cm.prev_fastdtype, cm.prev_cache_enabled)
-    return _ExitValue(v)
+    return V.ExitValue(v)
 
 
 def is_real_autocast(obj) -> bool:

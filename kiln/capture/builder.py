@@ -38,148 +38,230 @@ def _stable_module(mod) -> bool:
     return name.split(".")[0] in _STABLE_MODULE_PREFIXES
 
 
+@V.rule
 def wrap(tx, obj, source, module_member=False):
-    """The Value for ``obj`` read from ``source`` (None: no guard, not re-readable)."""
-    from kiln.capture.torch_rules import is_torch_callable
+    """The Value for ``obj`` read from ``source`` (None: no guard, not re-readable).
 
-    g = tx.output.guards if source is not None else None
-    t = type(obj)
+    Special objects first (kiln's own marks, NumPy), then one mutable object keeps one
+    Value; then ``_BY_TYPE`` (exact types), then ``_BY_PREDICATE`` in order (subclasses
+    and properties: the first that matches wraps), else a generic object."""
     special = _special(obj)
     if special is not None:
         return special
     special = numpy_values.maybe_wrap(tx, obj, source)  # arrays, scalars, NumPy callables
     if special is not None:
         return special
+    t = type(obj)
     if t in (list, dict, set) or (isinstance(obj, dict) and t.__module__ == "collections"):
         # one mutable object, one Value: mutations made through any alias are seen by all
         known = tx.output.known_value(obj, source)
         if known is not None:
             return known
-    if isinstance(obj, torch.Tensor):
-        if source is None:
-            raise Unsupported("K0026", "a tensor that kiln cannot re-read at run time (no source)")
-        return tx.output.input_tensor(obj, source)
-    if t in _CONST_TYPES or obj is Ellipsis:
-        if g:
-            g.constant(source, obj)
-        return V.ConstantValue(obj, source)
-    if t in _TORCH_CONST_TYPES:
-        if g:
-            g.constant(source, obj)
-        return V.ConstantValue(obj, source)
-    if t in (tuple, list):
-        if g:
-            g.type_is(source, t)
-            g.length(source, len(obj))
-        items = [wrap(tx, x, ItemSource(source, i) if source is not None else None)
-                 for i, x in enumerate(obj)]
-        if t is tuple:
-            return V.TupleValue(items, source)
-        return tx.output.remember(obj, V.ListValue(items, source))
-    if isinstance(obj, tuple) and hasattr(t, "_fields"):
-        if g:
-            g.type_is(source, t)
-        items = [wrap(tx, x, ItemSource(source, i) if source is not None else None)
-                 for i, x in enumerate(obj)]
-        return V.NamedTupleValue(t, items, source)
-    if t is dict or (isinstance(obj, dict) and t.__module__ == "collections"):
-        keys = tuple(obj.keys())
-        if not all(type(k) in (str, int, bool, type(None), float) and k == k for k in keys):
-            # a NaN key is found by identity alone: no source expression can name it
-            return _wrap_object(tx, obj, source)
-        if g:
-            g.type_is(source, t)
-            g.dict_keys(source, keys)
-        items = {k: wrap(tx, v, ItemSource(source, k) if source is not None else None)
-                 for k, v in obj.items()}
-        if t is collections.defaultdict:
-            from kiln.capture.default_dicts import wrap_real
-
-            return tx.output.remember(obj, wrap_real(tx, obj, items, source))
-        return tx.output.remember(obj, V.DictValue(items, source, cls=t))
-    if t in (set, frozenset):
-        if not all(type(k) in _CONST_TYPES for k in obj):
-            raise Unsupported("K0011", "a set of non-constant items")
-        if t is frozenset:
-            if g:
-                g.constant(source, obj)
-            return V.ConstantValue(obj, source)
-        if g:
-            g.type_is(source, t)
-            g.equal(source, set(obj))
-        return tx.output.remember(obj, V.SetValue(set(obj), source))
-    if isinstance(obj, torch.nn.Module):
-        if g:
-            g.type_is(source, t)
-        return tx.output.object_value(obj, source, V.ModuleValue)
-    if t is types.ModuleType:
-        if g:
-            g.identity(source, obj)
-        return V.PythonModuleValue(obj, source)
-    if isinstance(obj, type):
-        if g and not module_member:
-            g.identity(source, obj)
-        return V.ClassValue(obj, source)
-    if is_torch_callable(obj):
-        if g and not module_member:
-            g.identity(source, obj)
-        return V.TorchFunctionValue(obj, source)
-    if t is types.FunctionType:
-        if g:
-            g.identity(source, obj)
-        from kiln.capture.func_transforms import prebuilt_value
-
-        return prebuilt_value(tx, obj, source) or V.UserFunctionValue(obj, source)
-    if t is functools._lru_cache_wrapper:
-        from kiln.capture.cached_functions import wrap_cached
-
-        return wrap_cached(tx, obj, source)
-    if t is types.MethodType and isinstance(obj.__self__, (torch.no_grad, torch.enable_grad)) \
-            and obj.__func__.__name__ == "__exit__":
-        # the exit of a grad-mode with-block entered before a graph break
-        from kiln.capture.interpreter import _ExitValue
-
-        cm = obj.__self__
-        if g:
-            g.type_is(AttrSource(source, "__self__"), type(cm))
-            g.constant(AttrSource(AttrSource(source, "__self__"), "prev"), cm.prev)
-        gv = V.GradModeValue(isinstance(cm, torch.enable_grad))
-        gv.prev = cm.prev
-        return _ExitValue(gv)
-    if autocast.is_real_autocast(obj):
-        return autocast.wrap_real(tx, obj, source)
-    if t is types.MethodType:
-        func = wrap(tx, obj.__func__, AttrSource(source, "__func__") if source else None)
-        self_v = wrap(tx, obj.__self__, AttrSource(source, "__self__") if source else None)
-        return V.MethodValue(func, self_v, source)
-    if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType,
-                        types.MethodWrapperType, types.WrapperDescriptorType,
-                        types.MethodDescriptorType, types.ClassMethodDescriptorType)):
-        if g and not module_member:
-            g.identity(source, obj)
-        return V.BuiltinValue(obj, source)
-    if t is functools.partial:
-        from kiln.capture.objects import PartialValue
-
-        if g:
-            g.type_is(source, t)
-        func = wrap(tx, obj.func, AttrSource(source, "func") if source else None)
-        args = [wrap(tx, a, ItemSource(AttrSource(source, "args"), i) if source else None)
-                for i, a in enumerate(obj.args)]
-        kw = {k: wrap(tx, a, ItemSource(AttrSource(source, "keywords"), k) if source else None)
-              for k, a in obj.keywords.items()}
-        return PartialValue(func, args, kw, source)
-    if isinstance(obj, (torch.no_grad, torch.enable_grad)):
-        return V.GradModeValue(isinstance(obj, torch.enable_grad))
-    if isinstance(obj, torch.optim.Optimizer) and source is not None:
-        from kiln.capture.optimizers import wrap_optimizer
-
-        return wrap_optimizer(tx, obj, source)
-    if t is weakref.ref and source is not None:
-        from kiln.capture.weak_refs import wrap_ref
-
-        return wrap_ref(tx, obj, source)
+    g = tx.output.guards if source is not None else None
+    wrapper = _BY_TYPE.get(t)
+    if wrapper is not None:
+        return wrapper(tx, obj, source, g, module_member)
+    for matches, wrapper in _BY_PREDICATE:
+        if matches(obj, source):
+            return wrapper(tx, obj, source, g, module_member)
     return _wrap_object(tx, obj, source)
+
+
+def _items(tx, obj, source):
+    return [wrap(tx, x, ItemSource(source, i) if source is not None else None)
+            for i, x in enumerate(obj)]
+
+
+def _wrap_tensor(tx, obj, source, g, module_member):
+    if source is None:
+        raise Unsupported("K0026", "a tensor that kiln cannot re-read at run time (no source)")
+    return tx.output.input_tensor(obj, source)
+
+
+def _wrap_constant(tx, obj, source, g, module_member):
+    if g:
+        g.constant(source, obj)
+    return V.ConstantValue(obj, source)
+
+
+def _wrap_sequence(tx, obj, source, g, module_member):
+    t = type(obj)
+    if g:
+        g.type_is(source, t)
+        g.length(source, len(obj))
+    items = _items(tx, obj, source)
+    if t is tuple:
+        return V.TupleValue(items, source)
+    return tx.output.remember(obj, V.ListValue(items, source))
+
+
+def _wrap_namedtuple(tx, obj, source, g, module_member):
+    if g:
+        g.type_is(source, type(obj))
+    return V.NamedTupleValue(type(obj), _items(tx, obj, source), source)
+
+
+def _wrap_dict(tx, obj, source, g, module_member):
+    t = type(obj)
+    keys = tuple(obj.keys())
+    if not all(type(k) in (str, int, bool, type(None), float) and k == k for k in keys):
+        # a NaN key is found by identity alone: no source expression can name it
+        return _wrap_object(tx, obj, source)
+    if g:
+        g.type_is(source, t)
+        g.dict_keys(source, keys)
+    items = {k: wrap(tx, v, ItemSource(source, k) if source is not None else None)
+             for k, v in obj.items()}
+    if t is collections.defaultdict:
+        from kiln.capture.default_dicts import wrap_real
+
+        return tx.output.remember(obj, wrap_real(tx, obj, items, source))
+    return tx.output.remember(obj, V.DictValue(items, source, cls=t))
+
+
+def _wrap_set(tx, obj, source, g, module_member):
+    if not all(type(k) in _CONST_TYPES for k in obj):
+        raise Unsupported("K0011", "a set of non-constant items")
+    if type(obj) is frozenset:
+        return _wrap_constant(tx, obj, source, g, module_member)
+    if g:
+        g.type_is(source, set)
+        g.equal(source, set(obj))
+    return tx.output.remember(obj, V.SetValue(set(obj), source))
+
+
+def _wrap_nn_module(tx, obj, source, g, module_member):
+    if g:
+        g.type_is(source, type(obj))
+    return tx.output.object_value(obj, source, V.ModuleValue)
+
+
+def _by_identity(value_cls, always=False):
+    """A wrapper guarding ``obj``'s identity (members of stable modules excepted unless
+    ``always``) and making ``value_cls(obj, source)``."""
+    def wrapper(tx, obj, source, g, module_member):
+        if g and (always or not module_member):
+            g.identity(source, obj)
+        return value_cls(obj, source)
+
+    return wrapper
+
+
+def _wrap_function(tx, obj, source, g, module_member):
+    if g:
+        g.identity(source, obj)
+    from kiln.capture.func_transforms import prebuilt_value
+
+    return prebuilt_value(tx, obj, source) or V.UserFunctionValue(obj, source)
+
+
+def _wrap_cached(tx, obj, source, g, module_member):
+    from kiln.capture.cached_functions import wrap_cached
+
+    return wrap_cached(tx, obj, source)
+
+
+def _is_grad_mode_exit(obj, source):
+    return type(obj) is types.MethodType and isinstance(obj.__self__, (torch.no_grad, torch.enable_grad)) \
+        and obj.__func__.__name__ == "__exit__"
+
+
+def _wrap_grad_mode_exit(tx, obj, source, g, module_member):
+    # the exit of a grad-mode with-block entered before a graph break
+    cm = obj.__self__
+    if g:
+        g.type_is(AttrSource(source, "__self__"), type(cm))
+        g.constant(AttrSource(AttrSource(source, "__self__"), "prev"), cm.prev)
+    gv = V.GradModeValue(isinstance(cm, torch.enable_grad))
+    gv.prev = cm.prev
+    return V.ExitValue(gv)
+
+
+def _wrap_autocast(tx, obj, source, g, module_member):
+    return autocast.wrap_real(tx, obj, source)
+
+
+def _wrap_method(tx, obj, source, g, module_member):
+    func = wrap(tx, obj.__func__, AttrSource(source, "__func__") if source else None)
+    self_v = wrap(tx, obj.__self__, AttrSource(source, "__self__") if source else None)
+    return V.MethodValue(func, self_v, source)
+
+
+def _wrap_partial(tx, obj, source, g, module_member):
+    from kiln.capture.objects import PartialValue
+
+    if g:
+        g.type_is(source, type(obj))
+    func = wrap(tx, obj.func, AttrSource(source, "func") if source else None)
+    args = [wrap(tx, a, ItemSource(AttrSource(source, "args"), i) if source else None)
+            for i, a in enumerate(obj.args)]
+    kw = {k: wrap(tx, a, ItemSource(AttrSource(source, "keywords"), k) if source else None)
+          for k, a in obj.keywords.items()}
+    return PartialValue(func, args, kw, source)
+
+
+def _wrap_grad_mode(tx, obj, source, g, module_member):
+    return V.GradModeValue(isinstance(obj, torch.enable_grad))
+
+
+def _wrap_optimizer(tx, obj, source, g, module_member):
+    from kiln.capture.optimizers import wrap_optimizer
+
+    return wrap_optimizer(tx, obj, source)
+
+
+def _wrap_weakref(tx, obj, source, g, module_member):
+    from kiln.capture.weak_refs import wrap_ref
+
+    return wrap_ref(tx, obj, source)
+
+
+def _is_torch_callable(obj, source):
+    from kiln.capture.torch_rules import is_torch_callable
+
+    return is_torch_callable(obj)
+
+
+def _exactly(t):
+    return lambda obj, source: type(obj) is t
+
+
+def _instance_of(*classes):
+    return lambda obj, source: isinstance(obj, classes)
+
+
+#: exact type -> wrapper. Only types no earlier rule of ``_BY_PREDICATE`` can claim
+#: (tensors, torch callables, classes never have these types).
+_BY_TYPE = {
+    **{t: _wrap_constant for t in _CONST_TYPES + _TORCH_CONST_TYPES},
+    tuple: _wrap_sequence, list: _wrap_sequence,
+    dict: _wrap_dict,
+    set: _wrap_set, frozenset: _wrap_set,
+    types.ModuleType: _by_identity(V.PythonModuleValue, always=True),
+}
+
+#: (matches(obj, source), wrapper), tried in order for the types ``_BY_TYPE`` lacks:
+#: the order matters where several match (a torch function is also a FunctionType).
+_BY_PREDICATE = [
+    (_instance_of(torch.Tensor), _wrap_tensor),
+    (lambda obj, source: isinstance(obj, tuple) and hasattr(type(obj), "_fields"), _wrap_namedtuple),
+    (lambda obj, source: isinstance(obj, dict) and type(obj).__module__ == "collections", _wrap_dict),
+    (_instance_of(torch.nn.Module), _wrap_nn_module),
+    (_instance_of(type), _by_identity(V.ClassValue)),
+    (_is_torch_callable, _by_identity(V.TorchFunctionValue)),
+    (_exactly(types.FunctionType), _wrap_function),
+    (_exactly(functools._lru_cache_wrapper), _wrap_cached),
+    (_is_grad_mode_exit, _wrap_grad_mode_exit),
+    (lambda obj, source: autocast.is_real_autocast(obj), _wrap_autocast),
+    (_exactly(types.MethodType), _wrap_method),
+    (_instance_of(types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
+                  types.WrapperDescriptorType, types.MethodDescriptorType,
+                  types.ClassMethodDescriptorType), _by_identity(V.BuiltinValue)),
+    (_exactly(functools.partial), _wrap_partial),
+    (_instance_of(torch.no_grad, torch.enable_grad), _wrap_grad_mode),
+    (lambda obj, source: isinstance(obj, torch.optim.Optimizer) and source is not None, _wrap_optimizer),
+    (lambda obj, source: type(obj) is weakref.ref and source is not None, _wrap_weakref),
+]
 
 
 class _BreakingFunction(V.Value):
@@ -213,7 +295,7 @@ class _AllowedFunction(V.Value):
 
 
 def _special(obj):
-    from kiln.capture import api, func_transforms
+    from kiln.capture import func_transforms, marks
 
     from kiln.capture.frame_access import frame_function
     from kiln.capture.optimizers import special as optimizer_special
@@ -224,13 +306,13 @@ def _special(obj):
     if found is not None:
         return found
     try:
-        if obj is api.graph_break:
+        if obj is marks.graph_break:
             return _BreakingFunction(obj, "K0027", "kiln.graph_break() called")
         if type(obj) is types.MethodType and isinstance(obj.__self__, (torch.no_grad, torch.enable_grad)) \
                 and obj.__func__.__name__ == "clone":
             # the factory inside @torch.no_grad()-decorated functions: a fresh manager
             return _GradModeFactory(obj, isinstance(obj.__self__, torch.enable_grad))
-        if obj is api.is_compiling:
+        if obj is marks.is_compiling:
             return V.BuiltinValue(_true)
         if isinstance(obj, types.FunctionType) and obj in _builtin_rules():  # inspect.signature…
             return V.BuiltinValue(obj)
@@ -238,11 +320,11 @@ def _special(obj):
             # folded at trace time (torch.compiler.is_compiling and friends are Python
             # functions outside torch's graph modules: inlining them would read False)
             return V.TorchFunctionValue(obj)
-        if getattr(obj, "__dict__", {}).get("_kiln_disabled") is True:  # not a __getattr__'s answer
+        if marks.is_marked_disabled(obj):
             return _BreakingFunction(obj, "K0028", f"{getattr(obj, '__qualname__', obj)} is marked kiln.disable")
-        if obj in api._disallowed_in_graph:
+        if obj in marks.disallowed_in_graph:
             return _BreakingFunction(obj, "K0029", f"{getattr(obj, '__qualname__', obj)} is disallowed in graph")
-        if obj in api._allowed_in_graph:
+        if obj in marks.allowed_in_graph:
             return _AllowedFunction(obj)
         found = func_transforms.special_value(obj)
         if found is not None:
@@ -276,6 +358,7 @@ def _wrap_object(tx, obj, source):
     return tx.output.object_value(obj, source)
 
 
+@V.rule
 def wrap_static(obj):
     """A Value for a constant result computed at trace time (no source, no guard)."""
     t = type(obj)
@@ -316,6 +399,7 @@ def wrap_static(obj):
     return V.ObjectValue(obj, None)
 
 
+@V.rule
 def lookup_class_attr(cls, name):
     """(owner class, raw attribute) from the MRO without invoking descriptors."""
     for klass in cls.__mro__:
@@ -333,6 +417,7 @@ def lookup_guarded(tx, cls, name):
     return owner, attr
 
 
+@V.rule
 def wrap_class_attr(tx, self_value, cls, name, source=None):
     """Read ``name`` as found on ``cls`` (through ``self_value`` if not None), applying
     the descriptor protocol for functions, static/class methods and properties."""

@@ -51,6 +51,7 @@ def _type_of(v):
     return v.python_type()
 
 
+@V.rule
 def call_builtin(tx, fn, args, kwargs):
     h = BUILTINS.get(fn)
     if h is not None:

@@ -19,6 +19,7 @@ from kiln.capture.sources import AttrSource
 TRACED_TORCH_CLASSES = ("torch.distributions.",)
 
 
+@V.rule(name="construct_class")
 def construct(tx, cv, args, kwargs):
     from kiln.capture.builtins import BUILTINS
 
@@ -130,6 +131,7 @@ def exception_init(tx, cls, args, kwargs):
     return V.ConstantValue(None)
 
 
+@V.rule
 def metaclass_getattr(tx, cv, name):
     """``cls.name`` where ``type(cls)`` is a user metaclass, as ``type.__getattribute__``
     looks it up: a data descriptor of the metaclass (a ``@property``) first, then the

@@ -183,11 +183,10 @@ class EntryCodegen:
             return f"{self.ref(made_exception, 'exc')}({self.ref(v.cls, 'cls')}, ({args}), {{{attrs}}})"
         if hasattr(v, "rebuild"):  # iterators, dict views
             return self._rebuilt(v)
-        from kiln.capture.interpreter import _ExitValue
 
-        if isinstance(v, _ExitValue) and isinstance(v.ctx, V.GradModeValue):
+        if isinstance(v, V.ExitValue) and isinstance(v.ctx, V.GradModeValue):
             return f"{self.ref(grad_mode_exit, 'gexit')}({v.ctx.enabled}, {v.ctx.prev})"
-        if isinstance(v, _ExitValue) and hasattr(v.ctx, "exit_expr"):
+        if isinstance(v, V.ExitValue) and hasattr(v.ctx, "exit_expr"):
             return v.ctx.exit_expr(self)
         if isinstance(v, V.SuperValue):
             raise Unsupported("K0021", "rebuilding super()")

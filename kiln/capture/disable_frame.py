@@ -18,7 +18,7 @@ import functools
 import sys
 import types
 
-from kiln.capture import eval_frame
+from kiln.capture import eval_frame, marks
 
 #: Modules whose functions are library code: never compiled as callees.
 _LIBRARIES = frozenset({"torch", "kiln", "numpy", "triton", "sympy", "networkx"}) \
@@ -70,7 +70,7 @@ def disable_frame(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         owner = _compiled_caller()
-        if owner is None or getattr(eval_frame._state, "disabled", 0) \
+        if owner is None or marks.disabled_depth() \
                 or not isinstance(fn, types.FunctionType):
             return fn(*args, **kwargs)
         g = CompilingGlobals(fn.__globals__, owner)
@@ -81,5 +81,4 @@ def disable_frame(fn):
         finally:
             g.write_back()
 
-    wrapper._kiln_disabled = True
-    return wrapper
+    return marks.mark_disabled(wrapper)

@@ -11,7 +11,6 @@ import functools
 import inspect
 import linecache
 import logging
-import threading
 import time
 import types
 import weakref
@@ -19,7 +18,7 @@ import weakref
 from kiln import config
 from kiln.capture.codegen import MISS
 from kiln.capture.errors import BackendCompilerFailed, InternalError, SkipFrame, Unsupported
-from kiln.capture import autocast_state, global_state, guard_failures
+from kiln.capture import autocast_state, global_state, guard_failures, marks
 from kiln.capture.guards import Guard, first_failure
 from kiln.capture.tracer import Entry, TraceContext, trace_frame
 from kiln.debug import trace_dir
@@ -28,12 +27,11 @@ from kiln.debug import progress
 from kiln.debug.logs import log_for
 from kiln.debug.timing import timed
 
-_state = threading.local()
+_state = marks.state      # per-thread compile depth, shared with kiln.disable and is_compiling
 _all_compiled = weakref.WeakSet()  # for kiln.reset(); never keeps one alive
 
 
-def is_compiling() -> bool:
-    return getattr(_state, "depth", 0) > 0
+is_compiling = marks.is_compiling
 
 
 class Recorder:

@@ -15,6 +15,8 @@ import torch
 
 from kiln import config
 from kiln.capture import generators, iterators
+from kiln.capture import opcodes_blocks, opcodes_calls  # noqa: F401 (they register handlers)
+from kiln.capture.opcodes import HANDLERS, handles
 from kiln.capture import values as V
 from kiln.capture.builder import builtins_dict, wrap, wrap_static
 from kiln.capture.cells import RealCell, real_cell
@@ -96,7 +98,7 @@ class Frame:
         self.steps += 1
         if self.steps > config.max_instructions:
             raise Unsupported("K0002", f"more than {config.max_instructions} instructions (an unbounded loop?)")
-        handler = _HANDLERS.get(inst.opname)
+        handler = HANDLERS.get(inst.opname)
         if handler is None:
             raise Unsupported("K0001", f"bytecode {inst.opname} is not supported")
         try:
@@ -317,20 +319,11 @@ def bind_args(code, args, kwargs, defaults, kwdefaults):
 
 
 # =====================================================================================
-# Instruction handlers: one function per opcode, collected in _HANDLERS.
+# Instruction handlers: one function per opcode, registered in opcodes.HANDLERS; the
+# call, block (with/except/raise/import) and pattern-matching families are in opcodes_*.py.
 # =====================================================================================
-_HANDLERS: dict = {}
 # control flow of the trace, not failures: passed through Frame.step untouched
 _NOT_KILNS_FAILURES = (ReturnSignal, YieldSignal, Unsupported, RestartWithBreak, SkipFrame, StopIteration)
-
-
-def handles(*names):
-    def deco(fn):
-        for n in names:
-            _HANDLERS[n] = fn
-        return fn
-
-    return deco
 
 
 @handles("NOP", "RESUME", "PRECALL", "EXTENDED_ARG", "CACHE", "COPY_FREE_VARS")
@@ -793,13 +786,13 @@ _jf = _pop_jump(lambda tx, v: not _truth(tx, v))
 _jn = _pop_jump(lambda tx, v: isinstance(v, V.ConstantValue) and v.value is None)
 _jnn = _pop_jump(lambda tx, v: not (isinstance(v, V.ConstantValue) and v.value is None))
 for _n in ("POP_JUMP_IF_TRUE", "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE"):
-    _HANDLERS[_n] = _jt
+    HANDLERS[_n] = _jt
 for _n in ("POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE"):
-    _HANDLERS[_n] = _jf
+    HANDLERS[_n] = _jf
 for _n in ("POP_JUMP_IF_NONE", "POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NONE"):
-    _HANDLERS[_n] = _jn
+    HANDLERS[_n] = _jn
 for _n in ("POP_JUMP_IF_NOT_NONE", "POP_JUMP_FORWARD_IF_NOT_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE"):
-    _HANDLERS[_n] = _jnn
+    HANDLERS[_n] = _jnn
 
 
 @handles("JUMP_IF_TRUE_OR_POP")
@@ -823,219 +816,7 @@ def RETURN_VALUE(tx, inst):
     raise ReturnSignal(tx.pop())
 
 
-@handles("KW_NAMES")
-def KW_NAMES(tx, inst):
-    tx.kw_names = tx.code.co_consts[inst.arg]
-
-
-@handles("CALL")
-def CALL(tx, inst):
-    argc = inst.arg
-    args = tx.popn(argc)
-    b = tx.pop()
-    a = tx.pop()
-    if a is V.NULL:
-        fn = b
-    else:
-        fn = a
-        args = [b] + args
-    kwargs = {}
-    if tx.kw_names:
-        names = tx.kw_names
-        tx.kw_names = None
-        kvals = args[len(args) - len(names):]
-        args = args[:len(args) - len(names)]
-        kwargs = dict(zip(names, kvals))
-    tx.push(tx.call(fn, args, kwargs))
-
-
-@handles("CALL_FUNCTION_EX")
-def CALL_FUNCTION_EX(tx, inst):
-    kwargs = {}
-    if inst.arg & 1:
-        from kiln.capture.containers import dict_items_of
-
-        kwargs = dict(dict_items_of(tx, tx.pop()))
-    args = tx.pop().unpack(tx)
-    fn = tx.pop()
-    if tx.stack and tx.stack[-1] is V.NULL:
-        tx.pop()
-    tx.push(tx.call(fn, args, kwargs))
-
-
-@handles("MAKE_FUNCTION")
-def MAKE_FUNCTION(tx, inst):
-    code = tx.pop().value  # 3.11 and 3.12 push only the code object
-    qualname = code.co_qualname
-    flags = inst.arg
-    closure = tx.pop().items if flags & 0x08 else None
-    if flags & 0x04:
-        tx.pop()  # annotations
-    kwdefaults = tx.pop().items if flags & 0x02 else None
-    defaults = tuple(tx.pop().items) if flags & 0x01 else None
-    fv = V.NestedFunctionValue(code, tx.f_globals, defaults, kwdefaults,
-                               tuple(closure) if closure else None, qualname)
-    fv.has_annotations = bool(flags & 0x04)
-    tx.push(fv)
-
-
-@handles("RETURN_GENERATOR")
-def RETURN_GENERATOR(tx, inst):
-    tx.push(V.ConstantValue(None))
-
-
-@handles("BEFORE_WITH")
-def BEFORE_WITH(tx, inst):
-    ctx = tx.pop()
-    if isinstance(ctx, V.ContextValue):
-        tx.push(_ExitValue(ctx))
-        tx.push(ctx.enter(tx))
-        return
-    # a user context manager: inline __enter__, remember __exit__
-    from kiln.capture.objects import call_dunder
-
-    if isinstance(ctx, V.ObjectValue):
-        tx.push(_ExitValue(ctx))
-        tx.push(call_dunder(tx, ctx, "__enter__", [], {}))
-        return
-    raise Unsupported("K0032", f"with-statement over {ctx}")
-
-
-class _ExitValue(V.Value):
-    """The bound ``__exit__`` a with-statement keeps on the stack."""
-
-    def __init__(self, ctx):
-        self.ctx = ctx
-
-    def call(self, tx, args, kwargs):
-        if isinstance(self.ctx, V.ContextValue):
-            return self.ctx.exit(tx)
-        from kiln.capture.objects import call_dunder
-
-        return call_dunder(tx, self.ctx, "__exit__", args, kwargs)
-
-
-@handles("WITH_EXCEPT_START")
-def WITH_EXCEPT_START(tx, inst):
-    exc = tx.stack[-1]
-    exit_fn = tx.stack[-4]
-    r = exit_fn.call(tx, [V.ClassValue(exc.python_type()), exc, V.ConstantValue(None)], {})
-    tx.push(r)
-
-
-@handles("PUSH_EXC_INFO")
-def PUSH_EXC_INFO(tx, inst):
-    exc = tx.pop()
-    tx.push(tx.exc_stack[-1] if tx.exc_stack else V.ConstantValue(None))
-    tx.exc_stack.append(exc)
-    tx.push(exc)
-
-
-@handles("POP_EXCEPT")
-def POP_EXCEPT(tx, inst):
-    tx.pop()
-    if tx.exc_stack:
-        tx.exc_stack.pop()
-
-
-@handles("CHECK_EXC_MATCH")
-def CHECK_EXC_MATCH(tx, inst):
-    match = tx.pop()
-    exc = tx.stack[-1]
-    types_ = match.const()
-    tx.push(V.ConstantValue(issubclass(exc.python_type(), types_)))
-
-
-@handles("RERAISE")
-def RERAISE(tx, inst):
-    exc = tx.pop()
-    if inst.arg:
-        tx.pop()  # lasti
-    raise UserException(exc)
-
-
-@handles("RAISE_VARARGS")
-def RAISE_VARARGS(tx, inst):
-    if inst.arg == 0:
-        if not tx.exc_stack:
-            raise Unsupported("K0031", "bare raise outside except")
-        raise UserException(tx.exc_stack[-1])
-    if inst.arg == 2:
-        tx.pop()  # cause
-    exc = tx.pop()
-    if isinstance(exc, V.ClassValue):
-        exc = V.ExceptionValue(exc.cls, [])
-    if not isinstance(exc, V.ExceptionValue):
-        raise Unsupported("K0031", f"raise {exc}")
-    raise UserException(exc)
-
-
-@handles("LOAD_ASSERTION_ERROR")
-def LOAD_ASSERTION_ERROR(tx, inst):
-    tx.push(V.ClassValue(AssertionError))
-
-
-@handles("IMPORT_NAME")
-def IMPORT_NAME(tx, inst):
-    """``import a.b`` pushes package ``a``; ``from a.b import c`` and ``import a.b as c``
-    (then IMPORT_FROM) the module named: exactly what ``__import__`` returns."""
-    fromlist = tx.pop().const()
-    level = tx.pop().const()
-    try:
-        mod = __import__(inst.argval, tx.f_globals, None, fromlist, level)
-    except ImportError as e:
-        raise UserException(V.ExceptionValue(type(e), [V.ConstantValue(a) for a in e.args]))
-    from kiln.capture.sources import RefSource
-
-    tx.push(V.PythonModuleValue(mod, RefSource(tx.output.guards.const(mod, "mod"))))
-
-
-@handles("IMPORT_FROM")
-def IMPORT_FROM(tx, inst):
-    mod = tx.stack[-1]
-    name = inst.argval
-    if not hasattr(mod.mod, name):  # a submodule not bound on its package: sys.modules has it
-        import sys
-
-        full = f"{mod.mod.__name__}.{name}"
-        if full not in sys.modules:
-            raise UserException(V.ExceptionValue(ImportError, [V.ConstantValue(
-                f"cannot import name {name!r} from {mod.mod.__name__!r}")]))
-        tx.push(wrap(tx, sys.modules[full], None))
-        return
-    tx.push(mod.getattr(tx, name))
-
-
-@handles("GET_LEN")
-def GET_LEN(tx, inst):
-    tx.push(V.ConstantValue(len(tx.stack[-1].unpack(tx))))
-
-
 del operator
 
 
-# --- structural pattern matching (match/case) ------------------------------------------
-_HANDLERS.update(generators.HANDLERS)
-
-
-@handles("MATCH_SEQUENCE")
-def MATCH_SEQUENCE(tx, inst):
-    v = tx.stack[-1]
-    is_seq = isinstance(v, (V.ListValue, V.TupleValue)) or (
-        isinstance(v, V.ConstantValue) and isinstance(v.value, (tuple, list, range)))
-    tx.push(V.ConstantValue(is_seq))
-
-
-@handles("MATCH_MAPPING")
-def MATCH_MAPPING(tx, inst):
-    tx.push(V.ConstantValue(isinstance(tx.stack[-1], V.DictValue)))
-
-
-@handles("MATCH_KEYS")
-def MATCH_KEYS(tx, inst):
-    keys = tx.stack[-1].const()
-    subject = tx.stack[-2]
-    if not all(k in subject.items for k in keys):
-        tx.push(V.ConstantValue(None))
-    else:
-        tx.push(V.TupleValue([subject.items[k] for k in keys]))
+HANDLERS.update(generators.HANDLERS)

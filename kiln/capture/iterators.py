@@ -486,6 +486,7 @@ def unpack_exactly(tx, v, n):
     return items
 
 
+@V.rule
 def iterator_method(tx, it, name, args, kwargs):
     """Methods every iterator Value has (generators add send/throw/close)."""
     if name == "__next__":

@@ -108,6 +108,7 @@ def _hooks_guard(tx, mv):
         f"{mv.source.pretty()} has no forward hooks")
 
 
+@V.rule
 def call_module(tx, mv, args, kwargs):
     mod = mv.mod
     pre = list(mod._forward_pre_hooks.items())
@@ -155,6 +156,7 @@ def _guard_keys(tx, mv):
         tx.output.guards.dict_keys(AttrSource(mv.source, "_modules"), tuple(mv.mod._modules.keys()))
 
 
+@V.rule
 def module_items(tx, mv):
     mod = mv.mod
     if isinstance(mod, (nn.Sequential, nn.ModuleList)):

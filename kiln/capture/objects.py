@@ -69,6 +69,7 @@ def object_delattr(tx, ov, name):
     tx.output.mark_mutated(ov)
 
 
+@V.rule
 def object_getattr(tx, ov, name):
     if name in ov.attrs:
         if ov.attrs[name] is DELETED:
@@ -153,6 +154,7 @@ def _custom_getattribute(cls) -> bool:
     return owner not in (None, object, torch.nn.Module) and isinstance(attr, types.FunctionType)
 
 
+@V.rule
 def object_setattr(tx, ov, name, value):
     cls = ov.python_type()
     owner, attr = lookup_guarded(tx, cls, name)
@@ -180,6 +182,7 @@ def has_dunder(ov, name) -> bool:
     return owner is not None and owner is not object and isinstance(attr, types.FunctionType)
 
 
+@V.rule
 def call_dunder(tx, ov, name, args, kwargs):
     from kiln.capture.environ import environ_read, is_environ
 
@@ -199,6 +202,7 @@ def call_dunder(tx, ov, name, args, kwargs):
     raise Unsupported("K0015", f"{cls.__qualname__}.{name} is implemented in C")
 
 
+@V.rule
 def object_truth(tx, ov):
     for dunder in ("__bool__", "__len__"):
         owner, attr = lookup_guarded(tx, ov.python_type(), dunder)
@@ -210,6 +214,7 @@ def object_truth(tx, ov):
     return True
 
 
+@V.rule
 def object_unpack(tx, ov):
     owner, attr = lookup_guarded(tx, ov.python_type(), "__iter__")
     if owner is not None and isinstance(attr, types.FunctionType):

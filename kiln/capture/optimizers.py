@@ -277,6 +277,7 @@ def _learn_dynamo_wrapper() -> None:
             _dynamo_wrapper_known = True
 
 
+@V.rule
 def inline_rule(fn):
     """The rule that replaces inlining ``fn`` (a Python function), or None."""
     if not _dynamo_wrapper_known and _USER_LOADED_DISABLE_MODULE in sys.modules:

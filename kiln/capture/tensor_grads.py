@@ -55,6 +55,7 @@ def read_grad(tx, tv):
     return wrap(tx, real.grad, AttrSource(tv.source, "grad"))
 
 
+@V.rule
 def write_grad(tx, tv, value):
     if tv.source is None or tx.output.real_input(tv) is None:
         raise Unsupported("K0039", "setting .grad of a tensor computed in the graph")

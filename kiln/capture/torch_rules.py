@@ -140,6 +140,7 @@ if hasattr(torch, "_utils") and hasattr(torch._utils, "is_compiling"):
     CONST_FOLD[torch._utils.is_compiling] = lambda tx, a, k: _const(True)
 
 
+@V.rule
 def call_torch_function(tx, fn, args, kwargs):
     if fn in numpy_values.TORCH_BRIDGE:  # from_numpy, Tensor.numpy: a change of kind
         bridged = numpy_values.torch_bridge(tx, fn, args, kwargs)
@@ -176,6 +177,7 @@ _META_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride",
                  "is_inference", "is_set_to", "__len__"}
 
 
+@V.rule
 def tensor_attribute(tx, tv, name):
     f = tv.fake
     if name in ("shape",):
@@ -220,6 +222,7 @@ def tensor_attribute(tx, tv, name):
     raise Unsupported("K0009", f"tensor attribute {name!r}")
 
 
+@V.rule
 def tensor_method(tx, tv, name, args, kwargs):
     if name == "__len__" and not args and not kwargs:  # as len(x): the first size
         from kiln.capture.builtins import BUILTINS

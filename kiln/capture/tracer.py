@@ -26,9 +26,13 @@ from kiln.capture.frame_access import reads_own_frame
 from kiln.capture.backend_call import FirstRun, compile_graph
 from kiln.capture.cells import real_cell
 from kiln.capture.interpreter import Frame, ReturnSignal
+from kiln.capture.opcodes_calls import decode_call
 from kiln.capture.output import OutputGraph
 from kiln.capture.resume import resume_code
 from kiln.capture.sources import ClosureSource, LocalSource, RefSource
+# the layers that register Value behaviour in values.rules (see values._Rules)
+from kiln.capture import (builder, builtins, classes, containers, iterators,  # noqa: F401
+                          modules, objects, optimizers, tensor_grads, torch_rules)
 from kiln.debug.breaks import describe
 from kiln.debug.logs import log_for
 
@@ -281,13 +285,12 @@ def _grad_exits(frame, inst):
     """The grad-mode and autocast with-blocks around ``inst``, outermost first; Unsupported when a
     try block (or another context manager) encloses it: the unsupported step would run
     outside the user's handler."""
-    from kiln.capture.interpreter import _ExitValue
 
     exits = []
     for ent in frame.exc_table:
         if ent.start <= inst.offset <= ent.end:
             slot = frame.stack[ent.depth - 1] if 0 < ent.depth <= len(frame.stack) else None
-            if not (isinstance(slot, _ExitValue) and isinstance(slot.ctx, V.ContextValue)):
+            if not (isinstance(slot, V.ExitValue) and isinstance(slot.ctx, V.ContextValue)):
                 raise Unsupported("K0033", "the break is inside a try block or a with-block kiln cannot re-enter")
             if slot not in exits:
                 exits.append(slot)
@@ -366,15 +369,7 @@ def _native_call(frame, inst, stack, cg, ctx):
         argc = inst.arg
         operands = stack[len(stack) - argc - 2:]
         rest = stack[:len(stack) - argc - 2]
-        a, b, *args = operands
-        if a is V.NULL:
-            fn_v = b
-        else:
-            fn_v, args = a, [b] + args
-        kw_names = frame.kw_names or ()
-        nkw = len(kw_names)
-        pos = args[:len(args) - nkw]
-        kws = dict(zip(kw_names, args[len(args) - nkw:]))
+        fn_v, pos, kws = decode_call(operands, frame.kw_names)
         for v in operands:
             cg.need(v)
         fn_expr = _callee_expr(fn_v, cg, ctx)

@@ -13,11 +13,32 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kiln.capture.errors import Unsupported, UserException
+from kiln.capture.errors import InternalError, Unsupported, UserException
 from kiln.capture.sources import AttrSource, ItemSource
 
 if TYPE_CHECKING:  # pragma: no cover
     from kiln.capture.interpreter import Frame
+
+
+class _Rules:
+    """Value behaviour that needs the layers above this one (wrapping Python objects,
+    torch's op rules, inlining): those modules register their functions here when they
+    are imported (``@rule``), so values never imports them. ``tracer`` imports them
+    all before any trace starts."""
+
+    def __getattr__(self, name):
+        raise InternalError(f"no capture rule {name!r} registered (its module was not imported)")
+
+
+rules = _Rules()
+
+
+def rule(fn=None, *, name=None):
+    """Register ``fn`` in ``rules`` under its own name (or ``name``)."""
+    if fn is None:
+        return lambda f: rule(f, name=name)
+    setattr(rules, name or fn.__name__, fn)
+    return fn
 
 
 class Value:
@@ -126,15 +147,13 @@ class ConstantValue(Value):
         return [ConstantValue(v) for v in items]
 
     def getattr(self, tx, name):
-        from kiln.capture.builder import wrap_static
-
         try:
             v = getattr(self.value, name)
         except AttributeError as e:
             raise UserException(ExceptionValue(AttributeError, [ConstantValue(str(e))]))
         if isinstance(v, (types.BuiltinMethodType, types.MethodWrapperType)):
             return BuiltinValue(v)
-        return wrap_static(v)
+        return rules.wrap_static(v)
 
     def __repr__(self):
         return f"Const({self.value!r})"
@@ -160,21 +179,15 @@ class TensorValue(Value):
         return list(tx.output.op("call_method", "unbind", [self], {}).unpack(tx))
 
     def getattr(self, tx, name):
-        from kiln.capture.torch_rules import tensor_attribute
-
-        return tensor_attribute(tx, self, name)
+        return rules.tensor_attribute(tx, self, name)
 
     def setattr(self, tx, name, value):
         if name == "grad":
-            from kiln.capture.tensor_grads import write_grad
-
-            return write_grad(tx, self, value)
+            return rules.write_grad(tx, self, value)
         raise Unsupported("K0025", f"setting attribute {name!r} on a tensor")
 
     def call_method(self, tx, name, args, kwargs):
-        from kiln.capture.torch_rules import tensor_method
-
-        return tensor_method(tx, self, name, args, kwargs)
+        return rules.tensor_method(tx, self, name, args, kwargs)
 
     def __repr__(self):
         return f"Tensor({self.node.name}, {tuple(self.fake.shape)}, {self.fake.dtype})"
@@ -210,9 +223,7 @@ class TupleValue(_Sequence):
         return tuple(i.const() for i in self.items)
 
     def call_method(self, tx, name, args, kwargs):
-        from kiln.capture.containers import tuple_method
-
-        return tuple_method(tx, self, name, args, kwargs)
+        return rules.tuple_method(tx, self, name, args, kwargs)
 
 
 class NamedTupleValue(TupleValue):
@@ -232,9 +243,7 @@ class NamedTupleValue(TupleValue):
             return self.items[fields.index(name)]
         if name in ("_replace", "_asdict", "index", "count"):
             return BoundContainerMethod(self, name)
-        from kiln.capture.builder import wrap_class_attr
-
-        return wrap_class_attr(tx, self, self.cls, name)
+        return rules.wrap_class_attr(tx, self, self.cls, name)
 
 
 class ListValue(_Sequence):
@@ -250,9 +259,7 @@ class ListValue(_Sequence):
         return False  # lists are mutable: never folded into a constant
 
     def call_method(self, tx, name, args, kwargs):
-        from kiln.capture.containers import list_method
-
-        return list_method(tx, self, name, args, kwargs)
+        return rules.list_method(tx, self, name, args, kwargs)
 
 
 class DictValue(Value):
@@ -275,9 +282,7 @@ class DictValue(Value):
         return [ConstantValue(k) for k in self.items]
 
     def call_method(self, tx, name, args, kwargs):
-        from kiln.capture.containers import dict_method
-
-        return dict_method(tx, self, name, args, kwargs)
+        return rules.dict_method(tx, self, name, args, kwargs)
 
     def getitem(self, tx, k):
         """``d[k]`` (subclasses with their own item protocol override this)."""
@@ -319,9 +324,7 @@ class SetValue(Value):
     getattr = _container_getattr
 
     def call_method(self, tx, name, args, kwargs):
-        from kiln.capture.containers import set_method
-
-        return set_method(tx, self, name, args, kwargs)
+        return rules.set_method(tx, self, name, args, kwargs)
 
 
 class IteratorValue(Value):
@@ -356,9 +359,7 @@ class IteratorValue(Value):
     getattr = _container_getattr
 
     def call_method(self, tx, name, args, kwargs):
-        from kiln.capture.iterators import iterator_method
-
-        return iterator_method(tx, self, name, args, kwargs)
+        return rules.iterator_method(tx, self, name, args, kwargs)
 
     def referenced(self) -> list:
         """The Values a rebuilt iterator is made of."""
@@ -389,29 +390,23 @@ class UserFunctionValue(FunctionValue):
         return types.FunctionType
 
     def call(self, tx, args, kwargs):
-        from kiln.capture.optimizers import inline_rule
-
-        rule = inline_rule(self.fn)  # a wrapper kiln models rather than inlines
-        if rule is not None:
-            return rule(tx, self, args, kwargs)
+        modelled = rules.inline_rule(self.fn)  # a wrapper kiln models rather than inlines
+        if modelled is not None:
+            return modelled(tx, self, args, kwargs)
         return tx.inline_function(self, args, kwargs)
 
     def getattr(self, tx, name):
-        from kiln.capture.builder import wrap
-
         if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__"):
             return ConstantValue(getattr(self.fn, name))
         if name == "__class__":
             return ClassValue(types.FunctionType)
         if name in ("__defaults__", "__kwdefaults__"):
-            from kiln.capture.builder import wrap_static
-
-            return wrap_static(getattr(self.fn, name))
+            return rules.wrap_static(getattr(self.fn, name))
         if name == "__get__":  # the descriptor protocol by hand: fn.__get__(obj, cls)
             return _FunctionGet(self)
         if name in self.fn.__dict__:
-            return wrap(tx, self.fn.__dict__[name],
-                        AttrSource(self.source, name) if self.source else None)
+            return rules.wrap(tx, self.fn.__dict__[name],
+                              AttrSource(self.source, name) if self.source else None)
         raise Unsupported("K0009", f"attribute {name!r} of function {self.fn.__qualname__}")
 
     def __repr__(self):
@@ -501,9 +496,7 @@ class BuiltinValue(_CallableRef):
     """A builtin function or method implemented in C (len, print, math.sqrt, dict.get…)."""
 
     def call(self, tx, args, kwargs):
-        from kiln.capture.builtins import call_builtin
-
-        return call_builtin(tx, self.fn, args, kwargs)
+        return rules.call_builtin(tx, self.fn, args, kwargs)
 
     def getattr(self, tx, name):
         if name in ("__name__", "__qualname__", "__module__"):
@@ -520,14 +513,10 @@ class TorchFunctionValue(_CallableRef):
     """A PyTorch callable that becomes a graph node (torch.add, F.relu, torch.Tensor.add)."""
 
     def call(self, tx, args, kwargs):
-        from kiln.capture.torch_rules import call_torch_function
-
-        return call_torch_function(tx, self.fn, args, kwargs)
+        return rules.call_torch_function(tx, self.fn, args, kwargs)
 
     def getattr(self, tx, name):
-        from kiln.capture.builder import wrap
-
-        return wrap(tx, getattr(self.fn, name), AttrSource(self.source, name) if self.source else None)
+        return rules.wrap(tx, getattr(self.fn, name), AttrSource(self.source, name) if self.source else None)
 
     def __repr__(self):
         return f"Torch({getattr(self.fn, '__name__', self.fn)})"
@@ -544,8 +533,6 @@ class PythonModuleValue(Value):
         return types.ModuleType
 
     def getattr(self, tx, name):
-        from kiln.capture.builder import wrap
-
         try:
             v = getattr(self.mod, name)
         except AttributeError as e:
@@ -553,7 +540,7 @@ class PythonModuleValue(Value):
                 tx.output.guards.expression(f"not hasattr({self.source.expr()}, {name!r})",
                                             f"{self.source.pretty()} has no attribute {name!r}")
             raise UserException(ExceptionValue(AttributeError, [ConstantValue(str(e))]))
-        return wrap(tx, v, AttrSource(self.source, name) if self.source else None, module_member=True)
+        return rules.wrap(tx, v, AttrSource(self.source, name) if self.source else None, module_member=True)
 
     def __repr__(self):
         return f"Module({self.mod.__name__})"
@@ -576,27 +563,21 @@ class ClassValue(Value):
         return self.cls
 
     def call(self, tx, args, kwargs):
-        from kiln.capture.classes import construct
-
-        return construct(tx, self, args, kwargs)
+        return rules.construct_class(tx, self, args, kwargs)
 
     def getattr(self, tx, name):
-        from kiln.capture.builder import wrap_class_attr, wrap_static
-
         if name in ("__name__", "__qualname__", "__module__", "__mro__", "__bases__", "__doc__"):
-            return wrap_static(getattr(self.cls, name))
+            return rules.wrap_static(getattr(self.cls, name))
         if name == "__class__":  # the metaclass (not object's __class__ descriptor)
             return ClassValue(type(self.cls))
         if name == "apply" and isinstance(self.cls, type) and issubclass(self.cls, torch.autograd.Function) \
                 and _defined_by_torch(self.cls, "apply"):
             return AutogradFunctionApply(self.cls)
         if type(self.cls) is not type:  # a metaclass's data descriptors come first
-            from kiln.capture.classes import metaclass_getattr
-
-            found = metaclass_getattr(tx, self, name)
+            found = rules.metaclass_getattr(tx, self, name)
             if found is not None:
                 return found
-        return wrap_class_attr(tx, None, self.cls, name, source=self.source)
+        return rules.wrap_class_attr(tx, None, self.cls, name, source=self.source)
 
     def __repr__(self):
         return f"Class({self.cls.__qualname__})"
@@ -660,29 +641,19 @@ class ObjectValue(Value):
         return type(self.obj)
 
     def getattr(self, tx, name):
-        from kiln.capture.objects import object_getattr
-
-        return object_getattr(tx, self, name)
+        return rules.object_getattr(tx, self, name)
 
     def setattr(self, tx, name, value):
-        from kiln.capture.objects import object_setattr
-
-        object_setattr(tx, self, name, value)
+        rules.object_setattr(tx, self, name, value)
 
     def call(self, tx, args, kwargs):
-        from kiln.capture.objects import call_dunder
-
-        return call_dunder(tx, self, "__call__", args, kwargs)
+        return rules.call_dunder(tx, self, "__call__", args, kwargs)
 
     def truth(self, tx):
-        from kiln.capture.objects import object_truth
-
-        return object_truth(tx, self)
+        return rules.object_truth(tx, self)
 
     def unpack(self, tx):
-        from kiln.capture.objects import object_unpack
-
-        return object_unpack(tx, self)
+        return rules.object_unpack(tx, self)
 
     def __repr__(self):
         return f"Object({self.python_type().__qualname__})"
@@ -710,14 +681,10 @@ class ModuleValue(ObjectValue):
         return self.obj
 
     def call(self, tx, args, kwargs):
-        from kiln.capture.modules import call_module
-
-        return call_module(tx, self, args, kwargs)
+        return rules.call_module(tx, self, args, kwargs)
 
     def unpack(self, tx):
-        from kiln.capture.modules import module_items
-
-        return module_items(tx, self)
+        return rules.module_items(tx, self)
 
     def truth(self, tx):
         return True
@@ -732,13 +699,11 @@ class SuperValue(Value):
         self.self_value = self_value
 
     def getattr(self, tx, name):
-        from kiln.capture.builder import wrap_class_attr
-
         mro = self.self_value.python_type().__mro__
         i = mro.index(self.cls)
         for klass in mro[i + 1:]:
             if name in klass.__dict__:
-                return wrap_class_attr(tx, self.self_value, klass, name)
+                return rules.wrap_class_attr(tx, self.self_value, klass, name)
         raise Unsupported("K0044", f"super().{name} not found")
 
 
@@ -757,12 +722,10 @@ class ExceptionValue(Value):
     def of_real(cls_, e: BaseException):
         """The Value of a real exception raised while tracing (by a folded builtin, an
         op): its args and attributes as they are."""
-        from kiln.capture.builder import lookup_class_attr, wrap_static
-
-        _, init = lookup_class_attr(type(e), "__init__")
-        ev = cls_(type(e), [wrap_static(a) for a in e.args], custom_init=isinstance(init, types.FunctionType))
+        _, init = rules.lookup_class_attr(type(e), "__init__")
+        ev = cls_(type(e), [rules.wrap_static(a) for a in e.args], custom_init=isinstance(init, types.FunctionType))
         if ev.custom_init:
-            ev.attrs = {k: wrap_static(a) for k, a in vars(e).items()}
+            ev.attrs = {k: rules.wrap_static(a) for k, a in vars(e).items()}
         return ev
 
     def python_type(self):
@@ -779,12 +742,10 @@ class ExceptionValue(Value):
             raise Unsupported("K0031", f"{name} of an exception made in the trace")
         if name == "value" and issubclass(self.cls, StopIteration) and not self.custom_init:
             return self.args[0] if self.args else ConstantValue(None)
-        from kiln.capture.builder import lookup_class_attr, wrap_class_attr
-
-        _, attr = lookup_class_attr(self.cls, name)
+        _, attr = rules.lookup_class_attr(self.cls, name)
         if isinstance(attr, (types.MemberDescriptorType, types.GetSetDescriptorType)):
             raise Unsupported("K0031", f"{self.cls.__name__}.{name} (kept by the exception's C code)")
-        return wrap_class_attr(tx, self, self.cls, name)
+        return rules.wrap_class_attr(tx, self, self.cls, name)
 
     def setattr(self, tx, name, value):
         if name == "args":
@@ -844,6 +805,18 @@ class GradModeValue(ContextValue):
     def exit(self, tx):
         tx.output.exit_grad_block(self.prev)
         return ConstantValue(None)
+
+
+class ExitValue(Value):
+    """The bound ``__exit__`` a with-statement keeps on the stack."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def call(self, tx, args, kwargs):
+        if isinstance(self.ctx, ContextValue):
+            return self.ctx.exit(tx)
+        return rules.call_dunder(tx, self.ctx, "__exit__", args, kwargs)
 
 
 def is_mutable(v: Value) -> bool:
