@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from .elementwise_layout import relayout
+from .ops import CATALOGUE
 
 aten = torch.ops.aten
 _META = torch.device("meta")
@@ -170,14 +171,11 @@ def _bmm(a, b):
     return torch.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=a.dtype, device=_META)
 
 
-_SPECIAL = {
-    aten._softmax.default: _softmax,
-    aten._log_softmax.default: _softmax,
-    aten.native_layer_norm.default: _layer_norm,
-    aten.mm.default: _mm,
-    aten.addmm.default: _addmm,
-    aten.bmm.default: _bmm,
-}
+#: shortcut name (the catalogue's ``meta`` fact, ``kiln/ops``, says which ops) -> function
+_SHORTCUTS = {"softmax": _softmax, "layer_norm": _layer_norm, "mm": _mm, "addmm": _addmm,
+              "bmm": _bmm}
+#: op -> shortcut, for every op the catalogue gives one
+_SPECIAL = {op: _SHORTCUTS[i.meta] for op, i in CATALOGUE.items() if i.meta}
 
 
 def meta_result(func, args, kwargs):

@@ -1,20 +1,18 @@
-"""The aten op set kiln's aten graphs use, and the per-op rules the tracer needs.
+"""The op sets kiln's aten graphs use (CORE, EAGER), built from the op catalogue.
 
-Three tables live here, because every other module of ``kiln.autograd`` asks them:
+Per-op facts (kept whole, decomposed anyway, allowed beyond ``core``, recomputable,
+what a schema says) live in ``kiln/ops``; this module turns them into what the tracer
+and verifier ask:
 
 * ``DECOMPOSITIONS``: what the tracer expands while recording (PyTorch's core-aten
-  decomposition table, plus a few ops the core table leaves whole but we want as
-  primitives, minus ``KEEP_WHOLE``: the ops that libraries (cuBLAS, cuDNN, flash
-  attention) do better than generated code, so the kernel compiler calls them).
+  decomposition table, plus the catalogue's ``decompose`` ops, minus its ``KEEP_WHOLE``
+  ops: those libraries (cuBLAS, cuDNN, flash attention) do better than generated code).
 * ``CORE_OPS``: the final op set a verified aten graph may contain.
-* how an op relates to aliasing: a *view* (returns alias an input, nothing written),
-  a *mutation* (writes an argument; ``functional_variant`` names its out-of-place twin)
-  or plain functional.
+* ``functional_variant``: a mutating op's out-of-place twin.
 """
 from __future__ import annotations
 
 import functools
-import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -22,60 +20,13 @@ import torch
 import torch.fx as fx
 from torch._decomp import decomposition_table
 
+from kiln.ops import (EXTRA_ALLOWED, EXTRA_DECOMPOSE, KEEP_WHOLE, is_kiln_op, is_mutation,
+                      is_view, ops_named)
+
 aten = torch.ops.aten
 
 
-def _ops(*names):
-    """OpOverloads by "packet.overload" name, skipping ones this torch lacks."""
-    out = []
-    for n in names:
-        packet, _, overload = n.partition(".")
-        p = getattr(aten, packet, None)
-        if p is not None and overload in p.overloads():
-            out.append(getattr(p, overload))
-    return out
-
-
-#: Ops kept whole although the decomposition tables could expand them: matmuls,
-#: convolutions and attention go to vendor libraries.
-KEEP_WHOLE = frozenset(_ops(
-    "mm.default", "bmm.default", "addmm.default", "baddbmm.default",
-    "convolution.default", "convolution_backward.default",
-    "_scaled_dot_product_flash_attention.default",
-    "_scaled_dot_product_flash_attention_backward.default",
-    "_scaled_dot_product_efficient_attention.default",
-    "_scaled_dot_product_efficient_attention_backward.default",
-    "_scaled_dot_product_cudnn_attention.default",
-    "_scaled_dot_product_cudnn_attention_backward.default",
-    "_scaled_dot_product_flash_attention_for_cpu.default",
-    "_scaled_dot_product_flash_attention_for_cpu_backward.default",
-))
-
-#: Ops the core table leaves alone that we expand anyway: batch norm hides a write to
-#: its running statistics (its schema does not say so); the decomposition makes the
-#: write an explicit ``copy_`` that functionalization then removes. Group norm's
-#: expansion (reductions and pointwise ops) is what the kernel compiler fuses; whole,
-#: it was poolformer's one fallback (14% of its graph's ops).
-_EXTRA_DECOMPOSE = _ops(
-    "native_batch_norm.default", "_native_batch_norm_legit.default",
-    "_native_batch_norm_legit.no_stats", "_native_batch_norm_legit_functional.default",
-    "_native_batch_norm_legit_no_training.default", "native_group_norm.default",
-)
-
-
-#: Ops allowed in aten graphs beyond those tagged ``core``: random ops (kept whole so
-#: each random draw happens once, where eager draws it), allocation, and the few
-#: non-core ops the autograd engine's own formulas and functionalization emit.
-_EXTRA_ALLOWED = frozenset(_ops(
-    "bernoulli.p", "bernoulli.default", "bernoulli.Tensor", "rand.default",
-    "randn.default", "rand_like.default", "randn_like.default", "randint.low",
-    "native_dropout.default", "uniform.default", "normal.Tensor_float",
-    "empty.memory_format", "empty_strided.default", "new_empty_strided.default",
-    "empty_permuted.default",
-    "as_strided_scatter.default", "copy.default", "alias.default",
-    "_to_copy.default", "clone.default", "lift_fresh_copy.default",
-    "scalar_tensor.default", "_unsafe_index.Tensor", "_unsafe_index_put.default",
-))
+_ops = ops_named
 
 
 def _var_mean(x, dim=None, *, correction=None, keepdim=False):
@@ -91,7 +42,7 @@ _OWN_DECOMPOSITIONS = {aten.var_mean.correction: _var_mean}
 def _build_decompositions():
     from kiln.autograd.decomp_table import core_aten_table
     table = core_aten_table()
-    for op in _EXTRA_DECOMPOSE:
+    for op in EXTRA_DECOMPOSE:
         if op in decomposition_table:
             table[op] = decomposition_table[op]
     for op, fn in _OWN_DECOMPOSITIONS.items():
@@ -106,7 +57,7 @@ DECOMPOSITIONS = _build_decompositions()
 
 class _CoreOps:
     """The core aten op set the verifier accepts, as a membership test: ops tagged
-    ``core`` that the tracer does not decompose, plus KEEP_WHOLE and _EXTRA_ALLOWED,
+    ``core`` that the tracer does not decompose, plus KEEP_WHOLE and EXTRA_ALLOWED,
     less mutations. (Listing them means materialising every aten overload: 50 ms at
     every process's first compile.) ``|`` adds ops."""
 
@@ -116,18 +67,18 @@ class _CoreOps:
     def __contains__(self, op) -> bool:
         if op in self.extra:
             return True
-        if getattr(op, "namespace", None) == "kiln":     # kiln.sdpa and its backward
+        if is_kiln_op(op):                                # kiln.sdpa and its backward
             return True
         if not isinstance(op, torch._ops.OpOverload) or is_mutation(op):
             return False
-        return (op in KEEP_WHOLE or op in _EXTRA_ALLOWED
+        return (op in KEEP_WHOLE or op in EXTRA_ALLOWED
                 or (torch.Tag.core in op.tags and op not in DECOMPOSITIONS))
 
     def __or__(self, other) -> "_CoreOps":
         return _CoreOps(self.extra | frozenset(other))
 
     def __iter__(self):
-        ops = set(KEEP_WHOLE) | set(_EXTRA_ALLOWED) | set(self.extra)
+        ops = set(KEEP_WHOLE) | set(EXTRA_ALLOWED) | set(self.extra)
         for name in dir(aten):
             packet = getattr(aten, name, None)
             if isinstance(packet, torch._ops.OpOverloadPacket):
@@ -138,24 +89,7 @@ class _CoreOps:
 # --- aliasing classification ------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def is_mutation(op) -> bool:
-    """True when the schema says the op writes one of its arguments (``Tensor(a!)``)."""
-    return any(a.alias_info is not None and a.alias_info.is_write
-               for a in op._schema.arguments)
-
-
-@functools.lru_cache(maxsize=None)
-def is_view(op) -> bool:
-    """True when a result aliases an input without writing it (view, select, split…)."""
-    if is_mutation(op):
-        return False
-    return any(r.alias_info is not None for r in op._schema.returns)
-
-
-@functools.lru_cache(maxsize=None)
-def is_random(op) -> bool:
-    return torch.Tag.nondeterministic_seeded in op.tags
+# is_mutation, is_view: kiln/ops/schema.py (imported above; the tracer reads them here).
 
 
 #: Mutating ops whose out-of-place twin does not follow the naming rule.
@@ -216,30 +150,6 @@ def functional_variant(op):
         if not is_mutation(cand) and _signature(cand) == want:
             return cand
     return None
-
-
-# --- recomputation (used by the partitioner) -------------------------------------
-
-_CHEAP = frozenset(_ops(
-    "view.default", "_unsafe_view.default", "permute.default", "expand.default",
-    "squeeze.dims", "squeeze.dim", "squeeze.default", "unsqueeze.default",
-    "slice.Tensor", "select.int", "alias.default", "as_strided.default",
-    "_to_copy.default", "clone.default", "full.default", "scalar_tensor.default",
-    "zeros.default", "ones.default", "empty.memory_format", "new_empty_strided.default",
-    "empty_strided.default", "full_like.default", "cat.default",
-))
-
-
-def is_recomputable(target) -> bool:
-    """May the partitioner recompute this op in the backward instead of saving it?
-    Cheap, deterministic ops only: pointwise maths, views, copies, constants."""
-    if target is operator.getitem:
-        return True
-    if not isinstance(target, torch._ops.OpOverload):
-        return False
-    if is_random(target):
-        return False
-    return target in _CHEAP or torch.Tag.pointwise in target.tags or is_view(target)
 
 
 #: The final op set of kiln's aten graphs: core-tagged aten ops the decomposition

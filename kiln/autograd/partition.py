@@ -19,7 +19,8 @@ import torch
 import torch.fx as fx
 
 from kiln import config
-from kiln.autograd.ops import has_effect, is_recomputable, is_view
+from kiln.autograd.ops import has_effect, is_view
+from kiln.ops import is_recomputable
 
 INF = math.inf
 

@@ -257,10 +257,7 @@ class Buffer:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.sizes:
-            n *= int(s)
-        return n
+        return numel_of(self.sizes)
 
     def reads(self) -> set:
         return set()

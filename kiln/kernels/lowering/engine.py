@@ -31,6 +31,7 @@ from ...dispatch_mode import spare_compiler_import
 from ..devices import same_device, graph_device
 from ..ir import loop_vars
 from ..ops import cast, op
+from ...ops import is_library_call
 from .base import LOWERINGS, Lazy, STORAGE_OPS, Unsupported, View, is_box, is_dense, returns_a_view
 
 aten = torch.ops.aten
@@ -46,25 +47,6 @@ MAX_INLINE_OPS = 96
 #: a value several ops read is computed again by each when every buffer it reads has at
 #: most 1/READ_LITTLE of its elements (``GraphLowering._reads_little``)
 READ_LITTLE = 16
-#: Ops that are meant to be library calls (BLAS, oneDNN, cuDNN, flash attention): they
-#: run as externs without being reported as fallbacks.
-LIBRARY_CALLS = {
-    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
-    aten.convolution.default, aten.convolution_backward.default,
-    aten._scaled_dot_product_flash_attention.default,
-    aten._scaled_dot_product_efficient_attention.default,
-    aten._scaled_dot_product_flash_attention_for_cpu.default,
-    aten.scaled_dot_product_attention.default,
-    aten._native_multi_head_attention.default,
-}
-
-
-def _kiln_library_op(target) -> bool:
-    """kiln's own library ops (``kiln.sdpa``, ``kiln.sdpa_backward``: attention run by
-    PyTorch's fused kernels, ``kiln/autograd/sdpa.py``) are library calls too."""
-    return getattr(target, "namespace", None) == "kiln"
-
-
 class ConstantTensor:
     """The "library call" that yields a module constant (a get_attr tensor)."""
 
@@ -345,9 +327,7 @@ class GraphLowering:
         per-row index, a scalar)? Then each reader computes it again rather than have it
         stored: recomputing rereads next to nothing, and storing it costs a buffer of
         the full size (nll_loss's one-hot gradient: one of the logits' size)."""
-        numel = 1
-        for n in sizes:
-            numel *= int(n)
+        numel = ir.numel_of(sizes)
         for x in ir.walk(e):
             if isinstance(x, ir.Load):
                 b = self.by_name.get(x.buf)
@@ -356,7 +336,7 @@ class GraphLowering:
         return True
 
     def fallback(self, node, args, kwargs, reason):
-        if node.target not in LIBRARY_CALLS and not _kiln_library_op(node.target):
+        if not is_library_call(node.target):      # kiln/ops: an extern on purpose
             self.fallbacks.append(f"{node.target}")
             self.fallback_messages.append((f"{node.target}", reason))
             _fallback_log.info("kernels: %s falls back to aten (%s)", node.target, reason)

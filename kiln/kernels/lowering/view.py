@@ -182,9 +182,7 @@ def _as_strided_scatter(lo, node, x, src, size, stride, storage_offset=None):
     off = 0 if storage_offset is None else int(storage_offset)
     out_sizes, out_strides = tuple(int(s) for s in m.shape), tuple(int(s) for s in m.stride())
     dense = _dense_geometry(size, stride)
-    n = 1
-    for s in size:
-        n *= s
+    n = ir.numel_of(size)
     if not (dense and off == 0 and n == m.numel()):
         box = _aligned_window(out_sizes, out_strides, size, stride, off)
         if box is not None:

@@ -263,9 +263,7 @@ class CppKernel:
         if _column_reduction(g):
             return "\n".join(out + self._column_body(g, writes) + ["}"]), params
         k = len(g.outer)
-        work = 1
-        for s in tuple(g.outer) + tuple(g.red):
-            work *= int(s)
+        work = numel_of(tuple(g.outer) + tuple(g.red))
         ind = "  "
         outer_par = k > 0 and work >= PARALLEL_WORK
         if outer_par:
@@ -275,9 +273,7 @@ class CppKernel:
             ind += "  "
         scope_values: dict[str, str] = {}
         plan = self._plan_scratch(g) if k > 0 else {}
-        rnum = 1
-        for s_ in g.red or ():
-            rnum *= int(s_)
+        rnum = numel_of(g.red or ())
         for e, (_, name) in plan.items():
             out.append(f"{ind}alignas(64) {ctype(e.dtype)} {name}[{rnum}];")
         for li, (kind, nodes) in enumerate(g.loops):
@@ -375,9 +371,7 @@ class CppKernel:
         B = min(COLUMN_BLOCK, last)
         all_vars = g.all_vars()
         out, ind = [], "  "
-        work = 1
-        for s_ in tuple(g.outer) + red:
-            work *= int(s_)
+        work = numel_of(tuple(g.outer) + red)
         blocks = numel_of(g.outer[:-1]) * -(-last // B)
         split = blocks < FEW_OUTER and numel_of(red) >= LONG_REDUCTION and work >= PARALLEL_WORK
         if work >= PARALLEL_WORK and not split:
@@ -481,9 +475,7 @@ class CppKernel:
         per-row scratch array (cache-resident) instead: e.g. softmax's exp(x - max),
         computed for the sum and needed again for the output."""
         inner = [(i, ns) for i, (kind, ns) in enumerate(g.loops) if kind == "inner"]
-        rnum = 1
-        for s_ in g.red or ():
-            rnum *= int(s_)
+        rnum = numel_of(g.red or ())
         if len(inner) < 2 or not g.red or rnum * 8 > SCRATCH_BYTES:
             return {}
         seen: dict = {}           # expr -> first loop index
