@@ -41,15 +41,24 @@ class EntryCodegen:
         for k, v in self.ns.items():
             if v is obj and k.startswith("__"):
                 return k
-        name = f"__{hint}{self._n}"
-        self._n += 1
+        name = self._fresh(hint)
         self.ns[name] = obj
         return name
 
     def temp(self) -> str:
-        name = f"__t{self._n}"
-        self._n += 1
-        return name
+        return self._fresh("t")
+
+    def _fresh(self, hint: str) -> str:
+        """A name no other part of the entry uses: not in the namespace (another
+        codegen's over the same namespace), not a guard's constant, which joins the
+        namespace later (``GuardSet.reserve`` keeps the guards off it in turn)."""
+        guards = self.output.guards
+        while True:
+            name = f"__{hint}{self._n}"
+            self._n += 1
+            if name not in self.ns and name not in guards.consts:
+                guards.reserve(name)
+                return name
 
     def read(self, src) -> str:
         """``src`` as it was on entry. When the program writes state, every read is

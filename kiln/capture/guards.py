@@ -36,15 +36,25 @@ class GuardSet:
     consts: dict[str, object] = field(default_factory=dict)
     _seen: set = field(default_factory=set)
     _const_ids: dict = field(default_factory=dict)
+    _reserved: set = field(default_factory=set)
 
     def const(self, obj, hint="c") -> str:
         key = id(obj)
         name = self._const_ids.get(key)
         if name is None:
-            name = f"__{hint}{len(self.consts)}"
+            n = len(self.consts)
+            name = f"__{hint}{n}"
+            while name in self.consts or name in self._reserved:
+                n += 1
+                name = f"__{hint}{n}"
             self.consts[name] = obj
             self._const_ids[key] = name
         return name
+
+    def reserve(self, name: str) -> None:
+        """``name`` is the entry code's own (``EntryCodegen``): the constants, which
+        join the same namespace, never take it."""
+        self._reserved.add(name)
 
     def add(self, code: str, description: str, lhs: str | None = None):
         if code in self._seen:
