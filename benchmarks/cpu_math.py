@@ -4,7 +4,8 @@ Each row is one aten op compiled alone by kiln (``kiln.kernels.compile_aten_grap
 timed against eager and, unless ``--no-inductor``, torch.compile — the median of
 ``--runs`` interleaved calls (time.perf_counter) after warm-up, all under
 ``torch.set_num_threads(--threads)``. Inputs lie in each function's domain. The table
-is printed and written to ``benchmarks/results/cpu/cpu_math_<date>.txt``.
+is printed and written to ``benchmarks/results/cpu/cpu_math_<date>.txt`` (with
+``KILN_CPU_VECTOR_MATH=0``, scalar libm: ``..._scalar_libm.txt``).
 
     python -m benchmarks.cpu_math [--runs 15] [--threads 2] [--no-inductor] [--ops sin,erf]
 """
@@ -19,6 +20,7 @@ import time
 import torch
 import torch.fx as fx
 
+import kiln.config
 from kiln.kernels import compile_aten_graph
 
 aten = torch.ops.aten
@@ -89,7 +91,8 @@ def main(argv=None):
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     lines = [f"torch {torch.__version__}, threads {a.threads}, {N} fp32 elements, "
-             f"median of {a.runs} runs (ms)",
+             f"median of {a.runs} runs (ms), kiln vector math "
+             f"{'on' if kiln.config.cpu_vector_math else 'off (KILN_CPU_VECTOR_MATH=0)'}",
              f"{'op':8s} {'eager':>8s} {'t.compile':>10s} {'kiln':>8s} {'kiln/eager':>11s}"
              f" {'max|err|':>9s}"]
     print("\n".join(lines), flush=True)
@@ -97,7 +100,9 @@ def main(argv=None):
         op, eager, makers = ROWS[name]
         args = [m(torch.rand(N)) for m in makers]
         kiln_fn = compile_aten_graph(_graph(op, len(args)), args)
-        eager_fn = lambda *xs, f=eager: (f(*xs),)   # noqa: E731
+        ns = {"f": eager}     # a code object per row: torch.compile keys its cache on it
+        exec("def eager_fn(*xs):\n    return (f(*xs),)\n", ns)
+        eager_fn = ns["eager_fn"]
         ref, got = eager_fn(*args)[0], kiln_fn(*args)[0]
         err = (ref - got).abs().nan_to_num(0.0).max().item()
         fns = [eager_fn, kiln_fn]
@@ -111,7 +116,8 @@ def main(argv=None):
         lines.append(line)
         print(line, flush=True)
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, f"cpu_math_{datetime.date.today().isoformat()}.txt")
+    tag = "" if kiln.config.cpu_vector_math else "_scalar_libm"
+    path = os.path.join(a.out, f"cpu_math_{datetime.date.today().isoformat()}{tag}.txt")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("written", path)
