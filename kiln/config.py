@@ -67,6 +67,10 @@ cache_dir: str = _env_str(
 #: cache_dir, so that a second process compiling the same graph skips all of it
 #: (KILN_GRAPH_CACHE).
 graph_cache: bool = _env_bool("KILN_GRAPH_CACHE", True)
+#: Let C++ kernels call glibc's vector math (libmvec) for sin, erf, pow, log1p… when
+#: the compiler probe finds it works (kernels/toolchain/cxx_vecmath.py); off, they call
+#: scalar libm (KILN_CPU_VECTOR_MATH).
+cpu_vector_math: bool = _env_bool("KILN_CPU_VECTOR_MATH", True)
 #: Run random ops through PyTorch so results match eager bit for bit
 #: (KILN_FALLBACK_RANDOM).
 fallback_random: bool = _env_bool("KILN_FALLBACK_RANDOM", False)

@@ -22,7 +22,9 @@ from ...debug.logs import log_for
 from ...debug.timing import timed
 from ...disk_cache import (find_exact, key_of, locations, read_entry,  # noqa: F401  (re-exported)
                           reject, store_file, write_entry)
+from ... import config
 from .cxx_probe import workaround_flags
+from .cxx_vecmath import vector_math_flags
 
 _log = log_for("cache")
 
@@ -52,17 +54,34 @@ def toolchain_version() -> str:
         return "unknown"
 
 
-@functools.lru_cache(None)
 def cxx_flags() -> tuple[str, ...]:
-    """CXXFLAGS plus any workaround ``cxx_probe`` finds this compiler needs."""
-    return tuple(CXXFLAGS + workaround_flags(CXX, CXXFLAGS, toolchain_version()))
+    """CXXFLAGS plus any workaround ``cxx_probe`` finds this compiler needs, plus the
+    vector-math define when ``cxx_vecmath`` allows it."""
+    return _cxx_flags(config.cpu_vector_math)[0]
+
+
+def cxx_libs() -> tuple[str, ...]:
+    """Libraries linked after the source (libmvec when vector math is on)."""
+    return _cxx_flags(config.cpu_vector_math)[1]
+
+
+@functools.lru_cache(None)
+def _cxx_flags(vector_math: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    from ..codegen.cpp.source import PRELUDE
+    flags = CXXFLAGS + workaround_flags(CXX, CXXFLAGS, toolchain_version())
+    defines, libs = vector_math_flags(CXX, flags, toolchain_version(), PRELUDE) \
+        if vector_math else ([], [])
+    return tuple(flags + defines), tuple(libs)
+
+
+cxx_flags.cache_clear = _cxx_flags.cache_clear     # what callers that swap $CXX clear
 
 
 def compile_cpp(source: str) -> str:
     """Path of a shared library built from ``source``, compiling only on a cache miss
     (a missing entry, or one that fails its check). BuildError when the compiler fails."""
-    flags = list(cxx_flags())
-    key = key_of(source, " ".join([CXX] + flags), toolchain_version())
+    flags, libs = list(cxx_flags()), list(cxx_libs())
+    key = key_of(source, " ".join([CXX] + flags + libs), toolchain_version())
     found = read_entry("cpp", key, ".so")
     if found is not None:
         stats["hits"] += 1
@@ -75,7 +94,7 @@ def compile_cpp(source: str) -> str:
     src = store_file("cpp", key, ".cpp", source.encode())
     with timed("kernels.cxx"), tempfile.TemporaryDirectory(prefix="kiln-cxx-") as d:
         out = os.path.join(d, key + ".so")
-        cmd = [CXX, *flags, src, "-o", out]
+        cmd = [CXX, *flags, src, "-o", out, *libs]
         _run_compiler(cmd)
         try:
             with open(out, "rb") as f:

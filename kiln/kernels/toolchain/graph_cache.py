@@ -84,7 +84,7 @@ def _sources_hash() -> str:
     for d, dirs, files in sorted(os.walk(root)):
         dirs.sort()
         for f in sorted(files):
-            if f.endswith(".py"):
+            if f.endswith((".py", ".h")):    # prelude.h is in every C++ source
                 path = os.path.join(d, f)
                 with open(path, "rb") as fh:
                     h.update(os.path.relpath(path, root).encode() + b"\0" + fh.read())

@@ -10,6 +10,28 @@
 #include <immintrin.h>
 #endif
 
+#if defined(KILN_MVEC)
+// Vector math: glibc's libmvec has SIMD variants (AVX2 / AVX-512, documented <= 4 ulp,
+// special values as the scalar functions) of these. Declaring them `simd` lets GCC call
+// those variants from `#pragma omp simd` loops; the header does so itself only under
+// -ffast-math, whose NaN / inf / signed-zero rules kiln cannot take. The build links
+// -lmvec and defines KILN_MVEC only when toolchain/cxx_vecmath.py finds that it works.
+#define KILN_SIMD __attribute__((simd("notinbranch")))
+#define KILN_VEC1(g) KILN_SIMD float g##f(float) noexcept; KILN_SIMD double g(double) noexcept;
+#define KILN_VEC2(g) KILN_SIMD float g##f(float, float) noexcept; \
+                     KILN_SIMD double g(double, double) noexcept;
+extern "C" {
+KILN_VEC1(sin) KILN_VEC1(cos) KILN_VEC1(tan) KILN_VEC1(asin) KILN_VEC1(acos) KILN_VEC1(atan)
+KILN_VEC1(sinh) KILN_VEC1(cosh) KILN_VEC1(tanh) KILN_VEC1(asinh) KILN_VEC1(acosh)
+KILN_VEC1(atanh) KILN_VEC1(erf) KILN_VEC1(erfc) KILN_VEC1(exp) KILN_VEC1(exp2)
+KILN_VEC1(expm1) KILN_VEC1(log) KILN_VEC1(log2) KILN_VEC1(log10) KILN_VEC1(log1p)
+KILN_VEC1(cbrt) KILN_VEC2(pow) KILN_VEC2(atan2) KILN_VEC2(hypot)
+}
+#undef KILN_VEC1
+#undef KILN_VEC2
+#undef KILN_SIMD
+#endif
+
 static inline float kiln_exp(float x) {
   // Cephes-style expf: exact range reduction, degree-6 polynomial, 2^n in two halves
   // so that denormal results stay right. NaN passes through the clamp and the arithmetic.

@@ -35,11 +35,11 @@ with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "prelude.h"))
     PRELUDE = _f.read()
 
 
-#: C++ spellings that differ from ops.py's: libm's tanhf is a scalar call that keeps a loop
-#: from vectorising (no libmvec without -ffast-math); the prelude's float version
-#: vectorises (the double overload still calls libm). sin/cos stay libm calls: a
-#: full-range vector reduction needs a table gather, which GCC does not emit for every
-#: -march (znver1's tuning turns gathers off), and scalar it is slower than libm.
+#: C++ spellings that differ from ops.py's: the prelude's float tanh (Cephes, inlined)
+#: beats libmvec's tanhf; the double overload calls libm's tanh. The other
+#: transcendentals stay libm spellings (std::sin…): the prelude declares them ``simd``
+#: when the build has libmvec (toolchain/cxx_vecmath.py), so simd loops call its vector
+#: variants, and scalar libm otherwise.
 _CPP_OVERRIDES = {"tanh": "kiln_tanh({0})"}
 
 
