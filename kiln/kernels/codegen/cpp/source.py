@@ -145,6 +145,16 @@ def _compensated(n) -> bool:
     return KINDS[n.red_type].compensated and n.dtype == torch.float32
 
 
+def _acc_ctype(n) -> str:
+    """The C type a reduction accumulates in: fp32 sums in double (a block's partial, or
+    a whole short sum), rounded to float once at the end. A float accumulator loses
+    digits along its chain, and in a BatchNorm backward (sums of the gradient and of
+    its product with the centred input, which cancel to a small weight gradient) those
+    digits are what is left: kiln's fp32 gradients were 2-3x further from float64 than
+    eager's, whose sums cascade. (Eager's cumsum of float accumulates in double too.)"""
+    return "double" if _compensated(n) else ctype(n.dtype)
+
+
 SCRATCH_BYTES = 64 * 1024
 #: Outputs of at least this many bytes (far beyond the last-level cache; and glibc always
 #: gives them their own mmap) are written with streaming stores and get huge pages.
@@ -160,8 +170,9 @@ LONG_REDUCTION = 16384
 
 
 #: fp32 sums over more than this many elements (rows, for column reductions) are
-#: accumulated in blocks: each block's partial sum (its loop nest as before, vectorised)
-#: is added into the total with a compensated (Neumaier) add, once per block. One fp32
+#: accumulated in blocks: each block's partial sum (its loop nest as before, vectorised,
+#: in double: ``_acc_ctype``) is added into the total with a compensated (Neumaier) add,
+#: once per block. One fp32
 #: accumulator over a long reduction (a BatchNorm mean over N*H*W) loses digits as the
 #: total grows; eager PyTorch sums in cascades for the same reason.
 SUM_BLOCK = 256
@@ -383,20 +394,20 @@ class CppKernel:
         out.append(f"{ind}for (int64_t xb = 0; xb < {last}; xb += {B}) {{")
         ind += "  "
         out.append(f"{ind}const int64_t xn = std::min<int64_t>({B}, {last} - xb);")
-        for n in nodes:
-            t = ctype(n.dtype)
-            init = identity(n.red_type, t, n.dtype)
-            out.append(f"{ind}{t} acc_{n.name}[{B}];")
-            if _tracks_nan(n):
-                out.append(f"{ind}int nan_{n.name}[{B}];")
-                out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) nan_{n.name}[i] = 0;")
-            out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}[i] = {init};")
         # long fp32 sums: each column's partial over a block of rows (acc_X_p), added
         # compensated into acc_X / acc_X_c once per block
         cut = _sum_blocks(red, COLUMN_SUM_ROWS)
         casc = [n for n in nodes if _compensated(n)] if cut else []
         level, chunk = cut if casc else (None, None)
         casc_names = {n.name for n in casc}
+        for n in nodes:
+            t = _acc_ctype(n) if n.name not in casc_names else ctype(n.dtype)
+            init = identity(n.red_type, t, n.dtype)
+            out.append(f"{ind}{t} acc_{n.name}[{B}];")
+            if _tracks_nan(n):
+                out.append(f"{ind}int nan_{n.name}[{B}];")
+                out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) nan_{n.name}[i] = 0;")
+            out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}[i] = {init};")
         for n in casc:
             out.append(f"{ind}float acc_{n.name}_c[{B}];")
             out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}_c[i] = 0.0f;")
@@ -421,8 +432,8 @@ class CppKernel:
             if j == level:
                 flush_at = li
                 for n in casc:
-                    out.append(f"{li}float acc_{n.name}_p[{B}];")
-                    out.append(f"{li}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}_p[i] = 0.0f;")
+                    out.append(f"{li}double acc_{n.name}_p[{B}];")
+                    out.append(f"{li}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}_p[i] = 0.0;")
             if j == level and chunk:
                 out.append(f"{li}for (int64_t x{k + j} = xc; x{k + j} < "
                            f"std::min<int64_t>(xc + {chunk}, {int(s_)}); ++x{k + j}) {{")
@@ -449,7 +460,7 @@ class CppKernel:
                 out.append(f"{li}#pragma omp simd")
                 out.append(f"{li}for (int64_t xi = 0; xi < xn; ++xi) {{")
                 out += [f"{li}  kiln_sum_add(acc_{n.name}[xi], acc_{n.name}_c[xi], "
-                        f"acc_{n.name}_p[xi]);" for n in casc]
+                        f"float(acc_{n.name}_p[xi]));" for n in casc]
                 out.append(f"{li}}}")
         out.append(f"{ind}for (int64_t xi = 0; xi < xn; ++xi) {{")
         out.append(f"{ind}  const int64_t {xv} = xb + xi;")
@@ -525,6 +536,7 @@ class CppKernel:
         blocks = _sum_blocks(red) if red else None
         casc = [n for n in reds if _compensated(n)] if blocks else []
         casc_names = {n.name for n in casc}
+        wide = {n.name for n in reds if _compensated(n) and n.name not in casc_names}
         inner_clauses = []
         for n in reds:
             t = ctype(n.dtype)
@@ -534,6 +546,8 @@ class CppKernel:
                 init = identity(n.red_type, vt, n.body.dtype)
                 out.append(f"{ind}{vt} {a}_v = {init}; int64_t {a} = 0;")
                 continue
+            if n.name in wide:
+                t = _acc_ctype(n)
             out.append(f"{ind}{t} {a} = {identity(n.red_type, t, n.dtype)};")
             if n.name in casc_names:
                 out.append(f"{ind}{t} {a}_c = {identity(n.red_type, t, n.dtype)};")
@@ -577,7 +591,7 @@ class CppKernel:
                     li += "  "
                 if j == level:
                     flush_at = li
-                    out += [f"{li}float acc_{n.name}_p = 0.0f;" for n in casc]
+                    out += [f"{li}double acc_{n.name}_p = 0.0;" for n in casc]
                 if innermost and simd:
                     out.append(f"{li}#pragma omp simd " + " ".join(inner_clauses))
                 if j == level and chunk:
@@ -638,7 +652,7 @@ class CppKernel:
             li = li[:-2]
             out.append(f"{li}}}")
             if li == flush_at:
-                out += [f"{li}kiln_sum_add(acc_{n.name}, acc_{n.name}_c, acc_{n.name}_p);"
+                out += [f"{li}kiln_sum_add(acc_{n.name}, acc_{n.name}_c, float(acc_{n.name}_p));"
                         for n in casc]
         out += [f"{ind}acc_{n.name} = kiln_sum_total(acc_{n.name}, acc_{n.name}_c);"
                 for n in casc]
@@ -656,6 +670,9 @@ class CppKernel:
             a = f"acc_{n.name}"
             if _tracks_nan(n):
                 out.append(f"{ind}if (nan_{n.name}) {a} = std::numeric_limits<{ctype(n.dtype)}>::quiet_NaN();")
+            if n.name in wide:
+                out.append(f"{ind}float {a}_f = float({a});")
+                a = f"{a}_f"
             scope_values[n.name] = a
             if n.name in writes:
                 out.append(f"{ind}{n.name}[{cindex(n.store_index(g.outer_vars()))}] = {a};")
