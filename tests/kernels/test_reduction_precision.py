@@ -132,14 +132,14 @@ def test_blocked_sum_keeps_inf_and_nan_cpp():
 def test_short_sums_are_not_blocked_cpp():
     """Short reductions keep their single accumulator (no extra work where it is not
     needed), in double for fp32 sums; long fp32 ones get the blocked, compensated form
-    (each block's partial in double); fp64 ones do not."""
+    (float block partials); fp64 ones do not."""
     def f(a, b, c):
         return (aten.sum.dim_IntList(a, [1]), aten.sum.dim_IntList(b, [1]),
                 aten.sum.dim_IntList(c, [1]))
     a, b, c = torch.randn(16, 200), torch.randn(16, 5000), torch.randn(16, 5000).double()
     _, art = build(fx.symbolic_trace(f), [a, b, c], "cpp")
     src = art["source"]
-    assert len(re.findall(r"double acc_(\w+)_p = ", src)) == 1
+    assert len(re.findall(r"float acc_(\w+)_p = ", src)) == 1
     # the short fp32 sum and the fp64 one accumulate in double; the long one's total
     # (with its compensation) stays float
     assert len(re.findall(r"double acc_buf\d+ = ", src)) == 2

@@ -146,12 +146,13 @@ def _compensated(n) -> bool:
 
 
 def _acc_ctype(n) -> str:
-    """The C type a reduction accumulates in: fp32 sums in double (a block's partial, or
-    a whole short sum), rounded to float once at the end. A float accumulator loses
-    digits along its chain, and in a BatchNorm backward (sums of the gradient and of
-    its product with the centred input, which cancel to a small weight gradient) those
-    digits are what is left: kiln's fp32 gradients were 2-3x further from float64 than
-    eager's, whose sums cascade. (Eager's cumsum of float accumulates in double too.)"""
+    """The C type a short reduction (one not summed in blocks) accumulates in: fp32 sums
+    in double, rounded to float once at the end. A float accumulator loses digits along
+    its chain, and in a BatchNorm backward (sums of the gradient and of its product with
+    the centred input, which cancel to a small weight gradient) those digits are what
+    is left: kiln's fp32 gradients were 2-3x further from float64 than eager's, whose
+    sums cascade. Long sums keep float block partials (added compensated): a double
+    partial doubled the time of a BatchNorm training step's long reductions."""
     return "double" if _compensated(n) else ctype(n.dtype)
 
 
@@ -170,9 +171,8 @@ LONG_REDUCTION = 16384
 
 
 #: fp32 sums over more than this many elements (rows, for column reductions) are
-#: accumulated in blocks: each block's partial sum (its loop nest as before, vectorised,
-#: in double: ``_acc_ctype``) is added into the total with a compensated (Neumaier) add,
-#: once per block. One fp32
+#: accumulated in blocks: each block's partial sum (its loop nest as before, vectorised)
+#: is added into the total with a compensated (Neumaier) add, once per block. One fp32
 #: accumulator over a long reduction (a BatchNorm mean over N*H*W) loses digits as the
 #: total grows; eager PyTorch sums in cascades for the same reason.
 SUM_BLOCK = 256
@@ -432,8 +432,8 @@ class CppKernel:
             if j == level:
                 flush_at = li
                 for n in casc:
-                    out.append(f"{li}double acc_{n.name}_p[{B}];")
-                    out.append(f"{li}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}_p[i] = 0.0;")
+                    out.append(f"{li}float acc_{n.name}_p[{B}];")
+                    out.append(f"{li}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}_p[i] = 0.0f;")
             if j == level and chunk:
                 out.append(f"{li}for (int64_t x{k + j} = xc; x{k + j} < "
                            f"std::min<int64_t>(xc + {chunk}, {int(s_)}); ++x{k + j}) {{")
@@ -460,7 +460,7 @@ class CppKernel:
                 out.append(f"{li}#pragma omp simd")
                 out.append(f"{li}for (int64_t xi = 0; xi < xn; ++xi) {{")
                 out += [f"{li}  kiln_sum_add(acc_{n.name}[xi], acc_{n.name}_c[xi], "
-                        f"float(acc_{n.name}_p[xi]));" for n in casc]
+                        f"acc_{n.name}_p[xi]);" for n in casc]
                 out.append(f"{li}}}")
         out.append(f"{ind}for (int64_t xi = 0; xi < xn; ++xi) {{")
         out.append(f"{ind}  const int64_t {xv} = xb + xi;")
@@ -591,7 +591,7 @@ class CppKernel:
                     li += "  "
                 if j == level:
                     flush_at = li
-                    out += [f"{li}double acc_{n.name}_p = 0.0;" for n in casc]
+                    out += [f"{li}float acc_{n.name}_p = 0.0f;" for n in casc]
                 if innermost and simd:
                     out.append(f"{li}#pragma omp simd " + " ".join(inner_clauses))
                 if j == level and chunk:
@@ -652,7 +652,7 @@ class CppKernel:
             li = li[:-2]
             out.append(f"{li}}}")
             if li == flush_at:
-                out += [f"{li}kiln_sum_add(acc_{n.name}, acc_{n.name}_c, float(acc_{n.name}_p));"
+                out += [f"{li}kiln_sum_add(acc_{n.name}, acc_{n.name}_c, acc_{n.name}_p);"
                         for n in casc]
         out += [f"{ind}acc_{n.name} = kiln_sum_total(acc_{n.name}, acc_{n.name}_c);"
                 for n in casc]
