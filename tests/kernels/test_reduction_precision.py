@@ -131,7 +131,8 @@ def test_blocked_sum_keeps_inf_and_nan_cpp():
 
 def test_short_sums_are_not_blocked_cpp():
     """Short reductions keep their single accumulator (no extra work where it is not
-    needed); long fp32 ones get the blocked, compensated form; fp64 ones do not."""
+    needed), in double for fp32 sums; long fp32 ones get the blocked, compensated form
+    (float block partials); fp64 ones do not."""
     def f(a, b, c):
         return (aten.sum.dim_IntList(a, [1]), aten.sum.dim_IntList(b, [1]),
                 aten.sum.dim_IntList(c, [1]))
@@ -139,6 +140,10 @@ def test_short_sums_are_not_blocked_cpp():
     _, art = build(fx.symbolic_trace(f), [a, b, c], "cpp")
     src = art["source"]
     assert len(re.findall(r"float acc_(\w+)_p = ", src)) == 1
+    # the short fp32 sum and the fp64 one accumulate in double; the long one's total
+    # (with its compensation) stays float
+    assert len(re.findall(r"double acc_buf\d+ = ", src)) == 2
+    assert len(re.findall(r"float acc_buf\d+ = ", src)) == 1
     assert len(re.findall(r"kiln_sum_add\(acc_", src)) == 1
     assert not re.search(r"double acc_\w+_c", src)
 

@@ -145,6 +145,17 @@ def _compensated(n) -> bool:
     return KINDS[n.red_type].compensated and n.dtype == torch.float32
 
 
+def _acc_ctype(n) -> str:
+    """The C type a short reduction (one not summed in blocks) accumulates in: fp32 sums
+    in double, rounded to float once at the end. A float accumulator loses digits along
+    its chain, and in a BatchNorm backward (sums of the gradient and of its product with
+    the centred input, which cancel to a small weight gradient) those digits are what
+    is left: kiln's fp32 gradients were 2-3x further from float64 than eager's, whose
+    sums cascade. Long sums keep float block partials (added compensated): a double
+    partial doubled the time of a BatchNorm training step's long reductions."""
+    return "double" if _compensated(n) else ctype(n.dtype)
+
+
 SCRATCH_BYTES = 64 * 1024
 #: Outputs of at least this many bytes (far beyond the last-level cache; and glibc always
 #: gives them their own mmap) are written with streaming stores and get huge pages.
@@ -383,20 +394,20 @@ class CppKernel:
         out.append(f"{ind}for (int64_t xb = 0; xb < {last}; xb += {B}) {{")
         ind += "  "
         out.append(f"{ind}const int64_t xn = std::min<int64_t>({B}, {last} - xb);")
-        for n in nodes:
-            t = ctype(n.dtype)
-            init = identity(n.red_type, t, n.dtype)
-            out.append(f"{ind}{t} acc_{n.name}[{B}];")
-            if _tracks_nan(n):
-                out.append(f"{ind}int nan_{n.name}[{B}];")
-                out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) nan_{n.name}[i] = 0;")
-            out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}[i] = {init};")
         # long fp32 sums: each column's partial over a block of rows (acc_X_p), added
         # compensated into acc_X / acc_X_c once per block
         cut = _sum_blocks(red, COLUMN_SUM_ROWS)
         casc = [n for n in nodes if _compensated(n)] if cut else []
         level, chunk = cut if casc else (None, None)
         casc_names = {n.name for n in casc}
+        for n in nodes:
+            t = _acc_ctype(n) if n.name not in casc_names else ctype(n.dtype)
+            init = identity(n.red_type, t, n.dtype)
+            out.append(f"{ind}{t} acc_{n.name}[{B}];")
+            if _tracks_nan(n):
+                out.append(f"{ind}int nan_{n.name}[{B}];")
+                out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) nan_{n.name}[i] = 0;")
+            out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}[i] = {init};")
         for n in casc:
             out.append(f"{ind}float acc_{n.name}_c[{B}];")
             out.append(f"{ind}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}_c[i] = 0.0f;")
@@ -525,6 +536,7 @@ class CppKernel:
         blocks = _sum_blocks(red) if red else None
         casc = [n for n in reds if _compensated(n)] if blocks else []
         casc_names = {n.name for n in casc}
+        wide = {n.name for n in reds if _compensated(n) and n.name not in casc_names}
         inner_clauses = []
         for n in reds:
             t = ctype(n.dtype)
@@ -534,6 +546,8 @@ class CppKernel:
                 init = identity(n.red_type, vt, n.body.dtype)
                 out.append(f"{ind}{vt} {a}_v = {init}; int64_t {a} = 0;")
                 continue
+            if n.name in wide:
+                t = _acc_ctype(n)
             out.append(f"{ind}{t} {a} = {identity(n.red_type, t, n.dtype)};")
             if n.name in casc_names:
                 out.append(f"{ind}{t} {a}_c = {identity(n.red_type, t, n.dtype)};")
@@ -656,6 +670,9 @@ class CppKernel:
             a = f"acc_{n.name}"
             if _tracks_nan(n):
                 out.append(f"{ind}if (nan_{n.name}) {a} = std::numeric_limits<{ctype(n.dtype)}>::quiet_NaN();")
+            if n.name in wide:
+                out.append(f"{ind}float {a}_f = float({a});")
+                a = f"{a}_f"
             scope_values[n.name] = a
             if n.name in writes:
                 out.append(f"{ind}{n.name}[{cindex(n.store_index(g.outer_vars()))}] = {a};")
