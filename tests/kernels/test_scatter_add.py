@@ -276,6 +276,7 @@ def test_tri_embedding_dense_backward(dtype):
         _check(_embedding_graph, *_embedding_inputs(dtype), target="triton", exact=False)
 
 
+@pytest.mark.slow
 @cpp_only
 def test_triton_path_under_the_interpreter(tmp_path):
     """The ``test_tri_*`` tests in a child pytest: TRITON_INTERPRET must be set before

@@ -244,6 +244,7 @@ def test_ghostnet_like_module_gradients_match_eager():
 
 
 # --- the Triton path ------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.skipif(TRITON, reason="this is the parent run")
 def test_triton_interpreter(tmp_path):
     """This file's ``triton`` cases in a child pytest with TRITON_INTERPRET=1, which must

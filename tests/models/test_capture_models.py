@@ -15,6 +15,7 @@ def _assert_same_state(a, b):
         torch.testing.assert_close(ta, tb, rtol=0, atol=0, msg=f"state {na}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_resnet18_fullgraph_matches_eager(train):
     tv = pytest.importorskip("torchvision")
@@ -43,6 +44,7 @@ def test_resnet18_fullgraph_matches_eager(train):
     assert len(cnt) == 1  # one graph, reused on the second call
 
 
+@pytest.mark.slow
 def test_resnet18_train_step_through_aot_eager():
     tv = pytest.importorskip("torchvision")
     torch.manual_seed(0)
