@@ -289,7 +289,12 @@ class Functionalize:
             old.storage.base = standin
         func(*args, **kwargs)                # below autograd: geometry only
         v = self.infos[id(view)]
-        self.infos[id(t)] = dataclasses.replace(v)
+        self.infos[id(t)] = info = dataclasses.replace(v)
+        if info.modes:
+            # eager keeps t's autograd standing through the change, whatever the grad
+            # mode (a differentiable view stays one, its grad_fn remade): the step is
+            # replayed in the mode of the step before it, or the caller's
+            info.modes = info.modes[:-1] + (info.modes[-2] if len(info.modes) > 1 else None,)
         i = self.input_of.get(id(t))
         if i is not None:
             self.meta_mutations.append((i, func, tuple(args[1:]), dict(kwargs),

@@ -638,3 +638,29 @@ def test_unsupported_mutations_run_eagerly_with_a_reason():
     out, = fn(b)
     assert torch.equal(b, torch.ones(4)) and out is b
     assert fn.eager_calls == 1 and "share memory" in fn.eager_reasons[0]
+
+
+def _squeeze_view_with_grad_off(x):
+    v = x.sin().reshape(9, 1)
+    with torch.no_grad():
+        v.squeeze_(-1)                 # a differentiable view stays one (eager)
+    return v
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [_squeeze_view_with_grad_off])
+def test_geometry_change_keeps_the_views_autograd_standing(fn, backend):
+    """fuzz seed 12073: a view's in-place geometry change under no_grad came back as a
+    leaf that requires grad (gradients lost); eager keeps the view differentiable."""
+    kiln.reset()
+    x, x2 = (torch.randn(3, 3, requires_grad=True) for _ in range(2))
+    with torch.no_grad():
+        x2.copy_(x)
+    want, got = fn(x), kiln.compile(fn, backend=backend)(x2)
+    want, got = (want if isinstance(want, tuple) else (want,)), (got if isinstance(got, tuple) else (got,))
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w)
+        assert (g.requires_grad, g.is_leaf, g.shape) == (w.requires_grad, w.is_leaf, w.shape)
+    sum(w.sum() for w in want if w.requires_grad).backward()
+    sum(g.sum() for g in got if g.requires_grad).backward()
+    torch.testing.assert_close(x2.grad, x.grad)
