@@ -14,14 +14,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import statistics
-import time
 
 import torch
 import torch.fx as fx
 
 import kiln.config
 from kiln.kernels import compile_aten_graph
+
+from benchmarks.cpu_kernels import bench   # interleaved medians, as the other CPU rows
 
 aten = torch.ops.aten
 N = 1 << 24
@@ -64,20 +64,6 @@ def _graph(op, nargs):
     ns = {"op": op}
     exec(src, ns)
     return fx.symbolic_trace(ns["f"])
-
-
-def bench(fns, args, runs):
-    """Median ms of each function, calls interleaved so outside load hits all alike."""
-    for fn in fns:
-        for _ in range(2):
-            fn(*args)
-    ts = [[] for _ in fns]
-    for _ in range(runs):
-        for fn, acc in zip(fns, ts):
-            t0 = time.perf_counter()
-            fn(*args)
-            acc.append(time.perf_counter() - t0)
-    return [statistics.median(t) * 1e3 for t in ts]
 
 
 def main(argv=None):
