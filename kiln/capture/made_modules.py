@@ -11,8 +11,8 @@ submodules go into the template's table as ``nn.Module.__setattr__`` puts them, 
 module that would outlive the graph (returned, stored) is a graph break, since eager
 hands back a new object on every call.
 
-Modules that make parameters or buffers (random initialisation each call; torch.compile
-traces those, kiln breaks) and user classes with their own attribute protocol are
+Modules that make parameters or buffers (random initialisation each call: kiln breaks,
+where PyTorch's compiler traces them) and user classes with their own attribute protocol are
 graph breaks.
 """
 from __future__ import annotations

@@ -20,7 +20,7 @@ An optimizer's ``state`` is a dict keyed by its parameters (``tensor_keyed_dicts
 from __future__ import annotations
 
 import functools
-import sys
+import os
 import types
 import weakref
 
@@ -229,7 +229,7 @@ _replacements = weakref.WeakKeyDictionary()
 def callee_for(fn):
     """The function kiln compiles as its own frame when ``fn`` must be one (a graph break
     inside it): the function a modelled wrapper stands for, else ``fn``."""
-    inline_rule(fn)  # learns PyTorch's compiler's wrapper, if loaded since
+    inline_rule(fn)  # learns PyTorch's compiler's disable wrapper, if this is one
     make = _CALLEES.get(getattr(fn, "__code__", None))
     if make is None:
         return fn
@@ -258,28 +258,26 @@ def _rules():
 
 
 INLINE_RULES = _rules()
-_dynamo_wrapper_known = False
-#: compatibility read, name only: kiln never imports PyTorch's compiler; if the user did,
-#: the optimizers are wrapped in its ``disable``, whose code kiln must recognise
-_USER_LOADED_DISABLE_MODULE = "torch._dynamo.eval_frame"  # compatibility read: name only
+# Compatibility read, names only: kiln never imports or reads PyTorch's compiler. Once a
+# user's torch.compile has loaded it, it wraps every optimizer's ``_init_group`` in its
+# ``disable``; kiln recognises that wrapper by its code's qualified name and file name
+# alone (and follows the wrapped torch.optim function through the closure).
+_DISABLE_WRAPPER_QUALNAME = "DisableContext.__call__.<locals>._fn"
+_DISABLE_WRAPPER_FILE = os.path.join("_dynamo", "eval_frame.py")
 
 
-def _learn_dynamo_wrapper() -> None:
-    """Once the user has loaded PyTorch's compiler (kiln never does: a compatibility
-    read of ``sys.modules``), recognise its ``disable`` wrapper's code too."""
-    global _dynamo_wrapper_known
-    mod = sys.modules.get(_USER_LOADED_DISABLE_MODULE)   # compatibility read
-    call = getattr(getattr(mod, "DisableContext", None), "__call__", None)
-    for const in getattr(getattr(call, "__code__", None), "co_consts", ()):
-        if isinstance(const, types.CodeType) and const.co_name == "_fn":
-            INLINE_RULES[const] = _traced_dynamo_disabled
-            _CALLEES[const] = _dynamo_disabled_optim_fn
-            _dynamo_wrapper_known = True
+def _is_compiler_disable_wrapper(code) -> bool:
+    return (isinstance(code, types.CodeType)
+            and getattr(code, "co_qualname", "") == _DISABLE_WRAPPER_QUALNAME
+            and code.co_filename.endswith(_DISABLE_WRAPPER_FILE))
 
 
 @V.rule
 def inline_rule(fn):
     """The rule that replaces inlining ``fn`` (a Python function), or None."""
-    if not _dynamo_wrapper_known and _USER_LOADED_DISABLE_MODULE in sys.modules:
-        _learn_dynamo_wrapper()
-    return INLINE_RULES.get(getattr(fn, "__code__", None))
+    code = getattr(fn, "__code__", None)
+    rule = INLINE_RULES.get(code)
+    if rule is None and _is_compiler_disable_wrapper(code):
+        rule = INLINE_RULES[code] = _traced_dynamo_disabled
+        _CALLEES[code] = _dynamo_disabled_optim_fn
+    return rule

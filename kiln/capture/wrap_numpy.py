@@ -1,4 +1,5 @@
-"""``kiln.wrap_numpy``: NumPy code called with tensors, as torch.compile's ``wrap_numpy``.
+"""``kiln.wrap_numpy``: NumPy code called with tensors (the decorator PyTorch's FAQ
+describes, written here).
 
 Run eagerly, the wrapper converts tensor arguments with ``Tensor.numpy()`` and ndarray
 results with ``torch.as_tensor`` (CPU tensors without grad only, as NumPy needs). Traced
