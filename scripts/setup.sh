@@ -11,7 +11,7 @@ PY=.venv/bin/python
 if ! $PY -c "import torch, torchvision" >/dev/null 2>&1; then
   $PY -m pip install -q torch==2.14.1 torchvision==0.29.1
 fi
-$PY -m pip install -q bytecode networkx sympy numpy scipy pytest transformers timm matplotlib tabulate
+$PY -m pip install -q bytecode networkx sympy numpy scipy pytest pytest-xdist transformers timm matplotlib tabulate
 $PY -c "import torch, bytecode, transformers; print('kiln setup: torch', torch.__version__, '| bytecode', bytecode.__version__, '| transformers', transformers.__version__)"
 # Headless Chromium renders the KILN_TRACE report in tests/debug/test_html_report.py
 # (skipped without it). Best effort: only as root with apt-get, never failing the setup;
