@@ -91,9 +91,27 @@ def op(name: str, *args: Expr, dtype: torch.dtype | None = None) -> Expr:
     return Op(name, tuple(args), dtype)
 
 
+#: (narrow, wide): every value of ``narrow`` is a value of ``wide``, so casting up and
+#: back down gives the value back (autocast's graphs are full of such round trips:
+#: a bf16 activation saved, cast to float32 by one op and back to bf16 by the next)
+_EXACT_WIDENINGS = frozenset(
+    [(n, w) for n, ws in {
+        torch.float16: (torch.float32, torch.float64),
+        torch.bfloat16: (torch.float32, torch.float64),
+        torch.float32: (torch.float64,),
+        torch.int8: (torch.int16, torch.int32, torch.int64),
+        torch.uint8: (torch.int16, torch.int32, torch.int64),
+        torch.int16: (torch.int32, torch.int64),
+        torch.int32: (torch.int64,),
+    }.items() for w in ws])
+
+
 def cast(e: Expr, dtype: torch.dtype) -> Expr:
     if e.dtype == dtype:
         return e
+    if isinstance(e, Op) and e.name == "cast" and e.args[0].dtype == dtype and \
+            (dtype, e.dtype) in _EXACT_WIDENINGS:
+        return e.args[0]                 # up and back down: the value itself
     if isinstance(e, Const):
         return const(e.value, dtype)
     if dtype == torch.bool:

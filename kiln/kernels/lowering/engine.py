@@ -37,6 +37,12 @@ from .base import LOWERINGS, Lazy, STORAGE_OPS, Unsupported, View, is_box, is_de
 aten = torch.ops.aten
 _fallback_log = log_for("fallbacks")
 
+#: library calls whose result's layout does not follow their operands' (a matrix
+#: product's result is contiguous whatever its operands' strides): an operand that is a
+#: window on a stored buffer is passed as that window, not copied first
+_READS_ANY_LAYOUT = frozenset({aten.mm.default, aten.bmm.default, aten.addmm.default,
+                               aten.baddbmm.default})
+
 SUPPORTED_DTYPES = {
     "cpp": {torch.float32, torch.float64, torch.int64, torch.int32, torch.int16,
             torch.int8, torch.uint8, torch.bool},
@@ -227,6 +233,28 @@ class GraphLowering:
             self.relaid.add(b.name)
         return View(b.name, sizes, strides, 0, box.dtype)
 
+    def _as_view(self, box):
+        """``box`` as a window on a stored buffer, if it is one: a lazy that reads one
+        buffer element for element (what view ops leave: a transposed, sliced or
+        strided read, dtype round trips folded by ``cast``). A library call that reads
+        any layout takes that window in place of a stored copy. None otherwise."""
+        if isinstance(box, View):
+            return box
+        sizes = tuple(int(s) for s in box.sizes)
+        idx = loop_vars(sizes)
+        e = box.load(idx)
+        if not isinstance(e, ir.Load) or e.mask is not None or e.gather or \
+                e.dtype != box.dtype or e.buf not in self.by_name or e.index.const < 0:
+            return None
+        names = [None if int(s) == 1 else i.terms[0][0] for s, i in zip(sizes, idx)]
+        if e.index.vars() - {n for n in names if n}:
+            return None
+        contiguous = ir.contiguous_strides(sizes)
+        strides = tuple(c if n is None else e.index.coef(n) for n, c in zip(names, contiguous))
+        if any(st < 0 for st in strides):
+            return None
+        return View(e.buf, sizes, strides, e.index.const, box.dtype)
+
     # --- the walk ---
     def run(self):
         from .outputs import lower_outputs, own_eager_layout
@@ -341,9 +369,11 @@ class GraphLowering:
             self.fallback_messages.append((f"{node.target}", reason))
             _fallback_log.info("kernels: %s falls back to aten (%s)", node.target, reason)
 
+        reads_any_layout = node.target in _READS_ANY_LAYOUT
+
         def to_arg(a):
             if is_box(a):
-                v = self.realize(a, origin=node.name)
+                v = (reads_any_layout and self._as_view(a)) or self.realize(a, origin=node.name)
                 return ir.ExternArg(v.buf, v.sizes, v.strides, v.offset)
             return a
         if node.target in STORAGE_OPS and args and is_box(args[0]):
