@@ -14,7 +14,7 @@ from kiln.capture.values.base import (NULL, LazyArg, NullValue, Value, is_mutabl
                                       kinds, rule, rules)
 from kiln.capture.values.constants import ConstantValue, ExceptionValue  # noqa: F401
 from kiln.capture.values.tensors import TensorValue  # noqa: F401
-from kiln.capture.values.objects import (AutogradFunctionApply, ClassValue, ContextValue,  # noqa: F401
+from kiln.capture.values.objects import (DELETED, AutogradFunctionApply, ClassValue, ContextValue,  # noqa: F401
                                          ExitValue, GradModeValue, NewObjectValue, ObjectValue,
                                          SuperValue, _defined_by_torch, _GradModeWrapped)
 from kiln.capture.values.functions import (BuiltinValue, CellValue, FunctionValue,  # noqa: F401

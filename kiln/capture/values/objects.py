@@ -2,8 +2,6 @@
 ``super()``, ``autograd.Function.apply``, and context managers the trace models as state."""
 from __future__ import annotations
 
-import types
-
 import torch
 
 from kiln.capture.errors import Unsupported
@@ -124,6 +122,10 @@ class ObjectValue(Value):
 
     def __repr__(self):
         return f"Object({self.python_type().__qualname__})"
+
+
+#: the value of an attribute the traced program deleted (in ``ObjectValue.attrs``)
+DELETED = ConstantValue(object())
 
 
 class NewObjectValue(ObjectValue):
