@@ -191,7 +191,7 @@ def _wrap_partial(tx, obj, source, g, module_member):
             for i, a in enumerate(obj.args)]
     kw = {k: wrap(tx, a, ItemSource(AttrSource(source, "keywords"), k) if source else None)
           for k, a in obj.keywords.items()}
-    return V.kinds.PartialValue(func, args, kw, source)
+    return V.PartialValue(func, args, kw, source)
 
 
 def _wrap_grad_mode(tx, obj, source, g, module_member):
@@ -252,36 +252,6 @@ _BY_PREDICATE = [
 ]
 
 
-class _BreakingFunction(V.Value):
-    """kiln.graph_break(), kiln.disable'd and disallow_in_graph'd functions: a call is a
-    graph break, so the callee runs as plain Python."""
-
-    def __init__(self, fn, break_id, why):
-        self.fn = fn
-        self.break_id = break_id
-        self.why = why
-
-    def call(self, tx, args, kwargs):
-        raise Unsupported(self.why, break_id=self.break_id)
-
-
-class _GradModeFactory(V.Value):
-    def __init__(self, fn, enabled):
-        self.fn = fn
-        self.enabled = enabled
-
-    def call(self, tx, args, kwargs):
-        return V.GradModeValue(self.enabled)
-
-
-class _AllowedFunction(V.Value):
-    def __init__(self, fn):
-        self.fn = fn
-
-    def call(self, tx, args, kwargs):
-        return tx.output.op("call_function", self.fn, args, kwargs)
-
-
 def _special(obj):
     found = frame_function(obj)
     if found is None:
@@ -290,11 +260,11 @@ def _special(obj):
         return found
     try:
         if obj is marks.graph_break:
-            return _BreakingFunction(obj, "K0027", "kiln.graph_break() called")
+            return V._BreakingFunction(obj, "K0027", "kiln.graph_break() called")
         if type(obj) is types.MethodType and isinstance(obj.__self__, (torch.no_grad, torch.enable_grad)) \
                 and obj.__func__.__name__ == "clone":
             # the factory inside @torch.no_grad()-decorated functions: a fresh manager
-            return _GradModeFactory(obj, isinstance(obj.__self__, torch.enable_grad))
+            return V._GradModeFactory(obj, isinstance(obj.__self__, torch.enable_grad))
         if obj is marks.is_compiling:
             return V.BuiltinValue(_true)
         if isinstance(obj, types.FunctionType) and obj in BUILTINS:  # inspect.signature…
@@ -304,11 +274,11 @@ def _special(obj):
             # functions outside torch's graph modules: inlining them would read False)
             return V.TorchFunctionValue(obj)
         if marks.is_marked_disabled(obj):
-            return _BreakingFunction(obj, "K0028", f"{getattr(obj, '__qualname__', obj)} is marked kiln.disable")
+            return V._BreakingFunction(obj, "K0028", f"{getattr(obj, '__qualname__', obj)} is marked kiln.disable")
         if obj in marks.disallowed_in_graph:
-            return _BreakingFunction(obj, "K0029", f"{getattr(obj, '__qualname__', obj)} is disallowed in graph")
+            return V._BreakingFunction(obj, "K0029", f"{getattr(obj, '__qualname__', obj)} is disallowed in graph")
         if obj in marks.allowed_in_graph:
-            return _AllowedFunction(obj)
+            return V._AllowedFunction(obj)
         found = V.rules.transform_special_value(obj)
         if found is not None:
             return found

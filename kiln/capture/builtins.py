@@ -643,9 +643,7 @@ def _reduce(tx, fn, it, *init):
 
 @rule(functools.partial)
 def _partial(tx, fn, *args, **kwargs):
-    from kiln.capture.objects import PartialValue
-
-    return PartialValue(fn, args, kwargs)
+    return V.PartialValue(fn, args, kwargs)
 
 
 @rule(itertools.chain)

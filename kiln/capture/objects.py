@@ -16,31 +16,6 @@ from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.sources import AttrSource, ItemSource
 
 
-@V.kind
-class PartialValue(V.FunctionValue):
-    """``functools.partial(func, *args, **kw)``."""
-
-    def __init__(self, func, args, kwargs, source=None):
-        self.func = func
-        self.args = list(args)
-        self.kwargs = dict(kwargs)
-        self.source = source
-
-    def getattr(self, tx, name):
-        if name == "func":
-            return self.func
-        if name == "args":
-            return V.TupleValue(self.args)
-        if name == "keywords":
-            return V.DictValue(self.kwargs)
-        raise Unsupported("K0009", f"attribute {name!r} of functools.partial")
-
-    def call(self, tx, args, kwargs):
-        kw = dict(self.kwargs)
-        kw.update(kwargs)
-        return self.func.call(tx, self.args + list(args), kw)
-
-
 def _attr_src(ov, name):
     return AttrSource(ov.source, name) if ov.source is not None else None
 

@@ -1,5 +1,7 @@
 """Functions: inlined user functions (module-level and made by MAKE_FUNCTION), bound
-methods, closure cells, and callables kept by reference (builtins, torch functions)."""
+methods, closure cells, ``functools.partial``, callables kept by reference (builtins,
+torch functions), and the callables kiln's marks make (a call that breaks the graph, a
+function allowed in the graph as one node, the grad-mode factory of ``@no_grad()``)."""
 from __future__ import annotations
 
 import types
@@ -8,7 +10,8 @@ from kiln.capture.errors import Unsupported
 from kiln.capture.sources import AttrSource
 from kiln.capture.values.base import Value, kind, rules
 from kiln.capture.values.constants import ConstantValue
-from kiln.capture.values.objects import ClassValue
+from kiln.capture.values.containers import DictValue, TupleValue
+from kiln.capture.values.objects import ClassValue, GradModeValue
 
 
 class CellValue(Value):
@@ -162,3 +165,57 @@ class TorchFunctionValue(_CallableRef):
 
     def __repr__(self):
         return f"Torch({getattr(self.fn, '__name__', self.fn)})"
+
+
+class PartialValue(FunctionValue):
+    """``functools.partial(func, *args, **kw)``."""
+
+    def __init__(self, func, args, kwargs, source=None):
+        self.func = func
+        self.args = list(args)
+        self.kwargs = dict(kwargs)
+        self.source = source
+
+    def getattr(self, tx, name):
+        if name == "func":
+            return self.func
+        if name == "args":
+            return TupleValue(self.args)
+        if name == "keywords":
+            return DictValue(self.kwargs)
+        raise Unsupported("K0009", f"attribute {name!r} of functools.partial")
+
+    def call(self, tx, args, kwargs):
+        kw = dict(self.kwargs)
+        kw.update(kwargs)
+        return self.func.call(tx, self.args + list(args), kw)
+
+
+class _BreakingFunction(Value):
+    """kiln.graph_break(), kiln.disable'd and disallow_in_graph'd functions: a call is a
+    graph break, so the callee runs as plain Python."""
+
+    def __init__(self, fn, break_id, why):
+        self.fn = fn
+        self.break_id = break_id
+        self.why = why
+
+    def call(self, tx, args, kwargs):
+        raise Unsupported(self.why, break_id=self.break_id)
+
+
+class _GradModeFactory(Value):
+    def __init__(self, fn, enabled):
+        self.fn = fn
+        self.enabled = enabled
+
+    def call(self, tx, args, kwargs):
+        return GradModeValue(self.enabled)
+
+
+class _AllowedFunction(Value):
+    def __init__(self, fn):
+        self.fn = fn
+
+    def call(self, tx, args, kwargs):
+        return tx.output.op("call_function", self.fn, args, kwargs)
