@@ -6,12 +6,10 @@ needs wrapping, torch's op rules or inlining, registered by the rule modules) an
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kiln.capture.errors import InternalError, Unsupported
 
-if TYPE_CHECKING:  # pragma: no cover
-    from kiln.capture.interpreter import Frame
+# "Frame" in annotations: the running interpreter frame (kiln.capture.interpreter.Frame),
+# named only: importing it here, even for type checkers, would point an import upward
 
 
 class _Rules:
