@@ -673,13 +673,6 @@ def _islice(tx, it, *args):
     return iterators.IsliceIterator(iterators.get_iter(tx, it), start, stop, step)
 
 
-@rule(itertools.repeat)
-def _repeat(tx, x, times=None):
-    if times is None:
-        raise Unsupported("K0016", "itertools.repeat without times")
-    return V.IteratorValue([x] * times.const())
-
-
 @rule(itertools.zip_longest)
 def _zip_longest(tx, *its, fillvalue=None):
     return iterators.ZipLongestIterator([iterators.get_iter(tx, i) for i in its],

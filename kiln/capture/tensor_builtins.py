@@ -21,6 +21,7 @@ import operator
 
 import torch
 
+from kiln.capture import builtins as _builtins  # noqa: F401  (its max/min rules, wrapped below)
 from kiln.capture import iterators
 from kiln.capture import values as V
 from kiln.capture.rule_tables import BUILTINS

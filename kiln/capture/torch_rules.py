@@ -119,7 +119,6 @@ CONST_FOLD.update({
     torch.overrides.has_torch_function_unary: lambda tx, a, k: _const(False),
     torch.overrides.has_torch_function_variadic: lambda tx, a, k: _const(False),
     torch.cuda.is_available: lambda tx, a, k: _const(torch.cuda.is_available()),
-    torch._C._get_privateuse1_backend_name: lambda tx, a, k: _const(torch._C._get_privateuse1_backend_name()),
     torch.are_deterministic_algorithms_enabled: lambda tx, a, k: _const(torch.are_deterministic_algorithms_enabled()),
 })
 CONST_FOLD.update(torch_helpers.QUERY_RULES)
