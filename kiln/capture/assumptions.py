@@ -19,6 +19,7 @@ import torch
 
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
+from kiln.capture.rule_tables import CONST_FOLD
 from kiln.debug.logs import log_for
 
 
@@ -50,6 +51,9 @@ def is_all_true(tx, args, kwargs):
     if t.fake.dtype != torch.bool:
         raise Unsupported("K0042", "torch._is_all_true of a non-bool tensor")
     return AssumedTrue(tx.output.op("call_function", torch.all, [t], {}))
+
+
+CONST_FOLD[torch._is_all_true] = is_all_true
 
 
 def checks_of(out) -> list:

@@ -31,6 +31,7 @@ from kiln.capture.autocast_state import (DEVICES, AmpState, entry_state, graph_w
                                         leave, nesting)
 from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.fake import FakeMode
+from kiln.capture.rule_tables import CONST_FOLD
 from kiln.dispatch_mode import KilnDispatchMode
 
 aten = torch.ops.aten
@@ -198,10 +199,9 @@ class AmpTracker:
         _map_tensors((args, kwargs), lambda t: tensors.append(t) or t)
         if not tensors:
             return args, kwargs      # factories: autocast never touches them
-        from kiln.capture.output import _to_fake
 
-        f_args = [_to_fake(a) for a in args]
-        f_kwargs = {k: _to_fake(v) for k, v in kwargs.items()}
+        f_args = [V.rules.to_fake(a) for a in args]
+        f_kwargs = {k: V.rules.to_fake(v) for k, v in kwargs.items()}
         a_out, a_calls = self._probe(out, kind, target, f_args, f_kwargs, self.state)
         b_out, b_calls = self._probe(out, kind, target, f_args, f_kwargs, None)
         if _same_run(a_out, a_calls, b_out, b_calls):
@@ -423,6 +423,7 @@ def construct(tx, cls, args, kwargs):
     return AutocastValue(real.device, real.fast_dtype, real._enabled, real._cache_enabled, cls)
 
 
+@V.rule(name="autocast_wrap_real")
 def wrap_real(tx, obj, source):
     """A real ``torch.autocast`` object (the ``@torch.autocast(...)`` decorator's), or the
     bound ``__exit__`` of one entered before a graph break; guarded on the fields read."""
@@ -446,6 +447,7 @@ def wrap_real(tx, obj, source):
     return V.ExitValue(v)
 
 
+@V.rule
 def is_real_autocast(obj) -> bool:
     import types
 
@@ -475,3 +477,4 @@ QUERY_RULES = {
     torch._C._is_any_autocast_enabled: lambda tx, a, k: V.ConstantValue(
         tx.output.autocast.state.any_enabled),
 }
+CONST_FOLD.update(QUERY_RULES)

@@ -16,10 +16,11 @@ import weakref
 
 import torch
 
-from kiln.capture import autocast
-from kiln.capture import numpy_values
+from kiln.capture import marks
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported, UserException
+from kiln.capture.frame_access import frame_function
+from kiln.capture.rule_tables import BUILTINS, CONST_FOLD
 from kiln.capture.sources import AttrSource, ItemSource
 
 _CONST_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
@@ -48,7 +49,7 @@ def wrap(tx, obj, source, module_member=False):
     special = _special(obj)
     if special is not None:
         return special
-    special = numpy_values.maybe_wrap(tx, obj, source)  # arrays, scalars, NumPy callables
+    special = V.rules.numpy_maybe_wrap(tx, obj, source)  # arrays, scalars, NumPy callables
     if special is not None:
         return special
     t = type(obj)
@@ -113,9 +114,7 @@ def _wrap_dict(tx, obj, source, g, module_member):
     items = {k: wrap(tx, v, ItemSource(source, k) if source is not None else None)
              for k, v in obj.items()}
     if t is collections.defaultdict:
-        from kiln.capture.default_dicts import wrap_real
-
-        return tx.output.remember(obj, wrap_real(tx, obj, items, source))
+        return tx.output.remember(obj, V.rules.defaultdict_wrap_real(tx, obj, items, source))
     return tx.output.remember(obj, V.DictValue(items, source, cls=t))
 
 
@@ -150,15 +149,12 @@ def _by_identity(value_cls, always=False):
 def _wrap_function(tx, obj, source, g, module_member):
     if g:
         g.identity(source, obj)
-    from kiln.capture.func_transforms import prebuilt_value
 
-    return prebuilt_value(tx, obj, source) or V.UserFunctionValue(obj, source)
+    return V.rules.prebuilt_value(tx, obj, source) or V.UserFunctionValue(obj, source)
 
 
 def _wrap_cached(tx, obj, source, g, module_member):
-    from kiln.capture.cached_functions import wrap_cached
-
-    return wrap_cached(tx, obj, source)
+    return V.rules.wrap_cached(tx, obj, source)
 
 
 def _is_grad_mode_exit(obj, source):
@@ -178,7 +174,7 @@ def _wrap_grad_mode_exit(tx, obj, source, g, module_member):
 
 
 def _wrap_autocast(tx, obj, source, g, module_member):
-    return autocast.wrap_real(tx, obj, source)
+    return V.rules.autocast_wrap_real(tx, obj, source)
 
 
 def _wrap_method(tx, obj, source, g, module_member):
@@ -188,8 +184,6 @@ def _wrap_method(tx, obj, source, g, module_member):
 
 
 def _wrap_partial(tx, obj, source, g, module_member):
-    from kiln.capture.objects import PartialValue
-
     if g:
         g.type_is(source, type(obj))
     func = wrap(tx, obj.func, AttrSource(source, "func") if source else None)
@@ -197,7 +191,7 @@ def _wrap_partial(tx, obj, source, g, module_member):
             for i, a in enumerate(obj.args)]
     kw = {k: wrap(tx, a, ItemSource(AttrSource(source, "keywords"), k) if source else None)
           for k, a in obj.keywords.items()}
-    return PartialValue(func, args, kw, source)
+    return V.PartialValue(func, args, kw, source)
 
 
 def _wrap_grad_mode(tx, obj, source, g, module_member):
@@ -205,21 +199,15 @@ def _wrap_grad_mode(tx, obj, source, g, module_member):
 
 
 def _wrap_optimizer(tx, obj, source, g, module_member):
-    from kiln.capture.optimizers import wrap_optimizer
-
-    return wrap_optimizer(tx, obj, source)
+    return V.rules.wrap_optimizer(tx, obj, source)
 
 
 def _wrap_weakref(tx, obj, source, g, module_member):
-    from kiln.capture.weak_refs import wrap_ref
-
-    return wrap_ref(tx, obj, source)
+    return V.rules.wrap_ref(tx, obj, source)
 
 
 def _is_torch_callable(obj, source):
-    from kiln.capture.torch_rules import is_torch_callable
-
-    return is_torch_callable(obj)
+    return V.rules.is_torch_callable(obj)
 
 
 def _exactly(t):
@@ -252,7 +240,7 @@ _BY_PREDICATE = [
     (_exactly(types.FunctionType), _wrap_function),
     (_exactly(functools._lru_cache_wrapper), _wrap_cached),
     (_is_grad_mode_exit, _wrap_grad_mode_exit),
-    (lambda obj, source: autocast.is_real_autocast(obj), _wrap_autocast),
+    (lambda obj, source: V.rules.is_real_autocast(obj), _wrap_autocast),
     (_exactly(types.MethodType), _wrap_method),
     (_instance_of(types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
                   types.WrapperDescriptorType, types.MethodDescriptorType,
@@ -264,69 +252,34 @@ _BY_PREDICATE = [
 ]
 
 
-class _BreakingFunction(V.Value):
-    """kiln.graph_break(), kiln.disable'd and disallow_in_graph'd functions: a call is a
-    graph break, so the callee runs as plain Python."""
-
-    def __init__(self, fn, break_id, why):
-        self.fn = fn
-        self.break_id = break_id
-        self.why = why
-
-    def call(self, tx, args, kwargs):
-        raise Unsupported(self.why, break_id=self.break_id)
-
-
-class _GradModeFactory(V.Value):
-    def __init__(self, fn, enabled):
-        self.fn = fn
-        self.enabled = enabled
-
-    def call(self, tx, args, kwargs):
-        return V.GradModeValue(self.enabled)
-
-
-class _AllowedFunction(V.Value):
-    def __init__(self, fn):
-        self.fn = fn
-
-    def call(self, tx, args, kwargs):
-        return tx.output.op("call_function", self.fn, args, kwargs)
-
-
 def _special(obj):
-    from kiln.capture import func_transforms, marks
-
-    from kiln.capture.frame_access import frame_function
-    from kiln.capture.optimizers import special as optimizer_special
-
     found = frame_function(obj)
     if found is None:
-        found = optimizer_special(obj)
+        found = V.rules.optimizer_special(obj)
     if found is not None:
         return found
     try:
         if obj is marks.graph_break:
-            return _BreakingFunction(obj, "K0027", "kiln.graph_break() called")
+            return V._BreakingFunction(obj, "K0027", "kiln.graph_break() called")
         if type(obj) is types.MethodType and isinstance(obj.__self__, (torch.no_grad, torch.enable_grad)) \
                 and obj.__func__.__name__ == "clone":
             # the factory inside @torch.no_grad()-decorated functions: a fresh manager
-            return _GradModeFactory(obj, isinstance(obj.__self__, torch.enable_grad))
+            return V._GradModeFactory(obj, isinstance(obj.__self__, torch.enable_grad))
         if obj is marks.is_compiling:
             return V.BuiltinValue(_true)
-        if isinstance(obj, types.FunctionType) and obj in _builtin_rules():  # inspect.signature…
+        if isinstance(obj, types.FunctionType) and obj in BUILTINS:  # inspect.signature…
             return V.BuiltinValue(obj)
-        if obj in _const_fold():
+        if obj in CONST_FOLD:
             # folded at trace time (torch.compiler.is_compiling and friends are Python
             # functions outside torch's graph modules: inlining them would read False)
             return V.TorchFunctionValue(obj)
         if marks.is_marked_disabled(obj):
-            return _BreakingFunction(obj, "K0028", f"{getattr(obj, '__qualname__', obj)} is marked kiln.disable")
+            return V._BreakingFunction(obj, "K0028", f"{getattr(obj, '__qualname__', obj)} is marked kiln.disable")
         if obj in marks.disallowed_in_graph:
-            return _BreakingFunction(obj, "K0029", f"{getattr(obj, '__qualname__', obj)} is disallowed in graph")
+            return V._BreakingFunction(obj, "K0029", f"{getattr(obj, '__qualname__', obj)} is disallowed in graph")
         if obj in marks.allowed_in_graph:
-            return _AllowedFunction(obj)
-        found = func_transforms.special_value(obj)
+            return V._AllowedFunction(obj)
+        found = V.rules.transform_special_value(obj)
         if found is not None:
             return found
     except TypeError:  # unhashable
@@ -336,18 +289,6 @@ def _special(obj):
 
 def _true():
     return True
-
-
-def _builtin_rules():
-    from kiln.capture.builtins import BUILTINS
-
-    return BUILTINS
-
-
-def _const_fold():
-    from kiln.capture.torch_rules import CONST_FOLD
-
-    return CONST_FOLD
 
 
 def _wrap_object(tx, obj, source):
@@ -364,7 +305,7 @@ def wrap_static(obj):
     t = type(obj)
     if t in _CONST_TYPES or t in _TORCH_CONST_TYPES or obj is Ellipsis:
         return V.ConstantValue(obj)
-    special = _special(obj) or numpy_values.maybe_wrap(None, obj, None)
+    special = _special(obj) or V.rules.numpy_maybe_wrap(None, obj, None)
     if special is not None:
         return special
     if t is tuple:
@@ -383,16 +324,13 @@ def wrap_static(obj):
         return V.ClassValue(obj)
     if t is types.ModuleType:
         return V.PythonModuleValue(obj)
-    from kiln.capture.torch_rules import is_torch_callable
 
-    if is_torch_callable(obj):
+    if V.rules.is_torch_callable(obj):
         return V.TorchFunctionValue(obj)
     if t is types.FunctionType:
         return V.UserFunctionValue(obj)
     if t is functools._lru_cache_wrapper:
-        from kiln.capture.cached_functions import CachedFunctionValue
-
-        return CachedFunctionValue(obj)
+        return V.kinds.CachedFunctionValue(obj)
     if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
         return V.BuiltinValue(obj)
     # anything else: the same real object, read-only (writes need a source)
@@ -446,9 +384,7 @@ def wrap_class_attr(tx, self_value, cls, name, source=None):
             return V.UserFunctionValue(attr, AttrSource(source, name) if source else None)
         return V.MethodValue(V.UserFunctionValue(attr), self_value)
     if isinstance(attr, functools._lru_cache_wrapper):  # an lru_cache'd method: bound as a function is
-        from kiln.capture.cached_functions import CachedFunctionValue
-
-        cached = CachedFunctionValue(attr)
+        cached = V.kinds.CachedFunctionValue(attr)
         return V.MethodValue(cached, self_value) if self_value is not None else cached
     if isinstance(attr, types.ClassMethodDescriptorType):
         attr = getattr(cls, name)  # a C classmethod: bound to the class, as Python reads it
@@ -461,8 +397,7 @@ def wrap_class_attr(tx, self_value, cls, name, source=None):
         src = AttrSource(self_value.source, name)
     elif source is not None:
         src = AttrSource(source, name)
-    from kiln.capture.torch_rules import is_torch_callable
-    if self_value is not None and is_torch_callable(attr):
+    if self_value is not None and V.rules.is_torch_callable(attr):
         return V.MethodValue(V.TorchFunctionValue(attr), self_value)
     return wrap(tx, attr, src) if src is not None else wrap_static(attr)
 

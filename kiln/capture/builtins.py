@@ -19,8 +19,7 @@ from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.frame_access import needs_own_frame
 from kiln.capture.numpy_values import NdarrayValue
 from kiln.capture.operators import binary_op, compare_op, contains_op, fold, is_same, subscr, unary_op
-
-BUILTINS: dict = {}
+from kiln.capture.rule_tables import BUILTINS, CONST_FOLD
 
 
 def rule(*fns):
@@ -56,8 +55,6 @@ def call_builtin(tx, fn, args, kwargs):
     h = BUILTINS.get(fn)
     if h is not None:
         return apply_rule(tx, fn, h, args, kwargs)
-    from kiln.capture.torch_rules import CONST_FOLD
-
     fold_rule = CONST_FOLD.get(fn)
     if fold_rule is not None:
         return fold_rule(tx, args, kwargs)
@@ -92,9 +89,7 @@ def call_builtin(tx, fn, args, kwargs):
     objclass = getattr(fn, "__objclass__", None)
     if name == "__init__" and isinstance(objclass, type) and issubclass(objclass, BaseException) \
             and args and isinstance(args[0], V.ExceptionValue):
-        from kiln.capture.classes import exception_init
-
-        return exception_init(tx, objclass, args, kwargs)
+        return V.rules.exception_init(tx, objclass, args, kwargs)
     if objclass is dict and args and isinstance(args[0], V.ObjectValue) and isinstance(args[0].obj, dict) \
             and name in _DICT_READS:
         return _opaque_dict_read(tx, args[0].obj, name, list(args[1:]))
@@ -129,6 +124,7 @@ def _real_key(v):
     return v.const()
 
 
+@V.rule(name="opaque_dict_read")
 def _opaque_dict_read(tx, d, name, args):
     """A lookup in a real dict whose keys are objects (a registry keyed by module or
     class): read at trace time, the answer assumed stable while the dict's size is."""
@@ -182,12 +178,6 @@ import warnings  # noqa: E402
 from kiln.capture.logging_calls import warn_rule  # noqa: E402
 
 BUILTINS[warnings.warn] = warn_rule
-
-import collections  # noqa: E402
-
-from kiln.capture import default_dicts  # noqa: E402
-
-BUILTINS[collections.defaultdict] = default_dicts.construct
 
 
 @rule(inspect.signature)
@@ -402,6 +392,7 @@ def _reversed(tx, seq):
     return V.IteratorValue(list(reversed(seq.unpack(tx))))
 
 
+@V.rule
 def sorted_values(tx, items, key, reverse):
     def k(v):
         kv = key.call(tx, [v], {}) if key is not None and not (isinstance(key, V.ConstantValue) and key.value is None) else v
@@ -652,9 +643,7 @@ def _reduce(tx, fn, it, *init):
 
 @rule(functools.partial)
 def _partial(tx, fn, *args, **kwargs):
-    from kiln.capture.objects import PartialValue
-
-    return PartialValue(fn, args, kwargs)
+    return V.PartialValue(fn, args, kwargs)
 
 
 @rule(itertools.chain)
@@ -684,13 +673,6 @@ def _islice(tx, it, *args):
     return iterators.IsliceIterator(iterators.get_iter(tx, it), start, stop, step)
 
 
-@rule(itertools.repeat)
-def _repeat(tx, x, times=None):
-    if times is None:
-        raise Unsupported("K0016", "itertools.repeat without times")
-    return V.IteratorValue([x] * times.const())
-
-
 @rule(itertools.zip_longest)
 def _zip_longest(tx, *its, fillvalue=None):
     return iterators.ZipLongestIterator([iterators.get_iter(tx, i) for i in its],
@@ -700,7 +682,3 @@ def _zip_longest(tx, *its, fillvalue=None):
 @rule(math.isclose)
 def _isclose(tx, a, b, **kw):
     return C(math.isclose(a.const(), b.const(), **{k: v.const() for k, v in kw.items()}))
-
-
-# rule tables of their own modules, registered into BUILTINS on import
-from kiln.capture import function_attrs, made_modules, stdlib_collections, stdlib_itertools, tensor_builtins  # noqa: E402,F401,I001

@@ -42,6 +42,7 @@ def _fold(fn, args, kwargs):
     return wrap_static(fold(fn, *real_args, **real_kw))
 
 
+@V.kind
 class CachedFunctionValue(V.Value):
     def __init__(self, wrapper, source=None):
         self.fn = wrapper
@@ -69,6 +70,7 @@ class CachedFunctionValue(V.Value):
         return f"Cached({self.fn.__wrapped__.__qualname__})"
 
 
+@V.rule
 def wrap_cached(tx, obj, source):
     if source is not None:
         tx.output.guards.identity(source, obj)

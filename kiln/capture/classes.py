@@ -11,6 +11,7 @@ import torch
 from kiln.capture import values as V
 from kiln.capture.builder import lookup_class_attr, lookup_guarded
 from kiln.capture.errors import Unsupported, UserException
+from kiln.capture.rule_tables import BUILTINS
 from kiln.capture.sources import AttrSource
 
 
@@ -21,8 +22,6 @@ TRACED_TORCH_CLASSES = ("torch.distributions.",)
 
 @V.rule(name="construct_class")
 def construct(tx, cv, args, kwargs):
-    from kiln.capture.builtins import BUILTINS
-
     cls = cv.cls
     h = BUILTINS.get(cls)
     if h is not None:
@@ -122,6 +121,7 @@ def _construct_exception(tx, cls, args, kwargs):
     return V.ExceptionValue(cls, args)
 
 
+@V.rule
 def exception_init(tx, cls, args, kwargs):
     """``BaseException.__init__(self, *args)`` (``super().__init__(msg)`` in a user
     exception's ``__init__``): sets ``self.args``."""

@@ -266,8 +266,6 @@ class EntryCodegen:
             compute.append(f"{t} = {expr}")
             return t
 
-        from kiln.capture.objects import DELETED
-
         for m in self.output.mutated:
             if hasattr(m, "write_back"):  # a Value that writes its own changes
                 m.write_back(self, val, apply)
@@ -295,7 +293,7 @@ class EntryCodegen:
                 apply.append(f"{t} = {self.read(m.source)}; {t}.clear(); {t}.update({v})")
             elif isinstance(m, V.ObjectValue):
                 for k, a in m.attrs.items():
-                    if a is DELETED:
+                    if a is V.DELETED:
                         apply.append(f"delattr({self.read(m.source)}, {k!r})")
                         continue
                     v = val(self.expr(a))

@@ -27,6 +27,7 @@ from kiln.capture import values as V
 from kiln.capture.body_graph import BodyGraph, trace_body
 from kiln.capture.errors import Unsupported
 from kiln.capture.fake import FakeTensor
+from kiln.capture.rule_tables import CONST_FOLD
 
 
 class CondCall:
@@ -144,3 +145,6 @@ def call_cond(tx, args, kwargs):
     if t_struct == "tensor":
         return items[0]
     return V.TupleValue(items) if t_struct is V.TupleValue else V.ListValue(items)
+
+
+CONST_FOLD[torch.cond] = call_cond

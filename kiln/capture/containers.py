@@ -18,7 +18,6 @@ def _mutated(tx, c):
         tx.output.mark_mutated(c)
 
 
-
 LIST_METHODS: dict = {}
 TUPLE_METHODS: dict = {}
 DICT_METHODS: dict = {}
@@ -119,9 +118,8 @@ def _list_reverse(tx, lst, name, args, kwargs):
 def _list_sort(tx, lst, name, args, kwargs):
     key = kwargs.get("key")
     rev = kwargs.get("reverse", V.ConstantValue(False)).const()
-    from kiln.capture.builtins import sorted_values
 
-    lst.items[:] = sorted_values(tx, lst.items, key, rev)
+    lst.items[:] = V.rules.sorted_values(tx, lst.items, key, rev)
 
 
 @_method([LIST_METHODS], "__delitem__", mutates=True)

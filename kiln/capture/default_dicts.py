@@ -11,6 +11,7 @@ import collections
 
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
+from kiln.capture.rule_tables import BUILTINS
 
 
 class DefaultDictValue(V.DictValue):
@@ -52,13 +53,16 @@ def _is_none(v) -> bool:
 
 def construct(tx, factory=None, *args, **kwargs):
     """``defaultdict(factory, [items], **kw)`` made in the trace."""
-    from kiln.capture.builtins import BUILTINS
 
     factory = factory if factory is not None else V.ConstantValue(None)
     items = BUILTINS[dict](tx, *args, **kwargs).items if (args or kwargs) else {}
     return DefaultDictValue(items, factory)
 
 
+BUILTINS[collections.defaultdict] = construct
+
+
+@V.rule(name="defaultdict_wrap_real")
 def wrap_real(tx, obj, items, source):
     """The Value of a real defaultdict read from ``source`` (its items already wrapped)."""
     from kiln.capture.builder import wrap

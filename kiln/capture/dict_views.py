@@ -17,6 +17,7 @@ _VIEW_TYPES = {"keys": type({}.keys()), "values": type({}.values()), "items": ty
 _SET_OPS = (operator.and_, operator.or_, operator.sub, operator.xor)
 
 
+@V.kind
 class DictViewValue(V.Value):
     def __init__(self, d, kind):
         self.d = d
@@ -107,6 +108,7 @@ def _as_set(tx, v):
     return set(x.const() for x in iterate(tx, v))
 
 
+@V.rule
 def view_binary_op(tx, fn, a, b):
     """``keys_view & other`` and friends (either side a view): a new set."""
     if fn not in _SET_OPS:
@@ -114,6 +116,7 @@ def view_binary_op(tx, fn, a, b):
     return V.SetValue(fn(_as_set(tx, a), _as_set(tx, b)))
 
 
+@V.rule
 def view_compare(tx, fn, a, b):
     """Keys and items views compare as sets; values views only by identity."""
     if any(isinstance(v, DictViewValue) and v.kind == "values" for v in (a, b)):

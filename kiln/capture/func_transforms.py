@@ -57,6 +57,7 @@ TRANSFORMS = {t.fn: t for t in (
 _FUNCTIONAL_CALLS = {torch.func.functional_call}
 
 
+@V.rule(name="transform_special_value")
 def special_value(obj):
     """The Value for a ``torch.func`` callable kiln models, or None."""
     rule = TRANSFORMS.get(obj)
@@ -87,6 +88,7 @@ def _prebuilt_table() -> dict:
     return _prebuilt_codes
 
 
+@V.rule
 def prebuilt_value(tx, fn, source):
     """``fn`` made by a transform outside the compiled code (``g = vmap(grad(f))`` at
     module level), as the Value a call of the transform makes inside it; None for any

@@ -10,7 +10,7 @@ import functools
 import types
 
 from kiln.capture import values as V
-from kiln.capture.builtins import BUILTINS
+from kiln.capture.rule_tables import BUILTINS
 from kiln.capture.errors import Unsupported
 
 

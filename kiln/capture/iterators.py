@@ -436,9 +436,8 @@ def get_iter(tx, v):
         return ListIterator(v)
     if hasattr(v, "make_iter"):  # a container with an iterator of its own (deque)
         return v.make_iter(tx)
-    from kiln.capture.dict_views import DictViewValue
 
-    if isinstance(v, DictViewValue):
+    if isinstance(v, V.kinds.DictViewValue):
         return DictIterator(v.d, v.kind)
     if type(v) is V.DictValue:
         return DictIterator(v, "keys")
@@ -468,6 +467,7 @@ def next_of(tx, it):
     raise Unsupported("K0016", f"next() on {it}")
 
 
+@V.rule
 def iterate(tx, v):
     """The items of iterable ``v``, taken one at a time as the caller asks."""
     it = get_iter(tx, v)

@@ -79,6 +79,7 @@ def _walk(tx, mv, prefix, seen=None):
     return out
 
 
+@V.rule
 def module_getattr(tx, mv, name):
     """Parameters, buffers and submodules, as ``nn.Module.__getattr__`` finds them;
     None when the name is none of those."""
@@ -172,6 +173,7 @@ def module_items(tx, mv):
     return object_unpack(tx, mv)
 
 
+@V.rule
 def module_getitem(tx, mv, k):
     mod = mv.mod
     key = k.const()

@@ -21,6 +21,4 @@ class AttrsDictValue(V.DictValue):
 
 
 def attrs_dict(ov):
-    from kiln.capture.objects import DELETED
-
-    return AttrsDictValue({k: v for k, v in ov.attrs.items() if v is not DELETED})
+    return AttrsDictValue({k: v for k, v in ov.attrs.items() if v is not V.DELETED})

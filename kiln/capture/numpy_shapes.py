@@ -196,6 +196,7 @@ def np_round(tx, a, decimals=0, out=None):
 
 
 # --- products --------------------------------------------------------------------------------
+@V.rule(name="numpy_matmul")
 def matmul(tx, a, b):
     np = np_module()
     a, b = as_array(tx, a), as_array(tx, b)

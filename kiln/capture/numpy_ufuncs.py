@@ -99,18 +99,14 @@ def operand(tx, v):
     if isinstance(v, V.TensorValue):
         raise Unsupported("K0306", "a NumPy operation mixing an ndarray and a torch.Tensor")
     if isinstance(v, (V.ListValue, V.TupleValue)):
-        from kiln.capture.numpy_rules import array_from_sequence
-
-        return array_from_sequence(tx, v, None)
+        return V.rules.array_from_sequence(tx, v, None)
     if v.is_const():
         c = v.const()
         np = np_module()
         if type(c) in (bool, int, float, complex) or isinstance(c, np.generic):
             return v
         if isinstance(c, np.ndarray):
-            from kiln.capture.numpy_rules import constant_array
-
-            return constant_array(tx, c)
+            return V.rules.constant_array(tx, c)
     raise Unsupported("K0301", f"{v} as an operand of a NumPy operation")
 
 
@@ -220,13 +216,12 @@ def cast(tx, a: NdarrayValue, np_dtype, copy=False) -> NdarrayValue:
     return NdarrayValue(t, a.scalar)
 
 
+@V.rule(name="numpy_binary")
 def binary(tx, fn, a, b, inplace):
     """``a <op> b`` (``a <op>= b``) with an ndarray on either side."""
     uf = operator_ufuncs().get(fn)
     if fn is operator.matmul:
-        from kiln.capture.numpy_shapes import matmul
-
-        res = matmul(tx, a, b)
+        res = V.rules.numpy_matmul(tx, a, b)
     elif uf is None:
         raise Unsupported("K0301", f"operator {fn.__name__} on an ndarray")
     else:
@@ -248,10 +243,12 @@ def write_into(tx, a: NdarrayValue, res: NdarrayValue) -> NdarrayValue:
     return a
 
 
+@V.rule(name="numpy_compare")
 def compare(tx, fn, a, b):
     return apply_ufunc(tx, operator_ufuncs()[fn], [a, b], {})
 
 
+@V.rule(name="numpy_unary")
 def unary(tx, fn, v):
     if fn is operator.not_:
         raise Unsupported("K0006", "`not` on an ndarray (data-dependent)")

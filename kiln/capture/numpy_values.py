@@ -66,6 +66,7 @@ def numpy_device() -> torch.device:
     return d if d.type == "cuda" else torch.device("cpu")
 
 
+@V.kind
 class NdarrayValue(V.Value):
     """An ndarray (``scalar``: a NumPy scalar, NumPy's answer for a 0-d ufunc or
     reduction result) computed by ``tensor``. Under ``kiln.wrap_numpy`` the same values
@@ -94,24 +95,18 @@ class NdarrayValue(V.Value):
         return self.dtype.type if self.scalar else np_module().ndarray
 
     def getattr(self, tx, name):
-        from kiln.capture.numpy_rules import ndarray_attribute
-
-        return ndarray_attribute(tx, self, name)
+        return V.rules.ndarray_attribute(tx, self, name)
 
     def call_method(self, tx, name, args, kwargs):
         return self.getattr(tx, name).call(tx, args, kwargs)
 
     def getitem(self, tx, key):
-        from kiln.capture.numpy_rules import ndarray_getitem
-
-        return ndarray_getitem(tx, self, key)
+        return V.rules.ndarray_getitem(tx, self, key)
 
     def setitem(self, tx, key, value):
-        from kiln.capture.numpy_rules import ndarray_setitem
-
         if self.scalar:
             raise Unsupported("K0304", "item assignment on a NumPy scalar")
-        ndarray_setitem(tx, self, key, value)
+        V.rules.ndarray_setitem(tx, self, key, value)
 
     def contains(self, tx, item):
         raise Unsupported("K0006", "`in` on an ndarray (data-dependent)")
@@ -233,9 +228,7 @@ class NumpyCallableValue(V.Value):
         return self.fn
 
     def call(self, tx, args, kwargs):
-        from kiln.capture.numpy_rules import call_numpy
-
-        return call_numpy(tx, self.fn, args, kwargs)
+        return V.rules.call_numpy(tx, self.fn, args, kwargs)
 
     def getattr(self, tx, name):
         from kiln.capture.builder import wrap_static
@@ -327,14 +320,13 @@ def _wrap_array(tx, arr, source):
     return tx.output.remember(arr, v)
 
 
+@V.rule(name="numpy_maybe_wrap")
 def maybe_wrap(tx, obj, source):
     """The Value of a NumPy object, or None when ``obj`` is not one."""
     if "numpy" not in sys.modules or not config.trace_numpy:
         return None
     if type(obj) is types.FunctionType:
-        from kiln.capture.wrap_numpy import special_value
-
-        found = special_value(obj)
+        found = V.rules.wrap_numpy_special_value(obj)
         if found is not None:
             return found
     t = type(obj)

@@ -16,30 +16,6 @@ from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.sources import AttrSource, ItemSource
 
 
-class PartialValue(V.FunctionValue):
-    """``functools.partial(func, *args, **kw)``."""
-
-    def __init__(self, func, args, kwargs, source=None):
-        self.func = func
-        self.args = list(args)
-        self.kwargs = dict(kwargs)
-        self.source = source
-
-    def getattr(self, tx, name):
-        if name == "func":
-            return self.func
-        if name == "args":
-            return V.TupleValue(self.args)
-        if name == "keywords":
-            return V.DictValue(self.kwargs)
-        raise Unsupported("K0009", f"attribute {name!r} of functools.partial")
-
-    def call(self, tx, args, kwargs):
-        kw = dict(self.kwargs)
-        kw.update(kwargs)
-        return self.func.call(tx, self.args + list(args), kw)
-
-
 def _attr_src(ov, name):
     return AttrSource(ov.source, name) if ov.source is not None else None
 
@@ -49,7 +25,7 @@ def _attr_error(obj_type, name):
         f"{obj_type.__qualname__!r} object has no attribute {name!r}")]))
 
 
-DELETED = V.ConstantValue(object())  # an attribute the program deleted
+DELETED = V.DELETED  # an attribute the program deleted
 
 
 def object_delattr(tx, ov, name):
@@ -125,9 +101,7 @@ def object_getattr(tx, ov, name):
         raise _attr_error(cls, name)
     obj = ov.obj
     if isinstance(obj, torch.nn.Module):
-        from kiln.capture.modules import module_getattr
-
-        found = module_getattr(tx, ov, name)
+        found = V.rules.module_getattr(tx, ov, name)
         if found is not None:
             return found
     d = getattr(obj, "__dict__", None)
@@ -190,9 +164,7 @@ def call_dunder(tx, ov, name, args, kwargs):
         return environ_read(tx, name, args, kwargs)
     cls = ov.python_type()
     if cls is dict and name in ("__getitem__", "__contains__", "get") and not ov.attrs:
-        from kiln.capture.builtins import _opaque_dict_read  # a registry keyed by classes
-
-        return _opaque_dict_read(tx, ov.obj, name, list(args))
+        return V.rules.opaque_dict_read(tx, ov.obj, name, list(args))
     owner, attr = lookup_guarded(tx, cls, name)
     if owner is None or owner is object:
         raise UserException(V.ExceptionValue(TypeError, [V.ConstantValue(
@@ -218,9 +190,7 @@ def object_truth(tx, ov):
 def object_unpack(tx, ov):
     owner, attr = lookup_guarded(tx, ov.python_type(), "__iter__")
     if owner is not None and isinstance(attr, types.FunctionType):
-        from kiln.capture.iterators import iterate
-
-        return list(iterate(tx, ov))
+        return list(V.rules.iterate(tx, ov))
     if has_dunder(ov, "__getitem__") and has_dunder(ov, "__len__"):
         n = call_dunder(tx, ov, "__len__", [], {}).const()
         return [call_dunder(tx, ov, "__getitem__", [V.ConstantValue(i)], {}) for i in range(n)]

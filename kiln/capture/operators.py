@@ -5,9 +5,7 @@ from __future__ import annotations
 import operator
 import types
 
-from kiln.capture import numpy_ufuncs
 from kiln.capture import values as V
-from kiln.capture.numpy_values import NdarrayValue
 from kiln.capture.errors import Unsupported, UserException
 
 BINARY = {
@@ -45,16 +43,15 @@ def fold(fn, *vals, **kwargs):
 def binary_op(tx, name, a, b):
     inplace = name in INPLACE
     fn = INPLACE[name] if inplace else BINARY[name]
-    if isinstance(a, NdarrayValue) or isinstance(b, NdarrayValue):
-        return numpy_ufuncs.binary(tx, _INPLACE_TO_BINARY.get(name, fn), a, b, inplace)
+    if isinstance(a, V.kinds.NdarrayValue) or isinstance(b, V.kinds.NdarrayValue):
+        return V.rules.numpy_binary(tx, _INPLACE_TO_BINARY.get(name, fn), a, b, inplace)
     if isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue):
         if isinstance(a, V.TensorValue):
             return tx.output.op("call_function", fn, [a, b], {})
         return tx.output.op("call_function", _INPLACE_TO_BINARY.get(name, fn), [a, b], {})
-    from kiln.capture.dict_views import DictViewValue, view_binary_op
 
-    if isinstance(a, DictViewValue) or isinstance(b, DictViewValue):
-        return view_binary_op(tx, _INPLACE_TO_BINARY.get(name, fn), a, b)
+    if isinstance(a, V.kinds.DictViewValue) or isinstance(b, V.kinds.DictViewValue):
+        return V.rules.view_binary_op(tx, _INPLACE_TO_BINARY.get(name, fn), a, b)
     if a.is_const() and b.is_const() and not isinstance(a, V.ListValue):
         from kiln.capture.builder import wrap_static
 
@@ -247,18 +244,17 @@ def values_equal(tx, a, b) -> bool:
 
 def compare_op(tx, op, a, b):
     fn = COMPARE[op]
-    if isinstance(a, NdarrayValue) or isinstance(b, NdarrayValue):
-        return numpy_ufuncs.compare(tx, fn, a, b)
+    if isinstance(a, V.kinds.NdarrayValue) or isinstance(b, V.kinds.NdarrayValue):
+        return V.rules.numpy_compare(tx, fn, a, b)
     if isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue):
         if (isinstance(a, V.ConstantValue) and a.value is None) or (isinstance(b, V.ConstantValue) and b.value is None):
             return V.ConstantValue(fn(object(), None) if op in ("==", "!=") else False)
         return tx.output.op("call_function", fn, [a, b], {})
     if a.is_const() and b.is_const():
         return V.ConstantValue(fold(fn, a.const(), b.const()))
-    from kiln.capture.dict_views import DictViewValue, view_compare
 
-    if isinstance(a, DictViewValue) or isinstance(b, DictViewValue):
-        return view_compare(tx, fn, a, b)
+    if isinstance(a, V.kinds.DictViewValue) or isinstance(b, V.kinds.DictViewValue):
+        return V.rules.view_compare(tx, fn, a, b)
     if isinstance(a, V.ObjectValue) or isinstance(b, V.ObjectValue):
         return _object_compare(tx, op, a, b)
     if isinstance(a, V._Sequence) and isinstance(b, V._Sequence):
@@ -296,11 +292,10 @@ def _one_value_per_object(v) -> bool:
     different objects (tensors, mutable containers, objects, iterators, and whatever
     the program made: functions, exceptions, views, bound methods). Not tuples: CPython
     shares some (``()``, constants, ``tuple(t)`` is ``t``)."""
-    from kiln.capture.dict_views import DictViewValue
 
     return isinstance(v, (V.TensorValue, V.ListValue, V.DictValue, V.SetValue, V.ObjectValue,
                           V.IteratorValue, V.ExceptionValue, V.NestedFunctionValue, V.MethodValue,
-                          V.CellValue, V.GradModeValue, DictViewValue))
+                          V.CellValue, V.GradModeValue, V.kinds.DictViewValue))
 
 
 def _pin(tx, v, real):
@@ -315,9 +310,7 @@ def is_same(tx, a, b) -> bool:
     if a is b:
         return True
     if isinstance(a, V.TensorValue) and isinstance(b, V.TensorValue):
-        from kiln.capture.tensor_builtins import check_identity
-
-        check_identity(tx, a, b)
+        V.rules.check_identity(tx, a, b)
     if isinstance(a, V.ConstantValue) and isinstance(b, V.ConstantValue):
         return a.value is b.value or (type(a.value) is type(b.value) and a.value == b.value and type(a.value) in (bool, type(None)))
     ra, rb = _real_object(a), _real_object(b)
@@ -342,8 +335,8 @@ def is_same(tx, a, b) -> bool:
 def unary_op(tx, opname, v):
     fn = {"UNARY_NEGATIVE": operator.neg, "UNARY_NOT": operator.not_,
           "UNARY_INVERT": operator.invert, "UNARY_POSITIVE": operator.pos}[opname]
-    if isinstance(v, NdarrayValue):
-        return numpy_ufuncs.unary(tx, fn, v)
+    if isinstance(v, V.kinds.NdarrayValue):
+        return V.rules.numpy_unary(tx, fn, v)
     if isinstance(v, V.TensorValue):
         if fn is operator.not_:
             raise Unsupported("K0006", "`not` on a tensor (data-dependent)")
@@ -379,10 +372,9 @@ def contains_op(tx, item, container) -> bool:
 
         if has_dunder(container, "__contains__"):
             return call_dunder(tx, container, "__contains__", [item], {}).truth(tx)
-    from kiln.capture.iterators import iterate
 
     # item by item, as CPython's search does: an iterator stops at the first match
-    return any(values_equal(tx, i, item) for i in iterate(tx, container))
+    return any(values_equal(tx, i, item) for i in V.rules.iterate(tx, container))
 
 
 def subscr(tx, o, k):
@@ -390,9 +382,7 @@ def subscr(tx, o, k):
         return tx.output.op("call_function", operator.getitem, [o, k], {})
     if isinstance(o, (V.ListValue, V.TupleValue)):
         if isinstance(k, V.TensorValue):
-            from kiln.capture.tensor_builtins import index_value
-
-            k = index_value(tx, k)
+            k = V.rules.index_value(tx, k)
         key = k.const()
         try:
             r = o.items[key]
@@ -407,9 +397,7 @@ def subscr(tx, o, k):
     if isinstance(o, V.ConstantValue):
         return V.ConstantValue(fold(operator.getitem, o.value, k.const()))
     if isinstance(o, V.ModuleValue):
-        from kiln.capture.modules import module_getitem
-
-        return module_getitem(tx, o, k)
+        return V.rules.module_getitem(tx, o, k)
     if isinstance(o, V.ClassValue):
         return V.ClassValue(o.cls[k.const()])  # typing generics: List[int]
     if isinstance(o, V.ObjectValue):

@@ -30,6 +30,7 @@ import torch.optim.optimizer as torch_optimizer
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
 from kiln.capture.fake import prime_non_leaf_fakes
+from kiln.capture.rule_tables import CONST_FOLD
 from kiln.capture.sources import AttrSource
 
 
@@ -91,8 +92,10 @@ STEP_KERNEL_RULES = {getattr(torch, name): _refuse(why) for name, why in (
     ("_fused_adam_", _FUSED), ("_fused_adamw_", _FUSED), ("_fused_sgd_", _FUSED),
     ("_fused_adagrad_", _FUSED), ("_amp_foreach_non_finite_check_and_unscale_", _UNSCALE),
 ) if hasattr(torch, name)}
+CONST_FOLD.update(STEP_KERNEL_RULES)
 
 
+@V.rule(name="optimizer_special")
 def special(obj):
     """The Value for ``obj`` where it is one of the callables these rules model."""
     if obj is torch.autograd.profiler.record_function:
@@ -118,6 +121,7 @@ class OptimizerValue(V.ObjectValue):
         return super().getattr(tx, name)
 
 
+@V.rule
 def wrap_optimizer(tx, obj, source):
     tx.output.guards.type_is(source, type(obj))
     return tx.output.object_value(obj, source, OptimizerValue)

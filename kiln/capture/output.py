@@ -156,9 +156,7 @@ class OutputGraph:
     def op(self, kind: str, target, args, kwargs) -> V.Value:
         """Record ``target(*args, **kwargs)`` in the graph; return the result's Value."""
         if "minmax_nodes" in self.__dict__:  # max()/min() of tensors: eager's result is an operand
-            from kiln.capture.tensor_builtins import check_write
-
-            check_write(self, target, args, kwargs)
+            V.rules.check_write(self, target, args, kwargs)
         rg = kwargs.get("requires_grad")
         if not (rg is None or isinstance(rg, V.ConstantValue) and rg.value is False):
             # a new leaf of the user's autograd graph: graph outputs are never leaves
@@ -331,6 +329,7 @@ def _unwrap(v, tensor):
     raise Unsupported("K0042", f"passing {v} to a PyTorch op")
 
 
+@V.rule(name="to_fake")
 def _to_fake(v):
     return _unwrap(v, lambda t: t.fake)
 

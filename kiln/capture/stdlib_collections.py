@@ -14,7 +14,8 @@ import types
 
 from kiln.capture import iterators
 from kiln.capture import values as V
-from kiln.capture.builtins import BUILTINS, fold
+from kiln.capture.operators import fold
+from kiln.capture.rule_tables import BUILTINS
 from kiln.capture.containers import _err, dict_items_of
 from kiln.capture.errors import Unsupported, UserException
 

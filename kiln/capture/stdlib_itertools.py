@@ -1,6 +1,6 @@
 """``itertools`` during a trace, as CPython's own behaves.
 
-Two kinds of rule, registered in ``builtins.BUILTINS``:
+Two kinds of rule, registered in ``rule_tables.BUILTINS``:
 
 * the combinatoric ones (``combinations``, ``permutations``,
   ``combinations_with_replacement``) read their whole input when made, as CPython's do,
@@ -17,7 +17,8 @@ import operator
 
 from kiln.capture import iterators
 from kiln.capture import values as V
-from kiln.capture.builtins import BUILTINS, fold
+from kiln.capture.operators import fold
+from kiln.capture.rule_tables import BUILTINS
 from kiln.capture.errors import UserException
 
 

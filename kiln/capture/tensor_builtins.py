@@ -21,9 +21,10 @@ import operator
 
 import torch
 
+from kiln.capture import builtins as _builtins  # noqa: F401  (its max/min rules, wrapped below)
 from kiln.capture import iterators
 from kiln.capture import values as V
-from kiln.capture.builtins import BUILTINS
+from kiln.capture.rule_tables import BUILTINS
 from kiln.capture.cond import _may_alias_input
 from kiln.capture.errors import Unsupported
 
@@ -112,6 +113,7 @@ def _break_at_the_call(ip, msg):
     return e
 
 
+@V.rule
 def check_write(out, target, args, kwargs):
     """Called before ``out`` records an op: an in-place write into a ``max``/``min``
     stand-in (or what it stands for) would show that it is not eager's object."""
@@ -124,6 +126,7 @@ def check_write(out, target, args, kwargs):
                                            "or into one of its operands (eager's result is one of them)")
 
 
+@V.rule
 def check_identity(tx, a, b):
     """``a is b`` on a ``max``/``min`` result or operand is the data's answer."""
     ips = [ip for ip in (_touched(tx.output, a), _touched(tx.output, b)) if ip is not None]
@@ -141,6 +144,7 @@ def _written_in_place(node) -> bool:
     return False
 
 
+@V.rule
 def index_value(tx, tv):
     """The Python int a 0-d integer tensor ``tv`` indexes a sequence with (its
     ``__index__``), read from the real input and guarded; Unsupported otherwise."""

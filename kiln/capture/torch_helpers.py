@@ -2,8 +2,8 @@
 at trace time as constants, each with a guard re-asking it on every call (a setting the
 user changes between calls recompiles; kiln never changes them itself).
 
-Registered into ``torch_rules.CONST_FOLD``: both a ``torch.*`` callable and a builtin
-reach that table.
+Registered into ``rule_tables.CONST_FOLD`` (by ``torch_rules``): both a ``torch.*``
+callable and a builtin reach that table.
 """
 from __future__ import annotations
 

@@ -8,16 +8,12 @@ import types
 
 import torch
 
-from kiln.capture import assumptions
-from kiln.capture import autocast
-from kiln.capture import cond
 from kiln.capture import numpy_values
-from kiln.capture import optimizers
 from kiln.capture import scalar_tensor_args
 from kiln.capture import torch_helpers
-from kiln.capture import while_loop
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported
+from kiln.capture.rule_tables import BUILTINS, CONST_FOLD
 
 _GRAPH_MODULES = (
     "torch", "torch.functional", "torch.nn.functional", "torch._C._nn",
@@ -36,6 +32,7 @@ def _name(fn):
     return getattr(fn, "__name__", "") or ""
 
 
+@V.rule
 def is_torch_callable(obj) -> bool:
     """A callable defined by PyTorch that computes on tensors (not a class)."""
     if isinstance(obj, type) or not callable(obj):
@@ -95,7 +92,7 @@ def _numel(tx, args, kwargs):
 
 
 # Evaluated at trace time to a Python constant (answers that a trace may assume).
-CONST_FOLD = {
+CONST_FOLD.update({
     torch.is_tensor: _is_tensor,
     torch.is_grad_enabled: _grad_enabled,
     torch.numel: _numel,
@@ -122,15 +119,9 @@ CONST_FOLD = {
     torch.overrides.has_torch_function_unary: lambda tx, a, k: _const(False),
     torch.overrides.has_torch_function_variadic: lambda tx, a, k: _const(False),
     torch.cuda.is_available: lambda tx, a, k: _const(torch.cuda.is_available()),
-    torch._C._get_privateuse1_backend_name: lambda tx, a, k: _const(torch._C._get_privateuse1_backend_name()),
     torch.are_deterministic_algorithms_enabled: lambda tx, a, k: _const(torch.are_deterministic_algorithms_enabled()),
-}
-CONST_FOLD.update(autocast.QUERY_RULES)
+})
 CONST_FOLD.update(torch_helpers.QUERY_RULES)
-CONST_FOLD[torch.cond] = cond.call_cond
-CONST_FOLD[torch.while_loop] = while_loop.call_while_loop
-CONST_FOLD[torch._is_all_true] = assumptions.is_all_true
-CONST_FOLD.update(optimizers.STEP_KERNEL_RULES)
 # Library code asks these to pick compile-friendly paths: they read True while kiln
 # traces (reading the names only, as DESIGN.md allows).
 for _mod, _attr in ((torch.compiler, "is_compiling"), (torch.compiler, "is_dynamo_compiling")):
@@ -225,8 +216,6 @@ def tensor_attribute(tx, tv, name):
 @V.rule
 def tensor_method(tx, tv, name, args, kwargs):
     if name == "__len__" and not args and not kwargs:  # as len(x): the first size
-        from kiln.capture.builtins import BUILTINS
-
         return BUILTINS[len](tx, tv)
     if name in _DATA_METHODS:
         raise Unsupported("K0007", f"Tensor.{name}() needs the tensor's data")

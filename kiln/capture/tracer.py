@@ -30,9 +30,7 @@ from kiln.capture.opcodes_calls import decode_call
 from kiln.capture.output import OutputGraph
 from kiln.capture.resume import resume_code
 from kiln.capture.sources import ClosureSource, LocalSource, RefSource
-# the layers that register Value behaviour in values.rules (see values._Rules)
-from kiln.capture import (builder, builtins, classes, containers, iterators,  # noqa: F401
-                          modules, objects, optimizers, tensor_grads, torch_rules)
+from kiln.capture import rule_modules  # noqa: F401  (every rule registered before a trace)
 from kiln.debug.breaks import describe
 from kiln.debug.logs import log_for
 

@@ -47,6 +47,7 @@ class WeakRefValue(V.Value):
         return f"WeakRef({self.ref!r})"
 
 
+@V.rule
 def wrap_ref(tx, ref, source):
     """The Value of a plain ``weakref.ref`` read from ``source`` (its type guarded)."""
     if type(ref) is not weakref.ref or source is None:

@@ -17,6 +17,7 @@ from kiln.capture.cond import _body_fake, _may_alias_input
 from kiln.capture.body_graph import BodyGraph, trace_body
 from kiln.capture.errors import Unsupported
 from kiln.capture.fake import FakeTensor
+from kiln.capture.rule_tables import CONST_FOLD
 
 
 class WhileLoopCall:
@@ -95,3 +96,6 @@ def call_while_loop(tx, args, kwargs):
     res = tx.output.op("call_function", call, items + cond_lifted + body_lifted, {})
     outs = res.items if isinstance(res, V.TupleValue) else [res]
     return outs[0] if single else V.TupleValue(list(outs))
+
+
+CONST_FOLD[torch.while_loop] = call_while_loop

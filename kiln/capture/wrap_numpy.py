@@ -80,6 +80,7 @@ class _Convert(V.Value):
         return _map(args[0], self.leaf)
 
 
+@V.rule(name="wrap_numpy_special_value")
 def special_value(obj):
     """The trace's Value for the wrapper's conversions, or None."""
     if obj is to_numpy:

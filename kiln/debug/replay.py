@@ -15,9 +15,9 @@ When capturing a frame fails — an internal error, or ``Unsupported`` under ful
   or noted as missing;
 - the kiln settings, and the error (type, message, traceback).
 
-``replay(path)`` rebuilds the function over those globals and runs it through capture
-alone (the ``eager`` backend, the recorded fullgraph flag, ``suppress_errors`` off),
-after a readable summary: the failure reproduces as an exception with its traceback.
+``load`` rebuilds the function over those globals, ``summary`` describes a record;
+``kiln/replay.py`` runs it through capture alone (it imports capture's entry point,
+which imports this module to record).
 """
 from __future__ import annotations
 
@@ -275,33 +275,3 @@ def summary(fn, args, kwargs, rec) -> str:
     if rec["missing"]:
         lines.append("  NOT recorded (None in the replay): " + "; ".join(rec["missing"]))
     return "\n".join(lines)
-
-
-def replay(path) -> int:
-    """Re-run a record's capture; raises the failure when it reproduces, else 0."""
-    import kiln
-
-    fn, args, kwargs, rec = load(path)
-    print(summary(fn, args, kwargs, rec))
-    settings = {k: v for k, v in rec["config"].items()
-                if hasattr(config, k) and k not in ("replay_record", "logs")}
-    settings["suppress_errors"] = False
-    print("re-running the capture (eager backend)...")
-    with config.patch(**settings):
-        compiled = kiln.compile(fn, backend="eager", fullgraph=rec["fullgraph"])
-        try:
-            compiled(*args, **kwargs)
-        except Exception as e:
-            print(f"REPRODUCED: {type(e).__qualname__}: {e}", file=sys.stderr)
-            raise
-    print("not reproduced: the capture succeeded")
-    return 0
-
-
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m kiln.replay FILE", file=sys.stderr)
-        return 2
-    return replay(argv[0])
-

@@ -13,6 +13,7 @@ import kiln
 from kiln import config
 from kiln.capture import eval_frame
 from kiln.capture.errors import InternalError
+from kiln import replay as replay_run
 from kiln.debug import replay
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -104,9 +105,9 @@ def test_internal_error_recorded_and_replayed(tmp_path, monkeypatch):
             kiln.compile(_g, backend="eager")(x, 2)
     (path,) = (tmp_path / "kiln_replay").iterdir()
     with pytest.raises(InternalError, match="planted capture bug"):
-        replay.replay(str(path))
+        replay_run.replay(str(path))
     monkeypatch.setattr(eval_frame, "trace_frame", real)       # the bug fixed:
-    assert replay.replay(str(path)) == 0                        # the capture succeeds
+    assert replay_run.replay(str(path)) == 0                        # the capture succeeds
 
 
 def test_nothing_recorded_by_default(tmp_path, monkeypatch):
