@@ -31,8 +31,7 @@ def rule(*fns):
     return deco
 
 
-def C(v):
-    return V.ConstantValue(v)
+C = V.C
 
 
 def apply_rule(tx, fn, rule_, args, kwargs):

@@ -130,8 +130,7 @@ class DataclassDictValue(V.DictValue):
         return {n: self.attrs[n] for n in names if n in self.attrs}
 
 
-def _is_none(v) -> bool:
-    return isinstance(v, V.ConstantValue) and v.value is None
+_is_none = V.is_none
 
 
 def construct(tx, cls, args, kwargs):

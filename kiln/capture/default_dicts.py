@@ -47,8 +47,7 @@ class DefaultDictValue(V.DictValue):
         return f"DefaultDict({self.factory}, {self.items})"
 
 
-def _is_none(v) -> bool:
-    return isinstance(v, V.ConstantValue) and v.value is None
+_is_none = V.is_none
 
 
 def construct(tx, factory=None, *args, **kwargs):

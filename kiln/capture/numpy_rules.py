@@ -45,8 +45,7 @@ def method(tx, name, t, *args, **kwargs):
                         {n: a if isinstance(a, V.Value) else V.ConstantValue(a) for n, a in kwargs.items()})
 
 
-def C(x):
-    return V.ConstantValue(x)
+C = V.C
 
 
 # --- arrays from constants and sequences ------------------------------------------------

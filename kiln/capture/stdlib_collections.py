@@ -20,8 +20,7 @@ from kiln.capture.containers import _err, dict_items_of
 from kiln.capture.errors import Unsupported, UserException
 
 
-def C(v):
-    return V.ConstantValue(v)
+C = V.C
 
 
 # --- OrderedDict -------------------------------------------------------------------

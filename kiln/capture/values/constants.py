@@ -101,3 +101,13 @@ class ExceptionValue(Value):
 
     def __repr__(self):
         return f"Exception({self.cls.__name__}, {self.args})"
+
+
+def C(v) -> ConstantValue:
+    """A constant (the short name rule tables write)."""
+    return ConstantValue(v)
+
+
+def is_none(v) -> bool:
+    """Is ``v`` the constant None (an argument left out)?"""
+    return isinstance(v, ConstantValue) and v.value is None
