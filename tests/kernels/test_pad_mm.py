@@ -308,3 +308,13 @@ def test_triton_interpreter_pads_inside_the_producer_kernel(tmp_path):
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
     assert "passed" in r.stdout.splitlines()[-1] and "skipped" not in r.stdout.splitlines()[-1]
+
+
+def test_compile_options_name_the_setting():
+    """``options={"shape_padding": ...}`` (PyTorch's compiler's name) and ``"pad_mm"``."""
+    from kiln.capture.compile_options import settings_for
+    assert settings_for(None, {"shape_padding": False}) == {"pad_mm": "0"}
+    assert settings_for(None, {"shape_padding": True}) == {"pad_mm": "1"}
+    assert settings_for(None, {"pad_mm": "always"}) == {"pad_mm": "always"}
+    with pytest.raises(ValueError):
+        settings_for(None, {"pad_mm": "sometimes"})
