@@ -46,6 +46,7 @@ from torch.utils import _pytree as pytree
 from .. import config
 from ..debug.logs import log_for
 from .devices import graph_device
+from .lowering.base import STORAGE_OPS, returns_a_view
 from .lowering.outputs import eager_root, output_roots
 
 aten = torch.ops.aten
@@ -77,6 +78,7 @@ OPS = {
     aten.mm.default: _Op(0, 1),
     aten.addmm.default: _Op(1, 2, bias=0),
     aten.bmm.default: _Op(0, 1, batch=1),
+    aten.baddbmm.default: _Op(1, 2, bias=0, batch=1),
 }
 
 def _permutation(n) -> list:
@@ -180,6 +182,58 @@ def leading_dims(a, b) -> set:
     return lead
 
 
+class _Product:
+    """What the rules read of one product: its node, operand values and sizes."""
+
+    def __init__(self, node, a, b, batch, m, k, n):
+        self.node, self.a, self.b = node, a, b
+        self.batch, self.m, self.k, self.n = batch, m, k, n
+
+    @property
+    def flops(self) -> int:
+        f = 2 * self.m * self.n * self.k
+        for s in self.batch:
+            f *= s
+        return f
+
+
+def _off_cuda(p) -> str | None:
+    dev = p.node.meta.get("device")
+    if str(config.pad_mm).strip().lower() != "always" and isinstance(dev, torch.device) \
+            and dev.type != "cuda":
+        return f"on {dev}, not a CUDA device"
+    return None
+
+
+def _fp32_without_tf32(p) -> str | None:
+    if _DTYPE_RULE[p.a.dtype]():
+        return None
+    return "fp32 without TF32 runs no tensor-core kernel"
+
+
+def _small(p) -> str | None:
+    if p.flops >= config.pad_mm_min_flops:
+        return None
+    return f"{p.flops:.3g} flops < pad_mm_min_flops"
+
+
+#: why a misaligned product is left as it is: rule(product) -> reason, or None
+LEAVE = (_off_cuda, _fp32_without_tf32, _small)
+
+
+def _storage_read(node) -> bool:
+    """Is the product's result (or a view of it) read by an op that addresses its
+    storage (``as_strided``)? A slice of a padded result has another storage."""
+    work = list(node.users)
+    while work:
+        u = work.pop()
+        if u.target in STORAGE_OPS:
+            return True
+        if u.op == "call_function" and returns_a_view(u.target):
+            work.extend(u.users)
+    return False
+
+
 def plan_for(node) -> tuple | None:
     """(pad M, pad K, pad N, why) for a product node worth padding; (0, 0, 0, why) for a
     misaligned one left as it is; None when there is nothing to say."""
@@ -207,13 +261,15 @@ def plan_for(node) -> tuple | None:
     why = (f"{'x'.join(map(str, a.shape))} @ {'x'.join(map(str, b.shape))} {a.dtype}: "
            + ", ".join(f"{name} {s} -> {s + p}" for name, s, p in zip("MKN", (m, k, n), pads) if p)
            + f" (multiples of {align})")
-    if not _DTYPE_RULE[a.dtype]():
-        return 0, 0, 0, why + "; left: fp32 without TF32 runs no tensor-core kernel"
-    flops = 2 * m * n * k
-    for s in batch:
-        flops *= s
-    if flops < config.pad_mm_min_flops:
-        return 0, 0, 0, why + f"; left: {flops:.3g} flops < pad_mm_min_flops"
+    product = _Product(node, a, b, batch, m, k, n)
+    for rule in LEAVE:
+        reason = rule(product)
+        if reason is not None:
+            return 0, 0, 0, f"{why}; left: {reason}"
+    if (pads[0] or pads[2]) and _storage_read(node):
+        pads[0] = pads[2] = 0           # K alone keeps the result's shape and storage
+        if not pads[1]:
+            return 0, 0, 0, f"{why}; left: its result's storage is addressed (as_strided)"
     return (*pads, why)
 
 
@@ -310,8 +366,8 @@ class _Rewriter:
         pads = {}
         if v.dim() >= 1 and pn and v.shape[-1] != 1:
             pads[v.dim() - 1] = pn
-        if v.dim() == 2 and pm and v.shape[0] != 1:
-            pads[0] = pm
+        if v.dim() >= 2 and pm and v.shape[-2] != 1:
+            pads[v.dim() - 2] = pm
         return self.padded(bias, pads, at) if pads else bias
 
     def share_padded(self) -> None:

@@ -169,6 +169,45 @@ def test_bmm_pads_k_and_n(forced):
     _close(gm(a, b)[0], torch.bmm(a, b))
 
 
+def test_baddbmm_bias_padded_with_the_result(forced):
+    bias, a, b = _rand(3, 16, 21), _rand(3, 16, 24), _rand(3, 24, 21)
+    fn = lambda c, a, b: (aten.baddbmm.default(c, a, b, beta=0.5, alpha=2.0),)  # noqa: E731
+    gm, notes = _padded(fn, [bias, a, b])
+    (mm,) = _products(gm)
+    assert tuple(mm.args[0].meta["val"].shape) == (3, 16, 24) and "N 21 -> 24" in notes[0]
+    _close(gm(bias, a, b)[0], torch.baddbmm(bias, a, b, beta=0.5, alpha=2.0))
+
+
+def test_result_read_through_its_storage_pads_k_only(forced):
+    """``as_strided`` addresses the result's storage, which a slice of a padded result
+    does not have: the product keeps its shape (K alone is padded, or nothing)."""
+    def fn(a, b):
+        y = aten.mm.default(a, b)
+        return (aten.as_strided.default(y, [8, 21], [42, 1]),)
+    a, b = _rand(16, 37), _rand(37, 21)
+    gm, notes = _padded(fn, [a, b])
+    (mm,) = _products(gm)
+    assert tuple(mm.meta["val"].shape) == (16, 21) and "K 37 -> 40" in notes[0]
+    _close(gm(a, b)[0], fn(a, b)[0])
+    a, b = _rand(16, 24), _rand(24, 21)
+    gm, notes = _padded(fn, [a, b])
+    assert not _pads(gm) and "as_strided" in notes[0]
+
+
+def test_product_off_the_cuda_device_is_left():
+    """"1" pads CUDA products only; a CPU product of a CUDA graph stays."""
+    gm = fx.symbolic_trace(lambda a, b: (aten.mm.default(a, b),))
+    a, b = _rand(16, 24), _rand(24, 37)
+    for n, v in zip(gm.graph.nodes, [a, b]):
+        n.meta["val"] = v.to("meta")
+    mm = next(n for n in gm.graph.nodes if n.target is aten.mm.default)
+    mm.meta["val"], mm.meta["device"] = torch.empty(16, 37, dtype=a.dtype, device="meta"), a.device
+    with config.patch(pad_mm="1", pad_mm_min_flops=0):
+        assert pad_mm.plan_for(mm)[:3] == (0, 0, 0) and "not a CUDA device" in pad_mm.plan_for(mm)[3]
+    with config.patch(pad_mm="always", pad_mm_min_flops=0):
+        assert pad_mm.plan_for(mm)[:3] == (0, 0, 3)
+
+
 # --- where the padding goes ---------------------------------------------------------------
 def test_padding_goes_beneath_a_reshape_into_the_producer(forced):
     """The loss gradient ``[B, S, V]`` reshaped to ``[B*S, V]``: it is padded before the
