@@ -29,7 +29,7 @@ def cublas_rows(t, h, v):
     print(f"{'dtype':10}" + "".join(f"{c:>8}" for c in cols))
     for name in ("bf16", "fp16", "fp32", "tf32"):
         dt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name, torch.float32)
-        torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if name == "tf32" else "ieee"
         align = 8 if dt != torch.float32 else 4
         p = v + (-v % align)
 
@@ -51,7 +51,7 @@ def cublas_rows(t, h, v):
         bp = F.pad(b, (0, 1))
         row += [median_ms(lambda: a @ b), median_ms(lambda: a @ bp)]
         print(f"{name:10}" + "".join(f"{x:8.3f}" for x in row), flush=True)
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
 
 
 def kiln_rows(t, h, v):

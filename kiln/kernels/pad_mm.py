@@ -21,8 +21,8 @@ value read it back as a slice of the padded buffer, so it is stored once. The sl
 result is a strided view that later kernels read in place; where the caller sees it (a
 graph output) it is copied to eager's contiguous layout.
 
-fp32 is padded only where cuBLAS runs it on tensor cores (TF32 allowed,
-``torch.backends.cuda.matmul.allow_tf32``): plain fp32 runs SIMT kernels that do not
+fp32 is padded only where cuBLAS runs it on tensor cores (TF32 allowed:
+``torch.backends.cuda.matmul.fp32_precision == "tf32"``): plain fp32 runs SIMT kernels that do not
 fall back to element-wise loads the same way. Products under ``config.pad_mm_min_flops``
 stay as they are (the copies would cost more than the kernel saves).
 
@@ -57,7 +57,17 @@ ALIGN = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def _fp32_on_tensor_cores() -> bool:
-    return bool(torch.backends.cuda.matmul.allow_tf32)
+    """Whether cuBLAS may run fp32 products as TF32: the matmul's ``fp32_precision``,
+    else the global one, else the legacy ``allow_tf32`` (which raises where the two APIs
+    were mixed: then no)."""
+    try:
+        for p in (getattr(torch.backends.cuda.matmul, "fp32_precision", None),
+                  getattr(torch.backends, "fp32_precision", None)):
+            if p in ("tf32", "ieee"):
+                return p == "tf32"
+        return bool(torch.backends.cuda.matmul.allow_tf32)
+    except RuntimeError:
+        return False
 
 
 #: per dtype, when its products are worth padding (beyond alignment and size)

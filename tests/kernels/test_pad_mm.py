@@ -33,10 +33,10 @@ def forced():
 
 @pytest.fixture
 def tf32():
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
+    old = torch.backends.cuda.matmul.fp32_precision
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
     yield
-    torch.backends.cuda.matmul.allow_tf32 = old
+    torch.backends.cuda.matmul.fp32_precision = old
 
 
 def _close(got, want, k=64):
@@ -137,17 +137,18 @@ def test_setting_off_and_cpu_default_leave_the_graph():
 
 def test_fp32_padded_only_under_tf32(forced):
     a, b = _rand(16, 24, dtype=torch.float32), _rand(24, 37, dtype=torch.float32)
-    old = torch.backends.cuda.matmul.allow_tf32
+    old = torch.backends.cuda.matmul.fp32_precision
     try:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        gm, notes = _padded(lambda a, b: (aten.mm.default(a, b),), [a, b])
-        assert not _pads(gm) and "without TF32" in notes[0]
-        torch.backends.cuda.matmul.allow_tf32 = True
+        for off in ("none", "ieee"):
+            torch.backends.cuda.matmul.fp32_precision = off
+            gm, notes = _padded(lambda a, b: (aten.mm.default(a, b),), [a, b])
+            assert not _pads(gm) and "without TF32" in notes[0]
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
         gm, notes = _padded(lambda a, b: (aten.mm.default(a, b),), [a, b])
         (mm,) = _products(gm)
         assert tuple(mm.meta["val"].shape) == (16, 40) and "multiples of 4" in notes[0]
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
+        torch.backends.cuda.matmul.fp32_precision = old
     _close(gm(a, b)[0], a @ b)
 
 
