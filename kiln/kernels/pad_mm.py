@@ -13,18 +13,19 @@ same product on operands zero-padded up to it, then a slice back:
   the rounding of a different kernel's summation order);
 * padding M or N adds rows or columns to the result, which the slice leaves out.
 
-The pads are ``constant_pad_nd`` nodes, pointwise to the kernel compiler: the value an
-operand is computed from (a cast, the loss's gradient) is computed inside the padding
-kernel, and an operand read transposed is padded in its own memory order (through the
-``permute`` to the value underneath), so the copy streams. Other readers of a padded
-value read it back as a slice of the padded buffer, so it is stored once. The sliced
-result is a strided view that later kernels read in place; where the caller sees it (a
-graph output) it is copied to eager's contiguous layout.
+The pads are ``constant_pad_nd`` nodes, pointwise to the kernel compiler, placed beneath
+the transposes and reshapes between an operand and the value it views: that value (a
+cast weight, the loss's gradient) is then computed inside the padding kernel, and the
+products that read one tensor, one of them transposed (a Linear's two gradients), share
+one padded copy. Other readers of a padded value read it back as a slice of the padded
+buffer, so it is stored once. The sliced result is a strided view that later kernels
+read in place; where the caller sees it (a graph output) it is copied to eager's
+contiguous layout.
 
 fp32 is padded only where cuBLAS runs it on tensor cores (TF32 allowed:
-``torch.backends.cuda.matmul.fp32_precision == "tf32"``): plain fp32 runs SIMT kernels that do not
-fall back to element-wise loads the same way. Products under ``config.pad_mm_min_flops``
-stay as they are (the copies would cost more than the kernel saves).
+``torch.backends.cuda.matmul.fp32_precision == "tf32"``): plain fp32 products measured
+the same padded or not. Products under ``config.pad_mm_min_flops`` stay as they are
+(the copies would cost more than the kernel saves).
 
 ``KILN_LOGS=passes`` logs each product padded (and each misaligned one left, with why).
 
@@ -91,6 +92,7 @@ OPS = {
     aten.baddbmm.default: _Op(1, 2, bias=0, batch=1),
 }
 
+
 def _permutation(n) -> list:
     """Result dim d of a permuting view is its argument's dim ``perm[d]``."""
     if n.target is aten.permute.default:
@@ -106,8 +108,9 @@ def _permutation(n) -> list:
 
 
 def _through_permute(x, pads):
-    """A transposed operand is padded underneath, in its memory order (the copy
-    streams, and the padded value stays transposed as cuBLAS read it)."""
+    """A transposed operand is padded beneath the transpose, on the value it views
+    (``G.t()`` of a weight gradient shares the padded ``G`` of the input gradient). A
+    contiguous result of a permute is padded as it is: that is its memory order."""
     if _val(x).is_contiguous():
         return None
     perm = _permutation(x)
@@ -458,7 +461,7 @@ def pad_matmuls(gm: fx.GraphModule, example_inputs) -> tuple[fx.GraphModule, lis
     plans = [(n, plan_for(n)) for n in src.graph.nodes if n.op == "call_function"
              and n.target in OPS]
     plans = [(n, p) for n, p in plans if p is not None]
-    notes = [f"pad_mm: {n.name} left: {p[3]}" for n, p in plans if not any(p[:3])]
+    notes = [f"pad_mm: {n.name}: {p[3]}" for n, p in plans if not any(p[:3])]
     for line in notes:
         _log.info("%s", line)
     todo = [(n, p) for n, p in plans if any(p[:3])]

@@ -327,6 +327,38 @@ def test_training_matches_eager(forced, tf32, caplog, dtype, autocast):
         _close(p.grad, q.grad, k=256)
 
 
+class _OddMLP(torch.nn.Module):
+    """A hidden width of 37: the activation, saved for the backward, is an operand
+    padded along its rows' length, so the backward receives a slice of the padded copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(24, 37)
+        self.fc2 = torch.nn.Linear(37, 24)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x))).square().mean()
+
+
+def test_training_with_a_padded_saved_activation_matches_eager(forced, caplog):
+    torch.manual_seed(0)
+    eager = _OddMLP()
+    model = copy.deepcopy(eager)
+    compiled = kiln.compile(model)
+    x = torch.randn(16, 24)
+    with caplog.at_level(logging.INFO, logger="kiln.passes"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = compiled(x)
+        loss.backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = eager(x)
+    want.backward()
+    assert sum("padded" in r.getMessage() for r in caplog.records) >= 3
+    _close(loss, want)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        _close(p.grad, q.grad, k=256)
+
+
 def test_training_with_the_setting_off_pads_nothing(caplog):
     torch.manual_seed(0)
     model = _TiedHead()
