@@ -1,6 +1,9 @@
 """GPU probe for ``kiln/kernels/pad_mm.py``: what padding misaligned products buys.
 
     python benchmarks/probes/pad_mm_probe.py [--tokens 4096] [--hidden 768] [--vocab 50257]
+        [--skip-cublas] [--skip-kiln]
+
+Figures measured with it: ``benchmarks/results/cuda-2026-11-27/README.md``.
 
 1. cuBLAS alone (torch.mm), per dtype (bf16, fp16, fp32, fp32 under TF32): the GPT-2 LM
    head's three products (forward ``x @ W.t()``, the input gradient ``G @ W``, the weight
@@ -93,11 +96,13 @@ def main():
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--vocab", type=int, default=50257)
     p.add_argument("--skip-cublas", action="store_true")
+    p.add_argument("--skip-kiln", action="store_true")
     a = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
     if not a.skip_cublas:
         cublas_rows(a.tokens, a.hidden, a.vocab)
-    kiln_rows(a.tokens, a.hidden, a.vocab)
+    if not a.skip_kiln:
+        kiln_rows(a.tokens, a.hidden, a.vocab)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ GPU probe (the issue's training step; compare the kiln rows of the two runs)::
         --backends eager,kiln
     KILN_PAD_MM=1 python -m benchmarks.train_step ...   (the same arguments)
 
-and, for the three LM-head products alone, ``python -m benchmarks.probes.pad_mm_probe``.
+and, for the three LM-head products alone, ``python benchmarks/probes/pad_mm_probe.py``
+(cuBLAS per dtype and layout, then kiln with pad_mm 0 and 1).
 """
 from __future__ import annotations
 
