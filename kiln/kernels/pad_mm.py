@@ -122,8 +122,11 @@ def _through_permute(x, pads):
 def _through_reshape(x, pads):
     """A reshape of leading dims (``[B*S, V]`` of ``[B, S, V]``) is padded underneath:
     the value it views is then computed into the padded buffer directly (the kernel
-    compiler stores a value before reshaping it)."""
+    compiler stores a value before reshaping it). Only of a contiguous value: its padded
+    copy is contiguous too, so viewing it is a reshape without a copy, as before."""
     v, b = _val(x), _val(x.args[0])
+    if not b.is_contiguous():
+        return None
     base_pads = {}
     for d, k in pads.items():
         tail = v.dim() - d

@@ -225,6 +225,19 @@ def test_padding_goes_beneath_a_reshape_into_the_producer(forced):
     _close(gm(g, w)[0], fn(g, w)[0])
 
 
+def test_reshape_of_a_transposed_value_is_padded_as_it_is(forced):
+    """A reshape of a non-contiguous value copies it; its padding stays above it (a view
+    of the padded transposed value would not be a reshape of it)."""
+    def fn(y, w):
+        p = aten.permute.default(y, [1, 0, 2])                   # [2, 3, 37], not contiguous
+        return (aten.mm.default(aten.reshape.default(p, [6, 37]), w),)
+    y, w = _rand(3, 2, 37), _rand(37, 16)
+    gm, notes = _padded(fn, [y, w])
+    assert "K 37 -> 40" in notes[0]
+    assert any(p.args[0].target is aten.reshape.default for p in _pads(gm))
+    _close(gm(y, w)[0], fn(y, w)[0])
+
+
 def test_two_products_share_one_padded_operand(forced):
     """The two backward products of a Linear read the output gradient, one of them
     transposed: both read the same padded copy."""
