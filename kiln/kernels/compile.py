@@ -1,7 +1,8 @@
 """``compile_aten_graph``: an aten FX graph and real example inputs → a fast callable.
 
-``plan``: graph passes (``pad_mm``) → graph cache (``toolchain/graph_cache``) → lower (``lowering/``) → verify →
-schedule (``scheduler``) → C++ (``codegen/cpp``) or Triton (``codegen/triton``) source;
+``plan``: graph passes (``pad_mm``) → graph cache (``toolchain/graph_cache``) → lower
+(``lowering/``) → verify → schedule (``scheduler``) → C++ (``codegen/cpp``) or Triton
+(``codegen/triton``) source;
 ``build``: the plan → its kernels loaded (``toolchain/cxx_build``, ``codegen/triton/launcher``)
 → steps → ``Runtime`` (``runtime/``). Each stage is one named function below.
 The callable is specialised to the sizes, strides and dtypes of the example inputs; a
