@@ -101,6 +101,15 @@ matmul_epilogue: str = _env_str("KILN_MATMUL_EPILOGUE", "off")
 #: (KILN_SMALL_MATMUL_MACS).
 small_matmul_macs: int = _env_int("KILN_SMALL_MATMUL_MACS", 32768)
 
+#: Matrix products (mm, addmm, bmm; bf16/fp16, fp32 under TF32) whose M, N or K is not
+#: a multiple of 16 bytes run on zero-padded operands, so that cuBLAS picks its aligned
+#: tensor-core kernels (kernels/pad_mm.py): "1" (graphs on CUDA), "always" (any device:
+#: tests run it on the CPU) or "0" (never) (KILN_PAD_MM).
+pad_mm: str = _env_str("KILN_PAD_MM", "1")
+#: Products of fewer floating-point operations (2*M*N*K per batch) are not padded: the
+#: copies would cost more than the aligned kernel saves (KILN_PAD_MM_MIN_FLOPS).
+pad_mm_min_flops: int = _env_int("KILN_PAD_MM_MIN_FLOPS", 1 << 28)
+
 #: Which code generator compiles kernels: "auto" (Triton for CUDA tensors, C++ for CPU
 #: ones), "cpp" or "triton" — the latter on CPU tensors needs TRITON_INTERPRET=1
 #: (KILN_KERNEL_TARGET).

@@ -59,6 +59,12 @@ def _cudagraphs(v):
     return _choice("cudagraphs", ("auto", "0", "1"))(v)
 
 
+def _pad_mm(v):
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return _choice("pad_mm", ("0", "1", "always"))(v)
+
+
 def _max_autotune(v):
     return 0 if _bool("max_autotune")(v) else config.autotune_min_numel
 
@@ -75,6 +81,8 @@ OPTIONS = {
     "matmul_epilogue": ("matmul_epilogue",
                         _choice("matmul_epilogue", ("off", "background", "sync"))),
     "small_matmul_macs": ("small_matmul_macs", _int("small_matmul_macs")),
+    "shape_padding": ("pad_mm", _pad_mm),
+    "pad_mm": ("pad_mm", _pad_mm),
     "kernel_target": ("kernel_target", _choice("kernel_target", ("auto", "cpp", "triton"))),
     "compile_threads": ("compile_threads", _int("compile_threads", 1)),
     "recompile_limit": ("recompile_limit", _int("recompile_limit", 1)),

@@ -27,6 +27,7 @@ ARTEFACTS = (
     "compile_times",
     "perf_hints",
     "cache",
+    "passes",
 )
 
 root = logging.getLogger("kiln")

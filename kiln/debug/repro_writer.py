@@ -157,7 +157,7 @@ def load(source: str) -> fx.GraphModule:
 #: The kiln settings that change what a stage compiles; a repro sets them as they were.
 CONFIG_KEYS = ("inject_bug", "kernel_target", "fallback_random", "small_matmul_macs",
                "matmul_epilogue", "partition_recompute", "cudagraphs", "autotune_min_numel",
-               "graph_cache")
+               "graph_cache", "pad_mm", "pad_mm_min_flops")
 
 
 def repro_source(gm, specs, stage, level, backend=None, target=None, expected="",

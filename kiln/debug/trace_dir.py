@@ -482,6 +482,7 @@ _RULES = {
     "cache": _cache,
     "kiln": _kiln,
     "perf_hints": _note,
+    "passes": _note,
 }
 
 

@@ -1,7 +1,8 @@
 """``compile_aten_graph``: an aten FX graph and real example inputs → a fast callable.
 
-``plan``: graph cache (``toolchain/graph_cache``) → lower (``lowering/``) → verify →
-schedule (``scheduler``) → C++ (``codegen/cpp``) or Triton (``codegen/triton``) source;
+``plan``: graph passes (``pad_mm``) → graph cache (``toolchain/graph_cache``) → lower
+(``lowering/``) → verify → schedule (``scheduler``) → C++ (``codegen/cpp``) or Triton
+(``codegen/triton``) source;
 ``build``: the plan → its kernels loaded (``toolchain/cxx_build``, ``codegen/triton/launcher``)
 → steps → ``Runtime`` (``runtime/``). Each stage is one named function below.
 The callable is specialised to the sizes, strides and dtypes of the example inputs; a
@@ -20,7 +21,7 @@ from ..debug.breaks import describe, tag
 from ..debug import trace_dir
 from ..debug.logs import log_for
 from ..debug.timing import timed
-from . import ir, provenance
+from . import ir, pad_mm, provenance
 from .codegen.cpp import source as cpp_source
 from .lowering import GraphLowering, View
 from .runtime.runner import ExternStep, Runtime
@@ -73,13 +74,14 @@ def pick_target(example_inputs, target=None) -> str:
 
 def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache.Plan:
     """Lower, schedule and generate source — or find all of it in the graph cache."""
+    gm, notes = _passes(gm, example_inputs)
     key, p = _cached(gm, example_inputs, target)
     if p is not None:
         return p
     lo = _lower(gm, example_inputs, target)
     sched = _schedule(lo, target)
     arte = {"ir": ir.format_program(lo.buffers), "schedule": format_schedule(sched),
-            "fallbacks": list(lo.fallbacks), "target": target}
+            "fallbacks": list(lo.fallbacks), "target": target, "passes": notes}
     source, entries, kinfo = _generate(sched, lo, target)
     arte["source"] = source
     arte["kinfo"] = kinfo
@@ -113,6 +115,13 @@ def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
 
 
 # --- the pipeline's stages, in order ----------------------------------------------------
+def _passes(gm, example_inputs):
+    """Aten graph → aten graph: rewrites that change no value (``pad_mm``); the graph
+    cache keys the rewritten graph. Returns (graph, the passes' log lines)."""
+    with timed("kernels.passes"):
+        return pad_mm.pad_matmuls(gm, example_inputs)
+
+
 def _cached(gm, example_inputs, target):
     """(key, plan found in the graph cache or None); key None: not cacheable."""
     with timed("kernels.graph_cache"):
