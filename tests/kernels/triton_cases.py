@@ -117,6 +117,15 @@ def test_small_rows_share_a_program():
     assert p.xb > 1 and p.persistent
 
 
+def test_zero_dim_input_in_masked_rows():
+    """A 0-d input read in a reduction whose row block is masked (33 rows) is loaded as a
+    block, so the row mask can guard it (Triton rejects a block mask on a scalar pointer)."""
+    rt, art = _check(lambda x, s: (aten.sum.dim_IntList(aten.mul.Tensor(x, s), [1]),),
+                     [torch.randn(33, 20), torch.tensor(2.5)])
+    p = heuristics.plan_reduction(rt.sched.groups[0])
+    assert p.xb > 1
+
+
 def test_long_rows_loop(monkeypatch):
     monkeypatch.setattr(heuristics, "PERSISTENT_MAX", 64)
     monkeypatch.setattr(heuristics, "LOOP_RBLOCK", 128)

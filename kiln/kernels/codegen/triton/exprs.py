@@ -119,7 +119,12 @@ class TBody:
     def address(self, e: Load) -> str:
         """The pointers ``e`` addresses: its buffer plus its affine index plus its
         indirect terms (an int64 value times a stride each)."""
-        p = f"{e.buf} + {tindex(e.index)}" if self.two_d else self.ptr(e.buf, e.index)
+        if self.two_d:
+            # a reduction kernel's loads broadcast through their index; a constant one
+            # (a 0-d input) is made a block so that the row mask can guard it
+            p = f"{e.buf} + {tindex(e.index)}" + ("" if e.index.vars() or e.gather else " + xzero")
+        else:
+            p = self.ptr(e.buf, e.index)
         for v, st in e.gather:
             p += f" + {self.render(v)}.to(tl.int64) * {st}"
         return p
