@@ -703,4 +703,4 @@ def _isclose(tx, a, b, **kw):
 
 
 # rule tables of their own modules, registered into BUILTINS on import
-from kiln.capture import function_attrs, made_modules, stdlib_collections, stdlib_itertools, tensor_builtins  # noqa: E402,F401,I001
+from kiln.capture import function_attrs, made_modules, stdlib_collections, stdlib_itertools, tensor_builtins, weak_refs  # noqa: E402,F401,I001
