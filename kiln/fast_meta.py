@@ -31,6 +31,7 @@ from .ops import CATALOGUE
 
 aten = torch.ops.aten
 _META = torch.device("meta")
+_CPU = torch.device("cpu")
 _pointwise_ok: dict = {}
 _dtypes: dict = {}
 _SCALARS = (bool, int, float, str, type(None))
@@ -178,8 +179,9 @@ _SHORTCUTS = {"softmax": _softmax, "layer_norm": _layer_norm, "mm": _mm, "addmm"
 _SPECIAL = {op: _SHORTCUTS[i.meta] for op, i in CATALOGUE.items() if i.meta}
 
 
-def meta_result(func, args, kwargs):
-    """``func``'s result on these meta tensors, or None when the meta kernel must say."""
+def meta_result(func, args, kwargs, device=_CPU):
+    """``func``'s result on these meta tensors, standing for tensors on ``device`` (it
+    decides some layouts: ``elementwise_layout``), or None when the meta kernel must say."""
     special = _SPECIAL.get(func)
     if special is not None:
         try:
@@ -188,11 +190,11 @@ def meta_result(func, args, kwargs):
             return None
     if _is_pointwise(func):
         out = _pointwise(func, args, kwargs)
-        return out if out is not None else _pointwise_laid_out(func, args, kwargs)
+        return out if out is not None else _pointwise_laid_out(func, args, kwargs, device)
     return None
 
 
-def _pointwise_laid_out(func, args, kwargs):
+def _pointwise_laid_out(func, args, kwargs, device):
     """The meta kernel's result laid out as eager lays it out (``elementwise_layout``),
     of eager's dtype (as for plain inputs); None where the kernel raises (the caller runs it again, for its error) or an input
     is not a meta tensor."""
@@ -204,7 +206,7 @@ def _pointwise_laid_out(func, args, kwargs):
         dtype = _pointwise_dtype(func, args, kwargs)      # eager's, as for plain inputs
     except Exception:                # noqa: BLE001  (the caller's call raises it)
         return None
-    out = relayout(func, args, kwargs, out)
+    out = relayout(func, args, kwargs, out, dtype, device)
     if dtype == out.dtype:
         return out
     return torch.empty_strided(tuple(out.shape), out.stride(), dtype=dtype, device=_META)

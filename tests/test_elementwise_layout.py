@@ -134,3 +134,84 @@ def test_results_laid_out_as_eager(fn, make):
     assert (got.shape, got.stride(), got.is_contiguous()) == \
         (expect.shape, expect.stride(), expect.is_contiguous())
     torch.testing.assert_close(got, expect)
+
+
+def _any_layout(rng, shape, dtype):
+    """``_layout``'s layouts, plus overlapping ones (a size-n dim of stride 0)."""
+    if shape and rng.random() < 0.25:
+        t = _layout(rng, [1 if i == 0 else s for i, s in enumerate(shape)], dtype)
+        return t.expand(shape)
+    return _layout(rng, shape, dtype)
+
+
+_DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.bool]
+
+
+def _meta(t):
+    """A meta tensor of ``t``'s dtype, shape and strides (``.to("meta")`` would make an
+    overlapping one dense)."""
+    n = t.storage_offset() + 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+    return torch.empty(n, dtype=t.dtype, device="meta").as_strided(
+        t.shape, t.stride(), t.storage_offset())
+
+
+def _mixed_cases(rng, op, sig, count):
+    """Calls of ``op`` whose tensor operands have random dtypes and layouts."""
+    from kiln.elementwise_layout import eager_strides
+    for _ in range(count):
+        shape = rng.choice(SHAPES)
+        args = []
+        for j, c in enumerate(sig):
+            if not isinstance(c, torch.dtype):
+                args.append(rng.choice([c, 2.5, True]))
+                continue
+            dt = rng.choice(_DTYPES)
+            s = shape if j == 0 else rng.choice([shape, shape, shape[1:], ()])
+            args.append(_any_layout(rng, s, dt) if s else torch.tensor(2).to(dt))
+        try:
+            r = op(*args)
+        except Exception:     # noqa: BLE001  (a combination the op refuses)
+            continue
+        metas = [_meta(a) if isinstance(a, torch.Tensor) else a for a in args]
+        yield args, r, eager_strides(op, metas, {}, r.shape, r.dtype, "cpu")
+
+
+def test_cpu_rule_with_inputs_of_other_dtypes():
+    """CPU TensorIterator converts inputs of another dtype than the common one before
+    laying the result out (a non-dense input becomes dense): the rule models it."""
+    rng = random.Random(1)
+    wrong, tried = [], 0
+    for op in _pointwise_ops():
+        sig = _signature(op)
+        if sig is None or sum(isinstance(c, torch.dtype) for c in sig) < 1:
+            continue
+        for args, r, got in _mixed_cases(rng, op, sig, 8):
+            tried += 1
+            if any(n != 1 and a != b for n, a, b in zip(r.shape, got, r.stride())):
+                wrong.append((str(op), [(tuple(a.shape), a.stride(), a.dtype) if isinstance(
+                    a, torch.Tensor) else a for a in args], r.stride(), got))
+    assert tried > 500
+    assert wrong == [], "\n".join(map(str, wrong))
+
+
+@pytest.mark.parametrize("case", [
+    # torch 2.11's sweep case: the bool input (overlapping) is converted contiguous first
+    (torch.ops.aten.special_zeta.default, [((1, 2, 3), (2, 1, 0), torch.bool),
+                                          ((1, 2, 3), (6, 1, 2), torch.int32)]),
+    (torch.ops.aten.add.Tensor, [((3, 4), (1, 3), torch.float32),
+                                 ((3, 4), (8, 2), torch.int64)]),
+    (torch.ops.aten.sin.default, [((4, 5), (2, 10), torch.int64)]),
+    (torch.ops.aten.mul.Tensor, [((2, 3, 4), (0, 1, 3), torch.int32),
+                                 ((2, 3, 4), (1, 8, 2), torch.float64)]),
+], ids=["zeta_bool_int32", "add_int_scattered", "sin_int_scattered", "mul_expanded"])
+def test_fast_meta_layout_of_converted_inputs(case):
+    """fast_meta's pointwise results on such inputs have eager's CPU strides."""
+    from kiln.fast_meta import meta_result
+    op, specs = case
+    args = [torch.zeros(64, dtype=dt).as_strided(shape, stride) for shape, stride, dt in specs]
+    expect = op(*args)
+    got = meta_result(op, [_meta(a) for a in args], {}, torch.device("cpu"))
+    assert got is not None
+    assert (got.shape, got.dtype) == (expect.shape, expect.dtype)
+    assert all(n == 1 or a == b for n, a, b in zip(got.shape, got.stride(), expect.stride())), \
+        (got.stride(), expect.stride())

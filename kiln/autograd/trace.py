@@ -290,11 +290,11 @@ class _TraceMode(Functionalize, KilnDispatchMode):
                     torch.get_default_device()
             if device is not None:
                 kwargs = {**kwargs, "device": _META}
-        out = meta_result(func, args, kwargs)
-        if out is None:
-            out = func(*args, **kwargs)
         if device is None:
             device = self._device_of(func, args, kwargs)
+        out = meta_result(func, args, kwargs, device)
+        if out is None:
+            out = func(*args, **kwargs)
         rec_kwargs = dict(kwargs)
         if "device" in rec_kwargs:
             rec_kwargs["device"] = device

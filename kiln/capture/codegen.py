@@ -35,6 +35,7 @@ class EntryCodegen:
         self._n = 0
         self.reads: list[str] = []  # source reads hoisted before the side effects
         self._read_names: dict = {}
+        self.continues = False  # a break's entry: the user's code resumes inside it
 
     # --- namespace helpers -------------------------------------------------------------
     def ref(self, obj, hint="r") -> str:

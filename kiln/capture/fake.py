@@ -149,7 +149,7 @@ def _dispatch(func, args, kwargs):
     u_args = tree_map(unwrap, args)
     u_kwargs = tree_map(unwrap, kwargs)
     try:
-        out = meta_result(func, u_args, u_kwargs)
+        out = meta_result(func, u_args, u_kwargs, device)
     except Exception:  # noqa: BLE001  (kiln's shortcut; the meta kernel decides)
         out = None
     try:

@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 import torch.func
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import _broadcast_to_and_flatten, tree_flatten, tree_leaves, tree_map, \
     tree_structure, tree_unflatten
 
@@ -32,6 +33,7 @@ from kiln.capture import values as V
 from kiln.capture.body_graph import BodyGraph, trace_body
 from kiln.capture.errors import Unsupported
 from kiln.capture.fake import FakeTensor
+from kiln.dispatch_mode import KilnDispatchMode
 from kiln.debug.logs import log_for
 
 _log = log_for("graph")
@@ -260,13 +262,35 @@ class TransformCall:
             outs = body.forward(*[leaves[i] for i in positions], *lifted)
             return _fill(out_template, outs)
 
-        result = self.rule.fn(transformed, **self.options)(*args, **kwargs)
+        apply = self.rule.fn(transformed, **self.options)
+        if any(isinstance(t, FakeTensor) for t in flat):    # the result propagated on fakes
+            with _RealConstants():
+                result = apply(*args, **kwargs)
+        else:
+            result = apply(*args, **kwargs)
         leaves, self.result_spec = tree_flatten(result)
         return tuple(leaves)
 
     def __repr__(self):
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
         return f"torch.func.{self.rule.name}(<body>, {opts})"
+
+
+class _RealConstants(KilnDispatchMode):
+    """Above the fake mode while a transform's result is propagated on fakes: an op
+    whose tensors are all real (none fake) runs for real. Those are the transform's own
+    bookkeeping on tensors it makes from Python numbers (``jacfwd`` on torch 2.11 turns
+    ``torch.tensor(numels).cumsum(0)`` into ints); their values depend on no input, so
+    computing them is exact. Everything else goes on to the fake mode."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        if tensors and not any(isinstance(t, FakeTensor) or t.device.type == "meta"
+                               for t in tensors):
+            with _disable_current_modes():
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
 
 
 # --- tracing a transformed call ----------------------------------------------------------

@@ -324,6 +324,8 @@ def is_same(tx, a, b) -> bool:
         return False
     if isinstance(b, V.ConstantValue) and b.value is None:
         return False
+    if getattr(a, "shared_identity", False) or getattr(b, "shared_identity", False):
+        raise Unsupported("K0017", f"identity of {a} and {b}")  # CPython may share the object
     if type(a) is not type(b):
         return False
     if isinstance(a, V.TupleValue) and ((a.source is not None and a.source == b.source)

@@ -308,6 +308,7 @@ def _compile_break(fn, code, frame, ctx, ns, info: BreakInfo):
     if ctx.recorder is not None:
         ctx.recorder.breaks.append(info)
     cg = EntryCodegen(out, ns)
+    cg.continues = True  # user code runs while this entry's temporaries hold what it rebuilt
     locals_ = dict(frame.locals)  # unread arguments stay LazyArg: rebuilt from their source
     for n in code.co_cellvars:  # cells are rebuilt by the resume's MAKE_CELL from these
         cell = frame.cells.get(n)

@@ -210,6 +210,10 @@ BREAKS: dict[str, Break] = {
                 "torch.cond or torch.while_loop used in a way kiln does not model: a branch or "
                 "body with Python side effects, writing its inputs, returning an input (eager "
                 "raises), or outputs whose structure or metadata differ."),
+    "K0058": _b("weak reference whose referent may be dead",
+                "Calling a weak reference made inside the compiled region whose referent no "
+                "local, stack slot or object the trace tracks holds: whether it is still alive "
+                "depends on reference counts and the cycle collector."),
     # --- autograd: what the ahead-of-time tracer cannot express ---------------------
     "K0101": _b("in-place op changes storage or size",
                 "An in-place op gives a tensor another storage or size (resize_, set_).", kind=_GRAPH),

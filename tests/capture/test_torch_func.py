@@ -221,6 +221,25 @@ def test_jacobians_and_compositions(fn, backend):
     check(fn, _wbx, backend)
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_transform_bookkeeping_on_tensors_it_makes(monkeypatch, backend):
+    """A transform's own Python may compute with tensors it makes from numbers and read
+    them back as ints (torch 2.11's jacfwd: ``int(torch.tensor(numels).cumsum(0)[i])``):
+    while its result is propagated on fakes those run for real (no data-dependent
+    break). Made to happen on any version by wrapping jacfwd's basis builder."""
+    from torch._functorch import eager_transforms as et
+    original, seen = et._construct_standard_basis_for, []
+
+    def basis(tensors, numels):
+        ends = torch.tensor(list(numels)).cumsum(dim=0)
+        seen.append([int(e) for e in ends.unbind()])
+        return original(tensors, numels)
+
+    monkeypatch.setattr(et, "_construct_standard_basis_for", basis)
+    check(jac_fwd, _wbx, backend)
+    assert seen and all(s == [4, 8] for s in seen)
+
+
 # --- functional_call -------------------------------------------------------------------
 def fcall_all(x, t):
     return functional_call(MLP, {k: v * 2 for k, v in MLP.named_parameters()}, (x,))
