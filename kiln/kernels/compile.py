@@ -24,6 +24,7 @@ from ..debug.timing import timed
 from . import ir, pad_mm, provenance
 from .codegen.cpp import source as cpp_source
 from .lowering import GraphLowering, View
+from .runtime import perf_fallback
 from .runtime.runner import ExternStep, Runtime
 from .scheduler import format_schedule, schedule
 from .toolchain import cxx_build, graph_cache
@@ -243,6 +244,8 @@ class CompiledGraph:
         #: id of each built Runtime not yet called -> its signature
         self._untried = {}
         self.artefacts = None
+        #: shape class -> the perf fallback's decision (``runtime/perf_fallback.py``)
+        self.perf_choices = {}
         #: the traced compile this graph belongs to: kernels built later are filed there
         self._trace_owner = trace_dir.current()
         # Meta stand-ins (what the autograd stage passes) say nothing of the device nor
@@ -265,6 +268,7 @@ class CompiledGraph:
                 from .toolchain import triton_setup
                 triton_setup.start()          # overlaps this graph's lowering
             rt, self.artefacts = build(self.gm, list(args), target)
+            rt = perf_fallback.maybe_trial(rt, self, sig)
             self._untried[id(rt)] = sig
         except Exception as e:                # noqa: BLE001  (suppress_errors: eager)
             if not config.suppress_errors:

@@ -1,0 +1,288 @@
+"""Never slower than eager (``KILN_PERF_FALLBACK``): each compiled specialisation of a
+graph is timed against the same aten graph run by PyTorch op by op during its first
+calls, and the faster of the two is kept for good.
+
+Where. ``kernels.compile.CompiledGraph`` wraps each Runtime it builds in a ``Trial``.
+Every graph the kernel compiler runs passes there: an inference graph, a training
+forward and its backward are each one artefact with its own trial and its own choice.
+Mixing is sound: the eager alternative of a graph is the graph module itself (what
+``aot_eager`` runs), with the same inputs, outputs and layouts as its kernels, so a
+compiled backward reads an eager forward's saved tensors as it reads its own.
+
+The shape class. A Runtime is specialised to one input signature (sizes, strides,
+dtypes, devices), so it has one trial and one choice; the choice is recorded under
+``shape_class`` (sizes, dtypes, devices), which is what a specialisation over symbolic
+sizes would key its trials by.
+
+How, cheaply and soundly. Each call runs exactly one of the two variants, never both,
+so a graph that writes an input (or draws random numbers) does so once per call, as
+eager does, and no copies are needed; results during the trial come from either
+variant, both of them correct. Call 1 is the compiled one's first call (kernels load,
+errors are caught by ``CompiledGraph``); a compiled graph replayed from a CUDA graph
+also records on its second call, and a call that recorded again is not a sample. Then
+the two alternate in blocks, eager first: one untimed call (a warm-up, and a buffer
+against what the other variant left running) and ``PER_BLOCK`` calls timed by the host
+clock (the device synchronised before and after on CUDA), until each has
+``config.perf_fallback_rounds`` samples — or sooner when one is more than ``CLEAR``
+times faster on every sample — and at most ``MAX_CALLS`` calls in all.
+Eager wins only when its median beats the compiled median by more than ``MARGIN``:
+noise (a replayed graph against eager on a busy host) keeps the compiled graph.
+
+If the eager variant raises where its graph can be run again (no input written, no
+random draw), the compiled one is run on the same inputs: a success means kiln's eager
+alternative is at fault, and the compiled graph is kept for good; otherwise the error
+is the program's own and is raised. A graph that writes an input or draws raises
+eager's error as it stands (it is what plain PyTorch raises).
+
+Each decision is logged under ``KILN_LOGS=perf`` (graph, shape class, both medians,
+the choice) and kept on the ``CompiledGraph`` (``perf_choices``).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+
+import torch
+
+from ... import config
+from ...debug import trace_dir
+from ...debug.logs import log_for
+from ...ops import is_mutation, is_random
+
+_log = log_for("perf")
+
+#: eager is kept only when its median is faster than the compiled median by this share
+MARGIN = 0.10
+#: timed calls in a row of one variant, after one untimed call: the first call after a
+#: switch pays for the other's leftovers (OpenMP threads of the other runtime still
+#: spinning, caches), which made a BLAS call measure 50x its own time right after a
+#: C++ kernel
+PER_BLOCK = 2
+#: with two samples each, a variant this many times faster on every sample wins at once
+CLEAR = 2.0
+#: the most calls a trial makes before it decides with what it has
+MAX_CALLS = 40
+
+#: test hook: ``adjust(which, seconds) -> seconds`` for each timed sample ("compiled" or
+#: "eager"), so a test can give the decision fixed timings; None in normal use
+adjust = None
+
+
+def shape_class(sig) -> tuple:
+    """The decision's key, from a specialisation's signature (``compile._signature``):
+    sizes, dtype and device of each tensor argument, the type of any other."""
+    return tuple((tuple(a[0]), a[2], a[3]) if isinstance(a[0], torch.Size) else a[0]
+                 for a in sig)
+
+
+def graph_name(gm) -> str:
+    """A readable name: the graph's class and the first user line it computes."""
+    name = type(gm).__name__
+    for n in gm.graph.nodes:
+        where = n.meta.get("kiln_user_line")
+        if where is not None:
+            file, line, fn = where
+            return f"{name} ({file}:{line} in {fn})"
+    return name
+
+
+class EagerVariant:
+    """The graph module run by PyTorch: the alternative a compiled graph is timed against."""
+
+    def __init__(self, gm):
+        self.gm = gm
+
+    def __call__(self, *args):
+        return self.gm(*args)
+
+    def call_boxed(self, args: list):
+        inputs = list(args)
+        args.clear()
+        return self.gm(*inputs)
+
+
+def _repeatable(gm) -> bool:
+    """Can the graph run twice on the same inputs with the effect of once? Not when an
+    op writes an argument or draws random numbers."""
+    for n in gm.graph.nodes:
+        t = n.target
+        if n.op == "call_function" and isinstance(t, torch._ops.OpOverload) and \
+                (is_mutation(t) or is_random(t)):
+            return False
+    return True
+
+
+def maybe_trial(rt, owner, sig):
+    """``rt`` wrapped in a Trial when the fallback is on, else ``rt`` itself."""
+    if not config.perf_fallback or config.perf_fallback_rounds < 1:
+        return rt
+    return Trial(rt, owner, sig)
+
+
+class Trial:
+    """A specialisation in its first calls: runs the compiled Runtime or the eager
+    graph, times both, and when decided puts the winner in ``owner.variants[sig]``."""
+
+    def __init__(self, rt, owner, sig):
+        self.compiled = rt
+        self.eager = EagerVariant(owner.gm)
+        self.owner = weakref.ref(owner)
+        self.sig = sig
+        self.rounds = config.perf_fallback_rounds
+        self.samples = {"compiled": [], "eager": []}
+        self.calls = 0
+        self.compiled_calls = 0
+        #: the variant of the current block and the calls left in it
+        self.block, self.block_left = "compiled", 0
+        self.decided = None
+        self.repeatable = _repeatable(owner.gm)
+
+    # -- calls -------------------------------------------------------------------------
+    def __call__(self, *args):
+        return self._call(list(args), boxed=False)
+
+    def call_boxed(self, args: list):
+        try:
+            return self._call(args, boxed=True)
+        finally:
+            args.clear()
+
+    def _call(self, args: list, boxed: bool):
+        self.calls += 1
+        which, timed = self._next()
+        if which == "compiled":
+            return self._run_compiled(args, boxed, timed)
+        return self._run_eager(args, boxed, timed)
+
+    def _next(self):
+        """(variant, timed) of this call: the compiled warm-up, then blocks of one
+        untimed call and ``PER_BLOCK`` timed ones, eager first, alternating."""
+        if not self._compiled_warm():
+            return "compiled", False
+        if self.block_left == 0:
+            self.block = "eager" if self.block == "compiled" else "compiled"
+            self.block_left = 1 + PER_BLOCK
+        timed = self.block_left <= PER_BLOCK
+        self.block_left -= 1
+        return self.block, timed
+
+    def _compiled_warm(self) -> bool:
+        """Has the compiled variant had its first call and, when replayed from a CUDA
+        graph, its recording?"""
+        if self.compiled_calls == 0:
+            return False
+        g = getattr(self.compiled, "graphs", None)
+        return g is None or g.disabled or g.graph is not None
+
+    def _run_compiled(self, args, boxed, timed):
+        g = getattr(self.compiled, "graphs", None)
+        records = g.records if g is not None else 0
+        self.compiled_calls += 1
+        sync = _sync_for(args) if timed else None
+        t0 = _start(sync)
+        out = self.compiled.call_boxed(args) if boxed else self.compiled(*args)
+        if timed:
+            seconds = _stop(sync, t0)
+            if g is None or g.records == records:   # a call that recorded is no sample
+                self._sample("compiled", seconds)
+        return out
+
+    def _run_eager(self, args, boxed, timed):
+        keep = list(args) if self.repeatable else None
+        sync = _sync_for(args) if timed else None
+        t0 = _start(sync)
+        try:
+            out = self.eager.call_boxed(args) if boxed else self.eager(*args)
+        except Exception as e:          # noqa: BLE001  (checked against the compiled graph)
+            if keep is None:
+                raise
+            out = self.compiled(*keep)   # raises the program's own error
+            self._decide("compiled", f"the eager graph raised {type(e).__name__}: {e}")
+            return out
+        if timed:
+            self._sample("eager", _stop(sync, t0))
+        return out
+
+    # -- the decision ------------------------------------------------------------------
+    def _sample(self, which, seconds):
+        if adjust is not None:
+            seconds = adjust(which, seconds)
+        self.samples[which].append(seconds)
+        c, e = self.samples["compiled"], self.samples["eager"]
+        if len(c) >= 2 and len(e) >= 2:
+            if max(c) * CLEAR < min(e):
+                return self._decide("compiled")
+            if max(e) * CLEAR < min(c):
+                return self._decide("eager")
+        if len(c) >= self.rounds and len(e) >= self.rounds:
+            return self._decide(self._faster())
+        if self.calls >= MAX_CALLS:
+            self._decide(self._faster() if c and e else "compiled",
+                         "" if c and e else f"no timed samples in {MAX_CALLS} calls")
+
+    def _faster(self) -> str:
+        c = statistics.median(self.samples["compiled"])
+        e = statistics.median(self.samples["eager"])
+        return "eager" if e * (1 + MARGIN) < c else "compiled"
+
+    def _decide(self, which: str, why: str = ""):
+        if self.decided is not None:
+            return
+        self.decided = which
+        owner = self.owner()
+        if owner is None:
+            return
+        winner = self.compiled if which == "compiled" else self.eager
+        if owner.variants.get(self.sig) is self:
+            owner.variants[self.sig] = winner
+            owner._last = None
+        c, e = self.samples["compiled"], self.samples["eager"]
+        record = {"choice": which, "shape_class": self.key(),
+                  "compiled_ms": statistics.median(c) * 1e3 if c else None,
+                  "eager_ms": statistics.median(e) * 1e3 if e else None,
+                  "samples": (len(c), len(e)), "reason": why}
+        owner.perf_choices[self.key()] = record
+        with trace_dir.within(getattr(owner, "_trace_owner", None)):
+            _log.info("perf: %s %s: compiled %s, eager %s (samples %d/%d) -> %s%s",
+                      graph_name(owner.gm), _shapes(self.key()), _ms(record["compiled_ms"]),
+                      _ms(record["eager_ms"]), len(c), len(e), which,
+                      f" ({why})" if why else "")
+
+    def key(self) -> tuple:
+        return shape_class(self.sig)
+
+
+def _shapes(key) -> str:
+    parts = []
+    for k in key:
+        if isinstance(k, tuple) and len(k) == 3:
+            shape, dtype, device = k
+            parts.append(f"{str(dtype).replace('torch.', '')}{list(shape)}@{device}")
+        else:
+            parts.append(getattr(k, "__name__", str(k)))
+    return "(" + ", ".join(parts) + ")"
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.3f} ms"
+
+
+def _sync_for(args):
+    """The CUDA device to synchronise around a timed call, or None on the CPU."""
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.device.type == "cuda":
+            return a.device
+    return None
+
+
+def _start(sync) -> float:
+    if sync is not None:
+        torch.cuda.synchronize(sync)
+    return time.perf_counter()
+
+
+def _stop(sync, t0) -> float:
+    if sync is not None:
+        torch.cuda.synchronize(sync)
+    return time.perf_counter() - t0
