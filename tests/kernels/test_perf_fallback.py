@@ -167,6 +167,15 @@ def test_compiled_function_with_input_mutation_writes_once_per_call(monkeypatch,
     assert len(eager_runs) >= 6
 
 
+def test_compile_option_turns_it_off(monkeypatch, eager_runs):
+    timings(monkeypatch, compiled_ms=10.0, eager_ms=1.0)
+    c = kiln.compile(lambda x: (x * 3).cos(), options={"perf_fallback": False})
+    x = torch.randn(7, 5)
+    for _ in range(10):
+        torch.testing.assert_close(c(x), (x * 3).cos())
+    assert not eager_runs
+
+
 def test_training_forward_and_backward_each_decide(monkeypatch, eager_runs, caplog):
     timings(monkeypatch, compiled_ms=3.0, eager_ms=1.0)
     torch.manual_seed(0)
