@@ -77,9 +77,9 @@ def test_slower_compiled_graph_ends_up_eager(monkeypatch, eager_runs, caplog):
     (choice,) = cg.perf_choices.values()
     assert choice["choice"] == "eager" and choice["samples"] == (6, 6)
     assert choice["compiled_ms"] == pytest.approx(3.0) and choice["eager_ms"] == pytest.approx(2.0)
-    # compiled warm-up, then blocks E C E C E C of one untimed and two timed calls
-    # (decided at call 19), then eager
-    assert len(eager_runs) == 3 * 3 + 1
+    # compiled warm-up and two timed calls, then blocks E C E C E of one untimed and
+    # two timed calls (decided at call 18), then eager
+    assert len(eager_runs) == 3 * 3 + 2
     assert "compiled 3.000 ms, eager 2.000 ms (samples 6/6) -> eager" in caplog.text
     assert "float32[64, 33]@cpu" in caplog.text
 
@@ -107,9 +107,19 @@ def test_a_clear_difference_decides_after_two_samples_each(monkeypatch, eager_ru
     timings(monkeypatch, compiled_ms=10.0, eager_ms=1.0)
     x, y = torch.randn(8, 3), torch.randn(3)
     gm, cg = _compiled(x, y)
-    _check_calls(cg, gm, (x, y), 7)           # compiled warm-up, E E E, C C C
+    _check_calls(cg, gm, (x, y), 6)           # compiled warm-up, C C, E E E
     assert next(iter(cg.perf_choices.values()))["samples"] == (2, 2)
     assert isinstance(next(iter(cg.variants.values())), pf.EagerVariant)
+
+
+def test_a_first_eager_call_much_slower_ends_the_trial(monkeypatch, eager_runs):
+    timings(monkeypatch, compiled_ms=1.0, eager_ms=4.5)
+    x, y = torch.randn(8, 3), torch.randn(3)
+    gm, cg = _compiled(x, y)
+    _check_calls(cg, gm, (x, y), 8)
+    (choice,) = cg.perf_choices.values()
+    assert choice["choice"] == "compiled" and choice["samples"] == (2, 0)
+    assert "first call" in choice["reason"] and len(eager_runs) == 1
 
 
 def test_each_shape_class_decides_on_its_own(monkeypatch):
@@ -237,7 +247,7 @@ class _Replay:
 
     def step(self):
         self.calls += 1
-        if self.calls == 2 or self.calls == 5:      # records, and records again once
+        if self.calls == 2 or self.calls == 4:      # records, and records again once
             self.records += 1
             self.graph = object()
 
@@ -267,10 +277,10 @@ def test_a_replayed_graph_is_timed_only_on_replays(monkeypatch):
     x, y = torch.randn(2, 3), torch.randn(3)
     sig = ((torch.Size((2, 3)), (3, 1), torch.float32, x.device),)
     trial = owner.variants[sig] = pf.Trial(rt, owner, sig)
-    ran = [trial(x, y)[0] == "compiled" for _ in range(25)]
-    # warm-up, recording, then blocks: E E E, C C C(records again: no sample), E E E, …
-    assert ran[:8] == [True, True, False, False, False, True, True, True]
-    assert ran.count(True) == 13 and ran.count(False) == 12
-    assert trial.samples["compiled"] == [1e-3] * 6 and len(trial.samples["eager"]) == 8
+    ran = [trial(x, y)[0] == "compiled" for _ in range(21)]
+    # warm-up, recording, C C(records again: no sample), then blocks E E E, C C C, …
+    assert ran[:8] == [True, True, True, True, False, False, False, True]
+    assert ran.count(True) == 12 and ran.count(False) == 9
+    assert trial.samples["compiled"] == [1e-3] * 6 and len(trial.samples["eager"]) == 6
     assert owner.variants[sig] is rt and trial.decided == "compiled"
     assert owner.perf_choices[(((2, 3), torch.float32, x.device),)]["choice"] == "compiled"

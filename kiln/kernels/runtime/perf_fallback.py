@@ -20,11 +20,12 @@ eager does, and no copies are needed; results during the trial come from either
 variant, both of them correct. Call 1 is the compiled one's first call (kernels load,
 errors are caught by ``CompiledGraph``); a compiled graph replayed from a CUDA graph
 also records on its second call, and a call that recorded again is not a sample. Then
-the two alternate in blocks, eager first: one untimed call (a warm-up, and a buffer
+the two alternate in blocks, compiled first: one untimed call (a warm-up, and a buffer
 against what the other variant left running) and ``PER_BLOCK`` calls timed by the host
 clock (the device synchronised before and after on CUDA), until each has
 ``config.perf_fallback_rounds`` samples — or sooner when one is more than ``CLEAR``
-times faster on every sample — and at most ``MAX_CALLS`` calls in all.
+times faster on every sample, or eager's first call alone is ``FIRST_CLEAR`` times
+slower than every compiled sample — and at most ``MAX_CALLS`` calls in all.
 Eager wins only when its median beats the compiled median by more than ``MARGIN``:
 noise (a replayed graph against eager on a busy host) keeps the compiled graph.
 
@@ -54,13 +55,13 @@ _log = log_for("perf")
 
 #: eager is kept only when its median is faster than the compiled median by this share
 MARGIN = 0.10
-#: timed calls in a row of one variant, after one untimed call: the first call after a
-#: switch pays for the other's leftovers (OpenMP threads of the other runtime still
-#: spinning, caches), which made a BLAS call measure 50x its own time right after a
-#: C++ kernel
+#: timed calls in a row of one variant, after one untimed call: a call right after the
+#: other variant pays for what that one left behind (caches, a thread pool still busy)
 PER_BLOCK = 2
 #: with two samples each, a variant this many times faster on every sample wins at once
 CLEAR = 2.0
+#: a first eager call this many times slower than every compiled sample decides at once
+FIRST_CLEAR = 4.0
 #: the most calls a trial makes before it decides with what it has
 MAX_CALLS = 40
 
@@ -134,7 +135,9 @@ class Trial:
         self.calls = 0
         self.compiled_calls = 0
         #: the variant of the current block and the calls left in it
-        self.block, self.block_left = "compiled", 0
+        self.block, self.block_left = None, 0
+        #: the eager variant's first (untimed) call, in seconds
+        self.eager_first = None
         self.decided = None
         self.repeatable = _repeatable(owner.gm)
 
@@ -157,10 +160,13 @@ class Trial:
 
     def _next(self):
         """(variant, timed) of this call: the compiled warm-up, then blocks of one
-        untimed call and ``PER_BLOCK`` timed ones, eager first, alternating."""
+        untimed call and ``PER_BLOCK`` timed ones, alternating (the first compiled block's
+        untimed call is the warm-up)."""
         if not self._compiled_warm():
             return "compiled", False
-        if self.block_left == 0:
+        if self.block is None:
+            self.block, self.block_left = "compiled", PER_BLOCK
+        elif self.block_left == 0:
             self.block = "eager" if self.block == "compiled" else "compiled"
             self.block_left = 1 + PER_BLOCK
         timed = self.block_left <= PER_BLOCK
@@ -190,7 +196,8 @@ class Trial:
 
     def _run_eager(self, args, boxed, timed):
         keep = list(args) if self.repeatable else None
-        sync = _sync_for(args) if timed else None
+        first = self.eager_first is None
+        sync = _sync_for(args) if timed or first else None
         t0 = _start(sync)
         try:
             out = self.eager.call_boxed(args) if boxed else self.eager(*args)
@@ -202,7 +209,20 @@ class Trial:
             return out
         if timed:
             self._sample("eager", _stop(sync, t0))
+        elif first:
+            self._first_eager(_stop(sync, t0))
         return out
+
+    def _first_eager(self, seconds):
+        """A first eager call already ``FIRST_CLEAR`` times slower than every compiled
+        sample ends the trial: more calls of a variant that slow cost more than the
+        answer is worth (an eager aten graph of decomposed batch norms, say)."""
+        if adjust is not None:
+            seconds = adjust("eager", seconds)
+        self.eager_first = seconds
+        c = self.samples["compiled"]
+        if c and seconds > FIRST_CLEAR * max(c):
+            self._decide("compiled", f"eager's first call took {seconds * 1e3:.3f} ms")
 
     # -- the decision ------------------------------------------------------------------
     def _sample(self, which, seconds):
@@ -253,14 +273,16 @@ class Trial:
         return shape_class(self.sig)
 
 
-def _shapes(key) -> str:
+def _shapes(key, shown: int = 4) -> str:
     parts = []
-    for k in key:
+    for k in key[:shown]:
         if isinstance(k, tuple) and len(k) == 3:
             shape, dtype, device = k
             parts.append(f"{str(dtype).replace('torch.', '')}{list(shape)}@{device}")
         else:
             parts.append(getattr(k, "__name__", str(k)))
+    if len(key) > shown:
+        parts.append(f"... {len(key) - shown} more")
     return "(" + ", ".join(parts) + ")"
 
 
