@@ -28,9 +28,11 @@ def _fallback_on(monkeypatch):
 
 @pytest.fixture
 def eager_runs(monkeypatch):
-    """Counts calls of the eager variant (plain and boxed)."""
+    """Counts calls of the eager variants: aten graphs (plain and boxed) and torch-level
+    graphs (the kiln backend's inference calls)."""
     runs = []
     call, boxed = pf.EagerVariant.__call__, pf.EagerVariant.call_boxed
+    torch_level = pf.TorchLevelEager.__call__
 
     def counted(self, *args):
         runs.append(self)
@@ -39,8 +41,13 @@ def eager_runs(monkeypatch):
     def counted_boxed(self, args):
         runs.append(self)
         return boxed(self, args)
+
+    def counted_torch_level(self, *args):
+        runs.append(self)
+        return torch_level(self, *args)
     monkeypatch.setattr(pf.EagerVariant, "__call__", counted)
     monkeypatch.setattr(pf.EagerVariant, "call_boxed", counted_boxed)
+    monkeypatch.setattr(pf.TorchLevelEager, "__call__", counted_torch_level)
     return runs
 
 
@@ -158,8 +165,9 @@ def test_an_eager_variant_that_raises_leaves_the_compiled_graph(monkeypatch):
 
 # --- through kiln.compile ------------------------------------------------------------
 def test_compiled_function_with_input_mutation_writes_once_per_call(monkeypatch, eager_runs):
-    """Each call runs one variant: the aten graph is functional and the autograd
-    runtime writes the input after it, once, whichever variant ran."""
+    """Each call runs one variant: the compiled path (a functional aten graph, the
+    input written by the autograd runtime after it) or the torch-level graph (which
+    writes it itself), so the input is written once per call."""
     timings(monkeypatch, compiled_ms=2.0, eager_ms=1.0)
 
     def f(x, y):
@@ -175,6 +183,61 @@ def test_compiled_function_with_input_mutation_writes_once_per_call(monkeypatch,
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w)
     assert len(eager_runs) >= 6
+    assert all(isinstance(r, pf.TorchLevelEager) for r in eager_runs)
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+@pytest.mark.parametrize("eager_faster", [True, False])
+def test_inference_calls_are_timed_against_the_torch_level_graph(monkeypatch, eager_runs,
+                                                                 caplog, eager_faster):
+    """Inference (no_grad) calls of the kiln backend's callable: the whole compiled path
+    against the torch-level graph run by PyTorch (eager's own fused batch norm), with no
+    second trial inside the inference aten graph."""
+    timings(monkeypatch, compiled_ms=2.0 if eager_faster else 1.0,
+            eager_ms=1.0 if eager_faster else 1.5)
+    torch.manual_seed(0)
+    m = _Net().eval()
+    c = kiln.compile(m)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="kiln.perf"):
+        for _ in range(22):
+            torch.testing.assert_close(c(x), m(x))
+    (decision,) = [r.getMessage() for r in caplog.records if r.name == "kiln.perf"]
+    assert decision.endswith("-> eager" if eager_faster else "-> compiled")
+    assert "float32[2, 3, 8, 8]@cpu" in decision and "(samples 6/6)" in decision
+    assert eager_runs and all(isinstance(r, pf.TorchLevelEager) for r in eager_runs)
+    assert len(eager_runs) == (9 + 4 if eager_faster else 9)
+
+
+def test_training_and_inference_calls_of_one_function(monkeypatch, eager_runs, caplog):
+    """Grad on with parameters requiring grad: the autograd stage's path, its forward
+    and backward aten graphs timed each on its own; under no_grad: the inference trial."""
+    timings(monkeypatch, compiled_ms=3.0, eager_ms=1.0)
+    torch.manual_seed(0)
+    m = _Net()
+    c = kiln.compile(m)
+    x = torch.randn(2, 3, 8, 8)
+    with caplog.at_level(logging.INFO, logger="kiln.perf"):
+        for _ in range(8):
+            c(x).sum().backward()
+        with torch.no_grad():
+            m.eval()
+            for _ in range(8):
+                torch.testing.assert_close(c(x), m(x))
+    names = [r.getMessage().split(" ")[1] for r in caplog.records if r.name == "kiln.perf"]
+    assert sorted(names) == ["GraphModule", "KilnBackward", "KilnForward"], names
+    kinds = {type(r).__name__ for r in eager_runs}
+    assert kinds == {"EagerVariant", "TorchLevelEager"}
 
 
 def test_compile_option_turns_it_off(monkeypatch, eager_runs):
@@ -276,7 +339,7 @@ def test_a_replayed_graph_is_timed_only_on_replays(monkeypatch):
     owner, rt = _Owner(), _FakeRuntime()
     x, y = torch.randn(2, 3), torch.randn(3)
     sig = ((torch.Size((2, 3)), (3, 1), torch.float32, x.device),)
-    trial = owner.variants[sig] = pf.Trial(rt, owner, sig)
+    trial = owner.variants[sig] = pf.maybe_trial(rt, owner, sig)
     ran = [trial(x, y)[0] == "compiled" for _ in range(21)]
     # warm-up, recording, C C(records again: no sample), then blocks E E E, C C C, …
     assert ran[:8] == [True, True, True, True, False, False, False, True]

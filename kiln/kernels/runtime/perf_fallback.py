@@ -1,18 +1,24 @@
-"""Never slower than eager (``KILN_PERF_FALLBACK``): each compiled specialisation of a
-graph is timed against the same aten graph run by PyTorch op by op during its first
-calls, and the faster of the two is kept for good.
+"""Never slower than eager (``KILN_PERF_FALLBACK``): each compiled callable is timed
+against an eager variant of the same computation during its first calls, and the faster
+of the two is kept for good.
 
-Where. ``kernels.compile.CompiledGraph`` wraps each Runtime it builds in a ``Trial``.
-Every graph the kernel compiler runs passes there: an inference graph, a training
-forward and its backward are each one artefact with its own trial and its own choice.
-Mixing is sound: the eager alternative of a graph is the graph module itself (what
-``aot_eager`` runs), with the same inputs, outputs and layouts as its kernels, so a
-compiled backward reads an eager forward's saved tensors as it reads its own.
+Where, and against what. Two places, each an artefact with its own trial and choice:
+- ``InferenceChoice`` (the kiln backend's callable for a torch-level graph): calls that
+  take the inference path are timed as a whole — autograd stage, kernels, the writes
+  to mutated inputs — against the torch-level graph run by PyTorch, which is exactly
+  eager's ops (fused batch norm where the aten graph has it decomposed).
+- ``maybe_trial`` (in ``kernels.compile.CompiledGraph``): each specialisation of a
+  training forward or backward aten graph (and of any aten graph compiled directly)
+  against the graph module run op by op (what ``aot_eager`` runs). A training step is
+  not one call, so forward and backward decide each on their own; mixing is sound, as
+  the eager variant of a graph has its inputs, outputs and layouts, so a compiled
+  backward reads an eager forward's saved tensors as it reads its own. The inference
+  path's aten graph gets no trial of its own when ``InferenceChoice`` times it.
 
-The shape class. A Runtime is specialised to one input signature (sizes, strides,
-dtypes, devices), so it has one trial and one choice; the choice is recorded under
-``shape_class`` (sizes, dtypes, devices), which is what a specialisation over symbolic
-sizes would key its trials by.
+The shape class. A compiled graph is specialised to one input signature (sizes,
+strides, dtypes, devices), so it has one trial and one choice; the choice is recorded
+under ``shape_class`` (sizes, dtypes, devices), which is what a specialisation over
+symbolic sizes would key its trials by.
 
 How, cheaply and soundly. Each call runs exactly one of the two variants, never both,
 so a graph that writes an input (or draws random numbers) does so once per call, as
@@ -29,14 +35,15 @@ slower than every compiled sample — and at most ``MAX_CALLS`` calls in all.
 Eager wins only when its median beats the compiled median by more than ``MARGIN``:
 noise (a replayed graph against eager on a busy host) keeps the compiled graph.
 
-If the eager variant raises where its graph can be run again (no input written, no
-random draw), the compiled one is run on the same inputs: a success means kiln's eager
-alternative is at fault, and the compiled graph is kept for good; otherwise the error
-is the program's own and is raised. A graph that writes an input or draws raises
-eager's error as it stands (it is what plain PyTorch raises).
+If an aten graph's eager variant raises where the graph can be run again (no input
+written, no random draw), the compiled one is run on the same inputs: a success means
+kiln's eager alternative is at fault, and the compiled graph is kept for good; otherwise
+the error is the program's own and is raised. Otherwise (a graph that writes an input
+or draws, or the torch-level graph, which is eager itself) eager's error is raised as
+it stands.
 
 Each decision is logged under ``KILN_LOGS=perf`` (graph, shape class, both medians,
-the choice) and kept on the ``CompiledGraph`` (``perf_choices``).
+the choice) and kept in ``perf_choices``.
 """
 from __future__ import annotations
 
@@ -114,22 +121,41 @@ def _repeatable(gm) -> bool:
     return True
 
 
-def maybe_trial(rt, owner, sig):
-    """``rt`` wrapped in a Trial when the fallback is on, else ``rt`` itself."""
-    if not config.perf_fallback or config.perf_fallback_rounds < 1:
+def maybe_trial(rt, owner, sig, enabled=True):
+    """``rt`` wrapped in a Trial when the fallback is on, else ``rt`` itself; decided,
+    the winner replaces the Trial in ``owner.variants[sig]`` (``owner``: the
+    ``CompiledGraph``, held weakly)."""
+    if not enabled or not config.perf_fallback or config.perf_fallback_rounds < 1:
         return rt
-    return Trial(rt, owner, sig)
+    ref = weakref.ref(owner)
+
+    def settle(trial, winner, record):
+        owner = ref()
+        if owner is None:
+            return
+        if owner.variants.get(sig) is trial:
+            owner.variants[sig] = winner
+            owner._last = None
+        owner.perf_choices[record["shape_class"]] = record
+
+    return Trial(rt, EagerVariant(owner.gm), settle, graph_name(owner.gm), shape_class(sig),
+                 _repeatable(owner.gm), getattr(owner, "_trace_owner", None))
 
 
 class Trial:
-    """A specialisation in its first calls: runs the compiled Runtime or the eager
-    graph, times both, and when decided puts the winner in ``owner.variants[sig]``."""
+    """A callable in its first calls: runs the compiled variant or the eager one, times
+    both, and once decided hands the winner to ``settle(trial, winner, record)``, which
+    puts it where the Trial was called from. ``repeatable``: the eager variant may be
+    followed by the compiled one on the same inputs (see the module doc)."""
 
-    def __init__(self, rt, owner, sig):
-        self.compiled = rt
-        self.eager = EagerVariant(owner.gm)
-        self.owner = weakref.ref(owner)
-        self.sig = sig
+    def __init__(self, compiled, eager, settle, name, key, repeatable, trace_owner=None,
+                 warm_calls=1):
+        self.compiled = compiled
+        self.eager = eager
+        self.settle = settle
+        self.name, self.key, self.repeatable = name, key, repeatable
+        self.trace_owner = trace_owner
+        self.warm_calls = warm_calls
         self.rounds = config.perf_fallback_rounds
         self.samples = {"compiled": [], "eager": []}
         self.calls = 0
@@ -139,7 +165,7 @@ class Trial:
         #: the eager variant's first (untimed) call, in seconds
         self.eager_first = None
         self.decided = None
-        self.repeatable = _repeatable(owner.gm)
+        self.record = None
 
     # -- calls -------------------------------------------------------------------------
     def __call__(self, *args):
@@ -176,7 +202,7 @@ class Trial:
     def _compiled_warm(self) -> bool:
         """Has the compiled variant had its first call and, when replayed from a CUDA
         graph, its recording?"""
-        if self.compiled_calls == 0:
+        if self.compiled_calls < self.warm_calls:
             return False
         g = getattr(self.compiled, "graphs", None)
         return g is None or g.disabled or g.graph is not None
@@ -250,27 +276,18 @@ class Trial:
         if self.decided is not None:
             return
         self.decided = which
-        owner = self.owner()
-        if owner is None:
-            return
-        winner = self.compiled if which == "compiled" else self.eager
-        if owner.variants.get(self.sig) is self:
-            owner.variants[self.sig] = winner
-            owner._last = None
         c, e = self.samples["compiled"], self.samples["eager"]
-        record = {"choice": which, "shape_class": self.key(),
-                  "compiled_ms": statistics.median(c) * 1e3 if c else None,
-                  "eager_ms": statistics.median(e) * 1e3 if e else None,
-                  "samples": (len(c), len(e)), "reason": why}
-        owner.perf_choices[self.key()] = record
-        with trace_dir.within(getattr(owner, "_trace_owner", None)):
+        self.record = record = {
+            "choice": which, "shape_class": self.key, "graph": self.name,
+            "compiled_ms": statistics.median(c) * 1e3 if c else None,
+            "eager_ms": statistics.median(e) * 1e3 if e else None,
+            "samples": (len(c), len(e)), "reason": why}
+        self.settle(self, self.compiled if which == "compiled" else self.eager, record)
+        with trace_dir.within(self.trace_owner):
             _log.info("perf: %s %s: compiled %s, eager %s (samples %d/%d) -> %s%s",
-                      graph_name(owner.gm), _shapes(self.key()), _ms(record["compiled_ms"]),
+                      self.name, _shapes(self.key), _ms(record["compiled_ms"]),
                       _ms(record["eager_ms"]), len(c), len(e), which,
                       f" ({why})" if why else "")
-
-    def key(self) -> tuple:
-        return shape_class(self.sig)
 
 
 def _shapes(key, shown: int = 4) -> str:
@@ -308,3 +325,69 @@ def _stop(sync, t0) -> float:
     if sync is not None:
         torch.cuda.synchronize(sync)
     return time.perf_counter() - t0
+
+
+# --- the kiln backend's inference calls ----------------------------------------------
+class TorchLevelEager:
+    """The torch-level graph run by PyTorch: eager's own ops (fused batch norm, layer
+    norm, convolution with its bias), what the ``eager`` backend runs; returns a tuple
+    as the autograd stage's callable does."""
+
+    def __init__(self, gm):
+        self.gm = gm
+
+    def __call__(self, *args):
+        out = self.gm(*args)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _enables_grad(gm) -> bool:
+    return any(n.op == "call_function" and n.target is torch._C._set_grad_enabled
+               and n.args and n.args[0] for n in gm.graph.nodes)
+
+
+class InferenceChoice:
+    """The kiln backend's callable for one torch-level graph: calls that take the
+    inference path (grad off, or no tensor argument requiring grad) are timed against
+    the torch-level graph run by PyTorch — exactly eager's ops, so not slower than eager
+    but for the guards — and keep the faster; training calls go to the autograd stage's
+    callable (``aot``), whose forward and backward are aten graphs timed each on its own
+    (``maybe_trial``). The inference path's aten graph is then compiled without a trial
+    of its own (the kernel backend asks so), so that this one times the kernels. The
+    eager variant's error is raised as it is: it is eager's own."""
+
+    def __init__(self, aot, gm, example_inputs, trace_owner=None):
+        self.aot = aot
+        on_cuda = any(isinstance(a, torch.Tensor) and a.device.type == "cuda"
+                      for a in example_inputs)
+        key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor)
+                    else type(a) for a in example_inputs)
+        self.perf_choices = {}
+        # on CUDA the inference graph records its CUDA graph on its second call
+        self.inference = Trial(aot, TorchLevelEager(gm), self._settle, graph_name(gm), key,
+                               repeatable=False, trace_owner=trace_owner,
+                               warm_calls=2 if on_cuda else 1)
+
+    def _settle(self, trial, winner, record):
+        self.inference = winner
+        self.perf_choices[record["shape_class"]] = record
+
+    def __call__(self, *args):
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
+                                           for a in args):
+            return self.aot(*args)
+        return self.inference(*args)
+
+    def __getattr__(self, name):
+        # what readers ask of the autograd stage's callable (eager_reasons, …)
+        aot = self.__dict__.get("aot")
+        if aot is None:
+            raise AttributeError(name)
+        return getattr(aot, name)
+
+
+def times_inference(gm) -> bool:
+    """Does the kiln backend wrap ``gm``'s callable in an InferenceChoice? When the
+    fallback is on and the graph cannot turn grad mode on by itself (then grad off at
+    entry may still train)."""
+    return config.perf_fallback and config.perf_fallback_rounds >= 1 and not _enables_grad(gm)
