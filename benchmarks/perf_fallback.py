@@ -5,10 +5,11 @@ Rows: ``torch.topk`` at three sizes (the issue's "CPU topk 3-4x slower"), ``logs
 over dim 0 (a reduction kiln's C++ path runs slower than eager), and resnet18 inference
 at batch 1, 128 px (the issue's CPU model row). Each compiled function first gets
 ``--warmup`` calls (more than a trial takes: the decision is made before the clock
-starts), then ``--runs`` interleaved calls (eager, off, on, eager, …); figures are
-medians in ms. Each decision is printed as ``KILN_LOGS=perf`` logs it.
+starts), then ``--runs`` interleaved rounds (eager, off, on; the order rotating each
+round); figures are medians in ms. Each decision is printed as ``KILN_LOGS=perf`` logs it.
 
     python -m benchmarks.perf_fallback [--runs 60] [--warmup 40] [--only topk,resnet18]
+                                       [--threads N]
 """
 from __future__ import annotations
 
@@ -65,11 +66,14 @@ def run_row(make, runs, warmup):
             for _ in range(warmup):
                 f(*args)
         ts = [[] for _ in fns]
-        for _ in range(runs):
-            for f, acc in zip(fns, ts):
+        order = list(range(len(fns)))
+        for r in range(runs):
+            # the order rotates: a call right after kiln's C++ kernels can pay for them
+            # (OpenMP threads still busy), so no contender always follows another
+            for k in order[r % 3:] + order[:r % 3]:
                 t0 = time.perf_counter()
-                f(*args)
-                acc.append(time.perf_counter() - t0)
+                fns[k](*args)
+                ts[k].append(time.perf_counter() - t0)
     return [statistics.median(t) * 1e3 for t in ts]
 
 
@@ -78,7 +82,10 @@ def main():
     ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=40)
     ap.add_argument("--only", default="")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: as is)")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     decisions = _Decisions()
     log = log_for("perf")
