@@ -3,13 +3,13 @@ with it on, side by side in one process (``kiln.compile(options={"perf_fallback"
 
 Rows: ``torch.topk`` at three sizes (the issue's "CPU topk 3-4x slower"), ``logsumexp``
 over dim 0 (a reduction kiln's C++ path runs slower than eager), and resnet18 inference
-at batch 1, 128 px (the issue's CPU model row). Each compiled function first gets
+at batch 1, 128 px (the issue's CPU model row; batch 16 with ``--device cuda``). Each compiled function first gets
 ``--warmup`` calls (more than a trial takes: the decision is made before the clock
 starts), then ``--runs`` interleaved rounds (eager, off, on; the order rotating each
 round); figures are medians in ms. Each decision is printed as ``KILN_LOGS=perf`` logs it.
 
     python -m benchmarks.perf_fallback [--runs 60] [--warmup 40] [--only topk,resnet18]
-                                       [--threads N]
+                                       [--threads N] [--device cuda]
 """
 from __future__ import annotations
 
@@ -24,18 +24,22 @@ import kiln
 from kiln.debug.logs import log_for
 
 
+DEVICE = "cpu"
+
+
 def _topk(n):
-    return lambda: ((lambda x: torch.topk(x, 5)), (torch.randn(n),))
+    return lambda: ((lambda x: torch.topk(x, 5)), (torch.randn(n, device=DEVICE),))
 
 
 def _logsumexp():
-    return (lambda x: torch.logsumexp(x, 0)), (torch.randn(4096, 1024),)
+    return (lambda x: torch.logsumexp(x, 0)), (torch.randn(4096, 1024, device=DEVICE),)
 
 
 def _resnet18():
     import torchvision
-    m = torchvision.models.resnet18().eval()
-    return torch.no_grad()(m), (torch.randn(1, 3, 128, 128),)
+    m = torchvision.models.resnet18().eval().to(DEVICE)
+    batch = 16 if DEVICE == "cuda" else 1       # the issue's rows: H100 16, CPU 1
+    return torch.no_grad()(m), (torch.randn(batch, 3, 128, 128, device=DEVICE),)
 
 
 ROWS = {
@@ -56,6 +60,11 @@ class _Decisions(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+def _sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def run_row(make, runs, warmup):
     fn, args = make()
     off = kiln.compile(fn, options={"perf_fallback": False})
@@ -71,8 +80,10 @@ def run_row(make, runs, warmup):
             # the order rotates: a call right after kiln's C++ kernels can pay for them
             # (OpenMP threads still busy), so no contender always follows another
             for k in order[r % 3:] + order[:r % 3]:
+                _sync()
                 t0 = time.perf_counter()
                 fns[k](*args)
+                _sync()
                 ts[k].append(time.perf_counter() - t0)
     return [statistics.median(t) * 1e3 for t in ts]
 
@@ -83,7 +94,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=40)
     ap.add_argument("--only", default="")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: as is)")
+    ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
+    global DEVICE
+    DEVICE = a.device
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
