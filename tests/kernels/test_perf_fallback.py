@@ -5,6 +5,7 @@ equals eager's, during the trial and after; inputs written once per call.
 Timings are injected (``perf_fallback.adjust``) so decisions do not depend on the
 machine, except in the one real-timing test (marked slow)."""
 import logging
+import re
 
 import pytest
 import torch
@@ -269,6 +270,34 @@ def test_training_forward_and_backward_each_decide(monkeypatch, eager_runs, capl
                 torch.testing.assert_close(p.grad, q.grad)
     decisions = [r for r in caplog.records if r.name == "kiln.perf"]
     assert len(decisions) == 2 and all(r.getMessage().endswith("-> eager") for r in decisions)
+
+
+def test_decision_is_in_the_trace_report(monkeypatch, tmp_path):
+    """The decision, made at a later call, is filed with the compile it belongs to."""
+    import html
+    from kiln.debug import trace_dir
+
+    timings(monkeypatch, compiled_ms=3.0, eager_ms=1.0)
+    c = kiln.compile(lambda x: (x * 3).cos() + 1)
+    x = torch.randn(7, 5)
+    try:
+        with config.patch(trace_dir=str(tmp_path)):
+            for _ in range(8):
+                torch.testing.assert_close(c(x), (x * 3).cos() + 1)
+    finally:
+        trace_dir.sync()
+    page = html.unescape((tmp_path / "index.html").read_text())
+    assert re.search(r"notes \(\d+\)</summary><pre>perf: [^\n]*compiled 3\.000 ms, "
+                     r"eager 1\.000 ms \(samples 2/2\) -> eager", page)
+
+
+def test_perf_is_a_log_artefact():
+    from kiln.debug import logs
+    try:
+        logs.set_logs("perf")
+        assert logs.enabled("perf")
+    finally:
+        logs.set_logs("")
 
 
 @pytest.mark.slow
