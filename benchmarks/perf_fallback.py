@@ -6,7 +6,8 @@ over dim 0 (a reduction kiln's C++ path runs slower than eager), and resnet18 in
 at 128 px, batch 1 (the issue's CPU model row; batch 16 with ``--device cuda``). Each
 compiled function first gets ``--warmup`` calls (more than a trial takes: the decision
 is made before the clock starts), then ``--runs`` interleaved rounds (eager, off, on; the
-order rotating each round); figures are medians in ms. Each decision is printed as ``KILN_LOGS=perf`` logs it.
+order rotating each round); figures are medians in ms. Each decision is printed as
+``KILN_LOGS=perf`` logs it.
 
     python -m benchmarks.perf_fallback [--runs 60] [--warmup 40] [--only topk,resnet18]
                                        [--threads N] [--device cuda]
