@@ -115,6 +115,16 @@ pad_mm_min_flops: int = _env_int("KILN_PAD_MM_MIN_FLOPS", 1 << 28)
 #: (KILN_KERNEL_TARGET).
 kernel_target: str = _env_str("KILN_KERNEL_TARGET", "auto")
 
+#: Time each compiled graph against the same aten graph run by PyTorch during its
+#: first calls and keep the faster, per graph and input signature
+#: (kernels/runtime/perf_fallback.py; the decisions under KILN_LOGS=perf); the test
+#: suite turns it off so that which code ran does not depend on timing
+#: (KILN_PERF_FALLBACK).
+perf_fallback: bool = _env_bool("KILN_PERF_FALLBACK", True)
+#: Timed calls of each variant before the perf fallback decides (fewer when one is
+#: clearly faster) (KILN_PERF_FALLBACK_ROUNDS).
+perf_fallback_rounds: int = _env_int("KILN_PERF_FALLBACK_ROUNDS", 6)
+
 # --- debugging -----------------------------------------------------------------
 #: Check a stage's graphs and, when one fails, shrink it and write a standalone
 #: ``repro.py`` (kiln/debug/minifier.py): "capture" (the torch-level graph handed to

@@ -3,4 +3,8 @@ eager silently, so internal errors are not suppressed here."""
 import os
 
 os.environ.setdefault("KILN_SUPPRESS_ERRORS", "0")
+# Which code a graph runs must not depend on timing in tests: the perf fallback is
+# tested on its own (tests/kernels/test_perf_fallback.py turns it on); run the suite
+# with KILN_PERF_FALLBACK=1 to exercise it everywhere.
+os.environ.setdefault("KILN_PERF_FALLBACK", "0")
 os.environ.setdefault("KILN_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest-kiln-cache"))

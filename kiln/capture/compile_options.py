@@ -86,6 +86,7 @@ OPTIONS = {
     "kernel_target": ("kernel_target", _choice("kernel_target", ("auto", "cpp", "triton"))),
     "compile_threads": ("compile_threads", _int("compile_threads", 1)),
     "recompile_limit": ("recompile_limit", _int("recompile_limit", 1)),
+    "perf_fallback": ("perf_fallback", _bool("perf_fallback")),
 }
 
 

@@ -26,6 +26,7 @@ ARTEFACTS = (
     "aot_graphs",
     "compile_times",
     "perf_hints",
+    "perf",
     "cache",
     "passes",
 )

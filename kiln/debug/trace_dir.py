@@ -483,6 +483,7 @@ _RULES = {
     "kiln": _kiln,
     "perf_hints": _note,
     "passes": _note,
+    "perf": _note,
 }
 
 

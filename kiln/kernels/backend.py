@@ -2,7 +2,9 @@
 
 ``kiln_backend(gm, example_inputs)`` follows PyTorch's backend contract. The
 autograd stage (``kiln.autograd.aot_compile``) derives functional, core-aten forward
-and backward graphs and hands each to ``compile_aten_graph``.
+and backward graphs and hands each to ``compile_aten_graph``. With the perf fallback on
+(``runtime/perf_fallback.py``), inference calls are timed against the torch-level
+graph run eagerly (``InferenceChoice``), training graphs each against its aten graph.
 """
 # Names torch.compile only as the reference for the contract and semantics kiln
 # follows (DESIGN.md); nothing here imports or calls torch's compiler stack.
@@ -12,6 +14,7 @@ import torch
 
 from .. import config
 from .compile import compile_aten_graph
+from .runtime import perf_fallback
 
 
 def _on_cuda(values) -> bool:
@@ -39,12 +42,26 @@ def kiln_backend(gm, example_inputs):
     if _on_cuda(example_inputs):
         from .toolchain import triton_setup
         triton_setup.start()              # overlaps the autograd stage and lowering
-    compiler = compile_aten_graph
+    compiler = inference = compile_aten_graph
+    wrap = perf_fallback.times_inference(gm)
+    if wrap:                              # the inference path is timed as a whole
+        inference = _untimed
     if config.repro_after:                # the minifier checks the aten graphs
         from kiln.debug.minifier import stage_compiler
         compiler = stage_compiler("autograd", compile_aten_graph)
-    return aot_compile(gm, example_inputs, fw_compiler=compiler,
-                       bw_compiler=config.bound(compiler), inference_compiler=compiler)
+        inference = stage_compiler("autograd", inference)
+    aot = aot_compile(gm, example_inputs, fw_compiler=compiler,
+                      bw_compiler=config.bound(compiler), inference_compiler=inference)
+    if not wrap:
+        return aot
+    from ..debug import trace_dir
+    return perf_fallback.InferenceChoice(aot, gm, example_inputs, trace_dir.current())
+
+
+def _untimed(gm, example_inputs):
+    """The inference graph's compiler when ``perf_fallback.InferenceChoice`` times the
+    inference path against the torch-level graph: no second trial inside it."""
+    return compile_aten_graph(gm, example_inputs, perf_fallback=False)
 
 
 kiln_backend.prepare = prepare

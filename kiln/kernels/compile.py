@@ -24,6 +24,7 @@ from ..debug.timing import timed
 from . import ir, pad_mm, provenance
 from .codegen.cpp import source as cpp_source
 from .lowering import GraphLowering, View
+from .runtime import perf_fallback
 from .runtime.runner import ExternStep, Runtime
 from .scheduler import format_schedule, schedule
 from .toolchain import cxx_build, graph_cache
@@ -231,8 +232,10 @@ class CompiledGraph:
     why); without it the error is raised. The graph is functional, so a first call that
     failed leaves its inputs as they were and is simply run again eagerly."""
 
-    def __init__(self, gm, example_inputs, target=None):
+    def __init__(self, gm, example_inputs, target=None, perf_fallback=True):
         self.gm = gm
+        #: time this graph's specialisations against eager (``runtime/perf_fallback``)
+        self.perf_fallback = perf_fallback
         self.requested_target = target
         self.variants = {}
         #: per signature, the generated check of it (``_signature_check``)
@@ -243,6 +246,8 @@ class CompiledGraph:
         #: id of each built Runtime not yet called -> its signature
         self._untried = {}
         self.artefacts = None
+        #: shape class -> the perf fallback's decision (``runtime/perf_fallback.py``)
+        self.perf_choices = {}
         #: the traced compile this graph belongs to: kernels built later are filed there
         self._trace_owner = trace_dir.current()
         # Meta stand-ins (what the autograd stage passes) say nothing of the device nor
@@ -265,6 +270,7 @@ class CompiledGraph:
                 from .toolchain import triton_setup
                 triton_setup.start()          # overlaps this graph's lowering
             rt, self.artefacts = build(self.gm, list(args), target)
+            rt = perf_fallback.maybe_trial(rt, self, sig, self.perf_fallback)
             self._untried[id(rt)] = sig
         except Exception as e:                # noqa: BLE001  (suppress_errors: eager)
             if not config.suppress_errors:
@@ -344,9 +350,12 @@ class CompiledGraph:
         return rt
 
 
-def compile_aten_graph(aten_gm: fx.GraphModule, example_inputs, target: str | None = None):
+def compile_aten_graph(aten_gm: fx.GraphModule, example_inputs, target: str | None = None,
+                       perf_fallback: bool = True):
     """Compile a functional aten graph; the result takes its inputs positionally and
-    returns what the graph returns. ``target``: "cpp", "triton" or None (by device)."""
+    returns what the graph returns. ``target``: "cpp", "triton" or None (by device).
+    ``perf_fallback``: time it against the aten graph run eagerly (when
+    ``config.perf_fallback`` is on; False where a caller times it itself)."""
     if config.repro_after:                    # the minifier checks this stage
         from ..debug import minifier
         if minifier.active("kernels"):
@@ -354,4 +363,4 @@ def compile_aten_graph(aten_gm: fx.GraphModule, example_inputs, target: str | No
                                     lambda: CompiledGraph(aten_gm, list(example_inputs), target),
                                     example_inputs, target=target)
     with timed("kernels"):
-        return CompiledGraph(aten_gm, list(example_inputs), target)
+        return CompiledGraph(aten_gm, list(example_inputs), target, perf_fallback)
