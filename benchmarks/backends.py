@@ -94,6 +94,17 @@ class Kiln:
             return
         kiln.config.cache_dir = path
 
+    def trial_calls(self) -> int:
+        """Calls to make before timing, beyond the usual warm-up: kiln's perf fallback
+        times each graph against eager over its first calls (at most ``MAX_CALLS``) and
+        those calls are a trial's, not the steady state's."""
+        try:
+            from kiln import config
+            from kiln.kernels.runtime.perf_fallback import MAX_CALLS
+        except Exception:  # noqa: BLE001 -- kiln unimportable: the compile step says why
+            return 0
+        return MAX_CALLS if config.perf_fallback else 0
+
     def settle(self) -> bool:
         """Wait for kernels kiln compiles in the background after a first call; True
         if there were any (the calls from then on run them)."""

@@ -137,7 +137,8 @@ def run_backend(name, a, ref_losses=None):
                 row[("first_s", "second_s")[i]] = round(time.perf_counter() - t0, 3)
         if hasattr(be, "settle"):
             be.settle()
-        times = time_calls(lambda i: step(*inputs[i]), len(inputs), a.device, a.runs, a.warmup)
+        warmup = a.warmup + (be.trial_calls() if hasattr(be, "trial_calls") else 0)
+        times = time_calls(lambda i: step(*inputs[i]), len(inputs), a.device, a.runs, warmup)
         row["median_ms"] = round(median(times) * 1e3, 3)
         row["losses"] = losses
         if ref_losses is not None:
