@@ -28,6 +28,7 @@ ARTEFACTS = (
     "perf_hints",
     "cache",
     "passes",
+    "ddp",
 )
 
 root = logging.getLogger("kiln")
