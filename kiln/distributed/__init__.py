@@ -1,2 +1,6 @@
-"""Compiling distributed training: DDP graphs split at gradient buckets (``ddp.py``,
-``buckets.py``, ``split.py``) and FSDP2's per-block compilation (``blocks.py``)."""
+"""Compiling distributed training: ``kiln.compile(DDP(m))`` splits graphs at DDP's
+gradient buckets (``ddp.py``, ``buckets.py``, ``split.py``); ``compile_blocks`` compiles
+blocks one by one for FSDP2 (``blocks.py``)."""
+from kiln.distributed.blocks import compile_blocks
+
+__all__ = ["compile_blocks"]

@@ -1,0 +1,38 @@
+"""kiln.compile(DDP(m)) and DDP(kiln.compile(m)) on 2 gloo ranks against eager DDP:
+losses, gradients and parameters over 3 optimizer steps; graphs cut at the buckets."""
+import pytest
+import torch.distributed as dist
+
+from . import ranks, workers
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built")
+
+
+def test_outer_ddp_splits_at_buckets_sgd():
+    ranks.run(workers.ddp_against_eager, "outer", "sgd", "aot_eager")
+
+
+@pytest.mark.slow
+def test_outer_ddp_adam():
+    ranks.run(workers.ddp_against_eager, "outer", "adam", "aot_eager")
+
+
+@pytest.mark.slow
+def test_inner_ddp_one_graph():
+    ranks.run(workers.ddp_against_eager, "inner", "adam", "aot_eager")
+
+
+@pytest.mark.slow
+def test_outer_ddp_kiln_kernels():
+    ranks.run(workers.ddp_against_eager, "outer", "sgd", "kiln")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split,before", [(True, 3), (False, 0)])
+def test_buckets_reduce_before_backward_ends(split, before):
+    ranks.run(workers.ddp_overlap, split, before)
+
+
+@pytest.mark.slow
+def test_outer_ddp_transformer_blocks():
+    ranks.run(workers.ddp_against_eager, "outer", "adam", "aot_eager", "stack")
