@@ -55,7 +55,7 @@ def assign(tensors: list[torch.Tensor], caps: tuple[int, int]) -> list[list[int]
     limits = [caps[0], caps[1]] if caps[0] < caps[1] else [caps[1]]
     fn = getattr(dist, "_compute_bucket_assignment_by_size", None)
     if fn is not None:
-        buckets, _ = fn(tensors, limits, [False] * len(tensors), list(range(len(tensors))))
+        buckets, _ = fn(tensors, limits, [False] * len(tensors))
         return [list(b) for b in buckets]
     return _assign_like_ddp(tensors, limits)
 
