@@ -36,3 +36,13 @@ def test_buckets_reduce_before_backward_ends(split, before):
 @pytest.mark.slow
 def test_outer_ddp_transformer_blocks():
     ranks.run(workers.ddp_against_eager, "outer", "adam", "aot_eager", "stack")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kwargs,accumulate", [
+    ({"find_unused_parameters": True}, 1),
+    ({"static_graph": True}, 1),
+    ({"gradient_as_bucket_view": True}, 2),
+], ids=["find_unused", "static_graph", "bucket_view_no_sync"])
+def test_outer_ddp_options(kwargs, accumulate):
+    ranks.run(workers.ddp_against_eager, "outer", "sgd", "aot_eager", "chain", 3, kwargs, accumulate)

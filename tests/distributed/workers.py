@@ -2,6 +2,8 @@
 Each compares kiln with eager on the same rank, over steps of a real optimizer."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from . import models
@@ -30,10 +32,12 @@ def _same(a, b, what, exact):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{what}: {m}")
 
 
-def ddp_against_eager(rank, world, order, opt_name, backend_name, model_name="chain", steps=3):
+def ddp_against_eager(rank, world, order, opt_name, backend_name, model_name="chain", steps=3,
+                      ddp_kwargs=None, accumulate=1):
     """kiln.compile(DDP(m)) ("outer") or DDP(kiln.compile(m)) ("inner") against eager
     DDP: losses, gradients and parameters after each step; the graph count against the
-    buckets DDP's reducer ended up with."""
+    buckets DDP's reducer ended up with. ``accumulate`` > 1: that many micro-batches a
+    step, all but the last under ``no_sync()``."""
     import kiln
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -41,19 +45,23 @@ def ddp_against_eager(rank, world, order, opt_name, backend_name, model_name="ch
     graphs: list = []
     build = {"chain": models.chain, "stack": models.Stack}[model_name]
     features = models.WIDTH if model_name == "chain" else 8
-    ref = DDP(build(), bucket_cap_mb=models.BUCKET_MB)
+    kw = dict(bucket_cap_mb=models.BUCKET_MB, **(ddp_kwargs or {}))
+    ref = DDP(build(), **kw)
     model = build()
     if order == "outer":
-        run = kiln.compile(DDP(model, bucket_cap_mb=models.BUCKET_MB), backend=_counting(backend_name, graphs))
+        run = kiln.compile(DDP(model, **kw), backend=_counting(backend_name, graphs))
     else:
-        run = DDP(kiln.compile(model, backend=_counting(backend_name, graphs)), bucket_cap_mb=models.BUCKET_MB)
+        run = DDP(kiln.compile(model, backend=_counting(backend_name, graphs)), **kw)
     opt_ref, opt = _optimizer(opt_name, ref.parameters()), _optimizer(opt_name, model.parameters())
     for step in range(steps):
-        x = models.batch(rank, step, features)
         losses = []
         for fn in (ref, run):
-            loss = fn(x).pow(2).mean()
-            loss.backward()
+            for micro in range(accumulate):
+                x = models.batch(rank, step * accumulate + micro, features)
+                sync = fn.no_sync() if micro < accumulate - 1 else contextlib.nullcontext()
+                with sync:
+                    loss = fn(x).pow(2).mean()
+                    loss.backward()
             losses.append(loss)
         _same(losses[0], losses[1], f"loss at step {step}", exact)
         for (name, p), q in zip(ref.module.named_parameters(), model.parameters()):
