@@ -5,8 +5,10 @@
 
 Picks nccl when CUDA is available (one GPU per rank, ``LOCAL_RANK``) and gloo on the
 CPU. Sizes default to GPT-2 small (12 layers, hidden 768, batch 8 x 512) on a GPU and a
-tiny model on the CPU (2 layers, hidden 64); every size is a flag. A step is forward
-with the language-model loss, ``loss.backward()``, AdamW's step and ``zero_grad``.
+small model on the CPU (4 layers, hidden 128: about 4 MB of parameters, several 1 MB
+buckets; a cap under 1 MB trips an assertion in torch.compile's DDP optimizer, whose
+first bucket is 1 MB); every size is a flag. A step is forward with the language-model
+loss, ``loss.backward()``, AdamW's step and ``zero_grad``.
 
 How each backend compiles:
 - ``ddp``: eager ``DDP(m)``; ``torch.compile(DDP(m))`` (its DDP optimizer splits graphs at
@@ -42,7 +44,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 _GPU = dict(layers=12, hidden=768, heads=12, vocab=50257, seq=512, batch=8, bucket_cap_mb=25.0)
-_CPU = dict(layers=2, hidden=64, heads=2, vocab=256, seq=32, batch=2, bucket_cap_mb=0.05)
+_CPU = dict(layers=4, hidden=128, heads=2, vocab=1024, seq=32, batch=2, bucket_cap_mb=1.0)
 _COMM = re.compile(r"c10d::")  # a collective issued (the launch, not the transport's work)
 _BACKWARD = "autograd::engine::evaluate_function"
 
@@ -58,7 +60,7 @@ def parse(argv=None):
     for k in ("layers", "hidden", "heads", "vocab", "seq", "batch"):
         p.add_argument(f"--{k}", type=int, default=None, help="default: GPT-2 small on a GPU, tiny on the CPU")
     p.add_argument("--bucket-cap-mb", type=float, default=None,
-                   help="DDP's bucket_cap_mb (default 25 on a GPU, 0.05 on the CPU so the tiny model has several buckets)")
+                   help="DDP's bucket_cap_mb (default 25 on a GPU, 1 on the CPU so the small model has several buckets)")
     p.add_argument("--json", default="", help="default: distributed-<model>-<mode>-ws<N>.json")
     p.add_argument("--trace", default="", help="write profiler traces here")
     return p.parse_args(argv)
