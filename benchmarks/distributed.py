@@ -121,7 +121,8 @@ def wrap(backend: str, a, model, blocks):
     if a.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ddp = DDP(model, bucket_cap_mb=a.bucket_cap_mb)
+        ids = [next(model.parameters()).device.index] if next(model.parameters()).is_cuda else None
+        ddp = DDP(model, device_ids=ids, bucket_cap_mb=a.bucket_cap_mb)
         if backend == "eager":
             return ddp
         if backend == "torch.compile":
