@@ -46,3 +46,19 @@ class Stack(nn.Module):
 def batch(rank: int, step: int, features: int = WIDTH) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 * step + rank)
     return torch.randn(6, features, generator=g)
+
+
+class Breaking(nn.Module):
+    """Bucket-sized layers on both sides of a graph break (``.item()``)."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.a = nn.Sequential(*[nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(2)])
+        self.b = nn.Sequential(*[nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(2)])
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.sum().item() > 0:
+            h = h * 2
+        return self.b(h).relu()

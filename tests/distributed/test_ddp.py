@@ -46,3 +46,9 @@ def test_outer_ddp_transformer_blocks():
 ], ids=["find_unused", "static_graph", "bucket_view_no_sync"])
 def test_outer_ddp_options(kwargs, accumulate):
     ranks.run(workers.ddp_against_eager, "outer", "sgd", "aot_eager", "chain", 3, kwargs, accumulate)
+
+
+@pytest.mark.slow
+def test_outer_ddp_graph_break():
+    """Both graphs around a break (the frame's and its resume function's) are cut."""
+    ranks.run(workers.ddp_against_eager, "outer", "sgd", "aot_eager", "breaking")

@@ -43,8 +43,8 @@ def ddp_against_eager(rank, world, order, opt_name, backend_name, model_name="ch
 
     exact = backend_name != "kiln"
     graphs: list = []
-    build = {"chain": models.chain, "stack": models.Stack}[model_name]
-    features = models.WIDTH if model_name == "chain" else 8
+    build = {"chain": models.chain, "stack": models.Stack, "breaking": models.Breaking}[model_name]
+    features = 8 if model_name == "stack" else models.WIDTH
     kw = dict(bucket_cap_mb=models.BUCKET_MB, **(ddp_kwargs or {}))
     ref = DDP(build(), **kw)
     model = build()
@@ -73,6 +73,10 @@ def ddp_against_eager(rank, world, order, opt_name, backend_name, model_name="ch
             _same(p, q, f"{name} after step {step}", exact)
     buckets = len(ref.reducer._get_zeros_like_grad_buckets())
     assert buckets >= 3, buckets
+    if order == "outer":  # every captured graph (a resume function's too) was cut
+        plans = run._kiln_split.plans
+        assert plans and all(plan.cuts for plan in plans), [plan.describe() for plan in plans]
+        assert len(plans) >= (2 if model_name == "breaking" else 1), len(plans)
     if order == "inner":
         assert len(graphs) == 1, len(graphs)
     elif model_name == "chain":  # bucket-aligned layers: one graph per bucket
