@@ -50,6 +50,11 @@ default_backend: str = _env_str("KILN_BACKEND", "kiln")
 #: ndarray operation is a graph break that runs NumPy (to tell a NumPy tracing bug
 #: from another).
 trace_numpy: bool = _env_bool("KILN_TRACE_NUMPY", True)
+#: Cut the graphs of a module compiled inside DistributedDataParallel
+#: (``kiln.compile(DDP(m))``) at DDP's gradient-bucket boundaries, each piece compiled
+#: as its own graph, so a bucket's all-reduce overlaps the rest of the backward; off,
+#: one graph (KILN_DDP_SPLIT).
+ddp_split: bool = _env_bool("KILN_DDP_SPLIT", True)
 
 # --- autograd ------------------------------------------------------------------
 #: Recompute cheap pointwise ops in the backward rather than saving them

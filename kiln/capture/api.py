@@ -50,6 +50,9 @@ def _compile_callable(fn, backend, fullgraph, recorder=None, frozen=False, setti
     recorder = recorder if recorder is not None else getattr(backend, "kiln_recorder", None)  # CompileProfiler
     be = lookup_backend(backend)
     make = _compiled_function_type(settings)
+    if isinstance(fn, torch.nn.Module) and _is_ddp(fn):
+        from kiln.distributed.ddp import compile_ddp
+        return compile_ddp(fn, be, lambda f, b: _compile_callable(f, b, fullgraph, recorder, frozen, settings))
     if isinstance(fn, torch.nn.Module):
         fwd = make(type(fn).forward, be, fullgraph, recorder, frozen)
         cm = CompiledModule(fn, fwd)
@@ -64,6 +67,14 @@ def _compile_callable(fn, backend, fullgraph, recorder=None, frozen=False, setti
     if callable(fn) and isinstance(getattr(type(fn), "__call__", None), types.FunctionType):
         return types.MethodType(make(type(fn).__call__, be, fullgraph, recorder, frozen), fn)
     raise TypeError(f"kiln.compile expects a function, method or nn.Module, got {type(fn).__qualname__}")
+
+
+def _is_ddp(mod) -> bool:
+    """A DistributedDataParallel (kiln/distributed/ddp.py compiles it), without
+    importing torch.distributed when nothing loaded it."""
+    import sys
+    parallel = sys.modules.get("torch.nn.parallel.distributed")
+    return parallel is not None and isinstance(mod, parallel.DistributedDataParallel)
 
 
 def _compiled_function_type(settings):

@@ -29,6 +29,7 @@ ARTEFACTS = (
     "perf",
     "cache",
     "passes",
+    "ddp",
 )
 
 root = logging.getLogger("kiln")
