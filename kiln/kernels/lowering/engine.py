@@ -32,7 +32,7 @@ from ..devices import same_device, graph_device
 from ..ir import loop_vars
 from ..ops import cast, op
 from ...ops import is_library_call
-from .base import LOWERINGS, Lazy, STORAGE_OPS, Unsupported, View, is_box, is_dense, returns_a_view
+from .base import LAZY_LISTS, LOWERINGS, Lazy, STORAGE_OPS, Unsupported, View, is_box, is_dense, returns_a_view
 
 aten = torch.ops.aten
 _fallback_log = log_for("fallbacks")
@@ -286,7 +286,11 @@ class GraphLowering:
         args, kwargs = self._args(node)
         fn = LOWERINGS.get(node.target)
         if node.target is operator.getitem:
-            return args[0][args[1]]
+            out = args[0][args[1]]
+            src = node.args[0]
+            if getattr(src, "target", None) in LAZY_LISTS and isinstance(out, Lazy):
+                return self._maybe_realize(node, out)
+            return out
         if fn is not None and self._dtypes_ok(node):
             try:
                 out = fn(self, node, *args, **kwargs)
@@ -312,6 +316,8 @@ class GraphLowering:
 
     def _maybe_realize(self, node, out):
         if isinstance(out, (tuple, list)):
+            if node.target in LAZY_LISTS:      # each element's getitem decides
+                return out
             return type(out)(self.realize(o, origin=node.name) if isinstance(o, Lazy) else o
                              for o in out)
         if isinstance(out, Lazy) and node not in self.out_roots:  # (stored in eager's layout)
