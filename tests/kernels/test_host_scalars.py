@@ -70,3 +70,17 @@ def test_a_cpu_graph_is_untouched():
 
 def test_host_copies_are_never_replayed_from_a_cuda_graph():
     assert HostScalars("cuda").replayable is False
+
+
+def test_cpu_constants_of_a_graph_without_cpu_inputs_stay_with_aten():
+    """Without CPU inputs a graph may be replayed from a CUDA graph, which keeps a
+    constant's value but would replay a host copy's: its CPU values stay with aten."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    c = g.get_attr("c")
+    g.output((g.call_function(aten.mul.Tensor, (x, c)),))
+    root = torch.nn.Module()
+    root.register_buffer("c", torch.tensor(2.0))
+    lo = GraphLowering(fx.GraphModule(root, g), [torch.empty(4, device="meta")], "triton").run()
+    assert not lo.host_values and lo.fallbacks == ["aten.mul.Tensor"]
+    assert not any(isinstance(op, HostScalars) for _, op in _externs(lo))

@@ -32,7 +32,8 @@ from ..devices import same_device, graph_device
 from ..ir import loop_vars
 from ..ops import cast, op
 from ...ops import is_library_call
-from .host_scalars import device_side, is_host_scalar, on_device as host_scalars_on_device
+from .host_scalars import (device_side, is_host_scalar, on_device as host_scalars_on_device,
+                           takes_host_values)
 from .base import LAZY_LISTS, LOWERINGS, Lazy, STORAGE_OPS, Unsupported, View, is_box, is_dense, returns_a_view
 
 aten = torch.ops.aten
@@ -116,6 +117,7 @@ class GraphLowering:
         self.device = graph_device(example_inputs)
         self.host_copies: dict = {}    # CPU scalar node -> its View on the device (host_scalars)
         self.device_side: set = set()  # CPU scalar nodes computed on the device (host_scalars)
+        self.host_values = False       # the graph takes CPU tensors (host_scalars)
         self._n = 0
         self._record_meta(example_inputs)
 
@@ -233,6 +235,7 @@ class GraphLowering:
     # --- the walk ---
     def run(self):
         from .outputs import lower_outputs, own_eager_layout
+        self.host_values = takes_host_values(self, self.gm)
         self.device_side = device_side(self, self.gm)
         n_in = 0
         for node in self.gm.graph.nodes:
@@ -289,7 +292,7 @@ class GraphLowering:
             for d, t in zip(pytree.tree_leaves(self.meta[a, "device"]),
                             pytree.tree_leaves(self.meta[a])):
                 if d is not None and not same_device(d, self.device) \
-                        and not is_host_scalar(self.device, d, t):
+                        and not is_host_scalar(self, d, t):
                     return False
         return True
 

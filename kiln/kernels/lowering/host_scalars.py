@@ -37,9 +37,21 @@ class HostScalars:
         return f"host_scalars[{self.device}]"
 
 
-def is_host_scalar(graph_device, device, value) -> bool:
-    """A value a kernel on ``graph_device`` may read although it lives on the CPU."""
-    return (graph_device.type != "cpu" and device is not None and device.type == "cpu"
+def takes_host_values(lo, gm) -> bool:
+    """Whether a graph on an accelerator takes CPU tensors. Only such a graph reads host
+    values through copies: it runs launch by launch anyway (a recorded CUDA graph would
+    replay the values of the recording call). Elsewhere a CPU value is a constant, which
+    a recorded graph may keep, and its ops stay with aten."""
+    if lo.device.type == "cpu":
+        return False
+    return any(d is not None and d.type == "cpu"
+               for n in gm.graph.nodes if n.op == "placeholder"
+               for d in pytree.tree_leaves(lo.meta.get((n, "device"))))
+
+
+def is_host_scalar(lo, device, value) -> bool:
+    """A value a kernel of ``lo``'s graph may read although it lives on the CPU."""
+    return (lo.host_values and device is not None and device.type == "cpu"
             and isinstance(value, torch.Tensor) and value.numel() == 1)
 
 
@@ -55,7 +67,7 @@ def device_side(lo, gm) -> set:
     into the kernels reading them, instead of computed by aten on the CPU (a per-tensor
     op per parameter) and copied over. Not the graph's outputs (the new step counters
     stay on the CPU, computed there) nor anything a CPU computation reads."""
-    if lo.device.type == "cpu":
+    if not lo.host_values:
         return set()
     outputs = {a for n in gm.graph.nodes if n.op == "output"
                for a in pytree.tree_leaves(n.args) if isinstance(a, fx.Node)}
@@ -81,9 +93,9 @@ def on_device(lo, node, args, kwargs):
     def visit(a):
         if isinstance(a, fx.Node) and a not in lo.host_copies and a not in lo.device_side \
                 and is_host_scalar(
-                lo.device, lo.meta.get((a, "device")), lo.meta.get(a)) and is_box(lo.env[a]):
+                lo, lo.meta.get((a, "device")), lo.meta.get(a)) and is_box(lo.env[a]):
             found.setdefault(lo.env[a].dtype, {})[a] = lo.env[a]
-    if lo.device.type == "cpu":
+    if not lo.host_values:
         return args, kwargs
     pytree.tree_map(visit, (node.args, node.kwargs))
     for dtype, boxes in found.items():
