@@ -15,7 +15,7 @@ from .foreach_train_case import CUDA_ONLY, OPTIMIZERS, Net, _options, check
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-QUICK = {"sgd_momentum", "adamw"}
+QUICK = {"adamw"}
 CPU = [n for n in OPTIMIZERS if n not in CUDA_ONLY]
 
 
