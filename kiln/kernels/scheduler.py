@@ -130,6 +130,11 @@ def _earlier_reduction(groups: list, b, made_in: dict, cur) -> int | None:
     return None
 
 
+#: how many of the kernels sharing a read with an output it tries to join, latest first
+#: (a value read all over a graph would otherwise make each try cost the whole graph)
+SIBLING_TRIES = 4
+
+
 def _sibling_group(groups: list, b, made_in: dict, touched: dict, cur) -> int | None:
     """Fuse an output ``b`` into the latest earlier pointwise kernel that reads or makes
     something ``b`` reads (horizontal fusion across the gap), once everything ``b``
@@ -142,7 +147,7 @@ def _sibling_group(groups: list, b, made_in: dict, touched: dict, cur) -> int | 
         return None
     after = max((made_in.get(r, -1) for r in b.reads()), default=-1)
     near = {gi for r in b.reads() for gi in touched.get(r, ()) if gi >= after}
-    for gi in sorted(near, reverse=True):
+    for gi in sorted(near, reverse=True)[:SIBLING_TRIES]:
         g = groups[gi]
         if (g is cur or g.extern is not None or g.alone is not None or g.matmul is not None
                 or g.red is not None):
