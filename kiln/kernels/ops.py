@@ -30,6 +30,7 @@ OPS: dict[str, tuple[str, str]] = {
     "atan2": ("std::atan2({0}, {1})", "libdevice.atan2({0}, {1})"),
     "sign": ("kiln_sign({0})", "kiln_sign({0})"),
     "reciprocal": ("({t}(1) / {0})", "(1 / {0})"),
+    "fma": ("std::fma({0}, {1}, {2})", "tl.fma({0}, {1}, {2})"),   # {0} * {1} + {2}, one rounding
     # transcendental
     "exp": ("kiln_exp({0})", "tl.exp({0})"),
     "exp2": ("std::exp2({0})", "tl.exp2({0})"),

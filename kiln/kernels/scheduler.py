@@ -130,6 +130,33 @@ def _earlier_reduction(groups: list, b, made_in: dict, cur) -> int | None:
     return None
 
 
+#: how many of the kernels sharing a read with an output it tries to join, latest first
+#: (a value read all over a graph would otherwise make each try cost the whole graph)
+SIBLING_TRIES = 4
+
+
+def _sibling_group(groups: list, b, made_in: dict, touched: dict, cur) -> int | None:
+    """Fuse an output ``b`` into the latest earlier pointwise kernel that reads or makes
+    something ``b`` reads (horizontal fusion across the gap), once everything ``b``
+    reads exists by then: an optimizer's list ops make each parameter's new state one
+    list op after another (every ``exp_avg``, then every ``exp_avg_sq``, then every
+    parameter), and this puts each parameter's whole update back in one kernel that
+    reads its gradient and state once. Only outputs, whose memory lives to the end of
+    the graph anyway, so computing them earlier costs nothing at the peak."""
+    if isinstance(b, ir.Reduction):
+        return None
+    after = max((made_in.get(r, -1) for r in b.reads()), default=-1)
+    near = {gi for r in b.reads() for gi in touched.get(r, ()) if gi >= after}
+    for gi in sorted(near, reverse=True)[:SIBLING_TRIES]:
+        g = groups[gi]
+        if (g is cur or g.extern is not None or g.alone is not None or g.matmul is not None
+                or g.red is not None):
+            continue
+        if _try_add(g, b):
+            return gi
+    return None
+
+
 @dataclass
 class Schedule:
     groups: list
@@ -155,11 +182,18 @@ def live_buffers(buffers: list, output_names: set) -> list:
 def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -> Schedule:
     """``matmul_epilogues``: fuse large library products into their pointwise reader
     (Triton only; ``matmul_fusion``)."""
-    buffers = live_buffers(buffers, output_names)
+    buffers = hoist_scalars(live_buffers(buffers, output_names))
     squeeze_unit_dims(buffers)
     groups: list[Group] = []
     made_in: dict = {}            # buffer name -> index of the group computing it
+    touched: dict = {}            # buffer name -> indices of the groups making or reading it
     cur = None
+
+    def place(b, gi):
+        made_in[b.name] = gi
+        for r in b.reads() | {b.name}:
+            touched.setdefault(r, set()).add(gi)
+
     for b in buffers:
         if isinstance(b, ir.Input):
             continue
@@ -175,13 +209,15 @@ def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -
             cur = None
             continue
         if cur is not None and _try_add(cur, b):
-            made_in[b.name] = len(groups) - 1
+            place(b, len(groups) - 1)
             continue
         earlier = _earlier_reduction(groups, b, made_in, cur)
+        if earlier is None and b.name in output_names:
+            earlier = _sibling_group(groups, b, made_in, touched, cur)
         if earlier is not None:
-            made_in[b.name] = earlier
+            place(b, earlier)
             continue
-        made_in[b.name] = len(groups)
+        place(b, len(groups))
         if isinstance(b, ir.Reduction):
             cur = Group(tuple(b.sizes), tuple(b.red_sizes), [b])
         else:
@@ -321,6 +357,27 @@ def _rename(e, mapping: dict, memo: dict):
         r = e
     memo[e] = r
     return r
+
+
+def hoist_scalars(buffers: list) -> list:
+    """``buffers`` with each one-element pointwise buffer moved up to just after the
+    last buffer it reads (never past a library call). An optimizer's step counters
+    (``step + 1``, read by every parameter's update) then come before the updates'
+    kernels rather than between them, where they would keep ``_sibling_group`` from
+    completing each parameter's kernel. One element: the move costs no memory."""
+    primary: dict = {}         # buffer name -> the position it is placed after
+    keys = []
+    floor = 0                  # nothing moves above the last library call
+    for i, b in enumerate(buffers):
+        if isinstance(b, ir.Pointwise) and ir.numel_of(b.sizes) == 1:
+            primary[b.name] = max([floor] + [primary[r] for r in b.reads() if r in primary])
+            keys.append((primary[b.name], 1, i))
+        else:
+            primary[b.name] = i
+            keys.append((i, 0, 0))
+        if isinstance(b, (ir.Extern, ir.MultiOutput, ir.Scatter, ir.Scan)):
+            floor = i
+    return [b for _, b in sorted(zip(keys, buffers), key=lambda kb: kb[0])]
 
 
 def squeeze_unit_dims(buffers: list) -> None:

@@ -9,8 +9,10 @@ An entry says, for the ops of one family:
 * ``allowed`` — a verified CORE graph may hold it although it is not tagged ``core``.
 * ``library_call`` — the kernel compiler runs it as an extern (BLAS, oneDNN, cuDNN,
   flash attention) and does not report it as a fallback. A lowering, where one is
-  registered (``kiln/kernels/lowering/``, ``LOWERINGS``), is tried first; the field
-  ``lowering`` names its module there, and a test checks it.
+  registered (``kiln/kernels/lowering/``, ``LOWERINGS``), is tried first.
+* ``lowering`` — the module of ``kiln/kernels/lowering/`` that registers the op's
+  lowering: required for a library call with one, and given for the ops outside the
+  core tag that only a lowering handles (the ``_foreach_*`` family); a test checks it.
 * ``recomputable`` — cheap enough for the partitioner to recompute in the backward
   rather than save (besides what the rule in ``is_recomputable`` admits by tags).
 * ``meta`` — the ``kiln.fast_meta`` shortcut (by name, ``fast_meta._SHORTCUTS``) that
@@ -42,6 +44,12 @@ def ops_named(*names):
         if p is not None and overload in p.overloads():
             out.append(getattr(p, overload))
     return out
+
+
+def foreach_names(*specs):
+    """``_foreach_<name>.<overload>`` for every (names, overloads) pair of ``specs``."""
+    return tuple(f"_foreach_{n}.{ov}" for names, overloads in specs
+                 for n in names for ov in overloads)
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,18 @@ FAMILIES = [
       "scalar_tensor.default", "_unsafe_index.Tensor", "_unsafe_index_put.default"),
      dict(allowed=True),
      "allocation, and non-core ops the autograd formulas and functionalization emit"),
+    (foreach_names(
+        (("add", "sub", "mul", "div"), ("List", "Scalar", "ScalarList", "Tensor")),
+        (("maximum", "minimum", "clamp_min", "clamp_max"), ("List", "Scalar", "ScalarList")),
+        (("pow",), ("List", "Scalar", "ScalarList", "ScalarAndTensor")),
+        (("addcdiv", "addcmul", "lerp"), ("Scalar", "ScalarList")), (("lerp",), ("List",)),
+        (("abs", "neg", "exp", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt",
+          "reciprocal", "sigmoid", "sign", "sin", "cos", "tan", "tanh", "sinh", "cosh",
+          "asin", "acos", "atan", "erf", "floor", "ceil", "round", "trunc", "clone", "zero"),
+         ("default",))),
+     dict(allowed=True, lowering="foreach"),
+     "the multi-tensor maths of a traced optimizer step (their functional forms): lowered "
+     "element by element as the per-tensor op, so each parameter's update is one kernel"),
     (("view.default", "_unsafe_view.default", "permute.default", "expand.default",
       "squeeze.dims", "squeeze.dim", "squeeze.default", "unsqueeze.default",
       "slice.Tensor", "select.int", "alias.default", "as_strided.default",

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from .foreach_cases import foreach_graph, foreach_inputs
+
 aten = torch.ops.aten
 
 
@@ -374,6 +376,7 @@ CASES = [
      (1e-6, 1e-6)),
     ("factories", factories_graph(), lambda: [torch.randn(5, 3)], (1e-6, 1e-6)),
     ("more_scatter", more_scatter_graph, _scatter_inputs, (1e-6, 1e-6)),
+    ("foreach", foreach_graph(), foreach_inputs, (1e-5, 1e-6)),
     ("small_mm", small_mm_graph, lambda: [torch.randn(5), torch.randn(3, 4), torch.randn(4, 5),
                                           torch.randn(1, 2, 6, 5), torch.randn(1, 2, 6, 5)],
      (1e-5, 1e-5)),

@@ -9,5 +9,5 @@ registered before it.
 from .base import LOWERINGS, Lazy, Unsupported, View, register  # noqa: F401
 from .engine import GraphLowering  # noqa: F401
 from . import pointwise, shapes, reductions, conv  # noqa: F401,E402  (register their lowerings)
-from . import index, matmul, pool, resample, view  # noqa: F401,E402
+from . import index, matmul, pool, resample, view, foreach  # noqa: F401,E402
 from . import checks  # noqa: F401,E402  (last: wraps lowerings registered above)

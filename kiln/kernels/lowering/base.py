@@ -112,6 +112,17 @@ def register(*targets):
     return deco
 
 
+#: ops whose list results stay lazy element by element: each element's ``getitem``
+#: decides, as a single op's result would, whether it is stored (``GraphLowering``)
+LAZY_LISTS: set = set()
+
+
+def register_list(*targets):
+    """``register`` for an op returning a list of independent values (``_foreach_*``)."""
+    LAZY_LISTS.update(targets)
+    return register(*targets)
+
+
 def is_dense(t: torch.Tensor) -> bool:
     """Non-overlapping and dense: its strides are a permutation of contiguous ones."""
     if t.numel() == 0:

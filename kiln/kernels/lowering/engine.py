@@ -32,7 +32,9 @@ from ..devices import same_device, graph_device
 from ..ir import loop_vars
 from ..ops import cast, op
 from ...ops import is_library_call
-from .base import LOWERINGS, Lazy, STORAGE_OPS, Unsupported, View, is_box, is_dense, returns_a_view
+from .host_scalars import (device_side, is_host_scalar, on_device as host_scalars_on_device,
+                           takes_host_values)
+from .base import LAZY_LISTS, LOWERINGS, Lazy, STORAGE_OPS, Unsupported, View, is_box, is_dense, returns_a_view
 
 aten = torch.ops.aten
 _fallback_log = log_for("fallbacks")
@@ -119,6 +121,9 @@ class GraphLowering:
         self.root_views: dict = {}     # output root node -> its View in eager's layout
         self.rooted: dict = {}         # buffer -> the output root it holds
         self.device = graph_device(example_inputs)
+        self.host_copies: dict = {}    # CPU scalar node -> its View on the device (host_scalars)
+        self.device_side: set = set()  # CPU scalar nodes computed on the device (host_scalars)
+        self.host_values = False       # the graph takes CPU tensors (host_scalars)
         self._n = 0
         self._record_meta(example_inputs)
 
@@ -258,6 +263,8 @@ class GraphLowering:
     # --- the walk ---
     def run(self):
         from .outputs import lower_outputs, own_eager_layout
+        self.host_values = takes_host_values(self, self.gm)
+        self.device_side = device_side(self, self.gm)
         n_in = 0
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
@@ -305,19 +312,31 @@ class GraphLowering:
         for t in pytree.tree_leaves(vals):
             if isinstance(t, torch.Tensor) and t.dtype not in ok:
                 return False
-        devs = [d for d in pytree.tree_leaves(
-            [self.meta[node, "device"]] + [self.meta[a, "device"] for a in node.all_input_nodes])
-            if d is not None]
-        return all(same_device(d, self.device) for d in devs)
+        if node not in self.device_side and not all(same_device(d, self.device) for d in
+                                                    pytree.tree_leaves(self.meta[node, "device"])
+                                                    if d is not None):
+            return False
+        for a in node.all_input_nodes:        # a CPU scalar is copied over (host_scalars)
+            for d, t in zip(pytree.tree_leaves(self.meta[a, "device"]),
+                            pytree.tree_leaves(self.meta[a])):
+                if d is not None and not same_device(d, self.device) \
+                        and not is_host_scalar(self, d, t):
+                    return False
+        return True
 
     def _call(self, node):
         args, kwargs = self._args(node)
         fn = LOWERINGS.get(node.target)
         if node.target is operator.getitem:
-            return args[0][args[1]]
+            out = args[0][args[1]]
+            src = node.args[0]
+            if getattr(src, "target", None) in LAZY_LISTS and isinstance(out, Lazy):
+                return self._maybe_realize(node, out)
+            return out
         if fn is not None and self._dtypes_ok(node):
             try:
-                out = fn(self, node, *args, **kwargs)
+                a, kw = host_scalars_on_device(self, node, args, kwargs)
+                out = fn(self, node, *a, **kw)
                 self._check_target_ops(out)
                 return self._maybe_realize(node, out)
             except Unsupported as e:
@@ -340,6 +359,8 @@ class GraphLowering:
 
     def _maybe_realize(self, node, out):
         if isinstance(out, (tuple, list)):
+            if node.target in LAZY_LISTS:      # each element's getitem decides
+                return out
             return type(out)(self.realize(o, origin=node.name) if isinstance(o, Lazy) else o
                              for o in out)
         if isinstance(out, Lazy) and node not in self.out_roots:  # (stored in eager's layout)

@@ -162,6 +162,8 @@ class GraphReplay:
             op = getattr(getattr(s, "b", None), "op", None)
             if op is not None and any(r in str(getattr(op, "__name__", op)) for r in _RANDOM):
                 return None
+            if getattr(op, "replayable", True) is False:    # reads host values when called
+                return None
         if mode != "1" and len(rt.steps) < GRAPH_MIN_STEPS:
             return None
         return GraphReplay(rt)

@@ -1,0 +1,117 @@
+"""One-element CPU tensors read by a GPU graph's kernels.
+
+Eager lets a 0-d CPU tensor join a CUDA op and passes its value as a launch argument:
+an optimizer's step counters stay on the CPU (eager's layout, which kiln keeps), so
+Adam's bias corrections and a tensor ``lr`` are such values, and every parameter's
+update reads them. kiln's kernels take only device pointers, so an op's host values are
+gathered per dtype into one pinned buffer and copied to the device (``HostScalars``: one
+asynchronous copy, in stream order, no wait for the GPU) and read from there, instead of
+the whole op falling back to aten.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from .. import ir
+from .base import View, is_box
+
+
+class HostScalars:
+    """The library call: one-element CPU tensors -> one device tensor of their values."""
+
+    #: a recorded CUDA graph would copy the values of the recording call again
+    replayable = False
+
+    def __init__(self, device):
+        self.device = str(device)
+
+    def __call__(self, *values):
+        flat = torch.cat([v.reshape(1) for v in values])
+        return flat.pin_memory().to(self.device, non_blocking=True)
+
+    def __repr__(self):
+        return f"host_scalars[{self.device}]"
+
+
+def takes_host_values(lo, gm) -> bool:
+    """Whether a graph on an accelerator takes CPU tensors. Only such a graph reads host
+    values through copies: it runs launch by launch anyway (a recorded CUDA graph would
+    replay the values of the recording call). Elsewhere a CPU value is a constant, which
+    a recorded graph may keep, and its ops stay with aten."""
+    if lo.device.type == "cpu":
+        return False
+    return any(d is not None and d.type == "cpu"
+               for n in gm.graph.nodes if n.op == "placeholder"
+               for d in pytree.tree_leaves(lo.meta.get((n, "device"))))
+
+
+def is_host_scalar(lo, device, value) -> bool:
+    """A value a kernel of ``lo``'s graph may read although it lives on the CPU."""
+    return (lo.host_values and device is not None and device.type == "cpu"
+            and isinstance(value, torch.Tensor) and value.numel() == 1)
+
+
+def _on_cpu_scalars(lo, n) -> bool:
+    devs = [d for d in pytree.tree_leaves(lo.meta.get((n, "device"))) if d is not None]
+    vals = [t for t in pytree.tree_leaves(lo.meta.get(n)) if isinstance(t, torch.Tensor)]
+    return bool(devs) and all(d.type == "cpu" for d in devs) and all(t.numel() == 1 for t in vals)
+
+
+def device_side(lo, gm) -> set:
+    """CPU scalar nodes whose values feed only the device's kernels (Adam's bias
+    corrections, computed from the step counters): lowered as device values, inlined
+    into the kernels reading them, instead of computed by aten on the CPU (a per-tensor
+    op per parameter) and copied over. Not the graph's outputs (the new step counters
+    stay on the CPU, computed there) nor anything a CPU computation reads."""
+    if not lo.host_values:
+        return set()
+    outputs = {a for n in gm.graph.nodes if n.op == "output"
+               for a in pytree.tree_leaves(n.args) if isinstance(a, fx.Node)}
+    on_device_ = set()
+    for n in reversed(list(gm.graph.nodes)):
+        if n.op != "call_function" or n in outputs or not n.users or not _on_cpu_scalars(lo, n):
+            continue
+        if all(u.op == "call_function" and (u in on_device_ or all(
+                d is None or d.type != "cpu" for d in pytree.tree_leaves(lo.meta.get((u, "device")))))
+               for u in n.users):
+            on_device_.add(n)
+    # an element of a list computed on the CPU is that CPU value (copied over), not
+    # the device's own
+    return {n for n in on_device_ if not (n.target is operator.getitem
+                                          and n.args[0] not in on_device_)}
+
+
+def on_device(lo, node, args, kwargs):
+    """``args``/``kwargs`` of ``node`` with every host scalar's box replaced by a view of
+    its copy on the graph's device; the copies of one node's values are one transfer."""
+    found = {}
+
+    def visit(a):
+        if isinstance(a, fx.Node) and a not in lo.host_copies and a not in lo.device_side \
+                and is_host_scalar(
+                lo, lo.meta.get((a, "device")), lo.meta.get(a)) and is_box(lo.env[a]):
+            found.setdefault(lo.env[a].dtype, {})[a] = lo.env[a]
+    if not lo.host_values:
+        return args, kwargs
+    pytree.tree_map(visit, (node.args, node.kwargs))
+    for dtype, boxes in found.items():
+        name = lo.new_name()
+        args_ = []
+        for a, box in boxes.items():
+            v = lo.realize(box, origin=node.name)
+            args_.append(ir.ExternArg(v.buf, v.sizes, v.strides, v.offset))
+        lo.add(ir.Extern(name, (len(args_),), (1,), dtype, op=HostScalars(lo.device),
+                         args=tuple(args_), origin=node.name))
+        for k, (a, box) in enumerate(boxes.items()):
+            lo.host_copies[a] = View(name, tuple(box.sizes), (0,) * len(box.sizes), k, dtype)
+    if not any(isinstance(a, fx.Node) and a in lo.host_copies
+               for a in pytree.tree_leaves((node.args, node.kwargs))):
+        return args, kwargs
+
+    def swap(a):
+        return lo.host_copies.get(a, lo.env[a]) if isinstance(a, fx.Node) else a
+    return pytree.tree_map(swap, (node.args, node.kwargs))
