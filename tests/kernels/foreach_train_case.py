@@ -134,7 +134,11 @@ def assert_lowered(name, gm, artefacts, n_params):
     assert not left, (name, left)
     kernels = re.findall(r"^kernel \d+: outer=\[(.*?)\] inner=\[(.*?)\]", artefacts["schedule"], re.M)
     sized = [k for k in kernels if k != ("", "")]
-    assert len(sized) <= n_params, (name, n_params, artefacts["schedule"])
+    # where the bias corrections are computed on the CPU from the CPU step counters
+    # (eager's layout on a GPU), the parameter update after them cannot join the
+    # moments' kernel before them: two kernels a parameter
+    per_param = 2 if "host_scalars" in artefacts["schedule"] else 1
+    assert len(sized) <= per_param * n_params, (name, n_params, artefacts["schedule"])
 
 
 if __name__ == "__main__":
