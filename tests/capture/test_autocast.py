@@ -115,6 +115,21 @@ def test_ambient_autocast(backend, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ops_whose_mixed_dtypes_fail_without_autocast(backend, device):
+    """A conv with a bias taking the bf16 output of another: without autocast PyTorch
+    rejects bf16 input with a float32 bias, so the op is recorded with autocast's casts
+    (the zoo's alexnet and vgg under autocast)."""
+    def fn(x, w1, b1, w2, b2):
+        return F.conv2d(F.relu(F.conv2d(x, w1, b1)), w2, b2)
+    torch.manual_seed(0)
+    args = [torch.randn(2, 3, 8, 8, device=device)] + [
+        p.to(device).detach().requires_grad_() for p in _params((4, 3, 3, 3), (4,), (5, 4, 3, 3), (5,))]
+    info = run_both(fn, args, backend, lambda: torch.autocast(device, torch.bfloat16))
+    assert (info.graph_count, info.graph_break_count) == (1, 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", LOW)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_autocast_block_inside(backend, dtype, device):
