@@ -1,0 +1,88 @@
+"""``tests/models/zoo_autocast.py`` on the CPU (bf16 autocast) on two small zoo models:
+the kiln backend passes its rule against float64, and the rule fails a backend whose
+graphs compute something else, one that drops autocast's dtypes, one that crashes and
+one that runs past the per-model limit — each a FAIL row, the run going on."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from kiln.backends import lookup_backend
+from tests.models import zoo, zoo_autocast
+
+MODELS = ["hf.gpt2", "tv.alexnet"]   # a transformer; convs with biases (casts needed)
+
+
+def _args(*extra):
+    return zoo_autocast.parse(["--device", "cpu", "--autocast", "bf16", "--budget-s", "0", *extra])
+
+
+def _mapped(fn):
+    """aot_eager with ``fn`` applied to each floating output of the graph."""
+    inner = lookup_backend("aot_eager")
+
+    def backend(gm, example_inputs):
+        compiled = inner(gm, example_inputs)
+
+        def call(*args):
+            out = compiled(*args)
+            return type(out)(fn(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                             for t in out)
+        return call
+    return backend
+
+
+def _raising(gm, example_inputs):
+    raise RuntimeError("a broken backend")
+
+
+def _slow(gm, example_inputs):
+    time.sleep(30)
+
+
+def _specs(names):
+    pytest.importorskip("transformers")
+    pytest.importorskip("torchvision")
+    torch.set_num_threads(2)
+    return [zoo.by_name(n) for n in names]
+
+
+@pytest.mark.parametrize("names", [MODELS[:1], pytest.param(MODELS, marks=pytest.mark.slow)])
+def test_kiln_backend_within_the_rule_and_rows_printed(names):
+    lines = []
+    rows = zoo_autocast.run(_specs(names), _args(), log=lambda s, **k: lines.append(s))
+    for r in rows:
+        assert r["ok"], r
+        assert (r["graphs"], r["breaks"], r["eager_graphs"]) == (1, 0, 0), r
+        assert 0 < r["grads_eager"] < 0.5 and r["score"] <= 1.0
+    assert [ln.split()[:2] for ln in lines] == [[n, "ok"] for n in names]
+
+
+@pytest.mark.parametrize("backend,expect", [
+    (_mapped(lambda t: t * 1.05), "score"),            # 5% off: outside the rule
+    (_mapped(lambda t: t.float()), "mismatch"),        # float32 where eager gives bf16
+    (_raising, "error"),
+    (_slow, "error"),
+])
+def test_a_wrong_backend_is_a_fail_row(backend, expect):
+    a = _args("--timeout-s", "3" if backend is _slow else "120")
+    a.backend = backend
+    [row] = zoo_autocast.run(_specs(["hf.gpt2"]), a, log=lambda *x, **k: None)
+    assert row["ok"] is False, row
+    if expect == "score":
+        assert row["score"] > 1.0 and not row["mismatch"]
+    elif expect == "mismatch":
+        assert "float32" in row["mismatch"]
+    else:
+        assert row["error"]
+    if backend is _slow:
+        assert "limit" in row["error"] and row["seconds"] < 20
+
+
+def test_the_budget_skips_the_rest():
+    a = _args()
+    a.budget_s = 1e-9
+    rows = zoo_autocast.run(_specs(MODELS), a, log=lambda *x, **k: None)
+    assert all("skipped" in r for r in rows[1:]) and "budget" in rows[-1]["skipped"]
