@@ -34,9 +34,10 @@ steps in float64, no autocast; ``--no-ref64`` skips it): a compiled backend is a
 correct as eager when its ``err64`` is about eager's (eager's own float32 is not exact:
 resnet18's batch norms over few values amplify rounding, so ``update_err`` alone can
 blame a backend for eager's error). With a GradScaler, ``scales`` (the scale after
-each of the three steps) must equal
-eager's: a step skipped by one backend and not by another changes it. Fused optimizers
-are not used (``fused`` stays off).
+each of the three steps) must equal eager's: a step skipped by one backend and not by
+another changes it (where all three are skipped — the scale halving each time — the
+update errors are 0 by construction). Fused optimizers are not used (``fused`` stays
+off).
 """
 from __future__ import annotations
 
