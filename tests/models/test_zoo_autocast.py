@@ -49,10 +49,13 @@ def _specs(names):
     return [zoo.by_name(n) for n in names]
 
 
-@pytest.mark.parametrize("names", [MODELS[:1], pytest.param(MODELS, marks=pytest.mark.slow)])
-def test_kiln_backend_within_the_rule_and_rows_printed(names):
+@pytest.mark.parametrize("names,inner", [(MODELS[:1], False), (MODELS[:1], True),
+                                         pytest.param(MODELS, False, marks=pytest.mark.slow)])
+def test_kiln_backend_within_the_rule_and_rows_printed(names, inner):
+    """Around the compiled model, and (``inner``) entered inside the compiled function."""
     lines = []
-    rows = zoo_autocast.run(_specs(names), _args(), log=lambda s, **k: lines.append(s))
+    rows = zoo_autocast.run(_specs(names), _args(*(["--inner"] if inner else [])),
+                            log=lambda s, **k: lines.append(s))
     for r in rows:
         assert r["ok"], r
         assert (r["graphs"], r["breaks"], r["eager_graphs"]) == (1, 0, 0), r
