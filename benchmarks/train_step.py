@@ -265,6 +265,7 @@ def main(argv=None) -> int:
     names.insert(0, "eager")
     rows = []
     for name in names:
+        print(f"# {name}: compiling and timing", flush=True)
         rows.append(run_backend(name, a, rows[0] if rows else None))
         if len(rows) == 1 and a.ref64 and "_params" in rows[0]:
             rows[0]["_params64"] = reference64(a, rows[0].get("scales"))
