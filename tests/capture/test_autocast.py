@@ -129,6 +129,20 @@ def test_ops_whose_mixed_dtypes_fail_without_autocast(backend, device):
     assert (info.graph_count, info.graph_break_count) == (1, 0)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_with_a_float32_mask_whose_kernel_casts_too(backend):
+    """bf16 q, k, v and a float32 mask (a relative-position bias, as BEiT's), with
+    gradients: autocast casts the mask, then CPU attention's math path casts q, k, v
+    itself; only the mask's cast is recorded ahead of the op."""
+    def fn(x, w, bias):
+        q = F.linear(x, w).view(2, 4, 2, 8).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q * 0.5, q, attn_mask=bias)
+    torch.manual_seed(0)
+    args = [torch.randn(2, 4, 16)] + _params((16, 16), (1, 2, 4, 4))
+    info = run_both(fn, args, backend, lambda: torch.autocast("cpu", torch.bfloat16))
+    assert (info.graph_count, info.graph_break_count) == (1, 0)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", LOW)
 @pytest.mark.parametrize("backend", BACKENDS)
