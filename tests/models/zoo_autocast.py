@@ -19,7 +19,8 @@ The rules, with ``err_e`` eager's error and ``err_c`` the compiled step's:
 * outputs (all floating outputs as one vector) and gradients (every parameter's
   gradient as one vector): ``err_c <= factor * err_e + floor``;
 * each tensor alone (each output, each gradient, each floating buffer after the step:
-  batch-norm running statistics): ``err_c <= tensor_factor * err_e + floor``;
+  batch-norm running statistics): ``err_c <= tensor_factor * err_e + floor`` (a tensor
+  exactly zero in float64 is measured against its group's norm);
 * dtypes and presence: the loss, every output and every gradient has eager's dtype, and
   a gradient exists compiled exactly where it exists in eager.
 
@@ -143,10 +144,18 @@ def _step(call, model, args, kwargs, device, dtype, autocast):
     return dtypes, tensors
 
 
-def _err(t, ref):
+def _err(t, ref, zero_scale=0.0):
+    """||t - ref|| / ||ref||; where ``ref`` is exactly zero (a bias before a batch norm
+    over two values), over ``zero_scale`` instead: the norm of its group (all outputs or
+    all gradients), so that rounding noise is small and a real value is not."""
     num = torch.linalg.vector_norm(t.double() - ref.double()).item()
-    den = torch.linalg.vector_norm(ref.double()).item()
+    den = torch.linalg.vector_norm(ref.double()).item() or zero_scale
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
+
+
+def _norm(tensors: dict, prefix: str) -> float:
+    return math.sqrt(sum(torch.linalg.vector_norm(t.double()).item() ** 2
+                         for n, t in tensors.items() if n.startswith(prefix) and t is not None))
 
 
 def _group_err(tensors: dict, ref: dict, prefix: str, base: dict | None = None) -> float:
@@ -187,10 +196,12 @@ def compare(eager: dict, comp: dict, ref: dict, factor: float, floor: float,
                     f"{group}_score": gc / (factor * ge + floor),
                     f"{group}_vs_eager": _group_err(comp, eager, prefix, ref)})
     res["tensor_score"] = 0.0
+    scales = {prefix: _norm(ref, prefix) for prefix in ("output ", "grad ", "buffer ")}
     for name, r in ref.items():
         if r is None:
             continue
-        ee, ec = _err(eager[name], r), _err(comp[name], r)
+        zero_scale = scales[name.split(" ")[0] + " "]
+        ee, ec = _err(eager[name], r, zero_scale), _err(comp[name], r, zero_scale)
         score = ec / (tensor_factor * ee + floor)
         if not score <= res["tensor_score"]:      # NaN counts as worse
             res.update(tensor_score=score, tensor=name, tensor_eager=ee, tensor_compiled=ec)
