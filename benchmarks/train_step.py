@@ -66,7 +66,7 @@ def parse(argv=None):
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=32, help="tokens per sequence (gpt2)")
     p.add_argument("--vocab", type=int, default=1000, help="vocabulary size (gpt2)")
-    p.add_argument("--image", type=int, default=224, help="image height and width (resnet18)")
+    p.add_argument("--image", type=int, default=224, help="image height and width (resnet18; default 224)")
     p.add_argument("--autocast", choices=list(_AUTOCAST), default="none",
                    help="run forward and loss under torch.autocast(device, dtype), inside the step")
     p.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw")

@@ -46,8 +46,9 @@ about 3 under the rules), the worst score (a rule's error over its bound; ok whe
 ``--timeout-s``, is a FAIL row with its error; the run goes on. No new model is started
 after ``--budget-s`` (those are listed as skipped). Rows are printed as they finish
 (flushed), the summary and the JSON (``--out``) at the end. Sizes are the zoo's
-(batch 2, 32-64 px images, 2-layer transformers), so that all 68 models fit in a few
-minutes on one GPU (``--only tv.,timm.`` and ``--only hf.`` split the run in two).
+(batch 2, 32-64 px images, 2-layer transformers), meant to fit all 68 models in one
+ten-minute GPU call (on the 2-core CPU they take 15 minutes); ``--only tv.,timm.`` and
+``--only hf.`` split the run in two.
 """
 from __future__ import annotations
 
