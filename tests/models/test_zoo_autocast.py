@@ -4,6 +4,7 @@ graphs compute something else, one that drops autocast's dtypes, one that crashe
 one that runs past the per-model limit — each a FAIL row, the run going on."""
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -89,3 +90,28 @@ def test_the_budget_skips_the_rest():
     a.budget_s = 1e-9
     rows = zoo_autocast.run(_specs(MODELS), a, log=lambda *x, **k: None)
     assert all("skipped" in r for r in rows[1:]) and "budget" in rows[-1]["skipped"]
+
+
+def test_start_and_resume_hints(tmp_path):
+    out = tmp_path / "rows.json"
+    assert zoo_autocast.main(["--only", "hf.", "--start", "hf.clip_text", "--budget-s", "1e-9",
+                              "--out", str(out)]) == 1
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["model"] for r in rows] == ["hf.clip_text", "hf.mobilebert"]
+    assert all("--start hf.clip_text" in r["skipped"] for r in rows)
+    assert zoo_autocast.main(["--only", "hf.gpt2", "--start", "tv.alexnet"]) == 2
+
+
+def test_a_lost_cuda_context_skips_the_rest(monkeypatch):
+    """After an illegal memory access every CUDA call fails: the rest are skipped, with
+    where to go on from, instead of 60 rows of the same error."""
+    def crash(spec, *a, **k):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(zoo_autocast, "check", crash)
+    a = _args("--budget-s", "0")
+    a.device = "cuda"
+    rows = zoo_autocast.run([zoo.by_name(n) for n in ("tv.alexnet", "tv.vgg11_bn", "tv.resnet18")], a,
+                            log=lambda *x, **k: None)
+    assert rows[0]["ok"] is False and "illegal" in rows[0]["error"]
+    assert [r.get("skipped", "")[:30] for r in rows[1:]] == ["the CUDA context was lost at t"] * 2
+    assert all("--start tv.vgg11_bn" in r["skipped"] for r in rows[1:])

@@ -42,9 +42,11 @@ autograd stage (``eager-run``), eager's and the compiled step's errors (outputs,
 gradients), ``to eager``: the compiled gradients' distance to eager's over eager's
 distance to float64 (far below 1 when the compiled step rounds as eager does; at most
 about 3 under the rules), the worst score (a rule's error over its bound; ok when
-<= 1) and which rule or tensor it is, and ok or FAIL. A model that raises, or runs past
-``--timeout-s``, is a FAIL row with its error; the run goes on. No new model is started
-after ``--budget-s`` (those are listed as skipped). Rows are printed as they finish
+<= 1) and which rule or tensor it is, and ok or FAIL. A model that raises, or runs
+past ``--timeout-s``, is a FAIL row with its error and the run goes on — unless the
+error leaves the process's CUDA context unusable (an illegal memory access): then the
+rest are listed as skipped, as they are once ``--budget-s`` is spent, each naming the
+``--start MODEL`` to go on from in a new process. Rows are printed as they finish
 (flushed), the summary and the JSON (``--out``) at the end. Sizes are the zoo's
 (batch 2, 32-64 px images, 2-layer transformers), meant to fit all 68 models in one
 ten-minute GPU call (on the 2-core CPU they take 15 minutes); ``--only tv.,timm.`` and
@@ -293,6 +295,11 @@ def _errors_raised():
         kiln.config.suppress_errors = old
 
 
+#: errors after which the process's CUDA context is unusable
+_CUDA_FATAL = ("illegal memory access", "device-side assert", "unspecified launch failure",
+               "CUDA error: misaligned address")
+
+
 def run(specs, a, log=print) -> list[dict]:
     """Every spec in turn: a row each (FAIL with the error on a crash or timeout,
     ``skipped`` once the budget is spent)."""
@@ -301,12 +308,15 @@ def run(specs, a, log=print) -> list[dict]:
 
 
 def _run(specs, a, log) -> list[dict]:
-    rows, t_start = [], time.perf_counter()
+    rows, t_start, lost = [], time.perf_counter(), None
     floor = a.floor if a.floor is not None else _FLOORS[a.autocast]
     for spec in specs:
         row = {"model": spec.name, "family": spec.family}
-        if a.budget_s and time.perf_counter() - t_start > a.budget_s:
-            row["skipped"] = f"budget of {a.budget_s:g} s spent"
+        resume = next((r["model"] for r in rows if "skipped" in r and "--start" in r["skipped"]), spec.name)
+        if lost:
+            row["skipped"] = f"the CUDA context was lost at {lost} (go on with --start {resume})"
+        elif a.budget_s and time.perf_counter() - t_start > a.budget_s:
+            row["skipped"] = f"budget of {a.budget_s:g} s spent (go on with --start {resume})"
         elif not _available(spec):
             row["skipped"] = f"{spec.family} not installed"
         elif not spec.train:
@@ -323,11 +333,14 @@ def _run(specs, a, log) -> list[dict]:
         except (Exception, ModelTimeout) as e:  # noqa: BLE001 -- a crash is this model's FAIL row
             row["ok"] = False
             row["error"] = _short(e)
+            if a.device == "cuda" and any(m in str(e) for m in _CUDA_FATAL):
+                lost = spec.name      # every later CUDA call in this process would fail
             with contextlib.suppress(Exception):
                 kiln.reset()
         row["seconds"] = round(time.perf_counter() - t0, 2)
         if a.device == "cuda":
-            torch.cuda.empty_cache()
+            with contextlib.suppress(Exception):
+                torch.cuda.empty_cache()
         rows.append(row)
         log(_line(row), flush=True)
     return rows
@@ -351,6 +364,7 @@ def parse(argv=None):
     p.add_argument("--autocast", choices=list(_DTYPES), default="bf16")
     p.add_argument("--backend", default="kiln", help="kiln backend compiling the graphs")
     p.add_argument("--only", default="", help="comma-separated substrings of model names (tv., hf.bert...)")
+    p.add_argument("--start", default="", help="begin at this model (its full name), in zoo order")
     p.add_argument("--inner", action="store_true",
                    help="enter autocast inside the compiled function (default: around the compiled model)")
     p.add_argument("--factor", type=float, default=2.0, help="the outputs and gradients rules")
@@ -372,6 +386,12 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     only = [s for s in a.only.split(",") if s]
     specs = [s for s in zoo.REGISTRY if not only or any(o in s.name for o in only)]
+    if a.start:
+        names = [s.name for s in specs]
+        if a.start not in names:
+            print(f"--start {a.start}: not among the selected models", file=sys.stderr)
+            return 2
+        specs = specs[names.index(a.start):]
     print(f"# {len(specs)} models, {a.backend}, autocast {a.autocast} on {a.device}", flush=True)
     t0 = time.perf_counter()
     rows = run(specs, a)
