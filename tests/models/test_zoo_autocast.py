@@ -71,7 +71,7 @@ def test_kiln_backend_within_the_rule_and_rows_printed(names, inner):
     (_slow, "error"),
 ])
 def test_a_wrong_backend_is_a_fail_row(backend, expect):
-    a = _args("--timeout-s", "3" if backend is _slow else "120")
+    a = _args("--timeout-s", "1" if backend is _slow else "120")
     a.backend = backend
     [row] = zoo_autocast.run(_specs(["hf.gpt2"]), a, log=lambda *x, **k: None)
     assert row["ok"] is False, row
