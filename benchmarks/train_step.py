@@ -37,7 +37,9 @@ blame a backend for eager's error). With a GradScaler, ``scales`` (the scale aft
 each of the three steps) must equal eager's: a step skipped by one backend and not by
 another changes it (where all three are skipped — the scale halving each time — the
 update errors are 0 by construction). Fused optimizers are not used (``fused`` stays
-off).
+off). kiln's perf fallback (on by default) times each graph against PyTorch running its
+aten graph over its first calls, so some of the three checked steps may run that aten
+graph; ``--perf-fallback off`` checks kiln's kernels alone.
 """
 from __future__ import annotations
 
@@ -76,6 +78,8 @@ def parse(argv=None):
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", default="", help="also write the results here")
+    p.add_argument("--perf-fallback", choices=["default", "on", "off"], default="default",
+                   help="kiln's perf fallback (off: the checked steps run kiln's kernels only)")
     p.add_argument("--no-ref64", dest="ref64", action="store_false",
                    help="skip the float64 reference of the three checked steps (err64)")
     return p.parse_args(argv)
@@ -259,6 +263,9 @@ def main(argv=None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: no GPU visible", file=sys.stderr)
         return 2
+    if a.perf_fallback != "default":
+        from kiln import config
+        config.perf_fallback = a.perf_fallback == "on"
     names = [b for b in a.backends.split(",") if b]
     if "eager" in names:  # the reference goes first
         names.remove("eager")

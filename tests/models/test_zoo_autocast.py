@@ -115,3 +115,22 @@ def test_a_lost_cuda_context_skips_the_rest(monkeypatch):
     assert rows[0]["ok"] is False and "illegal" in rows[0]["error"]
     assert [r.get("skipped", "")[:30] for r in rows[1:]] == ["the CUDA context was lost at t"] * 2
     assert all("--start tv.vgg11_bn" in r["skipped"] for r in rows[1:])
+
+
+def test_the_check_runs_kiln_strict(monkeypatch):
+    """Internal errors raise and the perf fallback is off while a model is checked (the
+    step must run kiln's kernels, not a timing trial's aten graph), restored after."""
+    import kiln
+    monkeypatch.setattr(kiln.config, "perf_fallback", True)
+    monkeypatch.setattr(kiln.config, "suppress_errors", True)
+    seen = []
+    inner = lookup_backend("aot_eager")
+
+    def spy(gm, example_inputs):
+        seen.append((kiln.config.perf_fallback, kiln.config.suppress_errors))
+        return inner(gm, example_inputs)
+    a = _args()
+    a.backend = spy
+    [row] = zoo_autocast.run(_specs(["hf.gpt2"]), a, log=lambda *x, **k: None)
+    assert row["ok"] and seen and set(seen) == {(False, False)}
+    assert kiln.config.perf_fallback and kiln.config.suppress_errors

@@ -284,15 +284,16 @@ def _line(r: dict) -> str:
 
 
 @contextlib.contextmanager
-def _errors_raised():
+def _kiln_strict():
     """kiln's internal errors raise (a FAIL row) instead of running the frame eagerly,
-    which would compare eager with itself."""
-    old = kiln.config.suppress_errors
-    kiln.config.suppress_errors = False
+    which would compare eager with itself; the perf fallback is off, so that the step
+    checked runs kiln's kernels, not PyTorch running the aten graph in a timing trial."""
+    old = kiln.config.suppress_errors, kiln.config.perf_fallback
+    kiln.config.suppress_errors, kiln.config.perf_fallback = False, False
     try:
         yield
     finally:
-        kiln.config.suppress_errors = old
+        kiln.config.suppress_errors, kiln.config.perf_fallback = old
 
 
 #: errors after which the process's CUDA context is unusable
@@ -303,7 +304,7 @@ _CUDA_FATAL = ("illegal memory access", "device-side assert", "unspecified launc
 def run(specs, a, log=print) -> list[dict]:
     """Every spec in turn: a row each (FAIL with the error on a crash or timeout,
     ``skipped`` once the budget is spent)."""
-    with _errors_raised():
+    with _kiln_strict():
         return _run(specs, a, log)
 
 
