@@ -21,8 +21,9 @@ The rules, with ``err_e`` eager's error and ``err_c`` the compiled step's:
 * each tensor alone (each output, each gradient, each floating buffer after the step:
   batch-norm running statistics): ``err_c <= tensor_factor * err_e + floor`` (a tensor
   exactly zero in float64 is measured against its group's norm);
-* dtypes and presence: the loss, every output and every gradient has eager's dtype, and
-  a gradient exists compiled exactly where it exists in eager.
+* dtypes, layouts and presence: the loss, every output and every gradient has eager's
+  dtype, every output eager's strides, and a gradient exists compiled exactly where it
+  exists in eager.
 
 ``factor`` (2) allows a compiled step its own, different rounding of the same size as
 eager's; the groups are large vectors, whose error norms vary little from one rounding
@@ -177,6 +178,11 @@ def _group_err(tensors: dict, ref: dict, prefix: str, base: dict | None = None) 
 _GROUPS = (("outputs", "output "), ("grads", "grad "))
 
 
+def _strides(t):
+    """The strides that address memory (those of size-1 dims do not)."""
+    return tuple(st for n, st in zip(t.shape, t.stride()) if n > 1)
+
+
 def compare(eager: dict, comp: dict, ref: dict, factor: float, floor: float,
             tensor_factor: float) -> dict:
     """The rules of the module docstring. Returns eager's and the compiled step's error
@@ -191,6 +197,8 @@ def compare(eager: dict, comp: dict, ref: dict, factor: float, floor: float,
             res["mismatch"] = f"{name}: {'missing' if c is None else 'present'} compiled"
         elif e is not None and (c.dtype != e.dtype or c.shape != e.shape):
             res["mismatch"] = f"{name}: {c.dtype}{tuple(c.shape)} vs eager's {e.dtype}{tuple(e.shape)}"
+        elif e is not None and name.startswith("output ") and _strides(c) != _strides(e):
+            res["mismatch"] = f"{name}: strides {c.stride()} vs eager's {e.stride()}"
         if res["mismatch"]:
             return res
     for group, prefix in _GROUPS:
