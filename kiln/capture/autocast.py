@@ -203,15 +203,27 @@ class AmpTracker:
         f_args = [V.rules.to_fake(a) for a in args]
         f_kwargs = {k: V.rules.to_fake(v) for k, v in kwargs.items()}
         a_out, a_calls = self._probe(out, kind, target, f_args, f_kwargs, self.state)
-        b_out, b_calls = self._probe(out, kind, target, f_args, f_kwargs, None)
-        if _same_run(a_out, a_calls, b_out, b_calls):
+        try:    # without autocast the op may reject its mixed dtypes (a bf16 input, a
+            b_out, b_calls = self._probe(out, kind, target, f_args, f_kwargs, None)
+        except Exception:      # noqa: BLE001   float32 conv bias): then casts are needed
+            b_out = b_calls = None
+        if b_calls is not None and _same_run(a_out, a_calls, b_out, b_calls):
             return args, kwargs
+        # The leading casts of arguments are autocast's, but the op itself may cast too
+        # (CPU attention's math path upcasts q, k, v after autocast cast the mask): the
+        # longest prefix that, applied before the op run without autocast, reproduces it.
         plan = self._cast_plan(out, tensors, a_calls)
-        if plan is not None:
-            casts, n = plan
+        for limit in range(plan[1] if plan else 0, 0, -1):
+            casts, n = plan if limit == plan[1] else (self._cast_plan(out, tensors, a_calls, limit)
+                                                      or (None, 0))
+            if casts is None:
+                continue
             c_args, c_kwargs = _map_tensors(
                 (f_args, f_kwargs), lambda f: casts[id(f)][0] if id(f) in casts else f, fakes=True)
-            c_out, c_calls = self._probe(out, kind, target, c_args, c_kwargs, None)
+            try:
+                c_out, c_calls = self._probe(out, kind, target, c_args, c_kwargs, None)
+            except Exception:      # noqa: BLE001  (these casts are not autocast's)
+                continue
             if _same_run(a_out, a_calls[n:], c_out, c_calls):
                 return self._record_casts(out, args, kwargs, {k: v[1] for k, v in casts.items()})
         if "dtype" not in kwargs:
@@ -243,14 +255,16 @@ class AmpTracker:
                               f"on fake tensors: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         return r, probe.calls
 
-    def _cast_plan(self, out, tensors, calls):
-        """The casts autocast made of the op's own arguments (its first dispatches), as
-        {id(fake): (fake cast, dtype)}, and how many dispatches they were; None when they
-        do not cover each occurrence of a cast argument."""
+    def _cast_plan(self, out, tensors, calls, limit=None):
+        """The casts autocast made of the op's own arguments (its first dispatches, at
+        most ``limit``), as {id(fake): (fake cast, dtype)}, and how many dispatches they
+        were; None when they do not cover each occurrence of a cast argument."""
         by_id = {id(t.fake): t for t in tensors}
         seen: dict = {}
         n = 0
         for func, a, k in calls:
+            if n == limit:
+                break
             if func is aten._to_copy.default and a and id(a[0]) in by_id and set(k) == {"dtype"}:
                 d = k["dtype"]
                 if seen.setdefault(id(a[0]), [d, 0])[0] is not d:

@@ -115,6 +115,35 @@ def test_ambient_autocast(backend, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ops_whose_mixed_dtypes_fail_without_autocast(backend, device):
+    """A conv with a bias taking the bf16 output of another: without autocast PyTorch
+    rejects bf16 input with a float32 bias, so the op is recorded with autocast's casts
+    (the zoo's alexnet and vgg under autocast)."""
+    def fn(x, w1, b1, w2, b2):
+        return F.conv2d(F.relu(F.conv2d(x, w1, b1)), w2, b2)
+    torch.manual_seed(0)
+    args = [torch.randn(2, 3, 8, 8, device=device)] + [
+        p.to(device).detach().requires_grad_() for p in _params((4, 3, 3, 3), (4,), (5, 4, 3, 3), (5,))]
+    info = run_both(fn, args, backend, lambda: torch.autocast(device, torch.bfloat16))
+    assert (info.graph_count, info.graph_break_count) == (1, 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_with_a_float32_mask_whose_kernel_casts_too(backend):
+    """bf16 q, k, v and a float32 mask (a relative-position bias, as BEiT's), with
+    gradients: autocast casts the mask, then CPU attention's math path casts q, k, v
+    itself; only the mask's cast is recorded ahead of the op."""
+    def fn(x, w, bias):
+        q = F.linear(x, w).view(2, 4, 2, 8).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q * 0.5, q, attn_mask=bias)
+    torch.manual_seed(0)
+    args = [torch.randn(2, 4, 16)] + _params((16, 16), (1, 2, 4, 4))
+    info = run_both(fn, args, backend, lambda: torch.autocast("cpu", torch.bfloat16))
+    assert (info.graph_count, info.graph_break_count) == (1, 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", LOW)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_autocast_block_inside(backend, dtype, device):

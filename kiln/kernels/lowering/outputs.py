@@ -37,6 +37,7 @@ from torch.utils import _pytree as pytree
 
 from .. import ir
 from .base import Lazy, View, is_dense, returns_a_view, is_box
+from .engine import SUPPORTED_DTYPES
 
 #: ``output_node.meta[INTERNAL_OUTPUTS] = k``: the graph's flat outputs from position k
 #: on are internal (saved for a backward), free to keep kiln's layout.
@@ -190,9 +191,26 @@ def _in_eager_layout(lo, node, box):
         return store_output(lo, box, m)
     if isinstance(box, View) and box.buf in lo.relaid and m is not None and is_dense(m) \
             and tuple(m.stride()) != tuple(box.strides):
+        if box.dtype not in SUPPORTED_DTYPES[lo.target]:
+            return _library_copy(lo, box, m)
         return lo.realize(Lazy(box.sizes, box.dtype, box.load), strides=tuple(m.stride()),
                           origin="output")
     return box
+
+
+def _library_copy(lo, box, m):
+    """``box`` copied into eager's dense strides ``m.stride()`` by PyTorch's ``clone``,
+    for a dtype the target's kernels cannot store (bf16 on the C++ path): the view read
+    in eager's memory order, cloned contiguous, seen back in the original dim order."""
+    order = sorted(range(len(m.shape)), key=lambda d: (-m.stride()[d], d))
+    sizes = tuple(box.sizes[d] for d in order)
+    arg = ir.ExternArg(box.buf, sizes, tuple(box.strides[d] for d in order), box.offset)
+    dense = ir.contiguous_strides(sizes)
+    name = lo.new_name()
+    lo.add(ir.Extern(name, sizes, dense, box.dtype, op=torch.ops.aten.clone.default, args=(arg,),
+                     kwargs={"memory_format": torch.contiguous_format}, origin="output"))
+    inverse = [order.index(d) for d in range(len(order))]
+    return View(name, tuple(box.sizes), tuple(dense[i] for i in inverse), 0, box.dtype)
 
 
 def lower_outputs(lo, out_node):
