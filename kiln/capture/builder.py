@@ -399,6 +399,12 @@ def wrap_class_attr(tx, self_value, cls, name, source=None):
         src = AttrSource(source, name)
     if self_value is not None and V.rules.is_torch_callable(attr):
         return V.MethodValue(V.TorchFunctionValue(attr), self_value)
+    obj = getattr(self_value, "obj", None)
+    if src is not None and obj is not None and not isinstance(self_value, V.NewObjectValue) \
+            and hasattr(type(attr), "__get__") and not isinstance(attr, type):
+        # another descriptor written in C (pybind11's ``instancemethod``): what the read
+        # gives is what its __get__ makes of it, which the source reads again at run time
+        return wrap(tx, getattr(obj, name), src)
     return wrap(tx, attr, src) if src is not None else wrap_static(attr)
 
 

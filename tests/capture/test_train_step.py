@@ -267,13 +267,26 @@ def test_tensor_number_arguments(dtype):
         return x.add(y, alpha=a), x.sub(y, alpha=a), x.addcmul(y, z, value=a), \
             x.clone().addcdiv_(y, z, value=a)
 
-    args = [torch.randn(6, dtype=dtype) for _ in range(2)] + [torch.rand(6, dtype=dtype) + 1,
-                                                               torch.tensor(-0.3)]
-    out = kiln.explain(f)(*args)
-    assert out.graph_break_count == 0, str(out)
-    for a, b in zip(kiln.compile(f, backend="aot_eager")(*args), f(*args)):
-        assert a.dtype == b.dtype
-        torch.testing.assert_close(a, b)
+    # In bf16, eager's CPU kernels are not the reference: they round alpha to bf16 in
+    # their vectorised body but not in their scalar tail, and round ``alpha * y`` before
+    # a cancelling subtraction (4 ulps off). kiln computes in float32 and rounds once
+    # (as CUDA's kernels do): each element is no further from a float64 run than eager's
+    # plus one bf16 unit.
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        args = [torch.randn(6, dtype=dtype, generator=g) for _ in range(2)] + \
+            [torch.rand(6, dtype=dtype, generator=g) + 1, torch.tensor(-0.3)]
+        if seed == 0:
+            out = kiln.explain(f)(*args)
+            assert out.graph_break_count == 0, str(out)
+        ref64 = f(*[t.double() for t in args])
+        for a, b, r in zip(kiln.compile(f, backend="aot_eager")(*args), f(*args), ref64):
+            assert a.dtype == b.dtype
+            if dtype == torch.float32:
+                torch.testing.assert_close(a, b)
+                continue
+            err_kiln, err_eager = (a.double() - r).abs(), (b.double() - r).abs()
+            assert (err_kiln <= err_eager + r.abs() * 2.0 ** -8).all(), (seed, a, b, r)
 
 
 PROGRAM = r"""
