@@ -3,9 +3,11 @@ split at DDP's bucket boundaries.
 
 DDP's forward is bookkeeping on its C++ reducer (prepare for forward and backward,
 bucket rebuilds, the join context) around one call of the wrapped module. That wrapper
-runs eagerly, exactly as eager DDP runs it (torch.compile leaves it uncompiled too); the
-wrapped module's call is routed, for the length of the call, to its kiln-compiled
-``_call_impl`` through ``Module._compiled_call_impl``, the slot ``Module.compile`` uses.
+runs eagerly, exactly as eager DDP runs it; the wrapped module's call is routed, for the
+length of the call, to its kiln-compiled ``_call_impl`` through the ``nn.Module``
+instance slot ``_compiled_call_impl`` (a compatibility use of ``nn.Module``'s own
+calling protocol: ``Module.__call__`` reads the slot; nothing of PyTorch's compiler is
+imported or called).
 Its graphs go to ``BucketSplit``, which cuts each at the predicted bucket boundaries
 (``buckets.py``) and compiles every piece separately (``split.py``), so a bucket's
 gradients are final, and DDP's all-reduce hook fires, while the backward of the pieces
@@ -76,6 +78,7 @@ class CompiledDDP(torch.nn.Module):
     def __call__(self, *args, **kwargs):
         ddp = self._orig_mod
         slots = ddp.module.__dict__
+        # compatibility use of nn.Module's calling slot (read by Module.__call__), by name
         had, prev = "_compiled_call_impl" in slots, slots.get("_compiled_call_impl")
         slots["_compiled_call_impl"] = self._kiln_inner_call
         try:

@@ -205,21 +205,14 @@ def _leaf_views(tree):
             if isinstance(v, View)]
 
 
-class EagerGraph:
+class EagerGraph(perf_fallback.EagerVariant):
     """A specialisation whose kernels could not be built or loaded, with
     ``config.suppress_errors`` on: the aten graph run by PyTorch op by op. ``break_id``
     names the reason in kiln/debug/breaks.py."""
 
     def __init__(self, gm, break_id: str, reason: str):
-        self.gm, self.break_id, self.reason = gm, break_id, reason
-
-    def __call__(self, *args):
-        return self.gm(*args)
-
-    def call_boxed(self, args: list):
-        inputs = list(args)
-        args.clear()
-        return self.gm(*inputs)
+        super().__init__(gm)
+        self.break_id, self.reason = break_id, reason
 
 
 class CompiledGraph:
