@@ -24,6 +24,9 @@ def _entry(rank, world, port, fn, args):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         fn(rank, world, *args)
+        # no rank tears its group down while another still has collectives in flight
+        # (gloo aborts the process: "terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
