@@ -18,19 +18,25 @@ How each backend compiles:
   torch.compile ``block.forward = torch.compile(block.forward)``), the FSDP2 hooks
   around them eager.
 
+The forward runs under ``torch.autocast`` (``--autocast``, bf16 by default on a GPU).
 Rank 0 prints a table and writes JSON (``--json``): per backend the slowest rank's
 median step time over ``--steps`` timed steps after ``--warmup`` steps (the first
-compiles), the first step's time, and ``loss_err``, the largest relative difference of
-the warm-up losses from eager's (each backend starts from the same seed). ``--trace
+compiles), the first step's time, each rank's peak CUDA memory above what was allocated
+before the backend's model was built, and ``loss_err``, the largest relative difference
+of the first ``--loss-steps`` losses (10) from eager's (each backend starts from the same
+seed; ``loss_at`` gives the last of them, the backend's and eager's). ``--trace
 DIR`` profiles 3 more steps per backend and writes one Chrome trace per rank and
 backend (``DIR/<backend>-rank<r>.json``); the table's ``comm<bwd`` column gives, per
 rank, ``overlapped/total``: of the collectives issued once a profiled step's backward
 began, how many were issued before its last backward computation ended (communication
-that can overlap the backward; one graph issues them all at its end).
+that can overlap the backward; one graph issues them all at its end); on a GPU
+``comm hidden`` is, per rank, the share of NCCL's all-reduce / reduce-scatter kernel time
+during which a computation kernel ran (``gpu_comm_overlap``).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -63,6 +69,10 @@ def parse(argv=None):
                    help="DDP's bucket_cap_mb (default 25 on a GPU, 1 on the CPU so the small model has several buckets)")
     p.add_argument("--json", default="", help="default: distributed-<model>-<mode>-ws<N>.json")
     p.add_argument("--trace", default="", help="write profiler traces here")
+    p.add_argument("--autocast", choices=["bf16", "fp16", "none"], default=None,
+                   help="the forward under torch.autocast (default: bf16 on a GPU, none on the CPU)")
+    p.add_argument("--loss-steps", type=int, default=10,
+                   help="steps whose losses are compared with eager's (loss_err; loss_at is the last)")
     return p.parse_args(argv)
 
 
@@ -150,7 +160,18 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+def _amp(a, device):
+    """The autocast context a step's forward runs in."""
+    if a.autocast == "none":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[a.autocast])
+
+
 def run_backend(backend, a, rank, device):
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
     model, blocks = build_model(a, device)
     step_fn = wrap(backend, a, model, blocks)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -158,33 +179,37 @@ def run_backend(backend, a, rank, device):
     batches = [torch.randint(0, a.vocab, (a.batch, a.seq), generator=g).to(device) for _ in range(4)]
 
     def step(i):
-        loss = step_fn(batches[i % len(batches)])
+        with _amp(a, device):
+            loss = step_fn(batches[i % len(batches)])
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
     losses, times = [], []
-    for i in range(a.warmup + a.steps):
+    for i in range(max(a.warmup + a.steps, a.loss_steps)):
         sync(device)
         t0 = time.perf_counter()
         loss = step(i)
         sync(device)
         times.append(time.perf_counter() - t0)
-        if i < a.warmup:
+        if i < a.loss_steps:
             losses.append(float(loss))
-    row = {"backend": backend, "first_s": times[0], "median_ms": 1e3 * statistics.median(times[a.warmup:]),
-           "losses": losses}
+    row = {"backend": backend, "first_s": times[0],
+           "median_ms": 1e3 * statistics.median(times[a.warmup:a.warmup + a.steps]), "losses": losses}
+    if device.type == "cuda":
+        row["peak_mb"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
     if a.trace:
-        row["comm_before_backward_end"] = profile(step, a, backend, rank, device)
+        row["comm_before_backward_end"], row["comm_overlap"] = profile(step, a, backend, rank, device)
     return row
 
 
-def profile(step, a, backend, rank, device) -> list[int]:
-    """Profile 3 steps and write the Chrome trace; returns [issued, total]: of the
-    collectives issued after a step's backward began, how many were issued before its
-    last backward computation ended (gradient accumulation, which issues the
-    all-reduces, not counted as computation)."""
+def profile(step, a, backend, rank, device):
+    """Profile 3 steps and write the Chrome trace; returns ([issued, total], overlap):
+    of the collectives issued after a step's backward began, how many were issued before
+    its last backward computation ended (gradient accumulation, which issues the
+    all-reduces, not counted as computation); and, on a GPU, ``gpu_comm_overlap`` of the
+    trace (None on the CPU)."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -194,7 +219,9 @@ def profile(step, a, backend, rank, device) -> list[int]:
             with torch.profiler.record_function(f"step{i}"):
                 step(i)
         sync(device)
-    prof.export_chrome_trace(os.path.join(a.trace, f"{backend}-rank{rank}.json"))
+    path = os.path.join(a.trace, f"{backend}-rank{rank}.json")
+    prof.export_chrome_trace(path)
+    overlap = gpu_comm_overlap(path) if device.type == "cuda" else None
     events = list(prof.events())
     overlapped = total = 0
     for s in (e for e in events if re.fullmatch(r"step\d", e.name)):
@@ -207,7 +234,35 @@ def profile(step, a, backend, rank, device) -> list[int]:
         issued = [e.time_range.start for e in inside if _COMM.match(e.name) and e.time_range.start >= begin]
         total += len(issued)
         overlapped += sum(1 for t in issued if t < end)
-    return [overlapped, total]
+    return [overlapped, total], overlap
+
+
+_REDUCING = re.compile(r"nccl.*(AllReduce|ReduceScatter)", re.I)
+
+
+def gpu_comm_overlap(trace_path) -> dict:
+    """From a Chrome trace's GPU kernels: the microseconds NCCL's all-reduce and
+    reduce-scatter kernels ran, and how many of them ran while a computation kernel (any
+    kernel not NCCL's) ran on another stream — the communication hidden behind compute."""
+    with open(trace_path) as f:
+        kernels = [e for e in json.load(f).get("traceEvents", [])
+                   if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    comm = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if _REDUCING.search(e["name"])]
+    busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" not in e["name"].lower()])
+    total = sum(b - a for a, b in comm)
+    hidden = sum(max(0.0, min(b, y) - max(a, x)) for a, b in comm for x, y in busy)
+    return {"comm_us": round(total, 1), "overlapped_us": round(hidden, 1),
+            "fraction": round(hidden / total, 3) if total else None}
+
+
+def _union(intervals):
+    out = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
 
 
 def main(argv=None) -> int:
@@ -217,6 +272,8 @@ def main(argv=None) -> int:
     for k, v in sizes.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
+    if a.autocast is None:
+        a.autocast = "bf16" if device.type == "cuda" else "none"
     rows = []
     for backend in [b.strip() for b in a.backends.split(",") if b.strip()]:
         try:
@@ -230,11 +287,13 @@ def main(argv=None) -> int:
     for r in rows:
         if ref and "losses" in r:
             r["loss_err"] = max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(r["losses"], ref["losses"]))
+            r["loss_at"] = [len(r["losses"]), r["losses"][-1], ref["losses"][-1]]
             r["speedup"] = ref["median_ms"] / r["median_ms"]
     if rank == 0:
         meta = {"model": a.model, "mode": a.mode, "world": world, "device": str(device),
                 "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                 "sizes": {k: getattr(a, k) for k in sizes}, "steps": a.steps, "warmup": a.warmup,
+                "autocast": a.autocast, "loss_steps": a.loss_steps,
                 "torch": torch.__version__, "comm_backend": dist.get_backend()}
         print(table(meta, rows))
         path = a.json or f"distributed-{a.model}-{a.mode}-ws{world}.json"
@@ -253,8 +312,9 @@ def _merge(per_rank):
         return {"backend": row["backend"], "error": errors[0]}
     row["median_ms"] = max(r["median_ms"] for r in per_rank)
     row["first_s"] = max(r["first_s"] for r in per_rank)
-    if "comm_before_backward_end" in row:
-        row["comm_before_backward_end"] = [r["comm_before_backward_end"] for r in per_rank]
+    for key in ("comm_before_backward_end", "comm_overlap", "peak_mb"):
+        if key in row:
+            row[key] = [r[key] for r in per_rank]
     return row
 
 
@@ -263,17 +323,28 @@ def _overlap(row) -> str:
     return " ".join(f"{o}/{t}" for o, t in per_rank) if per_rank else "-"
 
 
+def _peak(row) -> str:
+    return "/".join(f"{m:.0f}" for m in row["peak_mb"]) if row.get("peak_mb") else "-"
+
+
+def _hidden(row) -> str:
+    per_rank = [o for o in row.get("comm_overlap") or [] if o and o["fraction"] is not None]
+    return "/".join(f"{100 * o['fraction']:.0f}%" for o in per_rank) or "-"
+
+
 def table(meta, rows) -> str:
     head = (f"{meta['mode']} {meta['model']} world {meta['world']} on {meta['gpu'] or meta['device']} "
+            f"autocast {meta['autocast']} "
             f"({meta['comm_backend']}), sizes {meta['sizes']}")
-    lines = [head, f"{'backend':<14} {'median ms':>10} {'first s':>8} {'speedup':>8} {'loss_err':>9} {'comm<bwd':>9}"]
+    lines = [head, f"{'backend':<14} {'median ms':>10} {'first s':>8} {'speedup':>8} {'loss_err':>9} {'comm<bwd':>9}"
+                   f" {'peak MB/rank':>14} {'comm hidden':>12}"]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['backend']:<14} error: {r['error']}")
             continue
         lines.append(f"{r['backend']:<14} {r['median_ms']:>10.2f} {r['first_s']:>8.2f} "
                      f"{r.get('speedup', float('nan')):>8.2f} {r.get('loss_err', float('nan')):>9.1e} "
-                     f"{_overlap(r):>9}")
+                     f"{_overlap(r):>9} {_peak(r):>14} {_hidden(r):>12}")
     return "\n".join(lines)
 
 

@@ -34,3 +34,20 @@ def test_torchrun_two_ranks(tmp_path, mode):
                                                     "kiln-rank0.json", "kiln-rank1.json"]
     overlapped, total = rows["kiln"]["comm_before_backward_end"][0]
     assert total > 0 and overlapped > 0, rows["kiln"]
+
+
+def test_gpu_comm_overlap_counts_reducing_kernel_time_under_compute(tmp_path):
+    """The GPU trace summary: all-reduce / reduce-scatter time while a non-NCCL kernel ran."""
+    from benchmarks.distributed import gpu_comm_overlap
+
+    def k(name, ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+    events = [k("ampere_sgemm", 0, 10), k("triton_poi_fused", 8, 4),            # compute 0..12
+              k("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 5, 10),           # 7 of 10 hidden
+              k("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 20, 5),         # none hidden
+              k("ncclDevKernel_AllGather_RING_LL", 0, 30),                     # not a reduction
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 100}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert gpu_comm_overlap(str(path)) == {"comm_us": 15, "overlapped_us": 7, "fraction": round(7 / 15, 3)}
