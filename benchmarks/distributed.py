@@ -21,7 +21,8 @@ How each backend compiles:
 The forward runs under ``torch.autocast`` (``--autocast``, bf16 by default on a GPU).
 Rank 0 prints a table and writes JSON (``--json``): per backend the slowest rank's
 median step time over ``--steps`` timed steps after ``--warmup`` steps (the first
-compiles), the first step's time, each rank's peak CUDA memory above what was allocated
+compiles, kiln's perf-fallback trials and CUDA-graph recordings; ``times_ms`` in the JSON
+has every step), the first step's time, each rank's peak CUDA memory above what was allocated
 before the backend's model was built, and ``loss_err``, the largest relative difference
 of the first ``--loss-steps`` losses (10) from eager's (each backend starts from the same
 seed; ``loss_at`` gives the last of them, the backend's and eager's). ``--trace
@@ -62,7 +63,9 @@ def parse(argv=None):
     p.add_argument("--mode", choices=["ddp", "fsdp2"], default="ddp")
     p.add_argument("--backends", default="eager,torch.compile,kiln")
     p.add_argument("--steps", type=int, default=10, help="timed steps per backend")
-    p.add_argument("--warmup", type=int, default=3, help="steps before timing (the first compiles)")
+    p.add_argument("--warmup", type=int, default=15,
+                   help="steps before timing: the first compiles, and kiln's first calls of each graph "
+                        "time it against eager (perf fallback) and record its CUDA graph")
     for k in ("layers", "hidden", "heads", "vocab", "seq", "batch"):
         p.add_argument(f"--{k}", type=int, default=None, help="default: GPT-2 small on a GPU, tiny on the CPU")
     p.add_argument("--bucket-cap-mb", type=float, default=None,
@@ -195,7 +198,7 @@ def run_backend(backend, a, rank, device):
         times.append(time.perf_counter() - t0)
         if i < a.loss_steps:
             losses.append(float(loss))
-    row = {"backend": backend, "first_s": times[0],
+    row = {"backend": backend, "first_s": times[0], "times_ms": [round(1e3 * t, 2) for t in times],
            "median_ms": 1e3 * statistics.median(times[a.warmup:a.warmup + a.steps]), "losses": losses}
     if device.type == "cuda":
         row["peak_mb"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20

@@ -49,3 +49,43 @@ def test_declines_what_it_cannot_launch():
     assert cuda_launch.prepare(ck, 4) is None            # scratch memory
     md.global_scratch_size = 0
     assert cuda_launch.prepare(ck, 1) is None            # 3 unexplained parameters
+
+
+def test_ready_loads_on_the_device_it_is_given(monkeypatch):
+    """A compile-pool thread starts on device 0: ``ready`` makes the graph's device
+    current for the load (a kernel loaded into another device's context fails to launch
+    with CUDA error 400)."""
+    import contextlib
+    entered, loaded = [], []
+
+    @contextlib.contextmanager
+    def device(d):
+        entered.append(d)
+        yield
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(cuda_launch, "prepare", lambda ck, n, dev: loaded.append((n, dev)) or "drv")
+    assert cuda_launch.ready("ck", 3, 1) == ("ck", "drv")
+    assert entered == [1] and loaded == [(3, 1)]
+
+
+def test_kernels_compiled_in_pool_threads_launch_on_the_second_gpu(tmp_path):
+    """Two GPUs: a graph compiled for cuda:1 with a cold kernel cache (its kernels
+    compiled and loaded in the compile pool's threads) runs, compiled, on cuda:1."""
+    import pytest
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    import kiln
+
+    def f(x, y):
+        return torch.sin(x) * y + torch.cos(y).sum(0)
+
+    x, y = (torch.randn(64, 33, device="cuda:1") for _ in range(2))
+    prev = torch.cuda.current_device()
+    torch.cuda.set_device(1)
+    try:
+        with kiln.config.patch(cache_dir=str(tmp_path), suppress_errors=False, compile_threads=2,
+                               perf_fallback=False):
+            out = kiln.compile(f)(x, y)
+    finally:
+        torch.cuda.set_device(prev)
+    torch.testing.assert_close(out, f(x, y))

@@ -135,9 +135,10 @@ def _plain(md) -> bool:
             and not getattr(md, "tensordesc_meta", None))
 
 
-def prepare(ck, n_args: int) -> DriverKernel | None:
+def prepare(ck, n_args: int, device: int | None = None) -> DriverKernel | None:
     """Load ``ck`` (a Triton CompiledKernel taking ``n_args`` pointers) for launching
-    here, or None where Triton's own launcher must do it."""
+    on ``device`` (default: the current one), or None where Triton's own launcher must
+    do it."""
     try:
         md = ck.metadata
         if not _plain(md) or getattr(md.target, "backend", "cuda") != "cuda":
@@ -146,7 +147,8 @@ def prepare(ck, n_args: int) -> DriverKernel | None:
         if n_params is None or not 0 <= n_params - n_args <= 2:
             return None
         import torch
-        loaded = load_binary(ck.name, ck.kernel, md.shared, torch.cuda.current_device())
+        device = torch.cuda.current_device() if device is None else device
+        loaded = load_binary(ck.name, ck.kernel, md.shared, device)
         if loaded is None:
             return None
         module, function, max_threads = loaded
@@ -158,13 +160,20 @@ def prepare(ck, n_args: int) -> DriverKernel | None:
         return None
 
 
-def ready(ck, n_args: int):
-    """``ck`` loaded for launching: ``(ck, DriverKernel)`` where this module can launch
-    it, else ``(ck, None)`` with Triton's handles and launcher built (a C compile per
-    argument signature, 0.3 s each on a cold cache)."""
-    drv = prepare(ck, n_args)
-    if drv is None:
-        from ..toolchain import triton_setup
-        triton_setup.wait_for("driver")
-        ck._init_handles()
+def ready(ck, n_args: int, device: int | None = None):
+    """``ck`` loaded for launching on ``device`` (default: the current one):
+    ``(ck, DriverKernel)`` where this module can launch it, else ``(ck, None)`` with
+    Triton's handles and launcher built (a C compile per argument signature, 0.3 s each
+    on a cold cache). Loading binds a kernel to the context that is current in the
+    loading thread, so the device is made current for the load: a compile-pool thread
+    starts on device 0, and a kernel loaded there fails with CUDA error 400 (invalid
+    handle) when another device's process launches it."""
+    import torch
+    device = torch.cuda.current_device() if device is None else device
+    with torch.cuda.device(device):
+        drv = prepare(ck, n_args, device)
+        if drv is None:
+            from ..toolchain import triton_setup
+            triton_setup.wait_for("driver")
+            ck._init_handles()
     return ck, drv

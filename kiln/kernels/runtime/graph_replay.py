@@ -199,8 +199,9 @@ class GraphReplay:
         if held:
             self._copy_held(held, args)
             return self._record(rt, args, ptrs)
-        for i, st in self.copies:
-            st.copy_(args[rt.inputs[i][0]])
+        if self.copies:              # one launch sequence for every moving input
+            torch._foreach_copy_([st for _, st in self.copies],
+                                 [args[rt.inputs[i][0]] for i, _ in self.copies])
         self.graph.replay()
         return self._outputs(rt, args)
 

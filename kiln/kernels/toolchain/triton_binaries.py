@@ -113,9 +113,10 @@ def compiled_kernel(entry: dict, arg_names):
     return CompiledKernel(src, entry["group"], entry["hash"])
 
 
-def load(source: str, kinfo) -> dict | None:
+def load(source: str, kinfo, device: int | None = None) -> dict | None:
     """Kernel name -> (CompiledKernel, its ``cuda_launch`` kernel or None), loaded for
-    launching, for every kernel of the module; or None (then the JIT compiles them)."""
+    launching on ``device`` (default: the current one), for every kernel of the
+    module; or None (then the JIT compiles them)."""
     try:
         found = cxx_build.read_entry("triton_manifest", _manifest_key(source, kinfo), ".pkl")
         if found is None:
@@ -134,7 +135,7 @@ def load(source: str, kinfo) -> dict | None:
         out = {}
         for name, e in entries.items():
             out[name] = ready(compiled_kernel(dict(e, group=groups[name]), e["arg_names"]),
-                              n_args[name])
+                              n_args[name], device)
         stats["loaded"] += 1
         return out
     except Exception as e:                 # noqa: BLE001  (fall back to Triton's JIT)

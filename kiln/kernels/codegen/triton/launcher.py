@@ -149,7 +149,7 @@ class Launcher:
             ck.run   # initialises the handles
             from ...runtime import cuda_launch
             self.fast[key] = (tuple(a.data_ptr() % 16 == 0 for a in args), ck, grid, consts,
-                              cuda_launch.prepare(ck, len(args)))
+                              cuda_launch.prepare(ck, len(args), args[0].device.index))
             if all(a.data_ptr() % 16 == 0 for a in args):
                 self._keep(key, ck)
         except Exception as e:        # an unexpected Triton version: keep its own dispatch
@@ -191,7 +191,7 @@ def precompile(mod, kinfo, path: str) -> tuple:
 
     def keep(k, compiled):
         name, n_args, *_, i = jobs[k]
-        compiled = ready(compiled, n_args)
+        compiled = ready(compiled, n_args, dev)
         if i is None:
             done[name] = compiled
         else:
@@ -235,7 +235,7 @@ def load(source: str, entries, kinfo=None):
     if kinfo and not interpreting() and torch.cuda.is_available():
         from ...toolchain import triton_binaries
         with timed("kernels.triton_load"):
-            ready_ = triton_binaries.load(source, kinfo)
+            ready_ = triton_binaries.load(source, kinfo, torch.cuda.current_device())
         tuned = {}
         if ready_ is None:
             launch = Launcher(source, kinfo, mod)
