@@ -1,7 +1,8 @@
 """One-element CPU tensors in a GPU graph (kiln/kernels/lowering/host_scalars.py): read
 by the device's kernels through one copy per op, or computed on the device where only
 its kernels read them. Lowered here for a stand-in accelerator (the meta device: no GPU
-needed to lower); the values on a real GPU are test_foreach_optimizers.py's CUDA tests."""
+needed to lower); the values on a real GPU are test_foreach_optimizers.py's CUDA tests.
+A replayed graph makes its host copies outside the recording: test_host_prologue.py."""
 import torch
 import torch.fx as fx
 
@@ -66,10 +67,6 @@ def test_a_cpu_graph_is_untouched():
                         torch.tensor(0.1)], "cpp").run()
     assert not lo.device_side and not lo.host_copies and not lo.fallbacks
     assert not any(isinstance(op, HostScalars) for _, op in _externs(lo))
-
-
-def test_host_copies_are_never_replayed_from_a_cuda_graph():
-    assert HostScalars("cuda").replayable is False
 
 
 def test_cpu_constants_of_a_graph_without_cpu_inputs_stay_with_aten():
