@@ -5,6 +5,7 @@ kernels that do nothing) and ``test_host_prologue_interp.py`` (Triton's interpre
 running the kernels on CPU tensors: ``python host_prologue_cases.py`` prints "ok")."""
 from __future__ import annotations
 
+import operator
 import sys
 
 import torch
@@ -13,38 +14,53 @@ import torch.fx as fx
 aten = torch.ops.aten
 
 
-def adam_like(p1, p2, g1, g2, m1, m2, s1, s2, lr):
-    """Adam's shape: CPU step counters bumped, bias corrections from them, a tensor lr."""
-    st = aten._foreach_add.Scalar([s1, s2], 1)
-    m = aten._foreach_add.List(aten._foreach_mul.Scalar([m1, m2], 0.9), [g1, g2], alpha=0.1)
-    bc = aten._foreach_sub.Scalar(aten._foreach_pow.ScalarAndTensor(0.9, [st[0], st[1]]), 1)
-    r = aten._foreach_div.List([m[0], m[1]], [bc[0], bc[1]])
-    q = aten._foreach_mul.Tensor([r[0], r[1]], lr)
-    new = aten._foreach_add.List([p1, p2], [q[0], q[1]])
-    return new[0], new[1], m[0], m[1], st[0], st[1]
+def adam_graph(n=2) -> fx.GraphModule:
+    """Adam's shape over ``n`` parameters: CPU step counters bumped, bias corrections
+    from them, a tensor lr. Inputs: params, grads, moments (device), counters, lr (CPU);
+    outputs: new params, new moments, new counters."""
+    g = fx.Graph()
+    cf = g.call_function
+    ps, gs, ms, ss = ([g.placeholder(f"{k}{i}") for i in range(n)] for k in "pgms")
+    lr = g.placeholder("lr")
+
+    def items(node):
+        return [cf(operator.getitem, (node, i)) for i in range(n)]
+    st = items(cf(aten._foreach_add.Scalar, (ss, 1)))
+    m = items(cf(aten._foreach_add.List, (items(cf(aten._foreach_mul.Scalar, (ms, 0.9))), gs),
+                 {"alpha": 0.1}))
+    bc = items(cf(aten._foreach_sub.Scalar, (items(cf(aten._foreach_pow.ScalarAndTensor,
+                                                      (0.9, st))), 1)))
+    r = items(cf(aten._foreach_div.List, (m, bc)))
+    q = items(cf(aten._foreach_mul.Tensor, (r, lr)))
+    new = items(cf(aten._foreach_add.List, (ps, q)))
+    g.output(tuple(new + m + st))
+    return fx.GraphModule(torch.nn.Module(), g)
 
 
-SHAPES = [(4, 5), (7,), (4, 5), (7,), (4, 5), (7,)]
-HOST = [torch.tensor(2.0), torch.tensor(3.0), torch.tensor(0.1)]
+def shapes(n=2):
+    return [[(4, 5), (7,)][i % 2] for i in range(n)] * 3
 
 
-def stand_in_inputs():
-    return [torch.empty(*s, device="meta") for s in SHAPES] + [h.clone() for h in HOST]
+def stand_in_inputs(n=2):
+    return [torch.empty(*s, device="meta") for s in shapes(n)] + \
+        [torch.tensor(2.0 + i) for i in range(n)] + [torch.tensor(0.1)]
 
 
-def real_inputs(seed, steps=(2.0, 3.0), lr=0.1):
+def real_inputs(seed, steps=(2.0, 3.0), lr=0.1, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(*s, generator=g) for s in SHAPES] + \
-        [torch.tensor(steps[0]), torch.tensor(steps[1]), torch.tensor(lr)]
+    return [torch.randn(*s, generator=g).to(device) for s in shapes(len(steps))] + \
+        [torch.tensor(float(s)) for s in steps] + [torch.tensor(lr)]
 
 
-def runtime(fn=adam_like, inputs=None, kernels=None):
-    """(graph module, Runtime on the stand-in device): ``kernels`` None gives kernels
-    that do nothing (what the split needs), else the loaded Triton kernels."""
+def runtime(n=2, kernels=None, gm=None, inputs=None):
+    """(graph module, Runtime on the stand-in device) of ``adam_graph(n)`` or ``gm``
+    on ``inputs``: ``kernels`` None gives kernels that do nothing (what the split
+    needs), else the loaded Triton kernels."""
     from kiln.kernels import compile as kc
     from kiln.kernels.runtime.runner import Runtime
-    gm = fx.symbolic_trace(fn)
-    p = kc.plan(gm, inputs if inputs is not None else stand_in_inputs(), "triton")
+    if gm is None:
+        gm, inputs = adam_graph(n), stand_in_inputs(n)
+    p = kc.plan(gm, inputs, "triton")
     if kernels is None:
         kernels = [_nothing(params) for _, params in p.entries]
     else:
@@ -84,7 +100,7 @@ def interpreted():
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
         assert [a._version for a in args] == versions       # the graph is functional
         assert {n: v.data_ptr() for n, v in host.views.items()} == addresses
-        assert host.views["buf3"].tolist() == [steps[0] + 1, steps[1] + 1]
+        assert host.views[plan.copies[0].name].tolist() == [steps[0] + 1, steps[1] + 1]
 
 
 if __name__ == "__main__":

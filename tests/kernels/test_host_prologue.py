@@ -6,11 +6,13 @@ step on a GPU, replayed, is test_host_prologue_gpu.py."""
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from kiln.kernels.runtime import host_prologue
+from kiln import config
+from kiln.kernels.runtime import graph_replay, host_prologue
 from kiln.kernels.runtime.host_prologue import HostPlan, HostPrologue
 
 from .host_prologue_cases import real_inputs, runtime, stand_in_inputs
@@ -60,6 +62,7 @@ def test_the_prologue_computes_this_calls_values_and_leaves_its_inputs_alone():
     the static buffer, at the same address every call, holds this call's values."""
     _, rt = runtime()
     host = HostPrologue(rt, _plan(rt), device="cpu")
+    counters, lrs = (c.name for c in host.plan.copies)
     ptr = host.static.data_ptr()
     for call, (s1, s2, lr) in enumerate([(2.0, 3.0, 0.1), (7.0, 1.0, 0.5), (0.0, 0.0, 2.0)]):
         args = real_inputs(call, (s1, s2), lr)
@@ -71,12 +74,12 @@ def test_the_prologue_computes_this_calls_values_and_leaves_its_inputs_alone():
             t = got.outputs[i]
             assert t.device.type == "cpu" and t.dtype == torch.float32 and t.shape == ()
             assert t.item() == want
-        assert host.views["buf3"].tolist() == [s1 + 1, s2 + 1]
-        assert host.views["buf4"].tolist() == [pytest.approx(lr)]
+        assert host.views[counters].tolist() == [s1 + 1, s2 + 1]
+        assert host.views[lrs].tolist() == [pytest.approx(lr)]
         assert host.static.data_ptr() == ptr
         # the recorded graph reads the static views, not the host copies' own results
         tensors = host.device_tensors(args, got)
-        assert tensors["buf3"] is host.views["buf3"] and tensors["in0"] is args[0]
+        assert tensors[counters] is host.views[counters] and tensors["in0"] is args[0]
 
 
 def test_a_recordings_outputs_leave_out_the_prologues():
@@ -196,6 +199,47 @@ def test_a_graph_without_host_values_is_not_split():
     args = stand_in_inputs()[:6] + [torch.empty((), device="meta")] * 3
     rt.steps = [s for s in rt.steps if not host_prologue.is_host_copy(s)]
     assert not host_prologue.wanted(rt, args)
+
+
+def _replay_of(rt, monkeypatch, mode="auto"):
+    """GraphReplay's decision for a stand-in graph as if it were on a GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    pool = SimpleNamespace(retire=lambda owner: None)       # no CUDA memory pool here
+    monkeypatch.setattr(graph_replay, "_pool", lambda device: pool)
+    monkeypatch.setattr(config, "cudagraphs", mode)
+    device, rt.device = rt.device, torch.device("cuda")
+    try:
+        return graph_replay.GraphReplay.maybe(rt)
+    finally:
+        rt.device = device
+
+
+def test_a_graph_with_cpu_step_counters_is_replayable(monkeypatch):
+    """Adam's graph over six parameters: five steps (the counters' add, two host copies,
+    two of Triton kernels) but a launch a kernel; its host copies no longer keep it
+    off replay, and its first call sets up the prologue."""
+    _, rt = runtime(6)
+    assert len(rt.steps) < graph_replay.GRAPH_MIN_STEPS <= len(rt.sched.groups)
+    g = _replay_of(rt, monkeypatch)
+    assert g is not None
+    g(rt, stand_in_inputs(6))                 # the first call: run, split
+    assert not g.disabled and g.reason is None and g.calls == 1
+    assert isinstance(g.host, HostPrologue)
+    assert g.host.plan.host_inputs == list(range(18, 25)) and len(g.host.plan.host_outputs) == 6
+
+
+def _sums_a_cpu_tensor(x, c):
+    return (aten.sum.default(c), aten.add.Tensor(aten.mul.Tensor(x, 2.0), 1.0))
+
+
+def test_a_graph_with_a_cpu_tensor_of_more_elements_is_not(monkeypatch):
+    import torch.fx as fx
+    inputs = [torch.empty(8, device="meta"), torch.randn(3)]
+    _, rt = runtime(gm=fx.symbolic_trace(_sums_a_cpu_tensor), inputs=inputs)
+    g = _replay_of(rt, monkeypatch, mode="1")
+    assert g is not None
+    g(rt, inputs)
+    assert g.disabled and g.host is None and "not on the GPU" in g.reason
 
 
 @pytest.mark.slow

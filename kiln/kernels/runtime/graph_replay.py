@@ -43,7 +43,9 @@ from ...debug.logs import log_for
 from .. import ir
 from . import host_prologue
 
-#: graphs of fewer steps than this make plain calls (one launch is not worth a graph)
+#: graphs of fewer launches than this make plain calls (one launch is not worth a
+#: graph); a step of Triton kernels launches each of its groups (an optimizer graph:
+#: four steps, two launches a parameter)
 GRAPH_MIN_STEPS = 8
 #: recordings of one graph before it gives up on replay (inputs that keep moving,
 #: outputs held across calls)
@@ -171,7 +173,7 @@ class GraphReplay:
                 return None
             if getattr(op, "replayable", True) is False:    # reads host values when called
                 return None
-        if mode != "1" and len(rt.steps) < GRAPH_MIN_STEPS:
+        if mode != "1" and len(rt.sched.groups) < GRAPH_MIN_STEPS:
             return None
         return GraphReplay(rt)
 
