@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...debug.logs import log_for
 from ..lowering.host_scalars import HostScalars
 
 #: bytes between the starts of two copies' values in the buffers (the kernels' fast
@@ -40,6 +41,7 @@ from ..lowering.host_scalars import HostScalars
 ALIGN = 16
 #: staging buffers taking turns
 STAGING = 2
+_log = log_for("perf_hints")
 
 
 def is_host_copy(step) -> bool:
@@ -225,11 +227,24 @@ class HostPrologue:
         self.steps = [rt.steps[k] for k in plan.host_steps]
         self.copy_steps = [rt.steps[c.step] for c in plan.copies]
         self.rt = rt
-        self.out_plan = [(i, rt.out_plan[i]) for i in plan.host_outputs]
+        #: per copy, the names of its 0-d values read whole (a tensor each, as
+        #: planned), else None: its arguments built as the step builds them
+        self.reads = [[a.buf for a in rt.steps[c.step].b.args]
+                      if c.scalars and all(_whole_scalar(rt, a) for a in rt.steps[c.step].b.args)
+                      else None for c in plan.copies]
+        #: outputs that are a 0-d host buffer itself; the others built per call
+        self.direct, self.out_plan = [], []
+        for i in plan.host_outputs:
+            kind, v = rt.out_plan[i]
+            if kind == "alias" and _whole_scalar(rt, v):
+                self.direct.append((i, v.buf))
+            else:
+                self.out_plan.append((i, (kind, v)))
         #: the runtime whose steps the graph records: the prologue's steps done already
         skip = set(plan.host_steps) | {c.step for c in plan.copies}
         self.device_rt = copy.copy(rt)
         self.device_rt.steps = [_Done() if k in skip else s for k, s in enumerate(rt.steps)]
+        _log.info("CUDA graph replay with a %s", describe(plan, rt))
 
     def run(self, args) -> HostCall:
         """This call's host steps, its values staged and copied to the static buffer."""
@@ -242,16 +257,18 @@ class HostPrologue:
         if stage.pending and not stage.event.query():
             self.waits += 1
             stage.event.synchronize()
-        for c, step, view in zip(self.plan.copies, self.copy_steps, stage.views):
-            values = step.build(tensors)[0]
-            if c.scalars:
-                torch.stack(values, out=view)
+        for c, step, view, names in zip(self.plan.copies, self.copy_steps, stage.views,
+                                        self.reads):
+            if names is not None:
+                torch.stack([tensors[n] for n in names], out=view)
             else:
-                torch.cat([v.reshape(1) for v in values], out=view)
+                torch.cat([v.reshape(1) for v in step.build(tensors)[0]], out=view)
         self.static.copy_(stage.buf, non_blocking=True)
         stage.event.record()
         stage.pending = True
-        outputs = {i: _output(tensors, kind, v) for i, (kind, v) in self.out_plan}
+        outputs = {i: tensors[name] for i, name in self.direct}
+        for i, (kind, v) in self.out_plan:
+            outputs[i] = _output(tensors, kind, v)
         tensors.update(self.views)
         return HostCall(tensors, outputs)
 
@@ -274,6 +291,14 @@ class HostPrologue:
         for i in self.plan.host_inputs:
             ptrs[i] = 0
         return ptrs
+
+
+def _whole_scalar(rt, a) -> bool:
+    """Is the argument or output ``a`` (ExternArg or View) all of a 0-d buffer? The
+    buffer's tensor is then ``a`` itself (inputs match the graph's signature; library
+    results are checked against their planned shape, ``runner._fix_layout``)."""
+    b = rt.buffers.get(a.buf)
+    return b is not None and a.offset == 0 and tuple(a.sizes) == () and tuple(b.sizes) == ()
 
 
 def _output(tensors, kind, v):
