@@ -86,6 +86,9 @@ def test_a_recordings_outputs_leave_out_the_prologues():
     _, rt = runtime()
     host = HostPrologue(rt, _plan(rt), device="cpu")
     assert host.strip(list(range(6))) == [0, 1, 2, 3, None, None]
+    # an output on the static buffer's memory fails the recording (replay goes off)
+    with pytest.raises(RuntimeError, match="static buffer"):
+        host.strip([0, 1, 2, host.views[host.plan.copies[0].name][1:], 4, 5])
     ptrs = host.pointers(rt, real_inputs(0))
     assert ptrs[6:] == [0, 0, 0] and all(ptrs[:6])
 
@@ -166,6 +169,15 @@ def test_graphs_it_declines_keep_their_reason():
     # a host copy whose values are not of its dtype
     why = host_prologue.plan_of(rt, _seen(rt, in8=("cpu", 1, torch.float64)))
     assert isinstance(why, str) and "host copy" in why
+
+
+def test_a_graph_output_that_is_a_host_copy_is_declined():
+    _, rt = runtime()
+    seen = _seen(rt)
+    name = _plan(rt).copies[0].name
+    rt.out_plan = list(rt.out_plan) + [("buf", name)]
+    why = host_prologue.plan_of(rt, seen)
+    assert isinstance(why, str) and "host value's copy" in why
 
 
 def _reads_cpu_directly(a, s):

@@ -158,8 +158,12 @@ def plan_of(rt, seen: dict):
             return f"a GPU step reads a CPU tensor directly ({what})"
         if on_cpu:
             return f"a CPU value is made from GPU values or alongside them ({what})"
-    host_outputs = [i for i, (kind, v) in enumerate(rt.out_plan)
-                    if kind != "const" and (v if kind == "buf" else v.buf) in computed]
+    out_bufs = [None if kind == "const" else v if kind == "buf" else v.buf
+                for kind, v in rt.out_plan]
+    if set(out_bufs) & {c.name for c in copies}:
+        # its memory is the static buffer, which the next call overwrites
+        return "a graph output is a host value's copy on the device"
+    host_outputs = [i for i, b in enumerate(out_bufs) if b in computed]
     return HostPlan(host_inputs, host_steps, copies, host_outputs, offset, computed)
 
 
@@ -283,6 +287,11 @@ class HostPrologue:
         flat = list(flat)
         for i in self.plan.host_outputs:
             flat[i] = None
+        static = self.static.untyped_storage().data_ptr()
+        if any(isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == static
+               for t in flat):
+            # (a view of a host copy handed out: the next call's copy would change it)
+            raise RuntimeError("an output is a view of the host values' static buffer")
         return flat
 
     def pointers(self, rt, args) -> list:
