@@ -28,6 +28,9 @@ class HostScalars:
     #: recorded graph every call (a copy recorded in it would copy the recording
     #: call's values again)
     replayable = True
+    #: reads only its arguments (host values) and writes nothing: the scheduler moves it
+    #: up to them (``scheduler.hoist_scalars``), before the kernels that do not read it
+    hoistable = True
 
     def __init__(self, device):
         self.device = str(device)
