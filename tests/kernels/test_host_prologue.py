@@ -227,8 +227,8 @@ def _replay_of(rt, monkeypatch, mode="auto"):
 
 
 def test_a_graph_with_cpu_step_counters_is_replayable(monkeypatch):
-    """Adam's graph over six parameters: five steps (the counters' add, two host copies,
-    two of Triton kernels) but a launch a kernel; its host copies no longer keep it
+    """Adam's graph over six parameters: four steps (the counters' add, two host copies,
+    one run of Triton kernels) but a launch a kernel; its host copies no longer keep it
     off replay, and its first call sets up the prologue."""
     _, rt = runtime(6)
     assert len(rt.steps) < graph_replay.GRAPH_MIN_STEPS <= len(rt.sched.groups)
