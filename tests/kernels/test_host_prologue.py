@@ -240,6 +240,19 @@ def test_a_graph_with_cpu_step_counters_is_replayable(monkeypatch):
     assert g.host.plan.host_inputs == list(range(18, 25)) and len(g.host.plan.host_outputs) == 6
 
 
+def test_a_prologue_that_fails_turns_replay_off_and_the_call_runs_plainly(monkeypatch):
+    _, rt = runtime(6)
+    g = _replay_of(rt, monkeypatch)
+    g(rt, stand_in_inputs(6))
+
+    def fail(args):
+        raise TypeError("no")
+    monkeypatch.setattr(g.host, "run", fail)
+    out = g(rt, stand_in_inputs(6))
+    assert g.disabled and g.reason == "host prologue failed: TypeError: no"
+    assert [t.item() for t in out[-6:]] == [3.0 + i for i in range(6)]   # step + 1
+
+
 def _sums_a_cpu_tensor(x, c):
     return (aten.sum.default(c), aten.add.Tensor(aten.mul.Tensor(x, 2.0), 1.0))
 

@@ -193,7 +193,13 @@ class GraphReplay:
                 self.host = host_prologue.HostPrologue(rt, plan)
                 self.ptrs = self.host.pointers(rt, args)
             return out
-        host = self.host.run(args) if self.host is not None else None
+        host = None
+        if self.host is not None:
+            try:
+                host = self.host.run(args)
+            except Exception as e:    # noqa: BLE001  (the plain call raises the program's own)
+                self._disable(f"host prologue failed: {type(e).__name__}: {e}")
+                return rt.run(args)
         ptrs = self.host.pointers(rt, args) if host is not None else \
             [args[pos].data_ptr() for pos, _ in rt.inputs]
         if self.graph is None:

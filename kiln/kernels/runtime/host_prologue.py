@@ -256,25 +256,31 @@ class HostPrologue:
         tensors = {name: args[pos] for pos, name in self.inputs}
         for step in self.steps:
             step(rt, tensors)
-        stage = self.staging[self.turn]
-        self.turn = (self.turn + 1) % len(self.staging)
-        if stage.pending and not stage.event.query():
-            self.waits += 1
-            stage.event.synchronize()
-        for c, step, view, names in zip(self.plan.copies, self.copy_steps, stage.views,
-                                        self.reads):
-            if names is not None:
-                torch.stack([tensors[n] for n in names], out=view)
-            else:
-                torch.cat([v.reshape(1) for v in step.build(tensors)[0]], out=view)
-        self.static.copy_(stage.buf, non_blocking=True)
-        stage.event.record()
-        stage.pending = True
+        if self.copy_steps:
+            self._stage(tensors)
         outputs = {i: tensors[name] for i, name in self.direct}
         for i, (kind, v) in self.out_plan:
             outputs[i] = _output(tensors, kind, v)
         tensors.update(self.views)
         return HostCall(tensors, outputs)
+
+    def _stage(self, tensors):
+        """The host copies' values into the next staging buffer (once the copy that
+        last read it is done), then one copy into the static buffer, in stream order."""
+        stage = self.staging[self.turn]
+        self.turn = (self.turn + 1) % len(self.staging)
+        if stage.pending and not stage.event.query():
+            self.waits += 1
+            stage.event.synchronize()
+        with torch.no_grad():          # values only (a tensor lr may require grad)
+            for step, view, names in zip(self.copy_steps, stage.views, self.reads):
+                if names is not None:
+                    torch.stack([tensors[n] for n in names], out=view)
+                else:
+                    torch.cat([v.reshape(1) for v in step.build(tensors)[0]], out=view)
+            self.static.copy_(stage.buf, non_blocking=True)
+        stage.event.record()
+        stage.pending = True
 
     def device_tensors(self, args, call: HostCall) -> dict:
         """The recorded graph's tensors dict: the device inputs and the prologue's."""
