@@ -1,8 +1,9 @@
 """A GPU graph reading CPU step counters, built on a CPU machine: lowered for a stand-in
 accelerator (the meta device) as the Triton target, so its kernels read the counters
-through host copies as on a GPU. Shared by ``test_host_prologue.py`` (the split, with
-kernels that do nothing) and ``test_host_prologue_interp.py`` (Triton's interpreter
-running the kernels on CPU tensors: ``python host_prologue_cases.py`` prints "ok")."""
+through host copies as on a GPU. Used by ``test_host_prologue.py``: in process for the
+split (kernels that do nothing), and as a script run under ``TRITON_INTERPRET=1``
+(``python host_prologue_cases.py`` prints "ok") for the values, with Triton's
+interpreter running the kernels on CPU tensors standing in for the device's."""
 from __future__ import annotations
 
 import operator
@@ -103,7 +104,116 @@ def interpreted():
         assert host.views[plan.copies[0].name].tolist() == [steps[0] + 1, steps[1] + 1]
 
 
+class FakeGraph:
+    """A CUDA graph on the CPU: capture keeps the steps' runtime and tensors dict (the
+    same tensor objects: addresses) and the memory its allocations got; a replay runs
+    the same steps on those tensors again, its allocations given the same memory.
+    Like a real replay it reads what those addresses hold now, and nothing the Python
+    code around it computes (a stale host value would show)."""
+    capturing = None
+    replaying = None
+
+    def __init__(self):
+        self.tape, self.allocs = None, []
+
+    def replay(self):
+        rt, tensors = self.tape
+        FakeGraph.replaying = iter(self.allocs)
+        try:
+            rt.run_flat(dict(tensors))
+        finally:
+            FakeGraph.replaying = None
+
+
+def _emulate_cuda_graphs():
+    """Patch the CUDA calls GraphReplay makes with ``FakeGraph`` (a child process's
+    patches: nothing is undone)."""
+    import contextlib
+    from kiln.kernels.runtime import graph_replay, host_prologue
+    from kiln.kernels.runtime.runner import Runtime
+
+    @contextlib.contextmanager
+    def graph(g, pool=None):
+        FakeGraph.capturing = g
+        try:
+            yield
+        finally:
+            FakeGraph.capturing = None
+    torch.cuda.CUDAGraph, torch.cuda.graph = FakeGraph, graph
+    torch.cuda.synchronize = lambda *a: None
+    torch.cuda.MemPool, torch.cuda.graph_pool_handle = None, lambda: 0
+    torch.cuda.current_device = lambda: 0
+    run_flat, alloc = Runtime.run_flat, Runtime._alloc
+
+    def run_flat_(self, tensors):
+        if FakeGraph.capturing is not None:
+            FakeGraph.capturing.tape = (self, dict(tensors))
+        return run_flat(self, tensors)
+
+    def alloc_(self, tensors, todo):
+        if FakeGraph.replaying is not None:
+            for _, members in todo:
+                t = next(FakeGraph.replaying)
+                for name in members:
+                    tensors[name] = t
+            return
+        alloc(self, tensors, todo)
+        if FakeGraph.capturing is not None:
+            FakeGraph.capturing.allocs += [tensors[members[0]] for _, members in todo]
+    Runtime.run_flat, Runtime._alloc = run_flat_, alloc_
+    # the stand-in device is the CPU: its tensors of more than one element are the
+    # "GPU" ones when the split is decided (the graph's CPU values are 0-d)
+    host_prologue._describe = lambda t: None if not isinstance(t, torch.Tensor) else \
+        ("cpu" if t.dim() == 0 else "cuda", t.numel(), t.dtype)
+    plan_of = host_prologue.plan_of
+
+    def plan_of_(rt, seen):
+        dev, rt.device = rt.device, torch.device("cuda")
+        try:
+            return plan_of(rt, seen)
+        finally:
+            rt.device = dev
+    host_prologue.plan_of = plan_of_
+    graph_replay._POOLS.clear()
+    return graph_replay
+
+
+def replayed():
+    """GraphReplay over the emulated CUDA graph, call after call against eager: the
+    parameters and moments stay where they are (their values change in place, as an
+    optimizer's do), the counters and lr change every call (new tensors, too)."""
+    graph_replay = _emulate_cuda_graphs()
+    from kiln.kernels.runtime.runner import Runtime
+    from kiln.kernels.runtime.host_prologue import is_host_copy
+    gm, rt = runtime(6, kernels=True)
+    rt.device = torch.device("cpu")
+    for step in rt.steps:
+        if is_host_copy(step):           # the plain first call's copies, to the stand-in
+            step.b.op.device = "cpu"
+    g = graph_replay.GraphReplay(rt)
+    device = real_inputs(0, [0.0] * 6)[:18]
+    counters = [torch.tensor(float(i)) for i in range(6)]
+    for call in range(7):
+        for t in device:
+            t.copy_(torch.randn(t.shape))
+        if call == 4:
+            counters = [c.clone() for c in counters]          # new CPU tensors
+        for i, c in enumerate(counters):
+            c.fill_(float(call * 3 + i))
+        args = device + counters + [torch.tensor(0.1 + call)]
+        got, want = g(rt, args), gm(*args)
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        del got
+    assert Runtime.run_flat.__name__ == "run_flat_"          # the emulation ran
+    assert g.reason is None and g.host is not None, g.reason
+    assert g.records == 1 and g.replays == 5, (g.records, g.replays)
+
+
 if __name__ == "__main__":
     interpreted()
+    replayed()
     print("ok")
     sys.exit(0)
