@@ -90,8 +90,8 @@ def interpreted():
     for call, steps in enumerate([(2.0, 3.0), (3.0, 4.0), (10.0, 1.0)]):
         args = real_inputs(call, steps, lr=0.1 * (call + 1))
         versions = [a._version for a in args]
-        got = host.run(args)
-        flat = host.strip(host.device_rt.run_flat(host.device_tensors(args, got)))
+        got = host.run(rt, args)
+        flat = host.strip(host.device_rt.run_flat(host.device_tensors(rt, args, got)))
         for i, t in got.outputs.items():
             flat[i] = t
         want = gm(*args)

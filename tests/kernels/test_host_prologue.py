@@ -67,7 +67,7 @@ def test_the_prologue_computes_this_calls_values_and_leaves_its_inputs_alone():
     for call, (s1, s2, lr) in enumerate([(2.0, 3.0, 0.1), (7.0, 1.0, 0.5), (0.0, 0.0, 2.0)]):
         args = real_inputs(call, (s1, s2), lr)
         versions = [a._version for a in args]
-        got = host.run(args)
+        got = host.run(rt, args)
         assert [a._version for a in args] == versions
         assert set(got.outputs) == {4, 5}
         for i, want in zip((4, 5), (s1 + 1, s2 + 1)):
@@ -78,7 +78,7 @@ def test_the_prologue_computes_this_calls_values_and_leaves_its_inputs_alone():
         assert host.views[lrs].tolist() == [pytest.approx(lr)]
         assert host.static.data_ptr() == ptr
         # the recorded graph reads the static views, not the host copies' own results
-        tensors = host.device_tensors(args, got)
+        tensors = host.device_tensors(rt, args, got)
         assert tensors[counters] is host.views[counters] and tensors["in0"] is args[0]
 
 
@@ -118,14 +118,14 @@ def test_a_staging_buffer_is_not_rewritten_while_its_copy_may_be_in_flight():
     host = HostPrologue(rt, _plan(rt), device="cpu", event=FakeEvent)
     a, b = host.staging
     assert a.buf.data_ptr() != b.buf.data_ptr()
-    host.run(real_inputs(0))                 # stages in a, records a's event
-    host.run(real_inputs(1))                 # b: a's copy may still be running
+    host.run(rt, real_inputs(0))             # stages in a, records a's event
+    host.run(rt, real_inputs(1))             # b: a's copy may still be running
     assert host.waits == 0 and [e for e, _ in FakeEvent.log] == ["record", "record"]
     b.event.done = True                      # b's copy is done, a's is not
-    host.run(real_inputs(2))                 # back to a: waits for a's copy first
+    host.run(rt, real_inputs(2))             # back to a: waits for a's copy first
     assert host.waits == 1
     assert FakeEvent.log[2:] == [("wait", id(a.event)), ("record", id(a.event))]
-    host.run(real_inputs(3))                 # b again: its copy was done, no wait
+    host.run(rt, real_inputs(3))             # b again: its copy was done, no wait
     assert host.waits == 1
     assert FakeEvent.log[4:] == [("record", id(b.event))]
 
@@ -135,7 +135,7 @@ def test_one_staging_buffer_waits_for_its_previous_copy_every_call():
     FakeEvent.log = []
     host = HostPrologue(rt, _plan(rt), device="cpu", event=FakeEvent, staging=1)
     for k in range(3):
-        host.run(real_inputs(k))
+        host.run(rt, real_inputs(k))
     assert host.waits == 2
 
 
@@ -245,7 +245,7 @@ def test_a_prologue_that_fails_turns_replay_off_and_the_call_runs_plainly(monkey
     g = _replay_of(rt, monkeypatch)
     g(rt, stand_in_inputs(6))
 
-    def fail(args):
+    def fail(rt, args):
         raise TypeError("no")
     monkeypatch.setattr(g.host, "run", fail)
     out = g(rt, stand_in_inputs(6))

@@ -196,7 +196,7 @@ class GraphReplay:
         host = None
         if self.host is not None:
             try:
-                host = self.host.run(args)
+                host = self.host.run(rt, args)
             except Exception as e:    # noqa: BLE001  (the plain call raises the program's own)
                 self._disable(f"host prologue failed: {type(e).__name__}: {e}")
                 return rt.run(args)
@@ -296,7 +296,7 @@ class GraphReplay:
                     flat = rt.run_flat(rt.take_inputs(static))
                 else:
                     flat = self.host.strip(self.host.device_rt.run_flat(
-                        self.host.device_tensors(static, host)))
+                        self.host.device_tensors(rt, static, host)))
         except Exception as e:        # noqa: BLE001  (capture is best effort)
             try:
                 torch.cuda.synchronize()

@@ -230,7 +230,6 @@ class HostPrologue:
         self.inputs = [rt.inputs[i] for i in plan.host_inputs]
         self.steps = [rt.steps[k] for k in plan.host_steps]
         self.copy_steps = [rt.steps[c.step] for c in plan.copies]
-        self.rt = rt
         #: per copy, the names of its 0-d values read whole (a tensor each, as
         #: planned), else None: its arguments built as the step builds them
         self.reads = [[a.buf for a in rt.steps[c.step].b.args]
@@ -248,11 +247,11 @@ class HostPrologue:
         skip = set(plan.host_steps) | {c.step for c in plan.copies}
         self.device_rt = copy.copy(rt)
         self.device_rt.steps = [_Done() if k in skip else s for k, s in enumerate(rt.steps)]
+        self.device_rt.graphs = None          # (no cycle back to the GraphReplay)
         _log.info("CUDA graph replay with a %s", describe(plan, rt))
 
-    def run(self, args) -> HostCall:
+    def run(self, rt, args) -> HostCall:
         """This call's host steps, its values staged and copied to the static buffer."""
-        rt = self.rt
         tensors = {name: args[pos] for pos, name in self.inputs}
         for step in self.steps:
             step(rt, tensors)
@@ -282,9 +281,9 @@ class HostPrologue:
         stage.event.record()
         stage.pending = True
 
-    def device_tensors(self, args, call: HostCall) -> dict:
+    def device_tensors(self, rt, args, call: HostCall) -> dict:
         """The recorded graph's tensors dict: the device inputs and the prologue's."""
-        tensors = self.rt.take_inputs(args)
+        tensors = rt.take_inputs(args)
         tensors.update(call.tensors)
         return tensors
 
