@@ -100,7 +100,8 @@ class FakeEvent:
     def __init__(self):
         self.done = True
 
-    def record(self):
+    def record(self, stream=None):
+        assert stream is None               # (a CPU stand-in: no stream)
         self.done = False
         FakeEvent.log.append(("record", id(self)))
 

@@ -178,7 +178,7 @@ class _Done:
 class _AlwaysDone:
     """The event of a staging buffer copied synchronously (no CUDA)."""
 
-    def record(self):
+    def record(self, stream=None):
         pass
 
     def query(self):
@@ -227,6 +227,9 @@ class HostPrologue:
                         for _ in range(staging)]
         self.turn = 0
         self.waits = 0             # times a staging buffer's last copy was waited for
+        #: the stream the static buffer's copy is issued on (the device's current one,
+        #: whichever device is current): its event is recorded there
+        self.stream = (lambda: torch.cuda.current_stream(device)) if cuda else (lambda: None)
         self.inputs = [rt.inputs[i] for i in plan.host_inputs]
         self.steps = [rt.steps[k] for k in plan.host_steps]
         self.copy_steps = [rt.steps[c.step] for c in plan.copies]
@@ -278,7 +281,7 @@ class HostPrologue:
                 else:
                     torch.cat([v.reshape(1) for v in step.build(tensors)[0]], out=view)
             self.static.copy_(stage.buf, non_blocking=True)
-        stage.event.record()
+        stage.event.record(self.stream())
         stage.pending = True
 
     def device_tensors(self, rt, args, call: HostCall) -> dict:
