@@ -206,8 +206,66 @@ def replayed():
         for a, b in zip(got, want):
             assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
-        del got
+        del got, a, b
     assert Runtime.run_flat.__name__ == "run_flat_"          # the emulation ran
+    assert g.reason is None and g.host is not None, g.reason
+    assert g.records == 1 and g.replays == 5, (g.records, g.replays)
+
+
+def adamw_graph():
+    """The aten graph kiln captures for a foreach AdamW step over a small net's
+    parameters (after the first step, which made the state), with the example inputs
+    as a GPU graph would take them: the step counters (0-d) on the CPU, the rest on
+    the stand-in device. (Captured on the CPU, run by PyTorch: no kernel is built.)"""
+    import kiln
+    import kiln.kernels.backend as kernel_backend
+    from kiln.kernels.runtime.perf_fallback import EagerVariant
+    from foreach_train_case import OPTIMIZERS, Net, _options, train_step
+    graphs = []
+
+    def keep(gm, example_inputs, *a, **kw):
+        graphs.append((gm, list(example_inputs)))
+        return EagerVariant(gm)
+    cls, kw = OPTIMIZERS["adamw"]
+    torch.manual_seed(0)
+    m = Net()
+    opt = cls(m.parameters(), **_options(kw, "cpu"))
+    inner, kernel_backend.compile_aten_graph = kernel_backend.compile_aten_graph, keep
+    try:
+        step = kiln.compile(train_step, backend="kiln")
+        for _ in range(2):
+            step(m, opt, torch.randn(6, 4), torch.randn(6, 3))
+    finally:
+        kernel_backend.compile_aten_graph = inner
+    gm, example = [(gm, ex) for gm, ex in graphs
+                   if any("_foreach_" in str(n.target) for n in gm.graph.nodes)][-1]
+    stand_in = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+                if t.dim() else torch.zeros((), dtype=t.dtype) for t in example]
+    return gm, stand_in
+
+
+def replayed_adamw():
+    """AdamW's own graph through GraphReplay over the emulated CUDA graph (after
+    ``replayed``, whose patches stay): five replays, each equal to eager."""
+    from kiln.kernels.runtime import graph_replay
+    from kiln.kernels.runtime.host_prologue import is_host_copy
+    gm, stand_in = adamw_graph()
+    _, rt = runtime(gm=gm, inputs=stand_in, kernels=True)
+    rt.device = torch.device("cpu")
+    for step in rt.steps:
+        if is_host_copy(step):
+            step.b.op.device = "cpu"
+    g = graph_replay.GraphReplay(rt)
+    gen = torch.Generator().manual_seed(0)
+    state = [torch.randn(t.shape, generator=gen).abs() if t.dim() else None for t in stand_in]
+    for call in range(7):
+        args = [s if s is not None else torch.tensor(float(call + k))
+                for k, s in enumerate(state)]
+        got, want = g(rt, args), gm(*args)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        del got, a, b                    # (one still held is copied out: a new recording)
     assert g.reason is None and g.host is not None, g.reason
     assert g.records == 1 and g.replays == 5, (g.records, g.replays)
 
@@ -215,5 +273,6 @@ def replayed():
 if __name__ == "__main__":
     interpreted()
     replayed()
+    replayed_adamw()
     print("ok")
     sys.exit(0)

@@ -273,7 +273,8 @@ def test_the_split_graph_runs_as_eager_call_after_call(tmp_path):
     """The prologue, then the rest's Triton kernels (interpreted) reading the static
     buffer, against eager over calls with new counter values; then GraphReplay itself,
     recording once and replaying an emulated CUDA graph (``FakeGraph``: the same
-    tensors, the same memory) with each call's counters."""
+    tensors, the same memory) with each call's counters, for the Adam-like graph and
+    for the graph kiln captures from a foreach AdamW step."""
     env = dict(os.environ, TRITON_INTERPRET="1", KILN_TEST_CACHE_DIR=str(tmp_path),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, os.path.join(HERE, "host_prologue_cases.py")],
