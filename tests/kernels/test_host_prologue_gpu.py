@@ -113,6 +113,7 @@ def test_a_graph_of_step_counters_replays_with_each_calls_values(monkeypatch):
         for a, b in zip(got, want):
             assert a.device == b.device and a.dtype == b.dtype
             torch.testing.assert_close(a, b)
+        del got, a, b                    # (outputs still held would be copied out)
     rt = next(iter(c.variants.values()))
     assert rt.graphs is not None and rt.graphs.host is not None, getattr(rt.graphs, "reason", None)
-    assert rt.graphs.replays >= 3 and rt.graphs.reason is None
+    assert rt.graphs.reason is None and (rt.graphs.records, rt.graphs.replays) == (1, 4)
