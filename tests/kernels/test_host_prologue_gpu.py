@@ -104,11 +104,15 @@ def test_a_graph_of_step_counters_replays_with_each_calls_values(monkeypatch):
     monkeypatch.setattr(config, "perf_fallback", False)
     gm = adam_graph(6)
 
-    def inputs(k):
-        return real_inputs(k, [float(k + i) for i in range(6)], 0.1 + k, device="cuda")
-    c = compile_aten_graph(gm, inputs(0))
+    # parameters and moments stay where they are (new values in place, as an
+    # optimizer's); the counters and lr are new CPU tensors every call
+    device = real_inputs(0, [0.0] * 6, device="cuda")[:18]
+    c = compile_aten_graph(gm, real_inputs(0, [0.0] * 6, device="cuda"))
     for k in range(6):
-        args = inputs(k)
+        new = real_inputs(k, [float(k + i) for i in range(6)], 0.1 + k)
+        for d, n in zip(device, new):
+            d.copy_(n)
+        args = device + new[18:]
         got, want = c(*args), gm(*args)
         for a, b in zip(got, want):
             assert a.device == b.device and a.dtype == b.dtype
