@@ -44,8 +44,8 @@ from .. import ir
 from . import host_prologue
 
 #: graphs of fewer launches than this make plain calls (one launch is not worth a
-#: graph); a step of Triton kernels launches each of its groups (an optimizer graph:
-#: four steps, two launches a parameter)
+#: graph); a step of Triton kernels launches each of its groups (an optimizer's graph:
+#: a few steps, a launch a parameter)
 GRAPH_MIN_STEPS = 8
 #: recordings of one graph before it gives up on replay (inputs that keep moving,
 #: outputs held across calls)
