@@ -364,18 +364,21 @@ def hoist_scalars(buffers: list) -> list:
     last buffer it reads (never past a library call). An optimizer's step counters
     (``step + 1``, read by every parameter's update) then come before the updates'
     kernels rather than between them, where they would keep ``_sibling_group`` from
-    completing each parameter's kernel. One element: the move costs no memory."""
+    completing each parameter's kernel. One element: the move costs no memory. So do
+    library calls that say they may (``op.hoistable``: the host copies of the counters'
+    new values, which would otherwise split each parameter's update in two kernels)."""
     primary: dict = {}         # buffer name -> the position it is placed after
     keys = []
     floor = 0                  # nothing moves above the last library call
     for i, b in enumerate(buffers):
-        if isinstance(b, ir.Pointwise) and ir.numel_of(b.sizes) == 1:
+        hoistable = isinstance(b, ir.Extern) and getattr(b.op, "hoistable", False)
+        if hoistable or (isinstance(b, ir.Pointwise) and ir.numel_of(b.sizes) == 1):
             primary[b.name] = max([floor] + [primary[r] for r in b.reads() if r in primary])
             keys.append((primary[b.name], 1, i))
         else:
             primary[b.name] = i
             keys.append((i, 0, 0))
-        if isinstance(b, (ir.Extern, ir.MultiOutput, ir.Scatter, ir.Scan)):
+        if isinstance(b, (ir.Extern, ir.MultiOutput, ir.Scatter, ir.Scan)) and not hoistable:
             floor = i
     return [b for _, b in sorted(zip(keys, buffers), key=lambda kb: kb[0])]
 

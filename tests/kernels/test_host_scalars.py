@@ -1,7 +1,8 @@
 """One-element CPU tensors in a GPU graph (kiln/kernels/lowering/host_scalars.py): read
 by the device's kernels through one copy per op, or computed on the device where only
 its kernels read them. Lowered here for a stand-in accelerator (the meta device: no GPU
-needed to lower); the values on a real GPU are test_foreach_optimizers.py's CUDA tests."""
+needed to lower); the values on a real GPU are test_foreach_optimizers.py's CUDA tests.
+A replayed graph makes its host copies outside the recording: test_host_prologue.py."""
 import torch
 import torch.fx as fx
 
@@ -68,10 +69,6 @@ def test_a_cpu_graph_is_untouched():
     assert not any(isinstance(op, HostScalars) for _, op in _externs(lo))
 
 
-def test_host_copies_are_never_replayed_from_a_cuda_graph():
-    assert HostScalars("cuda").replayable is False
-
-
 def test_cpu_constants_of_a_graph_without_cpu_inputs_stay_with_aten():
     """Without CPU inputs a graph may be replayed from a CUDA graph, which keeps a
     constant's value but would replay a host copy's: its CPU values stay with aten."""
@@ -84,3 +81,18 @@ def test_cpu_constants_of_a_graph_without_cpu_inputs_stay_with_aten():
     lo = GraphLowering(fx.GraphModule(root, g), [torch.empty(4, device="meta")], "triton").run()
     assert not lo.host_values and lo.fallbacks == ["aten.mul.Tensor"]
     assert not any(isinstance(op, HostScalars) for _, op in _externs(lo))
+
+
+def test_host_copies_are_scheduled_before_the_kernels():
+    """The copies read only host values, so they move up to them: each parameter's new
+    moment and new value then share one kernel (not one before the copy, one after)."""
+    from kiln.kernels import compile as kc
+    from .host_prologue_cases import adam_graph, stand_in_inputs
+    p = kc.plan(adam_graph(2), stand_in_inputs(2), "triton")
+    groups = p.sched.groups
+    kinds = ["copy" if g.extern is not None and isinstance(g.extern.op, HostScalars)
+             else "extern" if g.extern is not None else "kernel" for g in groups]
+    assert kinds == ["extern", "copy", "copy", "kernel", "kernel"], kinds
+    outputs = [v.buf for v in p.lowered.outputs[:4]]     # new params, new moments
+    for param, moment in zip(outputs[:2], outputs[2:]):
+        assert any({param, moment} <= g.names for g in groups), p.artefacts["schedule"]

@@ -6,7 +6,8 @@ Adam's bias corrections and a tensor ``lr`` are such values, and every parameter
 update reads them. kiln's kernels take only device pointers, so an op's host values are
 gathered per dtype into one pinned buffer and copied to the device (``HostScalars``: one
 asynchronous copy, in stream order, no wait for the GPU) and read from there, instead of
-the whole op falling back to aten.
+the whole op falling back to aten. A graph replayed from a recorded CUDA graph makes
+these copies outside it, every call (``runtime/host_prologue.py``).
 """
 from __future__ import annotations
 
@@ -23,15 +24,22 @@ from .base import View, is_box
 class HostScalars:
     """The library call: one-element CPU tensors -> one device tensor of their values."""
 
-    #: a recorded CUDA graph would copy the values of the recording call again
-    replayable = False
+    #: replayed only through ``runtime/host_prologue``, which makes the copy outside the
+    #: recorded graph every call (a copy recorded in it would copy the recording
+    #: call's values again)
+    replayable = True
+    #: reads only its arguments (host values) and writes nothing: the scheduler moves it
+    #: up to them (``scheduler.hoist_scalars``), before the kernels that do not read it
+    hoistable = True
 
     def __init__(self, device):
         self.device = str(device)
 
     def __call__(self, *values):
         flat = torch.cat([v.reshape(1) for v in values])
-        return flat.pin_memory().to(self.device, non_blocking=True)
+        if self.device.startswith("cuda"):
+            flat = flat.pin_memory()
+        return flat.to(self.device, non_blocking=True)
 
     def __repr__(self):
         return f"host_scalars[{self.device}]"
@@ -39,9 +47,9 @@ class HostScalars:
 
 def takes_host_values(lo, gm) -> bool:
     """Whether a graph on an accelerator takes CPU tensors. Only such a graph reads host
-    values through copies: it runs launch by launch anyway (a recorded CUDA graph would
-    replay the values of the recording call). Elsewhere a CPU value is a constant, which
-    a recorded graph may keep, and its ops stay with aten."""
+    values through copies, which a replayed graph makes in its host prologue, every
+    call. Elsewhere a CPU value is a constant, which a recorded graph may keep, and its
+    ops stay with aten."""
     if lo.device.type == "cpu":
         return False
     return any(d is not None and d.type == "cpu"
@@ -51,7 +59,7 @@ def takes_host_values(lo, gm) -> bool:
 
 def is_host_scalar(lo, device, value) -> bool:
     """A value a kernel of ``lo``'s graph may read although it lives on the CPU."""
-    return (lo.host_values and device is not None and device.type == "cpu"
+    return (lo.host_values and isinstance(device, torch.device) and device.type == "cpu"
             and isinstance(value, torch.Tensor) and value.numel() == 1)
 
 

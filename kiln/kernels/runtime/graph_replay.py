@@ -4,6 +4,10 @@ A graph of many small launches spends most of a call on the host (resnet18 at ba
 ~90%); a recorded CUDA graph replays them all with one launch. ``GraphReplay`` records a
 ``Runtime``'s steps on its second call and replays them after.
 
+Host values. A graph that reads one-element CPU tensors (an optimizer's step counters)
+runs its CPU ops and stages those values on the host every call, copying them into a
+static device buffer the recorded graph reads (``host_prologue``).
+
 Inputs. One at the same address as on the call before (a parameter) is read in place;
 one that moves every call (a batch) is copied into a static buffer first. One that
 moves once (the backward's saved activations, once the forward is itself replayed from
@@ -37,8 +41,11 @@ import torch
 from ... import config
 from ...debug.logs import log_for
 from .. import ir
+from . import host_prologue
 
-#: graphs of fewer steps than this make plain calls (one launch is not worth a graph)
+#: graphs of fewer launches than this make plain calls (one launch is not worth a
+#: graph); a step of Triton kernels launches each of its groups (an optimizer's graph:
+#: a few steps, a launch a parameter)
 GRAPH_MIN_STEPS = 8
 #: recordings of one graph before it gives up on replay (inputs that keep moving,
 #: outputs held across calls)
@@ -139,6 +146,8 @@ class GraphReplay:
     def __init__(self, rt):
         self.calls = 0
         self.records = 0
+        self.replays = 0
+        self.host = None               # the host prologue, for a graph reading CPU values
         self.ptrs = None
         self.graph = None
         self.disabled = False
@@ -164,27 +173,40 @@ class GraphReplay:
                 return None
             if getattr(op, "replayable", True) is False:    # reads host values when called
                 return None
-        if mode != "1" and len(rt.steps) < GRAPH_MIN_STEPS:
+        if mode != "1" and len(rt.sched.groups) < GRAPH_MIN_STEPS:
             return None
         return GraphReplay(rt)
 
     def __call__(self, rt, args):
         if self.disabled:
             return rt.run(args)
-        ptrs = [args[pos].data_ptr() for pos, _ in rt.inputs]
         self.calls += 1
         if self.calls == 1:                      # warm-up: compiles, library plans
-            self.ptrs = ptrs
-            if any(args[pos].device.type != "cuda" for pos, _ in rt.inputs):
-                # a CPU tensor (a 0-d scalar) is read by the host when an op is
-                # launched: a replay would launch with the value it had when recorded
-                self._disable("a graph input is not on the GPU")
-            return rt.run(args)
+            if not host_prologue.wanted(rt, args):
+                self.ptrs = [args[pos].data_ptr() for pos, _ in rt.inputs]
+                return rt.run(args)
+            # CPU values: split off a host prologue, or replay nothing (the reason)
+            out, plan = host_prologue.first_call(rt, args)
+            if isinstance(plan, str):
+                self._disable(plan)
+            else:
+                self.host = host_prologue.HostPrologue(rt, plan)
+                self.ptrs = self.host.pointers(rt, args)
+            return out
+        host = None
+        if self.host is not None:
+            try:
+                host = self.host.run(rt, args)
+            except Exception as e:    # noqa: BLE001  (the plain call raises the program's own)
+                self._disable(f"host prologue failed: {type(e).__name__}: {e}")
+                return rt.run(args)
+        ptrs = self.host.pointers(rt, args) if host is not None else \
+            [args[pos].data_ptr() for pos, _ in rt.inputs]
         if self.graph is None:
             # inputs that moved since the first call are read in place for now: the
             # backward's saved activations move once, when the forward starts replaying
             self.moved_once |= {i for i, (p, q) in enumerate(zip(ptrs, self.ptrs)) if p != q}
-            return self._record(rt, args, ptrs)
+            return self._record(rt, args, ptrs, host)
         moved = [i for i in self.stable if ptrs[i] != self.ptrs[i]]
         if moved:
             # record again, reading it at its new address; if it moves again it is
@@ -194,16 +216,17 @@ class GraphReplay:
                 if i in self.moved_once and not self.pool.owns(args[rt.inputs[i][0]]):
                     self.moving.add(i)
             self.moved_once.update(moved)
-            return self._record(rt, args, ptrs)
+            return self._record(rt, args, ptrs, host)
         held = self.pool.held_after(self.seq)
         if held:
             self._copy_held(held, args)
-            return self._record(rt, args, ptrs)
+            return self._record(rt, args, ptrs, host)
         if self.copies:              # one launch sequence for every moving input
             torch._foreach_copy_([st for _, st in self.copies],
                                  [args[rt.inputs[i][0]] for i, _ in self.copies])
         self.graph.replay()
-        return self._outputs(rt, args)
+        self.replays += 1
+        return self._outputs(rt, args, host)
 
     def _copy_held(self, held, args):
         """Outputs held across calls are copied out from now on; except another graph's
@@ -228,12 +251,12 @@ class GraphReplay:
         self.graph = None
         self.outs = None
 
-    def _outputs(self, rt, args):
+    def _outputs(self, rt, args, host=None):
         out = []
         copied = self.copied
         for i, spec in enumerate(self.outs):
-            if spec is None:
-                out.append(None)
+            if spec is None:             # or made by the host prologue, this call
+                out.append(None if host is None else host.outputs.get(i))
                 continue
             if len(spec) == 2:           # an input, or a view of one (a saved input)
                 kind, v = spec
@@ -246,7 +269,7 @@ class GraphReplay:
             out.append(t.clone() if i in copied else t)
         return rt.package(out)
 
-    def _record(self, rt, args, ptrs):
+    def _record(self, rt, args, ptrs, host=None):
         self.records += 1
         old = self.graph                 # holds the pool until the new one does
         self._release()
@@ -269,7 +292,11 @@ class GraphReplay:
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool.handle):
-                flat = rt.run_flat(rt.take_inputs(static))
+                if host is None:
+                    flat = rt.run_flat(rt.take_inputs(static))
+                else:
+                    flat = self.host.strip(self.host.device_rt.run_flat(
+                        self.host.device_tensors(rt, static, host)))
         except Exception as e:        # noqa: BLE001  (capture is best effort)
             try:
                 torch.cuda.synchronize()
@@ -285,7 +312,7 @@ class GraphReplay:
         self.graph = graph
         self.seq = self.pool.add(self, storages)
         graph.replay()
-        return self._outputs(rt, args)
+        return self._outputs(rt, args, host)
 
 
 def _output_specs(flat, rt):

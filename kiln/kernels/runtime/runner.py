@@ -236,6 +236,9 @@ class ExternStep:
         self.b = b
         self.outputs = [buffers[o] for o in b.outputs]
         self.build = None
+        #: the result is its own flat list of tensors (no pytree walk per call: a
+        #: ``_foreach_*`` op on an optimizer's CPU step counters runs every step)
+        self.flat = _returns_flat_tensors(b.op)
 
     def prepare(self, rt: Runtime):
         """Argument builders decided once: a plain read of the buffer's tensor where its
@@ -280,12 +283,18 @@ class ExternStep:
             # one tensor
             tensors[b.name] = _fix_layout(r, b) if isinstance(r, torch.Tensor) else r
             return
-        leaves = pytree.tree_leaves(r)
+        leaves = r if self.flat else pytree.tree_leaves(r)
         for o in self.outputs:
             t = leaves[o.path[0]]
             # an undefined optional result (attention weights not asked for) is None,
             # where the meta kernel that planned the graph gave an empty tensor
             tensors[o.name] = None if t is None else _fix_layout(t, o)
+
+
+def _returns_flat_tensors(op) -> bool:
+    """Does ``op`` return a Tensor[] or a tuple of Tensors (never None)?"""
+    returns = [str(r.type) for r in getattr(getattr(op, "_schema", None), "returns", ())]
+    return returns == ["List[Tensor]"] or (len(returns) > 1 and set(returns) == {"Tensor"})
 
 
 def _alias(t, v):

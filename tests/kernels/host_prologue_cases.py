@@ -1,0 +1,278 @@
+"""A GPU graph reading CPU step counters, built on a CPU machine: lowered for a stand-in
+accelerator (the meta device) as the Triton target, so its kernels read the counters
+through host copies as on a GPU. Used by ``test_host_prologue.py``: in process for the
+split (kernels that do nothing), and as a script run under ``TRITON_INTERPRET=1``
+(``python host_prologue_cases.py`` prints "ok") for the values, with Triton's
+interpreter running the kernels on CPU tensors standing in for the device's."""
+from __future__ import annotations
+
+import operator
+import sys
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+
+def adam_graph(n=2) -> fx.GraphModule:
+    """Adam's shape over ``n`` parameters: CPU step counters bumped, bias corrections
+    from them, a tensor lr. Inputs: params, grads, moments (device), counters, lr (CPU);
+    outputs: new params, new moments, new counters."""
+    g = fx.Graph()
+    cf = g.call_function
+    ps, gs, ms, ss = ([g.placeholder(f"{k}{i}") for i in range(n)] for k in "pgms")
+    lr = g.placeholder("lr")
+
+    def items(node):
+        return [cf(operator.getitem, (node, i)) for i in range(n)]
+    st = items(cf(aten._foreach_add.Scalar, (ss, 1)))
+    m = items(cf(aten._foreach_add.List, (items(cf(aten._foreach_mul.Scalar, (ms, 0.9))), gs),
+                 {"alpha": 0.1}))
+    bc = items(cf(aten._foreach_sub.Scalar, (items(cf(aten._foreach_pow.ScalarAndTensor,
+                                                      (0.9, st))), 1)))
+    r = items(cf(aten._foreach_div.List, (m, bc)))
+    q = items(cf(aten._foreach_mul.Tensor, (r, lr)))
+    new = items(cf(aten._foreach_add.List, (ps, q)))
+    g.output(tuple(new + m + st))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def shapes(n=2):
+    return [[(4, 5), (7,)][i % 2] for i in range(n)] * 3
+
+
+def stand_in_inputs(n=2):
+    return [torch.empty(*s, device="meta") for s in shapes(n)] + \
+        [torch.tensor(2.0 + i) for i in range(n)] + [torch.tensor(0.1)]
+
+
+def real_inputs(seed, steps=(2.0, 3.0), lr=0.1, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g).to(device) for s in shapes(len(steps))] + \
+        [torch.tensor(float(s)) for s in steps] + [torch.tensor(lr)]
+
+
+def runtime(n=2, kernels=None, gm=None, inputs=None):
+    """(graph module, Runtime on the stand-in device) of ``adam_graph(n)`` or ``gm``
+    on ``inputs``: ``kernels`` None gives kernels that do nothing (what the split
+    needs), else the loaded Triton kernels."""
+    from kiln.kernels import compile as kc
+    from kiln.kernels.runtime.runner import Runtime
+    if gm is None:
+        gm, inputs = adam_graph(n), stand_in_inputs(n)
+    p = kc.plan(gm, inputs, "triton")
+    if kernels is None:
+        kernels = [_nothing(params) for _, params in p.entries]
+    else:
+        kernels = kc._load(p, "triton")
+    return gm, Runtime(p.lowered, p.sched, kc._steps(p, kernels, "triton"), p.lowered.device)
+
+
+def _nothing(params):
+    def kernel(rt, tensors):
+        pass
+    kernel.params = params
+    return kernel
+
+
+def interpreted():
+    """The split graph run for real, call after call: the prologue on the CPU, the
+    rest (Triton under the interpreter, CPU tensors standing in for the device's)
+    reading the counters from the static buffer; each call against eager."""
+    from kiln.kernels.runtime import host_prologue
+    _, plan = host_prologue.first_call(runtime()[1], stand_in_inputs())   # the same steps
+    gm, rt = runtime(kernels=True)
+    assert isinstance(plan, host_prologue.HostPlan), plan
+    rt.device = torch.device("cpu")
+    host = host_prologue.HostPrologue(rt, plan, device="cpu")
+    addresses = {n: v.data_ptr() for n, v in host.views.items()}
+    for call, steps in enumerate([(2.0, 3.0), (3.0, 4.0), (10.0, 1.0)]):
+        args = real_inputs(call, steps, lr=0.1 * (call + 1))
+        versions = [a._version for a in args]
+        got = host.run(rt, args)
+        flat = host.strip(host.device_rt.run_flat(host.device_tensors(rt, args, got)))
+        for i, t in got.outputs.items():
+            flat[i] = t
+        want = gm(*args)
+        assert len(flat) == len(want)
+        for a, b in zip(flat, want):
+            assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        assert [a._version for a in args] == versions       # the graph is functional
+        assert {n: v.data_ptr() for n, v in host.views.items()} == addresses
+        assert host.views[plan.copies[0].name].tolist() == [steps[0] + 1, steps[1] + 1]
+
+
+class FakeGraph:
+    """A CUDA graph on the CPU: capture keeps the steps' runtime and tensors dict (the
+    same tensor objects: addresses) and the memory its allocations got; a replay runs
+    the same steps on those tensors again, its allocations given the same memory.
+    Like a real replay it reads what those addresses hold now, and nothing the Python
+    code around it computes (a stale host value would show)."""
+    capturing = None
+    replaying = None
+
+    def __init__(self):
+        self.tape, self.allocs = None, []
+
+    def replay(self):
+        rt, tensors = self.tape
+        FakeGraph.replaying = iter(self.allocs)
+        try:
+            rt.run_flat(dict(tensors))
+        finally:
+            FakeGraph.replaying = None
+
+
+def _emulate_cuda_graphs():
+    """Patch the CUDA calls GraphReplay makes with ``FakeGraph`` (a child process's
+    patches: nothing is undone)."""
+    import contextlib
+    from kiln.kernels.runtime import graph_replay, host_prologue
+    from kiln.kernels.runtime.runner import Runtime
+
+    @contextlib.contextmanager
+    def graph(g, pool=None):
+        FakeGraph.capturing = g
+        try:
+            yield
+        finally:
+            FakeGraph.capturing = None
+    torch.cuda.CUDAGraph, torch.cuda.graph = FakeGraph, graph
+    torch.cuda.synchronize = lambda *a: None
+    torch.cuda.MemPool, torch.cuda.graph_pool_handle = None, lambda: 0
+    torch.cuda.current_device = lambda: 0
+    run_flat, alloc = Runtime.run_flat, Runtime._alloc
+
+    def run_flat_(self, tensors):
+        if FakeGraph.capturing is not None:
+            FakeGraph.capturing.tape = (self, dict(tensors))
+        return run_flat(self, tensors)
+
+    def alloc_(self, tensors, todo):
+        if FakeGraph.replaying is not None:
+            for _, members in todo:
+                t = next(FakeGraph.replaying)
+                for name in members:
+                    tensors[name] = t
+            return
+        alloc(self, tensors, todo)
+        if FakeGraph.capturing is not None:
+            FakeGraph.capturing.allocs += [tensors[members[0]] for _, members in todo]
+    Runtime.run_flat, Runtime._alloc = run_flat_, alloc_
+    # the stand-in device is the CPU: its tensors of more than one element are the
+    # "GPU" ones when the split is decided (the graph's CPU values are 0-d)
+    host_prologue._describe = lambda t: None if not isinstance(t, torch.Tensor) else \
+        ("cpu" if t.dim() == 0 else "cuda", t.numel(), t.dtype)
+    plan_of = host_prologue.plan_of
+
+    def plan_of_(rt, seen):
+        dev, rt.device = rt.device, torch.device("cuda")
+        try:
+            return plan_of(rt, seen)
+        finally:
+            rt.device = dev
+    host_prologue.plan_of = plan_of_
+    graph_replay._POOLS.clear()
+    return graph_replay
+
+
+def replayed():
+    """GraphReplay over the emulated CUDA graph, call after call against eager: the
+    parameters and moments stay where they are (their values change in place, as an
+    optimizer's do), the counters and lr change every call (new tensors, too)."""
+    graph_replay = _emulate_cuda_graphs()
+    from kiln.kernels.runtime.runner import Runtime
+    from kiln.kernels.runtime.host_prologue import is_host_copy
+    gm, rt = runtime(6, kernels=True)
+    rt.device = torch.device("cpu")
+    for step in rt.steps:
+        if is_host_copy(step):           # the plain first call's copies, to the stand-in
+            step.b.op.device = "cpu"
+    g = graph_replay.GraphReplay(rt)
+    device = real_inputs(0, [0.0] * 6)[:18]
+    counters = [torch.tensor(float(i)) for i in range(6)]
+    for call in range(7):
+        for t in device:
+            t.copy_(torch.randn(t.shape))
+        if call == 4:
+            counters = [c.clone() for c in counters]          # new CPU tensors
+        for i, c in enumerate(counters):
+            c.fill_(float(call * 3 + i))
+        args = device + counters + [torch.tensor(0.1 + call)]
+        got, want = g(rt, args), gm(*args)
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        del got, a, b
+    assert Runtime.run_flat.__name__ == "run_flat_"          # the emulation ran
+    assert g.reason is None and g.host is not None, g.reason
+    assert g.records == 1 and g.replays == 5, (g.records, g.replays)
+
+
+def adamw_graph():
+    """The aten graph kiln captures for a foreach AdamW step over a small net's
+    parameters (after the first step, which made the state), with the example inputs
+    as a GPU graph would take them: the step counters (0-d) on the CPU, the rest on
+    the stand-in device. (Captured on the CPU, run by PyTorch: no kernel is built.)"""
+    import kiln
+    import kiln.kernels.backend as kernel_backend
+    from kiln.kernels.runtime.perf_fallback import EagerVariant
+    from foreach_train_case import OPTIMIZERS, Net, _options, train_step
+    graphs = []
+
+    def keep(gm, example_inputs, *a, **kw):
+        graphs.append((gm, list(example_inputs)))
+        return EagerVariant(gm)
+    cls, kw = OPTIMIZERS["adamw"]
+    torch.manual_seed(0)
+    m = Net()
+    opt = cls(m.parameters(), **_options(kw, "cpu"))
+    inner, kernel_backend.compile_aten_graph = kernel_backend.compile_aten_graph, keep
+    try:
+        step = kiln.compile(train_step, backend="kiln")
+        for _ in range(2):
+            step(m, opt, torch.randn(6, 4), torch.randn(6, 3))
+    finally:
+        kernel_backend.compile_aten_graph = inner
+    gm, example = [(gm, ex) for gm, ex in graphs
+                   if any("_foreach_" in str(n.target) for n in gm.graph.nodes)][-1]
+    stand_in = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+                if t.dim() else torch.zeros((), dtype=t.dtype) for t in example]
+    return gm, stand_in
+
+
+def replayed_adamw():
+    """AdamW's own graph through GraphReplay over the emulated CUDA graph (after
+    ``replayed``, whose patches stay): five replays, each equal to eager."""
+    from kiln.kernels.runtime import graph_replay
+    from kiln.kernels.runtime.host_prologue import is_host_copy
+    gm, stand_in = adamw_graph()
+    _, rt = runtime(gm=gm, inputs=stand_in, kernels=True)
+    rt.device = torch.device("cpu")
+    for step in rt.steps:
+        if is_host_copy(step):
+            step.b.op.device = "cpu"
+    g = graph_replay.GraphReplay(rt)
+    gen = torch.Generator().manual_seed(0)
+    state = [torch.randn(t.shape, generator=gen).abs() if t.dim() else None for t in stand_in]
+    for call in range(7):
+        args = [s if s is not None else torch.tensor(float(call + k))
+                for k, s in enumerate(state)]
+        got, want = g(rt, args), gm(*args)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        del got, a, b                    # (one still held is copied out: a new recording)
+    assert g.reason is None and g.host is not None, g.reason
+    assert g.records == 1 and g.replays == 5, (g.records, g.replays)
+
+
+if __name__ == "__main__":
+    interpreted()
+    replayed()
+    replayed_adamw()
+    print("ok")
+    sys.exit(0)
