@@ -48,8 +48,9 @@ from . import host_prologue
 #: a few steps, a launch a parameter)
 GRAPH_MIN_STEPS = 8
 #: recordings of one graph before it gives up on replay (inputs that keep moving,
-#: outputs held across calls)
-RECORD_LIMIT = 6
+#: outputs held across calls); graphs sharing the pool record again in cascade while
+#: addresses settle (FSDP2's 24 per-block graphs over its first steps: up to about 8)
+RECORD_LIMIT = 10
 _RANDOM = ("rand", "bernoulli", "dropout", "normal", "uniform", "multinomial", "poisson",
            "exponential", "geometric", "cauchy", "log_normal")
 _log = log_for("perf_hints")
@@ -252,7 +253,7 @@ class GraphReplay:
         self.outs = None
 
     def _outputs(self, rt, args, host=None):
-        out = []
+        out, views, fresh = [], [], []
         copied = self.copied
         for i, spec in enumerate(self.outs):
             if spec is None:             # or made by the host prologue, this call
@@ -266,7 +267,13 @@ class GraphReplay:
                 continue
             st, off, size, stride, dtype = spec
             t = torch.empty(0, dtype=dtype, device=st.device).set_(st, off, size, stride)
-            out.append(t.clone() if i in copied else t)
+            if i in copied:
+                views.append(t)
+                t = torch.empty_like(t)      # the layout clone() would give
+                fresh.append(t)
+            out.append(t)
+        if fresh:                            # one launch sequence for every copied output
+            torch._foreach_copy_(fresh, views)
         return rt.package(out)
 
     def _record(self, rt, args, ptrs, host=None):
