@@ -1,0 +1,198 @@
+"""A stream of input sizes: how many compiles, the first pass, the steady state.
+
+    python -m benchmarks.dynamic_shapes --workload llama [--device cuda] \\
+        [--backends eager,torch.compile,kiln] [--json FILE]
+    python -m benchmarks.dynamic_shapes --workload resnet18 [--device cuda]
+
+Workloads (issue 23's rows):
+- ``llama``: serving a LLaMA-style model (transformers ``LlamaForCausalLM``, 4 layers,
+  512 wide, 8 heads; bf16 on a GPU) with batch 4 and 24 random sequence lengths in
+  33..512 (seeded), inference under ``torch.no_grad()``.
+- ``resnet18``: torchvision resnet18 inference (eval, 224 px; bf16 on a GPU) over batch
+  sizes 1..64 in a shuffled order.
+On the CPU both shrink (``--small`` is implied) so the run stays short.
+
+Per backend, in one process: ``compiles`` (graphs captured: kiln's tracer handing a
+graph to its backend, torch.compile's unique graphs), the first pass over all sizes
+(compiles included), the steady state (median of ``--passes`` later passes over the
+same sizes, in the same order) and the largest error of the last pass's outputs against
+eager's (relative to eager's largest value; a slice of each output so it fits in memory).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.dynamic_shapes", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", choices=["llama", "resnet18"], default="llama")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--backends", default="eager,torch.compile,kiln")
+    p.add_argument("--passes", type=int, default=3, help="steady-state passes after the first")
+    p.add_argument("--small", action="store_true", help="tiny sizes (the default on the CPU)")
+    p.add_argument("--json", default="")
+    return p.parse_args(argv)
+
+
+def llama(device, small):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    if small:
+        cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)
+        lengths, batch, dtype = random.Random(0).sample(range(5, 65), 10), 2, torch.float32
+    else:
+        cfg = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
+                          num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=1024)
+        lengths, batch, dtype = [random.Random(0).randint(33, 512) for _ in range(24)], 4, torch.bfloat16
+    cfg.use_cache = False
+    model = LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
+    g = torch.Generator().manual_seed(1)
+    inputs = [torch.randint(0, cfg.vocab_size, (batch, n), generator=g).to(device) for n in lengths]
+
+    def run(fn, x):
+        return fn(x).logits[:, -1, :]
+    return model, inputs, run, [f"len {n}" for n in lengths]
+
+
+def resnet18(device, small):
+    import torchvision
+
+    torch.manual_seed(0)
+    dtype = torch.float32 if small or device == "cpu" else torch.bfloat16
+    model = torchvision.models.resnet18().to(device=device, dtype=dtype).eval()
+    sizes = list(range(1, 9 if small else 65))
+    random.Random(0).shuffle(sizes)
+    px = 32 if small else 224
+    g = torch.Generator().manual_seed(1)
+    inputs = [torch.randn(b, 3, px, px, generator=g).to(device=device, dtype=dtype) for b in sizes]
+
+    def run(fn, x):
+        return fn(x)
+    return model, inputs, run, [f"batch {b}" for b in sizes]
+
+
+class KilnGraphs:
+    """Counts the graphs kiln's tracer hands to a backend (each capture's graphs)."""
+
+    def __init__(self):
+        self.n = 0
+
+    def __enter__(self):
+        from kiln.capture import tracer
+        self.mod, self.orig = tracer, tracer.compile_graph
+
+        def counted(*a, **k):
+            self.n += 1
+            return self.orig(*a, **k)
+        tracer.compile_graph = counted
+        return self
+
+    def __exit__(self, *exc):
+        self.mod.compile_graph = self.orig
+
+
+def sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def one_backend(name, a, make):
+    model, inputs, run, labels = make(a.device, a.small or a.device == "cpu")
+    counter = None
+    if name == "eager":
+        fn = model
+    elif name == "torch.compile":
+        import importlib
+        importlib.import_module("torch._dynamo").reset()
+        fn = torch.compile(model)
+    elif name == "kiln":
+        import kiln
+        fn = kiln.compile(model)
+        counter = KilnGraphs().__enter__()
+    else:
+        raise ValueError(name)
+    before = _tc_graphs()
+    outs = []
+    with torch.no_grad():
+        sync(a.device)
+        t0 = time.perf_counter()
+        for x in inputs:
+            run(fn, x)
+        sync(a.device)
+        first = time.perf_counter() - t0
+        passes = []
+        for p in range(a.passes):
+            t0 = time.perf_counter()
+            last = [run(fn, x) for x in inputs]
+            sync(a.device)
+            passes.append(time.perf_counter() - t0)
+        outs = [o.float().cpu() for o in last]
+    if counter is not None:
+        counter.__exit__()
+        compiles = counter.n
+    elif name == "torch.compile":
+        compiles = _tc_graphs() - before
+    else:
+        compiles = 0
+    return {"backend": name, "compiles": compiles, "first_pass_s": first,
+            "steady_pass_ms": 1e3 * statistics.median(passes), "calls": len(inputs), "labels": labels}, outs
+
+
+def _tc_graphs() -> int:
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    make = {"llama": llama, "resnet18": resnet18}[a.workload]
+    rows, ref = [], None
+    for name in [b.strip() for b in a.backends.split(",") if b.strip()]:
+        try:
+            row, outs = one_backend(name, a, make)
+        except Exception as e:  # noqa: BLE001  (one backend's failure is a row)
+            rows.append({"backend": name, "error": f"{type(e).__name__}: {e}"[:300]})
+            continue
+        if name == "eager":
+            ref = outs
+        elif ref is not None:
+            scale = max(float(r.abs().max()) for r in ref) or 1.0
+            row["max_err"] = max(float((o - r).abs().max()) for o, r in zip(outs, ref)) / scale
+        rows.append(row)
+        print(f"# {name}: {json.dumps({k: v for k, v in row.items() if k != 'labels'})}", flush=True)
+    eager = next((r for r in rows if r["backend"] == "eager" and "error" not in r), None)
+    tc = next((r for r in rows if r["backend"] == "torch.compile" and "error" not in r), None)
+    dev = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
+    print(f"{a.workload} on {dev}, torch {torch.__version__}, {rows[0].get('calls', '?')} sizes per pass")
+    print(f"{'backend':<14} {'compiles':>8} {'first pass s':>13} {'steady ms':>10} {'vs eager':>9} {'vs tc':>7} {'max err':>9}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['backend']:<14} error: {r['error']}")
+            continue
+        ve = eager["steady_pass_ms"] / r["steady_pass_ms"] if eager else float("nan")
+        vt = tc["steady_pass_ms"] / r["steady_pass_ms"] if tc else float("nan")
+        print(f"{r['backend']:<14} {r['compiles']:>8} {r['first_pass_s']:>13.2f} {r['steady_pass_ms']:>10.2f} "
+              f"{ve:>8.2f}x {vt:>6.2f}x {r.get('max_err', 0.0):>9.1e}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"workload": a.workload, "device": dev, "torch": torch.__version__, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
