@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_map
 from ..dispatch_mode import KilnDispatchMode
 from .errors import InternalError
 from ..fast_meta import meta_result
+from ..shapes.fake_ops import is_symbolic, run_decomposed
 
 aten = torch.ops.aten
 
@@ -141,7 +142,12 @@ def _dispatch(func, args, kwargs):
             return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=_META)
         return x
 
-    key = _memo_key(func, args, kwargs)
+    symbolic = is_symbolic(args) or is_symbolic(kwargs)
+    if symbolic:
+        r = run_decomposed(func, args, kwargs, FakeMode)
+        if r is not NotImplemented:
+            return r
+    key = None if symbolic else _memo_key(func, args, kwargs)
     if key is not None:
         hit = _MEMO.get(key)
         if hit is not None:
@@ -149,7 +155,7 @@ def _dispatch(func, args, kwargs):
     u_args = tree_map(unwrap, args)
     u_kwargs = tree_map(unwrap, kwargs)
     try:
-        out = meta_result(func, u_args, u_kwargs, device)
+        out = None if symbolic else meta_result(func, u_args, u_kwargs, device)
     except Exception:  # noqa: BLE001  (kiln's shortcut; the meta kernel decides)
         out = None
     try:
