@@ -198,7 +198,8 @@ def _len(tx, x):
     if isinstance(x, V.TensorValue):
         if x.fake.dim() == 0:
             raise UserException(V.ExceptionValue(TypeError, [C("len() of a 0-d tensor")]))
-        return C(x.fake.shape[0])
+        sym = V.rules.symbolic_meta(tx, x, "__len__", [], {})
+        return sym if sym is not None else C(x.fake.shape[0])
     if isinstance(x, (V.ListValue, V.TupleValue)):
         return C(len(x.items))
     if isinstance(x, (V.DictValue, V.SetValue)):

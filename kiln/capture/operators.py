@@ -45,6 +45,10 @@ def binary_op(tx, name, a, b):
     fn = INPLACE[name] if inplace else BINARY[name]
     if isinstance(a, V.kinds.NdarrayValue) or isinstance(b, V.kinds.NdarrayValue):
         return V.rules.numpy_binary(tx, _INPLACE_TO_BINARY.get(name, fn), a, b, inplace)
+    if isinstance(a, V.SymIntValue) or isinstance(b, V.SymIntValue):
+        r = V.rules.sym_binary(tx, fn, a, b)
+        if r is not None:
+            return r
     if isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue):
         if isinstance(a, V.TensorValue):
             return tx.output.op("call_function", fn, [a, b], {})
@@ -250,6 +254,10 @@ def compare_op(tx, op, a, b):
         if (isinstance(a, V.ConstantValue) and a.value is None) or (isinstance(b, V.ConstantValue) and b.value is None):
             return V.ConstantValue(fn(object(), None) if op in ("==", "!=") else False)
         return tx.output.op("call_function", fn, [a, b], {})
+    if isinstance(a, V.SymIntValue) or isinstance(b, V.SymIntValue):
+        r = V.rules.sym_compare(tx, fn, a, b)
+        if r is not None:
+            return r
     if a.is_const() and b.is_const():
         return V.ConstantValue(fold(fn, a.const(), b.const()))
 
@@ -339,6 +347,10 @@ def unary_op(tx, opname, v):
           "UNARY_INVERT": operator.invert, "UNARY_POSITIVE": operator.pos}[opname]
     if isinstance(v, V.kinds.NdarrayValue):
         return V.rules.numpy_unary(tx, fn, v)
+    if isinstance(v, V.SymIntValue):
+        r = V.rules.sym_unary(tx, fn, v)
+        if r is not None:
+            return r
     if isinstance(v, V.TensorValue):
         if fn is operator.not_:
             raise Unsupported("K0006", "`not` on a tensor (data-dependent)")
