@@ -103,10 +103,10 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         bound = self._bind(args, kwargs)
         if self.entries:
-            self._log_recompile(args, kwargs, now_dynamic=self.policy.observe(bound or {}))
+            self._log_recompile(args, kwargs, now_dynamic=self.policy.observe(
+                bound or {}, self.entries[0].namespace))
         if bound is None:
             return self.fn(*args, **kwargs)  # let Python raise the TypeError
-        self.policy.record(bound)
         state = global_state.snapshot()
         why = global_state.eager_reason(state)
         if why is not None:
@@ -148,6 +148,7 @@ class CompiledFunction:
             self.recorder.guards.extend(entry.guards)
         log_for("compile_times").info("compiled %s in %.3fs", self.code.co_name, time.perf_counter() - t0)
         self.entries.append(entry)
+        self.policy.record(entry, bound)
         r = entry.fn(*args, **kwargs)
         if r is MISS:  # a guard that cannot hold right after tracing: a kiln bug
             self.entries.remove(entry)
@@ -240,7 +241,9 @@ class CompiledFunction:
             logging.getLogger("kiln.recompiles").warning(
                 "[K0053] %s hit recompile_limit (%d); running it eagerly from now on. Failed guards "
                 "(last entry):\n%s%s",
-                where, config.recompile_limit, text, mark_hint(self.policy, bound), extra=extra)
+                where, config.recompile_limit, text,
+                mark_hint(self.policy, bound, self.entries[0].namespace if self.entries else {}),
+                extra=extra)
         else:
             log.info("recompiling %s: guards failed:\n%s", where, text, extra=extra)
         if self.recorder is not None:
@@ -248,10 +251,11 @@ class CompiledFunction:
             self.recorder.recompiles.append((where, "; ".join(last) or "(no guard fails now)"))
 
 
-def mark_hint(policy, bound) -> str:
+def mark_hint(policy, bound, namespace) -> str:
     """At the limit: how to keep the sizes that keep changing from recompiling."""
-    marks = [f"kiln.mark_dynamic({name}, {d})" for name, d in policy.changes(bound) if d is not None]
-    ints = [name for name, d in policy.changes(bound) if d is None]
+    changes = policy.changes(bound, namespace)
+    marks = [f"kiln.mark_dynamic({src.expr()}, {d})" for src, d in changes if d is not None]
+    ints = [name for name, d in changes if d is None]
     lines = []
     if marks:
         lines.append("\nsizes that changed between calls; to compile them once for all sizes, mark "

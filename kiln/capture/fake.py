@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_map
 from ..dispatch_mode import KilnDispatchMode
 from .errors import InternalError
 from ..fast_meta import meta_result
-from ..shapes.fake_ops import is_symbolic, run_decomposed
+from ..shapes.fake_ops import inside as decomposing, is_symbolic, pointwise_result, run_decomposed
 
 aten = torch.ops.aten
 
@@ -90,7 +90,7 @@ def _pick_device(args, kwargs) -> torch.device:
     """The device of an op's result: an explicit ``device=``, else the fake inputs'
     common device (a non-CPU device wins over CPU 0-d tensors, as in eager)."""
     dev = kwargs.get("device")
-    if dev is not None:
+    if dev is not None and not (decomposing.depth and torch.device(dev).type == "meta"):
         return torch.device(dev)
     found = None
     for a in _flat(args) + _flat(list(kwargs.values())):
@@ -143,8 +143,13 @@ def _dispatch(func, args, kwargs):
         return x
 
     symbolic = is_symbolic(args) or is_symbolic(kwargs)
-    if symbolic:
+    if symbolic and not _is_pointwise_call(func, args, kwargs):
         r = run_decomposed(func, args, kwargs, FakeMode)
+        if r is not NotImplemented:
+            return r
+    if symbolic and _is_pointwise_call(func, args, kwargs) and \
+            pointwise_result(func, tree_map(_meta_of, args), tree_map(_meta_of, kwargs)) is None:
+        r = run_decomposed(func, args, kwargs, FakeMode)   # laid out by PyTorch's reference
         if r is not NotImplemented:
             return r
     key = None if symbolic else _memo_key(func, args, kwargs)
@@ -155,7 +160,8 @@ def _dispatch(func, args, kwargs):
     u_args = tree_map(unwrap, args)
     u_kwargs = tree_map(unwrap, kwargs)
     try:
-        out = None if symbolic else meta_result(func, u_args, u_kwargs, device)
+        out = pointwise_result(func, u_args, u_kwargs) if symbolic else \
+            meta_result(func, u_args, u_kwargs, device)
     except Exception:  # noqa: BLE001  (kiln's shortcut; the meta kernel decides)
         out = None
     try:
@@ -202,6 +208,15 @@ def _dispatch(func, args, kwargs):
         if described is not None:
             _MEMO[key] = described
     return result
+
+
+def _meta_of(x):
+    return x._elem if isinstance(x, FakeTensor) else x
+
+
+def _is_pointwise_call(func, args, kwargs) -> bool:
+    from ..fast_meta import _is_pointwise
+    return _is_pointwise(func)
 
 
 _PYTHON_KEYS = (torch._C.DispatchKeySet(torch._C.DispatchKey.Python)

@@ -81,6 +81,7 @@ class OutputGraph:
         node.meta["example_value"] = fake
         tv = V.TensorValue(node, fake, source)
         tv.cls = type(real)
+        tv.input_geometry = _geometry(fake)     # an in-place op changing it is seen at the end
         self.inputs.append((source, node, real))
         self._input_by_id[id(real)] = tv
         self._real_by_node[node] = real
@@ -154,7 +155,7 @@ class OutputGraph:
                 continue
             tv = self._input_by_id[id(real)]
             by_type.setdefault(type(real), []).append(tv)
-            if _geometry(tv.fake) != _geometry(real):
+            if _geometry(tv.fake) != tv.input_geometry:
                 mutated.add(id(tv))
         for group in by_type.values():
             pairs = [(m.source, o.source) for m in group if id(m) in mutated

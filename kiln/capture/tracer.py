@@ -61,6 +61,8 @@ class Entry:
     source: str
     graphs: list = field(default_factory=list)
     breaks: list = field(default_factory=list)
+    #: (source, shape) of each tensor the trace read (automatic dynamic compares them)
+    tensor_inputs: list = field(default_factory=list)
 
 
 class TraceContext:
@@ -253,6 +255,8 @@ def _finish(fn, code, out, cg, ctx, tail_lines, where, break_info=None, graph=Tr
     entry_fn.__kwdefaults__ = fn.__kwdefaults__
     entry = Entry(entry_fn, guards, ns, text, [gm] if gm is not None else [],
                   [break_info] if break_info else [])
+    entry.tensor_inputs = [(src, tuple(real.shape)) for src, _, real in out.inputs
+                           if isinstance(real, torch.Tensor)]
     glog = log_for("guards")
     if glog.isEnabledFor(logging.INFO):
         glog.info("guards for %s (%s:%d):\n%s", code.co_name, code.co_filename, code.co_firstlineno,

@@ -85,7 +85,23 @@ class ShapeEnv:
             expr = expr.xreplace(self.replacements)
             if self.replacements and expr.free_symbols & set(self.replacements):
                 expr = expr.xreplace(self.replacements)
+        if expr.has(sympy.Max, sympy.Min):
+            expr = expr.replace(lambda e: isinstance(e, (sympy.Max, sympy.Min)), self._pick)
         return expr
+
+    def _pick(self, e):
+        """``max(a, b)`` where the ranges say which is larger: that one."""
+        if len(e.args) != 2:
+            return e
+        a, b = e.args
+        b_ = self.bounds(sympy.expand(a - b))
+        if b_ is None:
+            return e
+        if b_[0] >= 0:
+            return a if isinstance(e, sympy.Max) else b
+        if b_[1] <= 0:
+            return b if isinstance(e, sympy.Max) else a
+        return e
 
     def _assume(self, g):
         g = canonical(self.simplify(g))
@@ -168,7 +184,7 @@ class ShapeEnv:
         if not isinstance(expr, sympy.core.relational.Relational):
             return None
         diff = sympy.expand(expr.lhs - expr.rhs)
-        for d in (diff, sympy.expand(_floordiv_as_mod(diff))):
+        for d in (diff, sympy.expand(_floordiv_as_mod(diff)), _factored(diff)):
             b = self.bounds(d)
             t = None if b is None else _decide(type(expr), *b)
             if t is not None:
@@ -282,22 +298,31 @@ def _floordiv_as_mod(e):
                      lambda x: (x.args[0] - sympy.Mod(x.args[0], x.args[1])) / x.args[1])
 
 
+def _factored(e):
+    """``2*s**2 - s`` as ``s*(2*s - 1)``: a product of ranges bounds it where the sum
+    of ranges does not."""
+    try:
+        return sympy.factor(e) if e.is_polynomial() and len(e.free_symbols) <= 2 else e
+    except Exception:  # noqa: BLE001  (sympy declines some expressions)
+        return e
+
+
 def canonical(g):
     """One spelling per relation: ``4*s0 == 8*(s0 // 2)`` becomes ``s0 % 2 == 0``,
     ``a == b`` and ``b == a`` the same."""
     if isinstance(g, (sympy.Eq, sympy.Ne)):
-        d = sympy.expand(_floordiv_as_mod(g.lhs - g.rhs))
-        if not d.has(FloorDiv) and d.is_polynomial() is not None:
-            _, d = sympy.factor_terms(d).as_coeff_Mul() if d.is_Mul else (1, d)
-            if d.is_Add:
-                c = sympy.gcd_terms(d)
-                _, d = c.as_coeff_Mul() if c.is_Mul else (1, c)
-            if d.could_extract_minus_sign():
-                d = -d
-            if isinstance(d, sympy.Mod) or (d.is_Mul and any(isinstance(a, sympy.Mod) for a in d.args)):
-                return type(g)(d, 0)
-        lhs, rhs = sorted((g.lhs, g.rhs), key=sympy.default_sort_key)
-        return type(g)(lhs, rhs)
+        d = sympy.expand(g.lhs - g.rhs)
+        m = sympy.expand(_floordiv_as_mod(d))
+        if m.has(sympy.Mod) and not m.has(FloorDiv) and \
+                not m.xreplace({x: 0 for x in m.atoms(sympy.Mod)}).free_symbols:
+            d = m   # only remainders left: 4*s == 8*(s // 2) is s % 2 == 0
+        if d.is_Number:
+            return type(g)(d, 0)
+        _, d = d.primitive()
+        const, rest = d.as_coeff_Add()
+        if rest.could_extract_minus_sign():
+            rest, const = -rest, -const
+        return type(g)(rest, -const)
     return g
 
 

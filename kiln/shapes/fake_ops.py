@@ -9,6 +9,8 @@ and view-copy ops, run as they are.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 aten = torch.ops.aten
@@ -36,6 +38,13 @@ def is_symbolic(x) -> bool:
     return False
 
 
+class _Inside(threading.local):
+    depth = 0
+
+
+inside = _Inside()   # > 0 while a decomposition runs: its ``device="meta"`` means the fakes' device
+
+
 def run_decomposed(func, args, kwargs, mode_cls):
     """``func`` as its decomposition under ``mode_cls`` (the fake mode, so that each
     step comes back to fake dispatch); NotImplemented where it has to run as it is."""
@@ -43,18 +52,60 @@ def run_decomposed(func, args, kwargs, mode_cls):
 
     if func in _CPP_SYMINT or func in _AS_IS or torch.Tag.view_copy in func.tags:
         return NotImplemented
-    meta = meta_table.get(func)
-    if meta is not None:   # a Python meta kernel: on the fakes' meta tensors, wrapped again
-        try:
-            with mode_cls():
-                return meta(*args, **kwargs)
-        except Exception:  # noqa: BLE001
-            return NotImplemented
-    decomp = decomposition_table.get(func)
+    fn = meta_table.get(func) or decomposition_table.get(func)
+    inside.depth += 1
     try:
         with mode_cls():
-            if decomp is not None:
-                return decomp(*args, **kwargs)
+            if fn is not None:    # a Python meta kernel or decomposition, on the fakes
+                return fn(*args, **kwargs)
             return func.decompose(*args, **kwargs)
     except Exception:  # noqa: BLE001  (the op's own kernel decides, as it is)
         return NotImplemented
+    finally:
+        inside.depth -= 1
+
+
+def _row_major(t) -> bool:
+    """Contiguous, or a broadcast (stride-0) view of a contiguous tensor: the dims
+    that move are in decreasing stride order, so TensorIterator lays the result out
+    contiguously."""
+    if t.is_contiguous():
+        return True
+    if t.storage_offset() != 0:
+        return False
+    prev = None
+    for n, st in zip(t.shape, t.stride()):
+        if n == 1 or st == 0:
+            continue
+        if prev is not None and not prev >= st:
+            return False
+        prev = st
+    return True
+
+
+def pointwise_result(func, u_args, u_kwargs):
+    """A pointwise op's result on contiguous meta tensors with symbolic sizes: the
+    broadcast shape (each comparison a guard), contiguous, of the dtype the op gives
+    one-element tensors; None for anything else (the op's kernel decides)."""
+    from kiln.fast_meta import _SCALARS, _broadcast, _is_pointwise, _pointwise_dtype
+
+    if not _is_pointwise(func) or "device" in u_kwargs or u_kwargs.get("memory_format") is not None:
+        return None
+    tensors = []
+    for a in list(u_args) + list(u_kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            if a.device.type != "meta" or not _row_major(a):
+                return None
+            tensors.append(a)
+        elif not isinstance(a, _SCALARS):
+            return None
+    if not tensors:
+        return None
+    shape = _broadcast(*[t.shape for t in tensors])
+    if shape is None:
+        return None
+    try:
+        dtype = _pointwise_dtype(func, u_args, u_kwargs)
+    except Exception:  # noqa: BLE001  (the kernel says what is wrong)
+        return None
+    return torch.empty(shape, dtype=dtype, device="meta")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from kiln import config
-from kiln.capture.sources import LocalSource
+from kiln.capture.sources import ItemSource, LocalSource
 from kiln.shapes.marks import marked
 
 
@@ -24,12 +24,15 @@ def mode() -> str:
 
 
 class DynamicPolicy:
-    """Per compiled function (one code object): what its first trace saw and which
-    dims have since changed."""
+    """Per compiled function (one code object): the sizes its first trace read from
+    the call's tensors and ints, and those that have since changed. A tensor is
+    tracked by its source (``L['x']``, ``L['kwargs']['ids']``, ``L['out'].logits``)
+    when that source starts at the frame's arguments; parameters and globals are not."""
 
     def __init__(self):
-        self.seen: dict = {}        # argument name -> shape tuple or int
-        self.auto_dims: dict = {}   # argument name -> set of dims now dynamic
+        self.seen: dict = {}        # source expression -> (source, shape tuple)
+        self.seen_ints: dict = {}   # argument name -> int
+        self.auto_dims: dict = {}   # source expression -> set of dims now dynamic
         self.auto_ints: set = set()
 
     # --- what a trace asks --------------------------------------------------------
@@ -40,12 +43,12 @@ class DynamicPolicy:
         m = mode()
         if m == "false" and not out:
             return {}
-        name = source.name if isinstance(source, LocalSource) else None
+        auto = self.auto_dims.get(source.expr(), ()) if m == "auto" else ()
+        every = m == "true" and _argument(source) and not isinstance(real, torch.nn.Parameter)
         for d, n in enumerate(real.shape):
             if d in out or d in static or n in (0, 1):
                 continue
-            if d in maybe or (name is not None and (
-                    m == "true" or d in self.auto_dims.get(name, ()))):
+            if d in maybe or every or d in auto:
                 out[d] = (None, None, False)
         return out
 
@@ -56,46 +59,61 @@ class DynamicPolicy:
         return m == "true" or (m == "auto" and source.name in self.auto_ints)
 
     # --- what calls show ------------------------------------------------------------
-    def record(self, bound: dict) -> None:
+    def record(self, entry, bound: dict) -> None:
+        """After a trace: the sizes of the argument-rooted tensors it read."""
+        for source, shape in entry.tensor_inputs:
+            if _rooted(source):
+                self.seen.setdefault(source.expr(), (source, shape))
         for name, v in bound.items():
-            if name not in self.seen:
-                s = _summary(v)
-                if s is not None:
-                    self.seen[name] = s
+            if type(v) is int:
+                self.seen_ints.setdefault(name, v)
 
-    def changes(self, bound: dict) -> list:
-        """(name, dim or None) of each size (int) that differs from the first call's."""
+    def changes(self, bound: dict, namespace: dict) -> list:
+        """(source, dim) of each size that differs from the first trace's, and
+        (argument name, None) of each int."""
+        env = dict(namespace)
+        env.update(bound)
         out = []
-        for name, v in bound.items():
-            old, new = self.seen.get(name), _summary(v)
-            if old is None or new is None or type(old) is not type(new):
+        for e, (source, old) in self.seen.items():
+            try:
+                new = eval(e, env)   # noqa: S307  (a source expression kiln generated)
+            except Exception:  # noqa: BLE001  (not there any more: not a size change)
                 continue
-            if isinstance(new, int):
-                if old != new:
-                    out.append((name, None))
-            elif len(old) == len(new):
-                out += [(name, d) for d, (a, b) in enumerate(zip(old, new)) if a != b]
+            if isinstance(new, torch.Tensor) and new.dim() == len(old):
+                out += [(source, d) for d, (a, b) in enumerate(zip(old, new.shape)) if a != b]
+        for name, old in self.seen_ints.items():
+            v = bound.get(name)
+            if type(v) is int and v != old:
+                out.append((name, None))
         return out
 
-    def observe(self, bound: dict) -> list:
+    def observe(self, bound: dict, namespace: dict) -> list:
         """Make the changed sizes dynamic ("auto" only); the log lines saying so."""
         if mode() != "auto":
             return []
         said = []
-        for name, d in self.changes(bound):
+        for src, d in self.changes(bound, namespace):
             if d is None:
-                if name not in self.auto_ints:
-                    self.auto_ints.add(name)
-                    said.append(f"L[{name!r}] is now dynamic")
-            elif d not in self.auto_dims.setdefault(name, set()):
-                self.auto_dims[name].add(d)
-                said.append(f"dim {d} of L[{name!r}] is now dynamic")
+                if src not in self.auto_ints:
+                    self.auto_ints.add(src)
+                    said.append(f"L[{src!r}] is now dynamic")
+            elif d not in self.auto_dims.setdefault(src.expr(), set()):
+                self.auto_dims[src.expr()].add(d)
+                said.append(f"dim {d} of {src.pretty()} is now dynamic")
         return said
 
 
-def _summary(v):
-    if isinstance(v, torch.Tensor):
-        return tuple(v.shape)
-    if type(v) is int:
-        return v
-    return None
+def _rooted(source) -> bool:
+    """Whether ``source`` starts at one of the frame's arguments."""
+    while not isinstance(source, LocalSource):
+        source = getattr(source, "base", None)
+        if source is None:
+            return False
+    return True
+
+
+def _argument(source) -> bool:
+    """An argument, or an item of one (``*args``, ``**kwargs``, a list passed in)."""
+    while isinstance(source, ItemSource):
+        source = source.base
+    return isinstance(source, LocalSource)
