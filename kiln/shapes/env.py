@@ -322,7 +322,10 @@ def canonical(g):
         const, rest = d.as_coeff_Add()
         if rest.could_extract_minus_sign():
             rest, const = -rest, -const
-        return type(g)(rest, -const)
+        terms = sympy.Add.make_args(rest)
+        pos = [t for t in terms if not t.could_extract_minus_sign()]
+        neg = [-t for t in terms if t.could_extract_minus_sign()]
+        return type(g)(sympy.Add(*pos), sympy.Add(*neg) - const)
     return g
 
 

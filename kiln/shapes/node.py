@@ -229,7 +229,8 @@ class KilnSymNode:
         return then if self.bool_() else other
 
     def sym_sum(self, args):
-        expr, hint = self.expr, self.hint
+        """The sum of ``args`` (the receiver is only the node it is asked of)."""
+        expr, hint = sympy.Integer(0), 0
         for a in args:
             expr, hint = expr + a.expr, hint + a.hint
         return KilnSymNode(expr, hint, int, self.env)

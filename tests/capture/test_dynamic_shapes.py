@@ -1,0 +1,209 @@
+"""Symbolic sizes end to end: streams of sizes through kiln.compile on each backend,
+each call compared with eager on fresh inputs, and the number of graphs captured
+asserted — no more than torch.compile needs (automatic: 2; marked or dynamic=True: 1;
+dynamic=False: one per size)."""
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.shapes.env import SpecializedMarkedDim
+
+BACKENDS = ["eager", "aot_eager", pytest.param("kiln", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(autouse=True)
+def _strict():
+    with kiln.config.patch(suppress_errors=False):
+        yield
+    kiln.reset()
+
+
+def graphs(c) -> int:
+    return sum(len(e.graphs) for e in c.entries)
+
+
+def stream(fn, make, sizes, backend, prepare=None, **kw):
+    """``fn`` compiled, called on ``make(s)`` for each size, compared with eager."""
+    torch.manual_seed(0)
+    c = kiln.compile(fn, backend=backend, **kw)
+    for s in sizes:
+        args = make(s)
+        ref = fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+        if prepare is not None:
+            prepare(*args)
+        got = c(*args)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert c.skip is None, c.skip
+    return c
+
+
+def _pointwise_reduce(x):
+    return (torch.sin(x) * 2 + x.exp()).sum(-1), x.amax(0)
+
+
+def _pointwise_sum(x):
+    return torch.sin(x) * 2 + x.exp(), x.sum(0)
+
+
+def _matmul_chain(x, w1, w2):
+    return torch.relu(x @ w1) @ w2
+
+
+def _heads(x):
+    b, s, d = x.shape
+    y = x.view(b, s, 2, d // 2).transpose(1, 2)      # (b, 2, s, d/2)
+    return y.reshape(b * 2, s, d // 2).transpose(1, 2).contiguous()
+
+
+def _halves(x):
+    n = x.size(0)
+    return x[: n // 2] * 2 + x[n // 2:].sum(0), x[:, 1:]
+
+
+def _pad(x):
+    return F.pad(x, (1, 2)) * 3, F.pad(x, (0, 0, 2, 0), value=1.0)
+
+
+def _norms(x):
+    return F.layer_norm(torch.softmax(x, 1), (8,)), torch.log_softmax(x, -1)
+
+
+AUTOMATIC = [
+    (_pointwise_reduce, lambda s: (torch.randn(s, 8),), [3, 4, 5, 6, 7, 9]),
+    (_matmul_chain, lambda s: (torch.randn(s, 8), torch.randn(8, 16), torch.randn(16, 4)), [3, 5, 8, 11]),
+    (_heads, lambda s: (torch.randn(2, s, 8),), [3, 4, 6, 9, 10]),
+    (_halves, lambda s: (torch.randn(s, 5),), [4, 6, 7, 10, 12]),
+    (_pad, lambda s: (torch.randn(s, 6),), [3, 5, 7, 8]),
+    (_norms, lambda s: (torch.randn(2, s, 8),), [3, 5, 6, 9]),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn,make,sizes", AUTOMATIC, ids=[f[0].__name__ for f in AUTOMATIC])
+def test_automatic_dynamic_compiles_twice(fn, make, sizes, backend):
+    c = stream(fn, make, sizes, backend)
+    assert graphs(c) == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn,make,sizes", AUTOMATIC[:3], ids=[f[0].__name__ for f in AUTOMATIC[:3]])
+def test_dynamic_true_compiles_once(fn, make, sizes, backend):
+    c = stream(fn, make, sizes, backend, dynamic=True)
+    assert graphs(c) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dynamic_false_compiles_per_size(backend):
+    c = stream(_pointwise_reduce, lambda s: (torch.randn(s, 8),), [3, 4, 5, 6], backend, dynamic=False)
+    assert graphs(c) == 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mark_dynamic_on_the_first_call_compiles_once(backend):
+    c = stream(_heads, lambda s: (torch.randn(2, s, 8),), [3, 4, 7, 9], backend,
+               prepare=lambda x: kiln.mark_dynamic(x, 1))
+    assert graphs(c) == 1
+    assert "2 <= L['x'].size(1)" in [g.description for g in c.entries[0].guards]
+
+
+def _scale(x, n):
+    return x[:n] * n + n // 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_python_int_argument_becomes_symbolic(backend):
+    c = stream(_scale, lambda n: (torch.randn(12, 3), n), [2, 3, 5, 7, 11], backend)
+    assert graphs(c) == 2
+    gm = c.entries[-1].graphs[0]
+    ints = [n for n in gm.graph.nodes if n.op == "placeholder"
+            and isinstance(n.meta.get("kiln_sym"), torch.SymInt)]
+    assert len(ints) == 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_size_one_and_zero_are_specialised(backend):
+    c = stream(_pointwise_sum, lambda s: (torch.randn(s, 8),), [4, 5, 1, 6, 0, 7], backend,
+               dynamic=True)
+    assert graphs(c) == 3       # sizes >= 2, size 1, size 0
+
+
+def _branchy(x):
+    if x.size(0) > 4:
+        return x * 2
+    return x - 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_guard_on_a_symbolic_relation(backend):
+    c = stream(_branchy, lambda s: (torch.randn(s, 3),), [2, 3, 5, 6, 3, 9], backend, dynamic=True)
+    assert graphs(c) == 2
+    words = [[g.description for g in e.guards] for e in c.entries]
+    assert "2 <= L['x'].size(0) <= 4" in words[0]
+    assert "5 <= L['x'].size(0)" in words[1]
+
+
+def test_recompile_log_says_which_dim_became_dynamic(caplog):
+    c = kiln.compile(_pointwise_reduce, backend="eager")
+    with caplog.at_level(logging.INFO, logger="kiln.recompiles"):
+        c(torch.randn(3, 8))
+        c(torch.randn(5, 8))
+    assert "L['x'].shape[0] was 3, now 5" in caplog.text
+    assert "dim 0 of L['x'] is now dynamic" in caplog.text
+
+
+def test_recompile_limit_says_how_to_mark_the_dim(caplog):
+    c = kiln.compile(_pointwise_reduce, backend="eager", dynamic=False)
+    with kiln.config.patch(recompile_limit=2), caplog.at_level(logging.WARNING, logger="kiln"):
+        for s in (3, 4, 5):
+            x = torch.randn(s, 8)
+            torch.testing.assert_close(c(x), _pointwise_reduce(x))
+    assert "hit recompile_limit (2)" in caplog.text
+    assert "kiln.mark_dynamic(x, 0)" in caplog.text
+
+
+def _fixed(x):
+    return x + torch.ones(8)
+
+
+def test_mark_dynamic_on_a_dim_the_code_fixes_raises():
+    x = torch.randn(8)
+    kiln.mark_dynamic(x, 0)
+    with pytest.raises(SpecializedMarkedDim, match=r"L\['x'\].size\(0\) was marked dynamic.*x \+ torch.ones\(8\)"):
+        kiln.compile(_fixed, backend="eager")(x)
+
+
+def test_maybe_mark_dynamic_lets_the_code_fix_the_dim():
+    x = torch.randn(8)
+    kiln.maybe_mark_dynamic(x, 0)
+    c = kiln.compile(_fixed, backend="eager")
+    torch.testing.assert_close(c(x), _fixed(x))
+    assert "L['x'].size(0) == 8" in [g.description.split("  (")[0] for g in c.entries[0].guards]
+
+
+def test_mark_static_keeps_a_dim_static_under_dynamic_true():
+    def make(s):
+        x = torch.randn(s, 8)
+        kiln.mark_static(x, 0)
+        return (x,)
+    c = stream(_pointwise_reduce, make, [3, 4, 5], "eager", dynamic=True)
+    assert graphs(c) == 3
+
+
+def test_backends_get_real_inputs_and_symbolic_placeholders():
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append((gm, [type(a) for a in example_inputs]))
+        return gm.forward
+
+    c = stream(_heads, lambda s: (torch.randn(2, s, 8),), [3, 4, 6, 9], backend)
+    assert graphs(c) == 2 and len(seen) == 2
+    gm, types = seen[1]
+    assert types == [torch.Tensor]
+    (ph,) = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert str(ph.meta["kiln_sym"][1]) == "s0" and ph.meta["kiln_sym"][0] == 2
+    # the one graph computes its view sizes from its input
+    assert any(n.op == "call_method" and n.target == "size" for n in gm.graph.nodes)
