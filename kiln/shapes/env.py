@@ -46,8 +46,13 @@ class ShapeEnv:
     # --- symbols ------------------------------------------------------------------
     def new_symbol(self, expr: str, pretty: str, hint: int, *, lo=2, hi=None, marked=False,
                    is_int=False):
-        sym = sympy.Symbol(f"s{len(self.symbols)}", integer=True, positive=True)
-        self.symbols[sym] = SymbolInfo(sym, expr, pretty, hint, max(lo, 0) if lo is not None else 2,
+        if is_int:   # a Python int: any value but the specialised 0 and 1
+            sym = sympy.Symbol(f"s{len(self.symbols)}", integer=True)
+            lo = -sympy.oo if lo is None else lo
+        else:
+            sym = sympy.Symbol(f"s{len(self.symbols)}", integer=True, positive=True)
+            lo = 2 if lo is None else max(lo, 0)
+        self.symbols[sym] = SymbolInfo(sym, expr, pretty, hint, lo,
                                        sympy.oo if hi is None else hi, marked, is_int)
         node = KilnSymNode(sym, hint, int, self)
         return torch.SymInt(node)
@@ -197,7 +202,7 @@ class ShapeEnv:
             return e, e
         if isinstance(e, sympy.Symbol):
             info = self.symbols.get(e)
-            return None if info is None else (sympy.Integer(info.lo), info.hi)
+            return None if info is None else (sympy.sympify(info.lo), sympy.sympify(info.hi))
         if isinstance(e, sympy.Add):
             lo, hi = sympy.Integer(0), sympy.Integer(0)
             for a in e.args:
@@ -254,10 +259,12 @@ class ShapeEnv:
         for info in self.symbols.values():
             if info.symbol in self.replacements:
                 continue
-            rel = sympy.Le(info.lo, info.symbol)
-            if info.hi != sympy.oo:
-                rel = sympy.And(rel, sympy.Le(info.symbol, info.hi))
-            out.append((rel, None))
+            rels = ([sympy.Le(info.lo, info.symbol)] if info.lo != -sympy.oo else []) + \
+                ([sympy.Le(info.symbol, info.hi)] if info.hi != sympy.oo else [])
+            if info.is_int:   # 0 and 1 are specialised
+                rels += [sympy.Ne(info.symbol, 0), sympy.Ne(info.symbol, 1)]
+            if rels:
+                out.append((sympy.And(*rels) if len(rels) > 1 else rels[0], None))
         seen = set()
         for g, where in self.guards:
             if isinstance(g, sympy.Eq) and isinstance(g.lhs, sympy.Symbol) and g.lhs in self.replacements:

@@ -71,6 +71,10 @@ class DynamicPolicy:
     def changes(self, bound: dict, namespace: dict) -> list:
         """(source, dim) of each size that differs from the first trace's, and
         (argument name, None) of each int."""
+        with torch._C.DisableTorchFunction():   # a user's function mode sees none of this
+            return self._changes(bound, namespace)
+
+    def _changes(self, bound, namespace):
         env = dict(namespace)
         env.update(bound)
         out = []
