@@ -207,3 +207,24 @@ def test_backends_get_real_inputs_and_symbolic_placeholders():
     assert str(ph.meta["kiln_sym"][1]) == "s0" and ph.meta["kiln_sym"][0] == 2
     # the one graph computes its view sizes from its input
     assert any(n.op == "call_method" and n.target == "size" for n in gm.graph.nodes)
+
+
+def test_symbolic_tracing_does_not_import_torch_dynamo():
+    import subprocess
+    import sys
+    prog = """
+import sys, torch, kiln
+import torch.nn.functional as F
+def f(x, w):
+    y = torch.sin(x) + torch.cos(x) * 2
+    return (torch.softmax(y @ w, -1).sum(), F.layer_norm(y, (8,)), F.pad(y, (1, 1)),
+            y[: x.size(0) // 2], torch.cat([y, y]).triu(1))
+c = kiln.compile(f, backend="aot_eager", dynamic=True)
+for s in (4, 6):
+    c(torch.randn(s, 8), torch.randn(8, 8))
+assert len(c.entries) == 1
+print("dynamo" if "torch._dynamo" in sys.modules else "clean")
+"""
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "clean", r.stdout
