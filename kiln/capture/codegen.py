@@ -124,6 +124,8 @@ class EntryCodegen:
             return t
         if isinstance(v, V.LazyArg):
             return self.read(v.source)
+        if isinstance(v, V.SymIntValue):    # a size returned or stored: fixed by a guard
+            return repr(v.const())
         if isinstance(v, V.TensorValue):
             src = self._input_nodes.get(v.node)
             if src is not None:

@@ -49,6 +49,9 @@ def binary_op(tx, name, a, b):
         r = V.rules.sym_binary(tx, fn, a, b)
         if r is not None:
             return r
+        if not (isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue)):
+            # no symbolic rule (``[0] * n``): the traced value, fixed by a guard
+            return binary_op(tx, name, V.rules.specialize(a), V.rules.specialize(b))
     if isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue):
         if isinstance(a, V.TensorValue):
             return tx.output.op("call_function", fn, [a, b], {})
@@ -258,6 +261,7 @@ def compare_op(tx, op, a, b):
         r = V.rules.sym_compare(tx, fn, a, b)
         if r is not None:
             return r
+        return compare_op(tx, op, V.rules.specialize(a), V.rules.specialize(b))
     if a.is_const() and b.is_const():
         return V.ConstantValue(fold(fn, a.const(), b.const()))
 
@@ -349,8 +353,7 @@ def unary_op(tx, opname, v):
         return V.rules.numpy_unary(tx, fn, v)
     if isinstance(v, V.SymIntValue):
         r = V.rules.sym_unary(tx, fn, v)
-        if r is not None:
-            return r
+        return r if r is not None else unary_op(tx, opname, V.rules.specialize(v))
     if isinstance(v, V.TensorValue):
         if fn is operator.not_:
             raise Unsupported("K0006", "`not` on a tensor (data-dependent)")

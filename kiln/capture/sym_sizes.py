@@ -175,8 +175,9 @@ def sym_unary(tx, fn, v):
     return None
 
 
+@V.rule
 def specialize(v):
-    """A SymIntValue fixed to its traced value (a guard keeps it)."""
+    """A SymIntValue fixed to its traced value (a guard keeps it); anything else as it is."""
     if isinstance(v, V.SymIntValue):
         return V.ConstantValue(v.const())
-    raise Unsupported("K0042", f"{v} as a number")
+    return v

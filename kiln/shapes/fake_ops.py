@@ -30,7 +30,8 @@ def is_symbolic(x) -> bool:
         return True
     if isinstance(x, torch.Tensor):
         return any(isinstance(s, torch.SymInt) for s in x.shape) or \
-            any(isinstance(s, torch.SymInt) for s in x.stride())
+            any(isinstance(s, torch.SymInt) for s in x.stride()) or \
+            isinstance(x.storage_offset(), torch.SymInt)
     if isinstance(x, (list, tuple)):
         return any(is_symbolic(i) for i in x)
     if isinstance(x, dict):

@@ -16,14 +16,20 @@ class _Printer(StrPrinter):
     def _print_Symbol(self, s):
         return self.names.get(s, s.name)
 
+    def _operand(self, a):
+        """An operand of ``//`` or ``%``: parenthesised unless it is one atom."""
+        text = self._print(a)
+        return text if a.is_Atom or isinstance(a, (sympy.Mod,)) or type(a).__name__ in (
+            "FloorDiv", "CeilDiv") else f"({text})"
+
     def _print_FloorDiv(self, e):
-        return f"({self._print(e.args[0])} // {self._print(e.args[1])})"
+        return f"({self._operand(e.args[0])} // {self._operand(e.args[1])})"
 
     def _print_CeilDiv(self, e):
-        return f"(-(-{self._print(e.args[0])} // {self._print(e.args[1])}))"
+        return f"(-(-{self._operand(e.args[0])} // {self._operand(e.args[1])}))"
 
     def _print_Mod(self, e):
-        return f"({self._print(e.args[0])} % {self._print(e.args[1])})"
+        return f"({self._operand(e.args[0])} % {self._operand(e.args[1])})"
 
     def _print_Relational(self, e):
         return f"{self._print(e.lhs)} {_OPS[e.rel_op]} {self._print(e.rhs)}"

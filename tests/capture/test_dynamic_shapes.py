@@ -228,3 +228,33 @@ print("dynamo" if "torch._dynamo" in sys.modules else "clean")
     r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "clean", r.stdout
+
+
+# Python idioms over a symbolic size: each compared with eager over the stream, with the
+# graphs they take (a number that has to be a plain int — range(), a list's length, a
+# returned size, the number of chunks — is fixed by a guard: a graph for each value).
+IDIOMS = [
+    ("zeros_of_int", lambda x, n: x.sum() + torch.zeros(n, 2), lambda s: (torch.randn(3), s), 2),
+    ("branch_on_int", lambda x, n: x * 2 if n else x, lambda s: (torch.randn(3), s), 2),
+    ("float_of_size", lambda x: x / x.size(0) + x.size(0) ** 0.5, lambda s: (torch.randn(s, 3),), 2),
+    ("factories", lambda x: x.new_zeros(x.shape) + torch.ones(x.size(0), 3)
+     + torch.arange(x.size(0))[:, None], lambda s: (torch.randn(s, 3),), 2),
+    ("expand", lambda x: x[:, :1].expand(-1, x.size(1) * 2) + torch.full((x.size(0), 6), 2.0),
+     lambda s: (torch.randn(s, 3),), 2),
+    ("reshape_minus_one", lambda x: x.reshape(x.size(0) * 3).view(-1, 3).flatten(),
+     lambda s: (torch.randn(s, 3),), 2),
+    ("negative_slice", lambda x: x[-x.size(0) // 2:], lambda s: (torch.randn(s, 3),), 2),
+    ("chunk", lambda x: x.chunk(2), lambda s: (torch.randn(s, 3),), 2),
+    ("split_count_fixed", lambda x: torch.split(x, x.size(0) // 2), lambda s: (torch.randn(s, 3),), 2),
+    ("range_unrolled", lambda x: sum(x[i] for i in range(x.size(0))), lambda s: (torch.randn(s, 3),), 4),
+    ("list_times_int", lambda x, n: x + torch.tensor([0.5] * n).sum(), lambda s: (torch.randn(3), s), 4),
+    ("returned_size", lambda x: (x * 2, x.size(0) * 2, x.shape), lambda s: (torch.randn(s, 3),), 4),
+    ("iterate_rows", lambda x: [r * 2 for r in x], lambda s: (torch.randn(s, 3),), 4),
+]
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("name,fn,make,n", IDIOMS, ids=[i[0] for i in IDIOMS])
+def test_python_idioms_on_symbolic_sizes(name, fn, make, n, backend):
+    c = stream(fn, make, [4, 5, 6, 8], backend)
+    assert graphs(c) == n and not c._callees
