@@ -19,6 +19,7 @@ import torch
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.fake import FakeTensor
+from kiln.shapes.env import SpecializedMarkedDim
 
 _META = torch.device("meta")
 
@@ -39,6 +40,10 @@ def symbolic_fake(out, real: torch.Tensor, source, dims: dict):
     for d, n in enumerate(real.shape):
         if d in dims:
             lo, hi, marked = dims[d]
+            if (lo is not None and n < lo) or (hi is not None and n > hi):
+                raise SpecializedMarkedDim(
+                    f"{source.pretty()}.size({d}) is {n}, outside the range it was marked "
+                    f"dynamic with (kiln.mark_dynamic min={lo}, max={hi})")
             lo = lo if lo is not None else (2 if n >= 2 else 0)
             sizes.append(env.new_symbol(f"{source.expr()}.size({d})", f"{source.pretty()}.size({d})",
                                         n, lo=lo, hi=hi, marked=marked))

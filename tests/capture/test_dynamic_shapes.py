@@ -297,3 +297,15 @@ def test_per_size_compiles_are_bounded():
         for s in (2, 3, 2, 4, 2, 3):
             torch.testing.assert_close(p(torch.ones(s)), torch.ones(s) * 2)
     assert calls == [(2,), (3,), (4,), (3,)]
+
+
+def test_mark_dynamic_range_is_guarded():
+    def make(s):
+        x = torch.randn(s, 4)
+        kiln.mark_dynamic(x, 0, min=2, max=16)
+        return (x,)
+    c = stream(_pointwise_reduce, make, [3, 9, 16], "eager")
+    assert "2 <= L['x'].size(0) <= 16" in [g.description for g in c.entries[0].guards]
+    assert graphs(c) == 1
+    with pytest.raises(SpecializedMarkedDim, match="outside the range"):
+        c(*make(20))
