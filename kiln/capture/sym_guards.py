@@ -19,7 +19,9 @@ def install(out) -> None:
         words = to_python(g, user_names)
         if where:
             words += f"  (assumed at {where})"
-        out.guards.add(code, words, None)
+        reads = sorted(run_names[s] for s in g.free_symbols if s in run_names)
+        lhs = reads[0] if len(reads) == 1 else f"({', '.join(reads)})" if reads else None
+        out.guards.add(code, words, lhs)
 
 
 def symbolic_inputs(out) -> bool:

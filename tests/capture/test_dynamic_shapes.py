@@ -145,6 +145,14 @@ def test_guard_on_a_symbolic_relation(backend):
     assert "5 <= L['x'].size(0)" in words[1]
 
 
+def test_recompile_log_names_the_failed_size_guard(caplog):
+    c = kiln.compile(_branchy, backend="eager", dynamic=True)
+    with caplog.at_level(logging.INFO, logger="kiln.recompiles"):
+        c(torch.randn(3, 2))
+        c(torch.randn(6, 2))
+    assert "failed: 2 <= L['x'].size(0) <= 4 (now 6)" in caplog.text
+
+
 def test_recompile_log_says_which_dim_became_dynamic(caplog):
     c = kiln.compile(_pointwise_reduce, backend="eager")
     with caplog.at_level(logging.INFO, logger="kiln.recompiles"):
