@@ -321,7 +321,7 @@ def canonical(g):
         d = sympy.expand(g.lhs - g.rhs)
         m = sympy.expand(_floordiv_as_mod(d))
         if m.has(sympy.Mod) and not m.has(FloorDiv) and \
-                not m.xreplace({x: 0 for x in m.atoms(sympy.Mod)}).free_symbols:
+                not sympy.sympify(m.xreplace({x: sympy.Integer(0) for x in m.atoms(sympy.Mod)})).free_symbols:
             d = m   # only remainders left: 4*s == 8*(s // 2) is s % 2 == 0
         if d.is_Number:
             return type(g)(d, 0)
