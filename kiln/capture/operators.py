@@ -244,6 +244,8 @@ def _compare_sequences(tx, op, a, b):
 def values_equal(tx, a, b) -> bool:
     """CPython's ``PyObject_RichCompareBool(a, b, Py_EQ)``: identity first, then ``==``
     (``in``, ``list.index``, ``list.count``, ``list.remove``)."""
+    if isinstance(a, V.SymIntValue) or isinstance(b, V.SymIntValue):
+        return compare_op(tx, "==", a, b).truth(tx)   # ints: == is reflexive, identity adds nothing
     if is_same(tx, a, b):
         return True
     return compare_op(tx, "==", a, b).truth(tx)

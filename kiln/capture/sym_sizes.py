@@ -94,11 +94,27 @@ def size(out, tv, dim: int):
     return number(out, f.shape[dim], lambda: _node(out, "size", (tv.node, dim), "call_method"))
 
 
+class SizeValue(V.TupleValue):
+    """``x.shape`` with symbolic items: a ``torch.Size`` to ``type()`` and
+    ``isinstance``; its methods (``numel()``) and rebuilding it after the graph use the
+    traced sizes, fixed by guards."""
+
+    def python_type(self):
+        return torch.Size
+
+    def const(self):
+        return torch.Size([i.const() for i in self.items])
+
+    def getattr(self, tx, name):
+        from kiln.capture.builder import wrap_static
+        return wrap_static(self.const()).getattr(tx, name)
+
+
 def shape(out, tv):
     f = tv.fake
     if not any(is_sym(s) for s in f.shape):
         return V.ConstantValue(torch.Size(f.shape))
-    return V.TupleValue([size(out, tv, d) for d in range(f.dim())])
+    return SizeValue([size(out, tv, d) for d in range(f.dim())])
 
 
 @V.rule
