@@ -336,3 +336,25 @@ def test_mark_dynamic_range_is_guarded():
     assert graphs(c) == 1
     with pytest.raises(SpecializedMarkedDim, match="outside the range"):
         c(*make(20))
+
+
+_TABLE = {4: 1.0, 5: 2.0, 6: 3.0, 8: 4.0}
+
+
+def _int_uses(x, n):
+    import math
+    return (x * _TABLE[n] + x * [0, 1, 2, 3, 4, 5, 6, 7, 8][n] + x * math.sqrt(n)
+            + x * n.bit_length() + x * divmod(n, 3)[0] + x * min(n, 5) + x * float(n)
+            + torch.tensor([x.size(0), n]).sum(), f"n={n} s={x.size(0)}", str(n))
+
+
+def test_a_symbolic_int_used_as_a_plain_int():
+    """Dict keys, list indices, math, int methods, f-strings: the traced value, guarded
+    (so one graph per value, each right)."""
+    c = kiln.compile(_int_uses, backend="eager")
+    for s in (4, 5, 6, 8):
+        x = torch.randn(s)
+        got, ref = c(x, s), _int_uses(x, s)
+        torch.testing.assert_close(got[0], ref[0])
+        assert got[1:] == ref[1:]
+    assert graphs(c) == 4 and c.skip is None

@@ -66,6 +66,12 @@ class SymIntValue(Value):
     def truth(self, tx):
         return bool(self.fake != 0)
 
+    def getattr(self, tx, name):     # int's own attributes (bit_length…): of the traced value
+        return ConstantValue(self.const()).getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        return ConstantValue(self.const()).call_method(tx, name, args, kwargs)
+
     def __repr__(self):
         return f"SymInt({self.node.name}, {self.fake})"
 
