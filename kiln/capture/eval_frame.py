@@ -194,6 +194,7 @@ class CompiledFunction:
             self.code = fn.__code__
             self.entries = []
             self.skip = None
+            self.policy = DynamicPolicy()
             self._callees.clear()
         self._defaults, self._kwdefaults = fn.__defaults__, fn.__kwdefaults__
         for e in self.entries:
@@ -326,5 +327,6 @@ def reset_all():
     for c in list(_all_compiled):
         c.entries.clear()
         c.skip = None
+        c.policy = DynamicPolicy()
         c._callees.clear()
     _all_compiled.clear()
