@@ -82,8 +82,7 @@ def _wrap_tensor(tx, obj, source, g, module_member):
 def _wrap_constant(tx, obj, source, g, module_member):
     policy = tx.output.policy
     if g and policy is not None and policy.int_dynamic(source, obj):
-        from kiln.capture.sym_sizes import int_input
-        return int_input(tx.output, obj, source)
+        return V.rules.int_input(tx.output, obj, source)
     if g:
         g.constant(source, obj)
     return V.ConstantValue(obj, source)

@@ -60,6 +60,7 @@ def symbolic_fake(out, real: torch.Tensor, source, dims: dict):
     return fake
 
 
+@V.rule
 def int_input(out, value: int, source) -> V.SymIntValue:
     """A Python int argument traced symbolic: a graph input of its own."""
     sym = out.shapes.new_symbol(source.expr(), source.pretty(), value, lo=None, is_int=True)
@@ -106,8 +107,7 @@ class SizeValue(V.TupleValue):
         return torch.Size([i.const() for i in self.items])
 
     def getattr(self, tx, name):
-        from kiln.capture.builder import wrap_static
-        return wrap_static(self.const()).getattr(tx, name)
+        return V.ConstantValue(self.const()).getattr(tx, name)
 
 
 def shape(out, tv):

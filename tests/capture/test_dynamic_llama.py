@@ -20,7 +20,7 @@ LENGTHS = [5, 7, 9, 12, 16, 17, 23, 31, 40, 64]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "kiln"])
 def test_llama_ten_sequence_lengths_two_graphs(backend):
     model = _model()
 
