@@ -112,7 +112,7 @@ class GuardSet:
             if _holds_float(keys) else f"tuple({e}) == {self.const(keys, 'k')}"
         self.add(same, f"keys of {src.pretty()} == {list(keys)}", f"tuple({e})")
 
-    def tensor(self, src: Source, t: torch.Tensor, dynamic=()):
+    def tensor(self, src: Source, t: torch.Tensor, dynamic=(), layout=None):
         """Type, dtype, device, shape, strides and requires_grad: what a trace assumed."""
         e = src.expr()
         p = src.pretty()
@@ -122,7 +122,10 @@ class GuardSet:
         shape = tuple(t.shape)
         if dynamic:   # its sizes: the size guards (kiln/shapes); its layout: contiguous
             self.add(f"{e}.dim() == {t.dim()}", f"{p}.dim() == {t.dim()}", f"{e}.dim()")
-            self.add(f"{e}.is_contiguous()", f"{p} is contiguous", f"{e}.stride()")
+            if layout is None:
+                self.add(f"{e}.is_contiguous()", f"{p} is contiguous", f"{e}.stride()")
+            for code, words in layout or ():   # a permuted dense layout, stride by stride
+                self.add(code, words, code.split(" == ")[0])
             for d, n in enumerate(shape):
                 if d not in dynamic:
                     self.add(f"{e}.size({d}) == {n}", f"{p}.size({d}) == {n}", f"{e}.size({d})")

@@ -19,7 +19,7 @@ from kiln.capture.autocast import AmpTracker
 from kiln.capture import values as V
 from kiln.capture.errors import InternalError, Unsupported, UserException
 from kiln.shapes.env import ShapeEnv
-from kiln.capture.sym_sizes import symbolic_fake
+from kiln.capture.sym_sizes import dense_order, layout_guards, symbolic_fake
 from kiln.capture.fake import (DataDependent, FakeMode, FakeTensor, NoMetaKernel, to_fake,
                                unsupported_tensor)
 from kiln.capture.guards import GuardSet
@@ -75,7 +75,9 @@ class OutputGraph:
             raise Unsupported("K0056", f"{source.pretty()} is {why}, which capture does not model")
         dims = self.policy.tensor_dims(source, real) if self.policy is not None else {}
         fake = symbolic_fake(self, real, source, dims) if dims else None
-        self.guards.tensor(source, real, dynamic=frozenset(dims) if fake is not None else ())
+        self.guards.tensor(source, real, dynamic=frozenset(dims) if fake is not None else (),
+                           layout=None if fake is None or real.is_contiguous() else
+                           layout_guards(source, real, dense_order(real), dims))
         node = self.graph.placeholder(self._fresh(source.pretty()))
         fake = fake if fake is not None else to_fake(real)
         node.meta["example_value"] = fake

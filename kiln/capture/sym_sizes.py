@@ -29,11 +29,48 @@ def is_sym(x) -> bool:
 
 
 # --- inputs -------------------------------------------------------------------------
+def dense_order(t: torch.Tensor):
+    """The dims of ``t`` from outermost to innermost when it is dense and
+    non-overlapping (contiguous up to a permutation: transposed, channels-last); None
+    otherwise."""
+    if t.storage_offset() != 0 or any(n == 0 for n in t.shape):
+        return None
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -d))
+    acc = 1
+    for d in reversed(order):
+        if t.shape[d] != 1 and t.stride(d) != acc:
+            return None
+        acc *= t.shape[d]
+    return order
+
+
+def layout_guards(source, real, order, dims):
+    """(code, words) checking the strides a permuted dense input was traced with, each
+    the product of the sizes inside it (``x.stride(0) == x.size(1)``)."""
+    out, inner_run, inner_words = [], [], []
+    for d in reversed(order):
+        run = " * ".join(inner_run) or "1"
+        words = " * ".join(inner_words) or "1"
+        if real.shape[d] == 1:   # any stride is dense here: the one traced
+            run = words = str(real.stride(d))
+        out.append((f"{source.expr()}.stride({d}) == {run}",
+                    f"{source.pretty()}.stride({d}) == {words}"))
+        if d in dims:
+            inner_run.append(f"{source.expr()}.size({d})")
+            inner_words.append(f"{source.pretty()}.size({d})")
+        elif real.shape[d] != 1:
+            inner_run.append(str(real.shape[d]))
+            inner_words.append(str(real.shape[d]))
+    return out
+
+
 def symbolic_fake(out, real: torch.Tensor, source, dims: dict):
-    """A fake of ``real`` whose ``dims`` ({dim: (min, max, marked)}) are symbols; None
-    where kiln keeps the tensor static (not contiguous, or a non-leaf that requires
-    grad, whose autograd standing the fake would have to rebuild)."""
-    if not real.is_contiguous() or (real.requires_grad and not real.is_leaf) or real.dim() == 0:
+    """A fake of ``real`` whose ``dims`` ({dim: (min, max, marked)}) are symbols, laid
+    out as ``real`` (dense up to a permutation); None where kiln keeps the tensor static
+    (not dense, or a non-leaf that requires grad, whose autograd standing the fake
+    would have to rebuild)."""
+    order = dense_order(real)
+    if order is None or (real.requires_grad and not real.is_leaf) or real.dim() == 0:
         return None
     env = out.shapes
     sizes = []
@@ -49,11 +86,11 @@ def symbolic_fake(out, real: torch.Tensor, source, dims: dict):
                                         n, lo=lo, hi=hi, marked=marked))
         else:
             sizes.append(n)
-    strides, acc = [], 1
-    for s in reversed(sizes):
-        strides.append(acc)
-        acc = acc * s
-    elem = torch.empty_strided(sizes, tuple(reversed(strides)), dtype=real.dtype, device=_META)
+    strides, acc = [None] * len(sizes), 1
+    for d in reversed(order):
+        strides[d] = acc if real.shape[d] != 1 else real.stride(d)
+        acc = acc * sizes[d]
+    elem = torch.empty_strided(sizes, tuple(strides), dtype=real.dtype, device=_META)
     fake = FakeTensor(elem, real.device)
     if real.requires_grad:
         fake.requires_grad_(True)
@@ -136,10 +173,25 @@ def symbolic_meta(tx, tv, name, args, kwargs):
         return size(out, tv, 0)
     if name in ("numel", "nelement"):
         return number(out, f.numel(), lambda: _node(out, "numel", (tv.node,), "call_method"))
-    if name == "stride" and (consts or kw):
-        d = consts[0] if consts else kw["dim"]
-        return number(out, f.stride(d), lambda: _node(out, "stride", (tv.node, d), "call_method"))
+    if name == "stride":
+        if consts or kw:
+            d = consts[0] if consts else kw["dim"]
+            return number(out, f.stride(d), lambda: _node(out, "stride", (tv.node, d), "call_method"))
+        return V.TupleValue([number(out, st, lambda d=d: _node(out, "stride", (tv.node, d), "call_method"))
+                             for d, st in enumerate(f.stride())])
     return None
+
+
+@V.rule
+def concrete(value):
+    """A metadata answer with no symbolic rule, as plain ints (each fixed by a guard):
+    SymInts never reach the user's code."""
+    if is_sym(value):
+        return int(value) if isinstance(value, torch.SymInt) else float(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(concrete(v) for v in value) if type(value) in (tuple, list) \
+            else type(value)([concrete(v) for v in value])
+    return value
 
 
 # --- arithmetic ----------------------------------------------------------------------

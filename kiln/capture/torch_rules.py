@@ -236,7 +236,7 @@ def tensor_method(tx, tv, name, args, kwargs):
             fake_kwargs = {k: v.const() for k, v in kwargs.items()}
         except Unsupported:
             raise Unsupported("K0011", f"Tensor.{name} with non-constant arguments")
-        return V.ConstantValue(getattr(tv.fake, name)(*fake_args, **fake_kwargs))
+        return V.ConstantValue(V.rules.concrete(getattr(tv.fake, name)(*fake_args, **fake_kwargs)))
     if name == "type":
         return _tensor_type(tx, tv, args, kwargs)
     if name in ("requires_grad_",):

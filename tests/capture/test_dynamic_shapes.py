@@ -358,3 +358,19 @@ def test_a_symbolic_int_used_as_a_plain_int():
         torch.testing.assert_close(got[0], ref[0])
         assert got[1:] == ref[1:]
     assert graphs(c) == 4 and c.skip is None
+
+
+@pytest.mark.parametrize("make", [
+    lambda s: torch.randn(4, s).t(),
+    lambda s: torch.randn(2, s, s, 3).permute(0, 3, 1, 2),      # channels-last
+    lambda s: torch.randn(s, 1, 4).transpose(0, 2),
+], ids=["transposed", "channels_last", "size_one_dim"])
+def test_permuted_dense_inputs_are_dynamic_with_their_strides_guarded(make):
+    def g(x):
+        return x.softmax(-1) * 2, x.contiguous().view(-1), x * x.stride(0) + sum(x.stride())
+    c = stream(g, lambda s: (make(s),), [3, 5, 6, 9], "eager")
+    assert graphs(c) == 2
+    assert any("stride" in gd.description for gd in c.entries[-1].guards)
+    x = make(7).contiguous()          # same sizes, another layout: not the permuted entry
+    torch.testing.assert_close(c(x), g(x))
+    assert graphs(c) == 3
