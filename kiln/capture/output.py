@@ -238,8 +238,12 @@ class OutputGraph:
                 if isinstance(o, FakeTensor):
                     n = self.graph.create_node("call_function", operator.getitem, (node, i))
                     items.append(self._wrap_result(o, n))
+                elif isinstance(o, (torch.SymInt, torch.SymFloat)):
+                    n = self.graph.create_node("call_function", operator.getitem, (node, i))
+                    n.meta["example_value"] = o
+                    items.append(V.SymIntValue(n, o))
                 else:
-                    items.append(_static(o))
+                    items.append(_static(V.rules.concrete(o)))
             if hasattr(type(out), "n_fields") or hasattr(type(out), "_fields"):
                 nt = V.NamedTupleValue(type(out), items)
                 nt.fields = _struct_fields(out)
@@ -247,7 +251,7 @@ class OutputGraph:
             return V.TupleValue(items) if isinstance(out, tuple) else V.ListValue(items)
         if _has_tensor(out):
             raise Unsupported("K0042", f"an op returning {type(out).__qualname__} of tensors")
-        return _static(out)
+        return _static(V.rules.concrete(out))
 
     def enter_grad_block(self, prev: bool, enabled: bool):
         self.grad_blocks.append(prev)
