@@ -14,7 +14,7 @@ import operator
 
 import sympy
 
-from kiln.shapes.exprs import FloorDiv, CeilDiv
+from kiln.shapes.exprs import FloorDiv
 
 
 def _sympify(v):
@@ -236,4 +236,3 @@ class KilnSymNode:
         return KilnSymNode(expr, hint, int, self.env)
 
 
-del CeilDiv
