@@ -418,6 +418,11 @@ def _minmax(tx, which, args, key, default):
         raise Unsupported("K0006", f"{which.__name__}() over tensors compares their values")
     best = items[0]
     for x in items[1:]:
+        if key is None and (isinstance(x, V.SymIntValue) or isinstance(best, V.SymIntValue)):
+            # sizes stay symbolic: the comparison is guarded, not both values fixed
+            if compare_op(tx, ">" if which is max else "<", x, best).truth(tx):
+                best = x
+            continue
         a = key.call(tx, [x], {}).const() if key else x.const()
         b = key.call(tx, [best], {}).const() if key else best.const()
         if (a > b) if which is max else (a < b):

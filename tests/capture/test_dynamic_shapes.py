@@ -275,6 +275,8 @@ IDIOMS = [
      lambda s: (torch.randn(s, 4),), 2),
     ("stack_einsum", lambda x: (torch.stack([x, x * 2], 1), torch.einsum("ij,kj->ik", x, x)),
      lambda s: (torch.randn(s, 4),), 2),
+    ("min_max_of_sizes", lambda x: x[: min(x.size(0), 5)] * max(x.size(0), 2),
+     lambda s: (torch.randn(s, 3),), 3),     # static 4; 2 <= s <= 5; 6 <= s
     ("causal_attention", lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True),
      lambda s: (torch.randn(1, 2, s, 8),), 2),
 ]
