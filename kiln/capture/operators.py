@@ -5,6 +5,8 @@ from __future__ import annotations
 import operator
 import types
 
+import torch
+
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported, UserException
 
@@ -27,6 +29,14 @@ INPLACE = {
 _INPLACE_TO_BINARY = {k: BINARY[k.replace("INPLACE_", "")] for k in INPLACE}
 COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
            ">": operator.gt, ">=": operator.ge}
+
+
+def _tuple_like(items, *operands):
+    """A tuple result; a ``torch.Size`` where an operand is a symbolic one, as
+    ``Size + tuple``, ``Size[1:]`` and ``Size * 2`` are."""
+    if any(v.python_type() is torch.Size and isinstance(v, V.TupleValue) for v in operands):
+        return V.kinds.SizeValue(items)
+    return V.TupleValue(items)
 
 
 def _user_error(e):
@@ -72,7 +82,7 @@ def binary_op(tx, name, a, b):
         if isinstance(a, V.ListValue) and isinstance(b, V.ListValue):
             return V.ListValue(a.items + b.items)
         if isinstance(a, V.TupleValue) and isinstance(b, V.TupleValue):
-            return V.TupleValue(a.items + b.items)
+            return _tuple_like(a.items + b.items, a, b)
     if base is operator.mul:
         if isinstance(a, (V.ListValue, V.TupleValue)) and b.is_const():
             items = a.items * b.const()
@@ -81,7 +91,7 @@ def binary_op(tx, name, a, b):
                     a.items[:] = items
                     return a
                 return V.ListValue(items)
-            return V.TupleValue(items)
+            return _tuple_like(items, a)
         if isinstance(b, (V.ListValue, V.TupleValue)) and a.is_const():
             return binary_op(tx, "NB_MULTIPLY", b, a)
     if base in (operator.or_, operator.and_, operator.sub, operator.xor) and isinstance(a, V.SetValue):
@@ -409,7 +419,7 @@ def subscr(tx, o, k):
             fold(operator.getitem, (list if isinstance(o, V.ListValue) else tuple)(o.items), key)
             raise
         if isinstance(key, slice):
-            return V.ListValue(r) if isinstance(o, V.ListValue) else V.TupleValue(r)
+            return V.ListValue(r) if isinstance(o, V.ListValue) else _tuple_like(r, o)
         return r
     if isinstance(o, V.DictValue) or hasattr(o, "getitem"):
         return o.getitem(tx, k)

@@ -19,6 +19,7 @@ import torch
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported, UserException
 from kiln.capture.fake import FakeTensor
+from kiln.capture.rule_tables import BUILTINS
 from kiln.shapes.env import SpecializedMarkedDim
 
 _META = torch.device("meta")
@@ -132,6 +133,7 @@ def size(out, tv, dim: int):
     return number(out, f.shape[dim], lambda: _node(out, "size", (tv.node, dim), "call_method"))
 
 
+@V.kind
 class SizeValue(V.TupleValue):
     """``x.shape`` with symbolic items: a ``torch.Size`` to ``type()`` and
     ``isinstance``; its methods (``numel()``) and rebuilding it after the graph use the
@@ -144,7 +146,22 @@ class SizeValue(V.TupleValue):
         return torch.Size([i.const() for i in self.items])
 
     def getattr(self, tx, name):
+        if name == "numel":
+            return V.MethodValue(V.BuiltinValue(torch.Size.numel), self)
         return V.ConstantValue(self.const()).getattr(tx, name)
+
+
+def _size_numel(tx, size):
+    """``x.shape.numel()``: the product of the sizes, symbolic."""
+    if not isinstance(size, SizeValue):
+        return V.ConstantValue(size.const().numel())
+    acc = V.ConstantValue(1)
+    for item in size.items:
+        acc = sym_binary(tx, operator.mul, acc, item)
+    return acc
+
+
+BUILTINS[torch.Size.numel] = _size_numel
 
 
 def shape(out, tv):

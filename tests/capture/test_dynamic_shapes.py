@@ -376,3 +376,22 @@ def test_permuted_dense_inputs_are_dynamic_with_their_strides_guarded(make):
     x = make(7).contiguous()          # same sizes, another layout: not the permuted entry
     torch.testing.assert_close(c(x), g(x))
     assert graphs(c) == 3
+
+
+def _size_types(x):
+    return (x * 2, type(x.shape[1:]).__name__, type(x.shape[:1]).__name__,
+            type(x.shape + (1,)).__name__, type((1,) + x.shape).__name__,
+            type(x.shape * 2).__name__, type(x.shape[0]).__name__,
+            x.reshape(x.shape.numel()) * x.shape.numel())
+
+
+def test_a_symbolic_shape_behaves_as_a_torch_size():
+    """Slices, sums and repeats of ``x.shape`` are ``torch.Size``s, as in eager; its
+    ``numel()`` stays symbolic."""
+    c = kiln.compile(_size_types, backend="eager")
+    for s in (3, 4, 5, 7):
+        x = torch.randn(s, 2)
+        got, ref = c(x), _size_types(x)
+        assert got[1:7] == ref[1:7]
+        torch.testing.assert_close((got[0], got[7]), (ref[0], ref[7]))
+    assert graphs(c) == 2
