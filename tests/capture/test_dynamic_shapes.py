@@ -395,3 +395,12 @@ def test_a_symbolic_shape_behaves_as_a_torch_size():
         assert got[1:7] == ref[1:7]
         torch.testing.assert_close((got[0], got[7]), (ref[0], ref[7]))
     assert graphs(c) == 2
+
+
+@pytest.mark.parametrize("setting,expected", [("auto", 2), ("true", 1), ("false", 4)])
+def test_the_dynamic_shapes_setting(setting, expected):
+    """``KILN_DYNAMIC_SHAPES`` (config.dynamic_shapes) is the default that
+    ``kiln.compile(dynamic=)`` overrides per function."""
+    with kiln.config.patch(dynamic_shapes=setting):
+        c = stream(_pointwise_reduce, lambda s: (torch.randn(s, 8),), [3, 4, 5, 6], "eager")
+    assert graphs(c) == expected
