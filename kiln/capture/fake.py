@@ -14,7 +14,7 @@ import torch
 from torch.utils._pytree import tree_map
 from ..dispatch_mode import KilnDispatchMode
 from .errors import InternalError
-from ..fast_meta import meta_result
+from ..fast_meta import _is_pointwise, meta_result
 from ..shapes.fake_ops import inside as decomposing, is_symbolic, pointwise_result, run_decomposed
 
 aten = torch.ops.aten
@@ -143,13 +143,11 @@ def _dispatch(func, args, kwargs):
         return x
 
     symbolic = is_symbolic(args) or is_symbolic(kwargs)
-    if symbolic and not _is_pointwise_call(func, args, kwargs):
+    if symbolic and not (_is_pointwise(func) and pointwise_result(
+            func, tree_map(_meta_of, args), tree_map(_meta_of, kwargs)) is not None):
+        # symbolic sizes: PyTorch's Python meta kernel or decomposition (laid out by its
+        # reference), unless a pointwise op's result is computed directly below
         r = run_decomposed(func, args, kwargs, FakeMode)
-        if r is not NotImplemented:
-            return r
-    if symbolic and _is_pointwise_call(func, args, kwargs) and \
-            pointwise_result(func, tree_map(_meta_of, args), tree_map(_meta_of, kwargs)) is None:
-        r = run_decomposed(func, args, kwargs, FakeMode)   # laid out by PyTorch's reference
         if r is not NotImplemented:
             return r
     key = None if symbolic else _memo_key(func, args, kwargs)
@@ -212,11 +210,6 @@ def _dispatch(func, args, kwargs):
 
 def _meta_of(x):
     return x._elem if isinstance(x, FakeTensor) else x
-
-
-def _is_pointwise_call(func, args, kwargs) -> bool:
-    from ..fast_meta import _is_pointwise
-    return _is_pointwise(func)
 
 
 _PYTHON_KEYS = (torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
