@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import logging
 
 import torch
 import torch.fx as fx
@@ -44,22 +45,32 @@ class PerSizeCompiled:
         self.compile_graph = compile_graph    # backend_call.compile_graph, errors named
         self.compiled = collections.OrderedDict()
 
-    def _for(self, args):
+    def _for(self, args, first=False):
+        """The callable for these arguments' signature and whether it takes the tensors
+        only (a compiled one) or every argument (the graph itself)."""
         key = _signature(args)
-        fn = self.compiled.get(key)
-        if fn is not None:
+        hit = self.compiled.get(key)
+        if hit is not None:
             self.compiled.move_to_end(key)
-            return fn
+            return hit
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        fn = self.compile_graph(self.backend, _with_ints_folded(self.gm, args), tensors)
-        self.compiled[key] = fn
+        try:
+            hit = (self.compile_graph(self.backend, _with_ints_folded(self.gm, args), tensors), True)
+        except Exception as e:  # noqa: BLE001  (the first size's failure is the compile's own)
+            if first or not config.suppress_errors:
+                raise
+            # a later size the backend fails on runs the captured graph as it is
+            logging.getLogger("kiln").warning("kiln: the backend failed on new sizes %s; "
+                                              "running the captured graph for them: %s", key, e)
+            hit = (self.gm.forward, False)
+        self.compiled[key] = hit
         while len(self.compiled) > max(1, config.dynamic_specializations):
             self.compiled.popitem(last=False)
-        return fn
+        return hit
 
     def __call__(self, *args):
-        fn = self._for(args)
-        return fn(*[a for a in args if isinstance(a, torch.Tensor)])
+        fn, tensors_only = self._for(args)
+        return fn(*[a for a in args if isinstance(a, torch.Tensor)]) if tensors_only else fn(*args)
 
 
 def wants_concrete_sizes(backend) -> bool:

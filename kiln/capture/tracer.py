@@ -198,7 +198,7 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where:
     t0 = time.perf_counter()
     if dynamic and wants_concrete_sizes(ctx.backend):
         compiled = PerSizeCompiled(ctx.backend, gm, lambda b, g, ins: compile_graph(b, g, ins, where))
-        compiled._for(example_inputs)     # the backend's errors belong to this compile
+        compiled._for(example_inputs, first=True)   # the backend's errors belong to this compile
     else:
         compiled = compile_graph(ctx.backend, gm, example_inputs, where)
     eager = gm.forward

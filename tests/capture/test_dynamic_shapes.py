@@ -404,3 +404,22 @@ def test_the_dynamic_shapes_setting(setting, expected):
     with kiln.config.patch(dynamic_shapes=setting):
         c = stream(_pointwise_reduce, lambda s: (torch.randn(s, 8),), [3, 4, 5, 6], "eager")
     assert graphs(c) == expected
+
+
+def test_a_backend_failing_on_a_later_size_runs_the_graph_for_it(caplog):
+    from kiln.backends_dynamic import PerSizeCompiled
+    import torch.fx as fx
+
+    def backend(gm, ins):
+        if ins[0].shape[0] == 3:
+            raise RuntimeError("no kernel for 3")
+        return gm.forward
+
+    g = fx.symbolic_trace(lambda x: x * 2)
+    p = PerSizeCompiled(backend, g, lambda b, gm, ins: b(gm, ins))
+    torch.testing.assert_close(p(torch.ones(2)), torch.ones(2) * 2)
+    with kiln.config.patch(suppress_errors=True), caplog.at_level(logging.WARNING, logger="kiln"):
+        torch.testing.assert_close(p(torch.ones(3)), torch.ones(3) * 2)
+    assert "backend failed on new sizes" in caplog.text
+    with kiln.config.patch(suppress_errors=False), pytest.raises(RuntimeError, match="no kernel"):
+        PerSizeCompiled(backend, g, lambda b, gm, ins: b(gm, ins))(torch.ones(3))
