@@ -40,7 +40,8 @@ class SymbolInfo:
 class ShapeEnv:
     symbols: dict = field(default_factory=dict)       # Symbol -> SymbolInfo
     guards: list = field(default_factory=list)        # (sympy boolean, where)
-    replacements: dict = field(default_factory=dict)  # Symbol -> expr it equals
+    replacements: dict = field(default_factory=dict)  # Symbol (or expression) -> what it equals
+    defining: set = field(default_factory=set)         # the guards those replacements rest on
     where: object = None                               # () -> "file:line" of the user's code
 
     # --- symbols ------------------------------------------------------------------
@@ -139,6 +140,12 @@ class ShapeEnv:
                 for s, e in list(self.replacements.items()):
                     self.replacements[s] = e.xreplace({drop: keep})
                 return True
+        if rhs.is_Integer and lhs.free_symbols and not isinstance(lhs, sympy.Symbol):
+            # ``s // 2 == 1``: that expression is 1 from now on (later guards simplify)
+            self.replacements[lhs] = rhs
+            self.defining.add(g)
+            self.guards.append((g, self.where() if self.where else None))
+            return True
         return False
 
     def _narrow(self, g) -> bool:
@@ -267,7 +274,8 @@ class ShapeEnv:
                 out.append((sympy.And(*rels) if len(rels) > 1 else rels[0], None))
         seen = set()
         for g, where in self.guards:
-            if isinstance(g, sympy.Eq) and isinstance(g.lhs, sympy.Symbol) and g.lhs in self.replacements:
+            if g in self.defining or (isinstance(g, sympy.Eq) and isinstance(g.lhs, sympy.Symbol)
+                                      and g.lhs in self.replacements):
                 out.append((g, where))      # a specialisation: the one check of that size
                 continue
             g2 = self.simplify(g)

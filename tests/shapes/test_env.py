@@ -107,3 +107,11 @@ def test_printing_uses_python_operators():
     g = sympy.And(sympy.Le(2, e), sympy.Le(e, 9))
     assert to_python(g, {e: "n"}) == "2 <= n <= 9"
     assert to_python(sympy.Eq(sympy.Mod(FloorDiv(e, 2), 3), 0), {e: "n"}) == "((n // 2) % 3) == 0"
+
+
+def test_an_expression_found_constant_simplifies_later_guards():
+    env, s = _env(hint=3)
+    with FakeMode():
+        y = _fake(s, 3).view(s // 2, -1)     # s // 2 == 1 here: the -1 is 3 * s
+    assert str(y.shape[0]) == "FloorDiv(s0, 2)"
+    assert _guards(env) == ["2 <= x.size(0)", "(x.size(0) // 2) == 1"]
