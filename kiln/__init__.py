@@ -26,6 +26,7 @@ from kiln.capture.api import (
     run,
 )
 from kiln.capture.wrap_numpy import wrap_numpy
+from kiln.shapes.marks import mark_dynamic, mark_static, maybe_mark_dynamic  # noqa: F401
 from kiln.debug.logs import set_logs as _set_logs
 from kiln.debug.profiler import CompileProfiler
 

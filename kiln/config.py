@@ -30,6 +30,15 @@ def _env_str(name: str, default: str) -> str:
 #: How many compiled entries one code object may hold before kiln stops compiling it
 #: and runs it eagerly (KILN_RECOMPILE_LIMIT).
 recompile_limit: int = _env_int("KILN_RECOMPILE_LIMIT", 8)
+#: Symbolic sizes (KILN_DYNAMIC_SHAPES; ``kiln.compile(dynamic=)`` sets it per function):
+#: "auto" (a size that changes between calls is symbolic from the next trace on, as
+#: torch's dynamic=None), "true" (every argument size symbolic from the first trace),
+#: "false" (a graph per size). See kiln/shapes/policy.py.
+dynamic_shapes: str = _env_str("KILN_DYNAMIC_SHAPES", "auto")
+#: A graph with symbolic sizes that a backend compiles for concrete sizes (aot_eager,
+#: kiln) keeps this many compiled sizes, least recently used dropped
+#: (KILN_DYNAMIC_SPECIALIZATIONS).
+dynamic_specializations: int = _env_int("KILN_DYNAMIC_SPECIALIZATIONS", 16)
 #: On an internal error while compiling, run the frame eagerly (with a warning that
 #: says why) instead of raising; a graph whose kernels cannot be built or loaded (a
 #: failing C++ compiler, a failing first launch) runs its aten graph eagerly

@@ -181,7 +181,10 @@ _SPECIAL = {op: _SHORTCUTS[i.meta] for op, i in CATALOGUE.items() if i.meta}
 
 def meta_result(func, args, kwargs, device=_CPU):
     """``func``'s result on these meta tensors, standing for tensors on ``device`` (it
-    decides some layouts: ``elementwise_layout``), or None when the meta kernel must say."""
+    decides some layouts: ``elementwise_layout``), or None when the meta kernel must say.
+    Symbolic sizes (``kiln/shapes``) are declined: these shortcuts compare plain ints."""
+    if _symbolic(args) or _symbolic(kwargs.values()):
+        return None
     special = _SPECIAL.get(func)
     if special is not None:
         try:
@@ -192,6 +195,18 @@ def meta_result(func, args, kwargs, device=_CPU):
         out = _pointwise(func, args, kwargs)
         return out if out is not None else _pointwise_laid_out(func, args, kwargs, device)
     return None
+
+
+def _symbolic(xs) -> bool:
+    for x in xs:
+        if isinstance(x, torch.Tensor):
+            if any(isinstance(s, torch.SymInt) for s in x.shape):
+                return True
+        elif isinstance(x, (torch.SymInt, torch.SymFloat)):
+            return True
+        elif isinstance(x, (list, tuple)) and _symbolic(x):
+            return True
+    return False
 
 
 def _pointwise_laid_out(func, args, kwargs, device):

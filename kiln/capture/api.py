@@ -95,10 +95,13 @@ def compile(fn=None, *, backend=None, fullgraph=False, dynamic=None, mode=None,
     without arguments. ``mode`` ("default", "reduce-overhead", "max-autotune",
     "max-autotune-no-cudagraphs") or ``options`` (``kiln.list_options()``) set kiln.config
     settings for this function's compiles and calls (``compile_options.py``); anything
-    else is rejected. ``dynamic`` is accepted for compatibility (sizes are static)."""
+    else is rejected. ``dynamic``: None (sizes that change between calls become symbolic),
+True (symbolic from the first call) or False (a graph per size)."""
     from kiln.capture.compile_options import settings_for
 
     settings = settings_for(mode, options)
+    if dynamic is not None:   # True / False: this function's sizes (kiln/shapes/policy.py)
+        settings["dynamic_shapes"] = "true" if dynamic else "false"
     backend = backend if backend is not None else config.default_backend
     if fn is None:
         return lambda f: compile(f, backend=backend, fullgraph=fullgraph, dynamic=dynamic,

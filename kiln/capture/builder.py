@@ -80,6 +80,9 @@ def _wrap_tensor(tx, obj, source, g, module_member):
 
 
 def _wrap_constant(tx, obj, source, g, module_member):
+    policy = tx.output.policy
+    if g and policy is not None and policy.int_dynamic(source, obj):
+        return V.rules.int_input(tx.output, obj, source)
     if g:
         g.constant(source, obj)
     return V.ConstantValue(obj, source)

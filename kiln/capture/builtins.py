@@ -198,7 +198,8 @@ def _len(tx, x):
     if isinstance(x, V.TensorValue):
         if x.fake.dim() == 0:
             raise UserException(V.ExceptionValue(TypeError, [C("len() of a 0-d tensor")]))
-        return C(x.fake.shape[0])
+        sym = V.rules.symbolic_meta(tx, x, "__len__", [], {})
+        return sym if sym is not None else C(x.fake.shape[0])
     if isinstance(x, (V.ListValue, V.TupleValue)):
         return C(len(x.items))
     if isinstance(x, (V.DictValue, V.SetValue)):
@@ -417,6 +418,11 @@ def _minmax(tx, which, args, key, default):
         raise Unsupported("K0006", f"{which.__name__}() over tensors compares their values")
     best = items[0]
     for x in items[1:]:
+        if key is None and (isinstance(x, V.SymIntValue) or isinstance(best, V.SymIntValue)):
+            # sizes stay symbolic: the comparison is guarded, not both values fixed
+            if compare_op(tx, ">" if which is max else "<", x, best).truth(tx):
+                best = x
+            continue
         a = key.call(tx, [x], {}).const() if key else x.const()
         b = key.call(tx, [best], {}).const() if key else best.const()
         if (a > b) if which is max else (a < b):

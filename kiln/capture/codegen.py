@@ -124,6 +124,10 @@ class EntryCodegen:
             return t
         if isinstance(v, V.LazyArg):
             return self.read(v.source)
+        if isinstance(v, V.SymIntValue):    # a size returned or stored: fixed by a guard
+            return repr(v.const())
+        if isinstance(v, V.TupleValue) and v.python_type() is torch.Size:   # a symbolic shape
+            return self.ref(v.const(), "c")
         if isinstance(v, V.TensorValue):
             src = self._input_nodes.get(v.node)
             if src is not None:

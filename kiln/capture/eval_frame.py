@@ -21,6 +21,8 @@ from kiln.capture.errors import BackendCompilerFailed, InternalError, SkipFrame,
 from kiln.capture import autocast_state, global_state, guard_failures, marks
 from kiln.capture.guards import Guard, first_failure
 from kiln.capture.tracer import Entry, TraceContext, trace_frame
+from kiln.shapes.env import SpecializedMarkedDim
+from kiln.shapes.policy import DynamicPolicy
 from kiln.debug import trace_dir
 from kiln.debug.breaks import describe, tag
 from kiln.debug import progress
@@ -66,6 +68,7 @@ class CompiledFunction:
         self.entries: list = []
         self.skip = None  # reason the frame runs eagerly
         self._callees: dict = {}
+        self.policy = DynamicPolicy()   # which argument sizes trace symbolic (kiln/shapes)
         self._defaults = fn.__defaults__
         self._kwdefaults = fn.__kwdefaults__
         functools.update_wrapper(self, fn)
@@ -98,9 +101,10 @@ class CompiledFunction:
             if self.recorder is not None:
                 self.recorder.skip(self.code.co_name, why, "K0053")
             return self.fn(*args, **kwargs)
-        if self.entries:
-            self._log_recompile(args, kwargs)
         bound = self._bind(args, kwargs)
+        if self.entries:
+            self._log_recompile(args, kwargs, now_dynamic=self.policy.observe(
+                bound or {}, self.entries[0].namespace))
         if bound is None:
             return self.fn(*args, **kwargs)  # let Python raise the TypeError
         state = global_state.snapshot()
@@ -126,7 +130,7 @@ class CompiledFunction:
             if self.recorder is not None:
                 self.recorder.skip(self.code.co_name, s.reason, s.break_id)
             return self.fn(*args, **kwargs)
-        except Unsupported as ex:
+        except (Unsupported, SpecializedMarkedDim) as ex:
             _record_for_replay(self, args, kwargs, ex)
             raise
         except Exception as ex:
@@ -144,6 +148,7 @@ class CompiledFunction:
             self.recorder.guards.extend(entry.guards)
         log_for("compile_times").info("compiled %s in %.3fs", self.code.co_name, time.perf_counter() - t0)
         self.entries.append(entry)
+        self.policy.record(entry, bound)
         r = entry.fn(*args, **kwargs)
         if r is MISS:  # a guard that cannot hold right after tracing: a kiln bug
             self.entries.remove(entry)
@@ -189,13 +194,16 @@ class CompiledFunction:
             self.code = fn.__code__
             self.entries = []
             self.skip = None
+            self.policy = DynamicPolicy()
             self._callees.clear()
         self._defaults, self._kwdefaults = fn.__defaults__, fn.__kwdefaults__
         for e in self.entries:
             e.fn.__defaults__, e.fn.__kwdefaults__ = self._defaults, self._kwdefaults
 
     def _ctx(self):
-        return TraceContext(self.backend, self.fullgraph, self._compile_callee, self.recorder)
+        ctx = TraceContext(self.backend, self.fullgraph, self._compile_callee, self.recorder)
+        ctx.policy = self.policy
+        return ctx
 
     def _compile_callee(self, fn):
         c = self._callees.get(fn)
@@ -215,8 +223,9 @@ class CompiledFunction:
         b.apply_defaults()
         return dict(b.arguments)
 
-    def _log_recompile(self, args, kwargs, limit=False):
-        """Every guard that failed, per entry, in plain words (``guard_failures``)."""
+    def _log_recompile(self, args, kwargs, limit=False, now_dynamic=()):
+        """Every guard that failed, per entry, in plain words (``guard_failures``), and
+        the sizes that become dynamic for the next trace."""
         log = log_for("recompiles")
         if not log.isEnabledFor(logging.INFO) and not limit and self.recorder is None:
             return
@@ -227,16 +236,35 @@ class CompiledFunction:
         text = _recompile_words(per_entry[-1:] if limit else per_entry)
         extra = {"kiln_recompile": {"frame": self, "where": where, "limit": limit,
                                     "entries": [guard_failures.plain_lines(f) for f in per_entry]}}
+        if now_dynamic:
+            text += "".join(f"\n  {w}" for w in now_dynamic)
         if limit:
             logging.getLogger("kiln.recompiles").warning(
                 "[K0053] %s hit recompile_limit (%d); running it eagerly from now on. Failed guards "
-                "(last entry):\n%s",
-                where, config.recompile_limit, text, extra=extra)
+                "(last entry):\n%s%s",
+                where, config.recompile_limit, text,
+                mark_hint(self.policy, bound, self.entries[0].namespace if self.entries else {}),
+                extra=extra)
         else:
             log.info("recompiling %s: guards failed:\n%s", where, text, extra=extra)
         if self.recorder is not None:
             last = guard_failures.plain_lines(per_entry[-1])
             self.recorder.recompiles.append((where, "; ".join(last) or "(no guard fails now)"))
+
+
+def mark_hint(policy, bound, namespace) -> str:
+    """At the limit: how to keep the sizes that keep changing from recompiling."""
+    changes = policy.changes(bound, namespace)
+    marks = [f"kiln.mark_dynamic({src.expr()}, {d})" for src, d in changes if d is not None]
+    ints = [name for name, d in changes if d is None]
+    lines = []
+    if marks:
+        lines.append("\nsizes that changed between calls; to compile them once for all sizes, mark "
+                     "them dynamic before the call: " + "; ".join(marks))
+    if ints:
+        lines.append(f"\nint arguments that changed: {', '.join(ints)} (kiln.compile(dynamic=True) "
+                     "makes them symbolic)")
+    return "".join(lines)
 
 
 def _recompile_words(per_entry) -> str:
@@ -299,5 +327,6 @@ def reset_all():
     for c in list(_all_compiled):
         c.entries.clear()
         c.skip = None
+        c.policy = DynamicPolicy()
         c._callees.clear()
     _all_compiled.clear()

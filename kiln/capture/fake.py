@@ -14,7 +14,8 @@ import torch
 from torch.utils._pytree import tree_map
 from ..dispatch_mode import KilnDispatchMode
 from .errors import InternalError
-from ..fast_meta import meta_result
+from ..fast_meta import _is_pointwise, meta_result
+from ..shapes.fake_ops import inside as decomposing, is_symbolic, pointwise_result, run_decomposed
 
 aten = torch.ops.aten
 
@@ -89,7 +90,7 @@ def _pick_device(args, kwargs) -> torch.device:
     """The device of an op's result: an explicit ``device=``, else the fake inputs'
     common device (a non-CPU device wins over CPU 0-d tensors, as in eager)."""
     dev = kwargs.get("device")
-    if dev is not None:
+    if dev is not None and not (decomposing.depth and torch.device(dev).type == "meta"):
         return torch.device(dev)
     found = None
     for a in _flat(args) + _flat(list(kwargs.values())):
@@ -141,7 +142,15 @@ def _dispatch(func, args, kwargs):
             return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=_META)
         return x
 
-    key = _memo_key(func, args, kwargs)
+    symbolic = is_symbolic(args) or is_symbolic(kwargs)
+    if symbolic and not (_is_pointwise(func) and pointwise_result(
+            func, tree_map(_meta_of, args), tree_map(_meta_of, kwargs)) is not None):
+        # symbolic sizes: PyTorch's Python meta kernel or decomposition (laid out by its
+        # reference), unless a pointwise op's result is computed directly below
+        r = run_decomposed(func, args, kwargs, FakeMode)
+        if r is not NotImplemented:
+            return r
+    key = None if symbolic else _memo_key(func, args, kwargs)
     if key is not None:
         hit = _MEMO.get(key)
         if hit is not None:
@@ -149,7 +158,8 @@ def _dispatch(func, args, kwargs):
     u_args = tree_map(unwrap, args)
     u_kwargs = tree_map(unwrap, kwargs)
     try:
-        out = meta_result(func, u_args, u_kwargs, device)
+        out = pointwise_result(func, u_args, u_kwargs) if symbolic else \
+            meta_result(func, u_args, u_kwargs, device)
     except Exception:  # noqa: BLE001  (kiln's shortcut; the meta kernel decides)
         out = None
     try:
@@ -196,6 +206,10 @@ def _dispatch(func, args, kwargs):
         if described is not None:
             _MEMO[key] = described
     return result
+
+
+def _meta_of(x):
+    return x._elem if isinstance(x, FakeTensor) else x
 
 
 _PYTHON_KEYS = (torch._C.DispatchKeySet(torch._C.DispatchKey.Python)

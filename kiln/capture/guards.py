@@ -112,7 +112,7 @@ class GuardSet:
             if _holds_float(keys) else f"tuple({e}) == {self.const(keys, 'k')}"
         self.add(same, f"keys of {src.pretty()} == {list(keys)}", f"tuple({e})")
 
-    def tensor(self, src: Source, t: torch.Tensor):
+    def tensor(self, src: Source, t: torch.Tensor, dynamic=(), layout=None):
         """Type, dtype, device, shape, strides and requires_grad: what a trace assumed."""
         e = src.expr()
         p = src.pretty()
@@ -120,9 +120,19 @@ class GuardSet:
         self.add(f"{e}.dtype is {self.const(t.dtype, 'dt')}", f"{p}.dtype is {t.dtype}", f"{e}.dtype")
         self.add(f"{e}.device == {self.const(t.device, 'dev')}", f"{p}.device == {t.device}", f"{e}.device")
         shape = tuple(t.shape)
-        self.add(f"{e}.shape == {shape!r}", f"{p}.shape == {shape}", f"tuple({e}.shape)")
-        stride = tuple(t.stride())
-        self.add(f"{e}.stride() == {stride!r}", f"{p}.stride() == {stride}", f"{e}.stride()")
+        if dynamic:   # its sizes: the size guards (kiln/shapes); its layout: contiguous
+            self.add(f"{e}.dim() == {t.dim()}", f"{p}.dim() == {t.dim()}", f"{e}.dim()")
+            if layout is None:
+                self.add(f"{e}.is_contiguous()", f"{p} is contiguous", f"{e}.stride()")
+            for code, words in layout or ():   # a permuted dense layout, stride by stride
+                self.add(code, words, code.split(" == ")[0])
+            for d, n in enumerate(shape):
+                if d not in dynamic:
+                    self.add(f"{e}.size({d}) == {n}", f"{p}.size({d}) == {n}", f"{e}.size({d})")
+        else:
+            self.add(f"{e}.shape == {shape!r}", f"{p}.shape == {shape}", f"tuple({e}.shape)")
+            stride = tuple(t.stride())
+            self.add(f"{e}.stride() == {stride!r}", f"{p}.stride() == {stride}", f"{e}.stride()")
         rg = bool(t.requires_grad)
         if not rg or isinstance(t, torch.nn.Parameter):
             # a parameter (its type guarded above) is a leaf

@@ -535,6 +535,8 @@ def DELETE_SUBSCR(tx, inst):
 def _slice(a, b, c):
     if all(x.is_const() for x in (a, b, c)):
         return V.ConstantValue(slice(a.const(), b.const(), c.const()))
+    if all(x.is_const() or isinstance(x, V.SymIntValue) for x in (a, b, c)):
+        return V.SymSliceValue(a, b, c)
     raise Unsupported("K0011", "a slice with non-constant bounds")
 
 

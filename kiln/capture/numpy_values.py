@@ -85,7 +85,7 @@ class NdarrayValue(V.Value):
 
     @property
     def shape(self) -> tuple:
-        return tuple(self.tensor.fake.shape)
+        return tuple(int(s) for s in self.tensor.fake.shape)   # a symbolic size: fixed, guarded
 
     @property
     def ndim(self) -> int:

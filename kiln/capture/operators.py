@@ -5,6 +5,8 @@ from __future__ import annotations
 import operator
 import types
 
+import torch
+
 from kiln.capture import values as V
 from kiln.capture.errors import Unsupported, UserException
 
@@ -29,6 +31,14 @@ COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operato
            ">": operator.gt, ">=": operator.ge}
 
 
+def _tuple_like(items, *operands):
+    """A tuple result; a ``torch.Size`` where an operand is a symbolic one, as
+    ``Size + tuple``, ``Size[1:]`` and ``Size * 2`` are."""
+    if any(v.python_type() is torch.Size and isinstance(v, V.TupleValue) for v in operands):
+        return V.kinds.SizeValue(items)
+    return V.TupleValue(items)
+
+
 def _user_error(e):
     return UserException(V.ExceptionValue.of_real(e))
 
@@ -45,6 +55,13 @@ def binary_op(tx, name, a, b):
     fn = INPLACE[name] if inplace else BINARY[name]
     if isinstance(a, V.kinds.NdarrayValue) or isinstance(b, V.kinds.NdarrayValue):
         return V.rules.numpy_binary(tx, _INPLACE_TO_BINARY.get(name, fn), a, b, inplace)
+    if isinstance(a, V.SymIntValue) or isinstance(b, V.SymIntValue):
+        r = V.rules.sym_binary(tx, fn, a, b)
+        if r is not None:
+            return r
+        if not (isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue)):
+            # no symbolic rule (``[0] * n``): the traced value, fixed by a guard
+            return binary_op(tx, name, V.rules.specialize(a), V.rules.specialize(b))
     if isinstance(a, V.TensorValue) or isinstance(b, V.TensorValue):
         if isinstance(a, V.TensorValue):
             return tx.output.op("call_function", fn, [a, b], {})
@@ -65,7 +82,7 @@ def binary_op(tx, name, a, b):
         if isinstance(a, V.ListValue) and isinstance(b, V.ListValue):
             return V.ListValue(a.items + b.items)
         if isinstance(a, V.TupleValue) and isinstance(b, V.TupleValue):
-            return V.TupleValue(a.items + b.items)
+            return _tuple_like(a.items + b.items, a, b)
     if base is operator.mul:
         if isinstance(a, (V.ListValue, V.TupleValue)) and b.is_const():
             items = a.items * b.const()
@@ -74,7 +91,7 @@ def binary_op(tx, name, a, b):
                     a.items[:] = items
                     return a
                 return V.ListValue(items)
-            return V.TupleValue(items)
+            return _tuple_like(items, a)
         if isinstance(b, (V.ListValue, V.TupleValue)) and a.is_const():
             return binary_op(tx, "NB_MULTIPLY", b, a)
     if base in (operator.or_, operator.and_, operator.sub, operator.xor) and isinstance(a, V.SetValue):
@@ -237,6 +254,8 @@ def _compare_sequences(tx, op, a, b):
 def values_equal(tx, a, b) -> bool:
     """CPython's ``PyObject_RichCompareBool(a, b, Py_EQ)``: identity first, then ``==``
     (``in``, ``list.index``, ``list.count``, ``list.remove``)."""
+    if isinstance(a, V.SymIntValue) or isinstance(b, V.SymIntValue):
+        return compare_op(tx, "==", a, b).truth(tx)   # ints: == is reflexive, identity adds nothing
     if is_same(tx, a, b):
         return True
     return compare_op(tx, "==", a, b).truth(tx)
@@ -250,6 +269,11 @@ def compare_op(tx, op, a, b):
         if (isinstance(a, V.ConstantValue) and a.value is None) or (isinstance(b, V.ConstantValue) and b.value is None):
             return V.ConstantValue(fn(object(), None) if op in ("==", "!=") else False)
         return tx.output.op("call_function", fn, [a, b], {})
+    if isinstance(a, V.SymIntValue) or isinstance(b, V.SymIntValue):
+        r = V.rules.sym_compare(tx, fn, a, b)
+        if r is not None:
+            return r
+        return compare_op(tx, op, V.rules.specialize(a), V.rules.specialize(b))
     if a.is_const() and b.is_const():
         return V.ConstantValue(fold(fn, a.const(), b.const()))
 
@@ -339,6 +363,9 @@ def unary_op(tx, opname, v):
           "UNARY_INVERT": operator.invert, "UNARY_POSITIVE": operator.pos}[opname]
     if isinstance(v, V.kinds.NdarrayValue):
         return V.rules.numpy_unary(tx, fn, v)
+    if isinstance(v, V.SymIntValue):
+        r = V.rules.sym_unary(tx, fn, v)
+        return r if r is not None else unary_op(tx, opname, V.rules.specialize(v))
     if isinstance(v, V.TensorValue):
         if fn is operator.not_:
             raise Unsupported("K0006", "`not` on a tensor (data-dependent)")
@@ -392,7 +419,7 @@ def subscr(tx, o, k):
             fold(operator.getitem, (list if isinstance(o, V.ListValue) else tuple)(o.items), key)
             raise
         if isinstance(key, slice):
-            return V.ListValue(r) if isinstance(o, V.ListValue) else V.TupleValue(r)
+            return V.ListValue(r) if isinstance(o, V.ListValue) else _tuple_like(r, o)
         return r
     if isinstance(o, V.DictValue) or hasattr(o, "getitem"):
         return o.getitem(tx, k)

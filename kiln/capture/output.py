@@ -18,6 +18,8 @@ from kiln.capture import global_state
 from kiln.capture.autocast import AmpTracker
 from kiln.capture import values as V
 from kiln.capture.errors import InternalError, Unsupported, UserException
+from kiln.shapes.env import ShapeEnv
+from kiln.capture.sym_sizes import dense_order, layout_guards, symbolic_fake
 from kiln.capture.fake import (DataDependent, FakeMode, FakeTensor, NoMetaKernel, to_fake,
                                unsupported_tensor)
 from kiln.capture.guards import GuardSet
@@ -54,6 +56,9 @@ class OutputGraph:
         self._unwind_modes: set = set()   # the grad mode eager leaves if an op raises
         self.guards.global_state(global_state.traced_snapshot())
         self.autocast = AmpTracker(self.guards)   # autocast state, per op (autocast.py)
+        #: the size symbols of this trace; the policy says which argument sizes are symbolic
+        self.shapes = ShapeEnv(where=self._user_line)
+        self.policy = None
         self._names: set = set()
         self._keepalive: list = []
 
@@ -68,18 +73,31 @@ class OutputGraph:
         why = unsupported_tensor(real)
         if why is not None:
             raise Unsupported("K0056", f"{source.pretty()} is {why}, which capture does not model")
-        self.guards.tensor(source, real)
+        dims = self.policy.tensor_dims(source, real) if self.policy is not None else {}
+        fake = symbolic_fake(self, real, source, dims) if dims else None
+        self.guards.tensor(source, real, dynamic=frozenset(dims) if fake is not None else (),
+                           layout=None if fake is None or real.is_contiguous() else
+                           layout_guards(source, real, dense_order(real), dims))
         node = self.graph.placeholder(self._fresh(source.pretty()))
-        fake = to_fake(real)
+        fake = fake if fake is not None else to_fake(real)
         node.meta["example_value"] = fake
         tv = V.TensorValue(node, fake, source)
         tv.cls = type(real)
+        tv.input_geometry = _geometry(fake)     # an in-place op changing it is seen at the end
         self.inputs.append((source, node, real))
         self._input_by_id[id(real)] = tv
         self._real_by_node[node] = real
         self._value_by_fake[id(fake)] = tv
         self._keepalive.append(real)
         return tv
+
+    def _user_line(self) -> str:
+        fr = self.active_frame
+        if fr is None or fr.inst is None:
+            return "?"
+        import linecache
+        text = linecache.getline(fr.code.co_filename, fr.inst.line or 0).strip()
+        return f"{fr.code.co_filename}:{fr.inst.line} in {fr.code.co_name}: {text}"
 
     def real_input(self, tv):
         """The real tensor the input ``tv`` was read from; None for one the graph makes."""
@@ -135,9 +153,11 @@ class OutputGraph:
         # an input tensor whose geometry an in-place op changed (``t_``, ``unsqueeze_``):
         # views share data (the backends check storage overlap), one object shares shape
         for _, _, real in self.inputs:
+            if not isinstance(real, torch.Tensor):   # a symbolic int argument
+                continue
             tv = self._input_by_id[id(real)]
             by_type.setdefault(type(real), []).append(tv)
-            if _geometry(tv.fake) != _geometry(real):
+            if _geometry(tv.fake) != tv.input_geometry:
                 mutated.add(id(tv))
         for group in by_type.values():
             pairs = [(m.source, o.source) for m in group if id(m) in mutated
@@ -201,6 +221,9 @@ class OutputGraph:
         return result
 
     def _wrap_result(self, out, node):
+        if isinstance(out, (torch.SymInt, torch.SymFloat)):
+            node.meta["example_value"] = out
+            return V.SymIntValue(node, out)
         if isinstance(out, FakeTensor):
             known = self._value_by_fake.get(id(out))
             if known is not None:  # an in-place op returned its input
@@ -215,8 +238,12 @@ class OutputGraph:
                 if isinstance(o, FakeTensor):
                     n = self.graph.create_node("call_function", operator.getitem, (node, i))
                     items.append(self._wrap_result(o, n))
+                elif isinstance(o, (torch.SymInt, torch.SymFloat)):
+                    n = self.graph.create_node("call_function", operator.getitem, (node, i))
+                    n.meta["example_value"] = o
+                    items.append(V.SymIntValue(n, o))
                 else:
-                    items.append(_static(o))
+                    items.append(_static(V.rules.concrete(o)))
             if hasattr(type(out), "n_fields") or hasattr(type(out), "_fields"):
                 nt = V.NamedTupleValue(type(out), items)
                 nt.fields = _struct_fields(out)
@@ -224,7 +251,7 @@ class OutputGraph:
             return V.TupleValue(items) if isinstance(out, tuple) else V.ListValue(items)
         if _has_tensor(out):
             raise Unsupported("K0042", f"an op returning {type(out).__qualname__} of tensors")
-        return _static(out)
+        return _static(V.rules.concrete(out))
 
     def enter_grad_block(self, prev: bool, enabled: bool):
         self.grad_blocks.append(prev)
@@ -310,7 +337,7 @@ def _target_name(t):
 def _unwrap(v, tensor):
     """The Python value a PyTorch op receives for ``v``: ``tensor(v)`` for each tensor
     (its fake for propagation, its node for the graph), containers rebuilt around them."""
-    if isinstance(v, V.TensorValue):
+    if isinstance(v, (V.TensorValue, V.SymIntValue)):
         return tensor(v)
     if isinstance(v, V.ConstantValue):
         return v.value
@@ -320,6 +347,8 @@ def _unwrap(v, tensor):
         return [_unwrap(i, tensor) for i in v.items]
     if isinstance(v, V.DictValue):
         return {k: _unwrap(i, tensor) for k, i in v.items.items()}
+    if isinstance(v, V.SymSliceValue):
+        return slice(*(_unwrap(p, tensor) for p in v.parts))
     if isinstance(v, V.ClassValue):
         return v.cls
     if isinstance(v, V.TorchFunctionValue):

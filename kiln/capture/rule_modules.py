@@ -10,5 +10,5 @@ from kiln.capture import (assumptions, autocast, builder, cached_functions, clas
                           containers, default_dicts, dict_views, func_transforms, function_attrs,
                           iterators, made_modules, modules, numpy_calls, numpy_rules, numpy_shapes,
                           numpy_ufuncs, numpy_values, objects, optimizers, output, stdlib_collections,
-                          stdlib_itertools, tensor_builtins, tensor_grads, torch_rules, weak_refs,
+                          stdlib_itertools, sym_sizes, tensor_builtins, tensor_grads, torch_rules, weak_refs,
                           while_loop, wrap_numpy)

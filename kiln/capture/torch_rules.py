@@ -88,6 +88,11 @@ def _set_grad_enabled(tx, args, kwargs):
 
 
 def _numel(tx, args, kwargs):
+    v = _first(args, kwargs, "input")
+    if isinstance(v, V.TensorValue):
+        sym = V.rules.symbolic_meta(tx, v, "numel", [], {})
+        if sym is not None:
+            return sym
     return _const(_fake_of(args, kwargs).numel())
 
 
@@ -172,7 +177,8 @@ _META_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride",
 def tensor_attribute(tx, tv, name):
     f = tv.fake
     if name in ("shape",):
-        return V.ConstantValue(torch.Size(f.shape))
+        sym = V.rules.symbolic_meta(tx, tv, name, [], {})
+        return sym if sym is not None else V.ConstantValue(torch.Size(f.shape))
     if name in ("requires_grad", "is_leaf", "grad_fn") and getattr(tx.output, "in_transform", False):
         raise Unsupported("K0036", f"Tensor.{name} inside a torch.func transform (it reports the transform's own tracking)")
     if name in ("dtype", "ndim", "requires_grad", "is_cuda", "is_sparse", "is_quantized",
@@ -222,12 +228,15 @@ def tensor_method(tx, tv, name, args, kwargs):
     if name == "storage_offset":    # fakes do not carry it, and guards do not check it
         raise Unsupported("K0007", "Tensor.storage_offset() is read from the real tensor")
     if name in _META_METHODS:
+        sym = V.rules.symbolic_meta(tx, tv, name, args, kwargs)
+        if sym is not None:
+            return sym
         try:
             fake_args = [a.const() for a in args]
             fake_kwargs = {k: v.const() for k, v in kwargs.items()}
         except Unsupported:
             raise Unsupported("K0011", f"Tensor.{name} with non-constant arguments")
-        return V.ConstantValue(getattr(tv.fake, name)(*fake_args, **fake_kwargs))
+        return V.ConstantValue(V.rules.concrete(getattr(tv.fake, name)(*fake_args, **fake_kwargs)))
     if name == "type":
         return _tensor_type(tx, tv, args, kwargs)
     if name in ("requires_grad_",):

@@ -24,6 +24,8 @@ from kiln.capture.codegen import EntryCodegen, build_entry, call_at, call_source
 from kiln.capture.errors import RestartWithBreak, SkipFrame, Unsupported, UserException
 from kiln.capture.frame_access import reads_own_frame
 from kiln.capture.backend_call import FirstRun, compile_graph
+from kiln.capture import sym_guards
+from kiln.backends_dynamic import PerSizeCompiled, wants_concrete_sizes
 from kiln.capture.cells import real_cell
 from kiln.capture.interpreter import Frame, ReturnSignal
 from kiln.capture.opcodes_calls import decode_call
@@ -59,6 +61,8 @@ class Entry:
     source: str
     graphs: list = field(default_factory=list)
     breaks: list = field(default_factory=list)
+    #: (source, shape) of each tensor the trace read (automatic dynamic compares them)
+    tensor_inputs: list = field(default_factory=list)
 
 
 class TraceContext:
@@ -100,6 +104,7 @@ def trace_frame(fn: types.FunctionType, code, bound_args: dict, ctx: TraceContex
 
 def _trace_once(fn, code, bound_args, ctx, break_at, break_info):
     out = OutputGraph()
+    out.policy = getattr(ctx, "policy", None)
     out.grad_blocks = list(getattr(fn, "_kiln_grad_blocks", ()))
     out.autocast.resume_inside(getattr(fn, "_kiln_amp_blocks", ()))
     out.root_globals = fn.__globals__
@@ -180,6 +185,9 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where:
     gm = fx.GraphModule(torch.nn.Module(), graph)
     gm.meta = {"input_sources": [src.pretty() for src, _, _ in out.inputs]}
     example_inputs = [real for _, _, real in out.inputs]
+    dynamic = sym_guards.symbolic_inputs(out)
+    if dynamic:
+        sym_guards.annotate(out, gm)
     if out.op_count() == 0:
         # nothing to compute: outputs are views/aliases only created in-graph? keep as is
         pass
@@ -188,7 +196,11 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where:
         log.info("captured graph:\n%s", gm.print_readable(print_output=False),
                  extra={"kiln_gm": gm})
     t0 = time.perf_counter()
-    compiled = compile_graph(ctx.backend, gm, example_inputs, where)
+    if dynamic and wants_concrete_sizes(ctx.backend):
+        compiled = PerSizeCompiled(ctx.backend, gm, lambda b, g, ins: compile_graph(b, g, ins, where))
+        compiled._for(example_inputs, first=True)   # the backend's errors belong to this compile
+    else:
+        compiled = compile_graph(ctx.backend, gm, example_inputs, where)
     eager = gm.forward
     checked = not _is_method(compiled, gm, "forward")  # the eager backend's graph: no check
     on_error = out.grad_mode_on_error()
@@ -233,6 +245,7 @@ def _finish(fn, code, out, cg, ctx, tail_lines, where, break_info=None, graph=Tr
     lines += cg.reads + cg.lines
     entry_lines = lines + tail_lines
     out.guard_mutated_distinct()
+    sym_guards.install(out)
     guards = list(out.guards.guards)
     ns = cg.ns
     ns.update(out.guards.consts)
@@ -242,6 +255,8 @@ def _finish(fn, code, out, cg, ctx, tail_lines, where, break_info=None, graph=Tr
     entry_fn.__kwdefaults__ = fn.__kwdefaults__
     entry = Entry(entry_fn, guards, ns, text, [gm] if gm is not None else [],
                   [break_info] if break_info else [])
+    entry.tensor_inputs = [(src, tuple(real.shape)) for src, _, real in out.inputs
+                           if isinstance(real, torch.Tensor)]
     glog = log_for("guards")
     if glog.isEnabledFor(logging.INFO):
         glog.info("guards for %s (%s:%d):\n%s", code.co_name, code.co_filename, code.co_firstlineno,

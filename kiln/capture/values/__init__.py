@@ -13,7 +13,7 @@ values as V``; ``V.TensorValue``.
 from kiln.capture.values.base import (NULL, LazyArg, NullValue, Value, is_mutable, kind,  # noqa: F401
                                       kinds, rule, rules)
 from kiln.capture.values.constants import C, ConstantValue, ExceptionValue, is_none  # noqa: F401
-from kiln.capture.values.tensors import TensorValue  # noqa: F401
+from kiln.capture.values.tensors import SymIntValue, SymSliceValue, TensorValue  # noqa: F401
 from kiln.capture.values.objects import (DELETED, AutogradFunctionApply, ClassValue, ContextValue,  # noqa: F401
                                          ExitValue, GradModeValue, NewObjectValue, ObjectValue,
                                          SuperValue, _defined_by_torch, _GradModeWrapped)

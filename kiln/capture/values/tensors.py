@@ -41,3 +41,56 @@ class TensorValue(Value):
 
     def __repr__(self):
         return f"Tensor({self.node.name}, {tuple(self.fake.shape)}, {self.fake.dtype})"
+
+
+class SymIntValue(Value):
+    """A number the trace keeps symbolic: a tensor's size, a Python int argument, or
+    arithmetic on them. ``node`` computes it in the graph at run time; ``fake`` is the
+    ``torch.SymInt`` (or SymFloat) ops receive while tracing. Whatever needs a plain
+    int (``const()``, ``range(n)``) gets the traced value and a guard fixing it."""
+
+    def __init__(self, node, sym, source=None):
+        self.node = node
+        self.fake = sym
+        self.source = source
+
+    def python_type(self):
+        return float if isinstance(self.fake, torch.SymFloat) else int
+
+    def is_const(self):
+        return False
+
+    def const(self):
+        return float(self.fake) if isinstance(self.fake, torch.SymFloat) else int(self.fake)
+
+    def truth(self, tx):
+        return bool(self.fake != 0)
+
+    def getattr(self, tx, name):     # int's own attributes (bit_length…): of the traced value
+        return ConstantValue(self.const()).getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        return ConstantValue(self.const()).call_method(tx, name, args, kwargs)
+
+    def __repr__(self):
+        return f"SymInt({self.node.name}, {self.fake})"
+
+
+class SymSliceValue(Value):
+    """``a:b:c`` with a symbolic bound (``x[:, : s // 2]``): ops receive a slice of
+    SymInts while tracing and the graph a slice of the nodes computing them."""
+
+    def __init__(self, start, stop, step):
+        self.parts = (start, stop, step)
+
+    def python_type(self):
+        return slice
+
+    def is_const(self):
+        return False
+
+    def const(self):
+        return slice(*(p.const() for p in self.parts))
+
+    def __repr__(self):
+        return f"SymSlice{self.parts}"

@@ -1,0 +1,80 @@
+"""Backends that compile for concrete sizes (aot_eager, kiln: their autograd stage
+traces with plain ints) given a graph whose sizes are symbolic: the one captured graph
+is compiled once per distinct signature of input sizes, strides and int values, on
+first use, and kept in a small LRU (``config.dynamic_specializations``). Symbolic int
+inputs are folded into the graph as constants for the backend, which then takes the
+tensors alone."""
+from __future__ import annotations
+
+import collections
+import copy
+import logging
+
+import torch
+import torch.fx as fx
+
+from kiln import config
+
+
+def _signature(args):
+    return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor)
+                 else ("int", a) for a in args)
+
+
+def _with_ints_folded(gm, args):
+    """A copy of ``gm`` whose int placeholders are the constants in ``args``."""
+    if not any(not isinstance(a, torch.Tensor) for a in args):
+        return gm
+    graph = copy.deepcopy(gm.graph)
+    phs = [n for n in graph.nodes if n.op == "placeholder"]
+    for ph, a in zip(phs, args):
+        if not isinstance(a, torch.Tensor):
+            ph.replace_all_uses_with(a)
+            graph.erase_node(ph)
+    out = fx.GraphModule(gm, graph)
+    out.meta = dict(getattr(gm, "meta", {}))
+    return out
+
+
+class PerSizeCompiled:
+    """``backend`` applied to ``gm`` for each signature of arguments it is called on."""
+
+    def __init__(self, backend, gm, compile_graph):
+        self.backend = backend
+        self.gm = gm
+        self.compile_graph = compile_graph    # backend_call.compile_graph, errors named
+        self.compiled = collections.OrderedDict()
+
+    def _for(self, args, first=False):
+        """The callable for these arguments' signature and whether it takes the tensors
+        only (a compiled one) or every argument (the graph itself)."""
+        key = _signature(args)
+        hit = self.compiled.get(key)
+        if hit is not None:
+            self.compiled.move_to_end(key)
+            return hit
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        try:
+            hit = (self.compile_graph(self.backend, _with_ints_folded(self.gm, args), tensors), True)
+        except Exception as e:  # noqa: BLE001  (the first size's failure is the compile's own)
+            if first or not config.suppress_errors:
+                raise
+            # a later size the backend fails on runs the captured graph as it is
+            logging.getLogger("kiln").warning("kiln: the backend failed on new sizes %s; "
+                                              "running the captured graph for them: %s", key, e)
+            hit = (self.gm.forward, False)
+        self.compiled[key] = hit
+        while len(self.compiled) > max(1, config.dynamic_specializations):
+            self.compiled.popitem(last=False)
+        return hit
+
+    def __call__(self, *args):
+        fn, tensors_only = self._for(args)
+        return fn(*[a for a in args if isinstance(a, torch.Tensor)]) if tensors_only else fn(*args)
+
+
+def wants_concrete_sizes(backend) -> bool:
+    """kiln's own backends that trace with plain ints (not the eager one, which runs
+    the graph as it is, nor a user's backend, which gets the symbolic graph)."""
+    mod = getattr(backend, "__module__", None) or ""
+    return mod.startswith(("kiln.autograd", "kiln.kernels"))

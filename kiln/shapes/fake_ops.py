@@ -1,0 +1,112 @@
+"""Running an op on fakes whose sizes are symbolic.
+
+Many of PyTorch's C++ kernels for meta tensors take plain int sizes (``expand``,
+``native_layer_norm``'s composite, ``slice``'s storage offset) and refuse symbolic
+ones. As PyTorch's own fake tensors do, such an op runs as its Python decomposition
+(``torch._decomp``) or its CompositeImplicit decomposition, on the fakes, where every
+step is an op whose meta kernel takes symbolic sizes; ops with a Python meta kernel,
+and view-copy ops, run as they are.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+aten = torch.ops.aten
+
+_CPP_SYMINT = {aten.empty.memory_format, aten.empty_strided.default, aten.as_strided.default,
+               aten.as_strided_.default, aten.zeros.default, aten.detach.default,
+               aten.view_as_real.default, aten.view_as_complex.default, aten.stack.default}
+
+
+# C++ kernels that take symbolic sizes and give simpler expressions than a decomposition
+_AS_IS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+          aten.mm.default, aten.bmm.default, aten.addmm.default}
+
+
+def is_symbolic(x) -> bool:
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(x, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in x.shape) or \
+            any(isinstance(s, torch.SymInt) for s in x.stride()) or \
+            isinstance(x.storage_offset(), torch.SymInt)
+    if isinstance(x, (list, tuple)):
+        return any(is_symbolic(i) for i in x)
+    if isinstance(x, dict):
+        return any(is_symbolic(i) for i in x.values())
+    return False
+
+
+class _Inside(threading.local):
+    depth = 0
+
+
+inside = _Inside()   # > 0 while a decomposition runs: its ``device="meta"`` means the fakes' device
+
+
+def run_decomposed(func, args, kwargs, mode_cls):
+    """``func`` as its decomposition under ``mode_cls`` (the fake mode, so that each
+    step comes back to fake dispatch); NotImplemented where it has to run as it is."""
+    from torch._decomp import decomposition_table, meta_table
+
+    if func in _CPP_SYMINT or func in _AS_IS or torch.Tag.view_copy in func.tags:
+        return NotImplemented
+    fn = meta_table.get(func) or decomposition_table.get(func)
+    inside.depth += 1
+    try:
+        with mode_cls():
+            if fn is not None:    # a Python meta kernel or decomposition, on the fakes
+                return fn(*args, **kwargs)
+            return func.decompose(*args, **kwargs)
+    except Exception:  # noqa: BLE001  (the op's own kernel decides, as it is)
+        return NotImplemented
+    finally:
+        inside.depth -= 1
+
+
+def _row_major(t) -> bool:
+    """Contiguous, or a broadcast (stride-0) view of a contiguous tensor: the dims
+    that move are in decreasing stride order, so TensorIterator lays the result out
+    contiguously."""
+    if t.is_contiguous():
+        return True
+    if t.storage_offset() != 0:
+        return False
+    prev = None
+    for n, st in zip(t.shape, t.stride()):
+        if n == 1 or st == 0:
+            continue
+        if prev is not None and not prev >= st:
+            return False
+        prev = st
+    return True
+
+
+def pointwise_result(func, u_args, u_kwargs):
+    """A pointwise op's result on contiguous meta tensors with symbolic sizes: the
+    broadcast shape (each comparison a guard), contiguous, of the dtype the op gives
+    one-element tensors; None for anything else (the op's kernel decides)."""
+    from kiln.fast_meta import _SCALARS, _broadcast, _is_pointwise, _pointwise_dtype
+
+    if not _is_pointwise(func) or "device" in u_kwargs or u_kwargs.get("memory_format") is not None:
+        return None
+    tensors = []
+    for a in list(u_args) + list(u_kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            if a.device.type != "meta" or not _row_major(a):
+                return None
+            tensors.append(a)
+        elif not isinstance(a, _SCALARS):
+            return None
+    if not tensors:
+        return None
+    shape = _broadcast(*[t.shape for t in tensors])
+    if shape is None:
+        return None
+    try:
+        dtype = _pointwise_dtype(func, u_args, u_kwargs)
+    except Exception:  # noqa: BLE001  (the kernel says what is wrong)
+        return None
+    return torch.empty(shape, dtype=dtype, device="meta")
