@@ -212,12 +212,17 @@ def replayed():
     assert g.records == 1 and g.replays == 5, (g.records, g.replays)
 
 
-def adamw_graph():
-    """The aten graph kiln captures for a foreach AdamW step over a small net's
-    parameters (after the first step, which made the state), with the example inputs
-    as a GPU graph would take them: the step counters (0-d) on the CPU, the rest on
-    the stand-in device. (Captured on the CPU, run by PyTorch: no kernel is built.)"""
+def optimizer_graph(name="adamw", as_on_gpu=True):
+    """The aten graph kiln captures for a foreach optimizer step (``OPTIMIZERS[name]``)
+    over a small net's parameters (after the first step, which made the state), with
+    the example inputs as a GPU graph would take them: the step counters (0-d) on the
+    CPU, the rest on the stand-in device. (Captured on the CPU, run by PyTorch: no
+    kernel is built.) ``as_on_gpu``: the trace sees the param groups as a trace of CUDA
+    parameters does on the first step (no state yet: ``capturable=False``, eager's
+    default, so Adam stacks its step sizes on the CPU); else as on the CPU, where the
+    capturable path keeps eager's state layout and is taken."""
     import kiln
+    import kiln.capture.optimizers as capture_optimizers
     import kiln.kernels.backend as kernel_backend
     from kiln.kernels.runtime.perf_fallback import EagerVariant
     from foreach_train_case import OPTIMIZERS, Net, _options, train_step
@@ -226,17 +231,21 @@ def adamw_graph():
     def keep(gm, example_inputs, *a, **kw):
         graphs.append((gm, list(example_inputs)))
         return EagerVariant(gm)
-    cls, kw = OPTIMIZERS["adamw"]
+    cls, kw = OPTIMIZERS[name]
     torch.manual_seed(0)
     m = Net()
     opt = cls(m.parameters(), **_options(kw, "cpu"))
     inner, kernel_backend.compile_aten_graph = kernel_backend.compile_aten_graph, keep
+    see = capture_optimizers._see_capturable
+    if as_on_gpu:
+        capture_optimizers._see_capturable = lambda tx, opt: []
     try:
         step = kiln.compile(train_step, backend="kiln")
         for _ in range(2):
             step(m, opt, torch.randn(6, 4), torch.randn(6, 3))
     finally:
         kernel_backend.compile_aten_graph = inner
+        capture_optimizers._see_capturable = see
     gm, example = [(gm, ex) for gm, ex in graphs
                    if any("_foreach_" in str(n.target) for n in gm.graph.nodes)][-1]
     stand_in = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
@@ -244,9 +253,85 @@ def adamw_graph():
     return gm, stand_in
 
 
+def adamw_graph():
+    """AdamW's graph as the capturable path traces it (see ``optimizer_graph``)."""
+    return optimizer_graph("adamw", as_on_gpu=False)
+
+
+def gpu_labels(gm, stand_in) -> dict:
+    """The devices a GPU run's first call notes for ``gm``'s buffers: the graph run on
+    the stand-in (kernels that do nothing, host ops on real CPU tensors), buffer name
+    -> (device type, numel, dtype), "cuda" for the stand-in's."""
+    _, rt = runtime(gm=gm, inputs=stand_in)
+    tensors = _Labels(rt.take_inputs(stand_in))
+    rt.run_flat(tensors)
+    return tensors.seen
+
+
+def _label(t):
+    if not isinstance(t, torch.Tensor):
+        return None
+    return ("cuda" if t.device.type == "meta" else t.device.type, t.numel(), t.dtype)
+
+
+class _Labels(dict):
+    """``host_prologue._Seen`` with the stand-in's labels (not its ``_describe``,
+    which the emulation patches)."""
+
+    def __init__(self, tensors):
+        super().__init__(tensors)
+        self.seen = {k: _label(v) for k, v in tensors.items()}
+
+    def __setitem__(self, name, value):
+        self.seen[name] = _label(value)
+        super().__setitem__(name, value)
+
+
+def replayed_optimizer(name):
+    """An optimizer's own graph, as a GPU trace captures it, through GraphReplay over
+    the emulated CUDA graph (after ``replayed``, whose patches stay), its split decided
+    with the device labels of a GPU run (``gpu_labels``: the CPU stand-in cannot tell
+    its "device" tensors from CPU ones): one recording, five replays, each equal to
+    eager (parameters, moments, step counters)."""
+    from kiln.kernels.runtime import graph_replay, host_prologue
+    from kiln.kernels.runtime.host_prologue import is_host_copy
+    gm, stand_in = optimizer_graph(name)
+    labels = gpu_labels(gm, stand_in)
+    _, rt = runtime(gm=gm, inputs=stand_in, kernels=True)
+    rt.device = torch.device("cpu")
+    for step in rt.steps:
+        if is_host_copy(step):
+            step.b.op.device = "cpu"
+    decide = host_prologue.plan_of
+    host_prologue.plan_of = lambda rt, seen: decide(rt, labels)
+    try:
+        g = graph_replay.GraphReplay(rt)
+        gen = torch.Generator().manual_seed(0)
+        # the same tensors every call, as an optimizer's state (counters bumped in place)
+        args = [torch.randn(t.shape, generator=gen).abs() if t.dim() else torch.tensor(0.0)
+                for t in stand_in]
+        for call in range(7):
+            for k, a in enumerate(args):
+                if a.dim() == 0:
+                    a.fill_(float(call + k + 1))
+            got, want = g(rt, args), gm(*args)
+            assert len(got) == len(want)
+            for a, b in zip(got, want):
+                assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            del got, a, b                # (one still held is copied out: a new recording)
+    finally:
+        host_prologue.plan_of = decide
+    assert g.reason is None, g.reason
+    assert (g.host is not None) == name.startswith("adam"), name
+    if g.host is not None:     # the step sizes, a value per parameter, in the static buffer
+        assert [c.n for c in g.host.plan.copies if not c.scalars] == [6], g.host.plan.copies
+    assert g.records == 1 and g.replays == 5, (g.records, g.replays)
+
+
 def replayed_adamw():
-    """AdamW's own graph through GraphReplay over the emulated CUDA graph (after
-    ``replayed``, whose patches stay): five replays, each equal to eager."""
+    """AdamW's graph as the capturable path traces it, decided by the dimension
+    labels ``replayed`` patches in (its counters are its only CPU values)."""
     from kiln.kernels.runtime import graph_replay
     from kiln.kernels.runtime.host_prologue import is_host_copy
     gm, stand_in = adamw_graph()
@@ -270,9 +355,15 @@ def replayed_adamw():
     assert g.records == 1 and g.replays == 5, (g.records, g.replays)
 
 
+#: the optimizers whose GPU-traced graphs ``replayed_optimizer`` checks
+REPLAYED = ("adamw", "adam", "adam_amsgrad_wd", "adamw_amsgrad_maximize", "sgd_momentum")
+
+
 if __name__ == "__main__":
     interpreted()
     replayed()
     replayed_adamw()
+    for name in sys.argv[1:] or REPLAYED:
+        replayed_optimizer(name)
     print("ok")
     sys.exit(0)

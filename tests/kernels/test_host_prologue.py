@@ -13,6 +13,7 @@ import torch
 
 from kiln import config
 from kiln.kernels.runtime import graph_replay, host_prologue
+from kiln.kernels.lowering.host_scalars import HOST_VALUES_MAX
 from kiln.kernels.runtime.host_prologue import HostPlan, HostPrologue
 
 from .host_prologue_cases import real_inputs, runtime, stand_in_inputs
@@ -152,9 +153,13 @@ def _seen(rt, **changes):
 def test_graphs_it_declines_keep_their_reason():
     _, rt = runtime()
     assert isinstance(host_prologue.plan_of(rt, _seen(rt)), HostPlan)
-    # a CPU input of more than one element
-    why = host_prologue.plan_of(rt, _seen(rt, in7=("cpu", 3, torch.float32)))
+    # a CPU input of more elements than the static buffer takes
+    big = ("cpu", HOST_VALUES_MAX + 1, torch.float32)
+    why = host_prologue.plan_of(rt, _seen(rt, in7=big))
     assert isinstance(why, str) and "not on the GPU" in why
+    # a host step making one
+    why = host_prologue.plan_of(rt, _seen(rt, buf1=big))
+    assert isinstance(why, str) and "reads a CPU tensor directly" in why
     # an input on a third device
     assert isinstance(host_prologue.plan_of(rt, _seen(rt, in0=("xla", 20, torch.float32))), str)
     # a library call on the CPU counters giving a device value
@@ -260,12 +265,24 @@ def _sums_a_cpu_tensor(x, c):
 
 def test_a_graph_with_a_cpu_tensor_of_more_elements_is_not(monkeypatch):
     import torch.fx as fx
-    inputs = [torch.empty(8, device="meta"), torch.randn(3)]
+    inputs = [torch.empty(8, device="meta"), torch.randn(HOST_VALUES_MAX + 1)]
     _, rt = runtime(gm=fx.symbolic_trace(_sums_a_cpu_tensor), inputs=inputs)
     g = _replay_of(rt, monkeypatch, mode="1")
     assert g is not None
     g(rt, inputs)
     assert g.disabled and g.host is None and "not on the GPU" in g.reason
+
+
+def test_a_small_cpu_tensor_is_reduced_by_the_prologue(monkeypatch):
+    """A CPU input of a few elements (at most HOST_VALUES_MAX) is the prologue's: its
+    sum, a CPU output, is computed on the host every call."""
+    import torch.fx as fx
+    inputs = [torch.empty(8, device="meta"), torch.randn(3)]
+    _, rt = runtime(gm=fx.symbolic_trace(_sums_a_cpu_tensor), inputs=inputs)
+    g = _replay_of(rt, monkeypatch, mode="1")
+    out = g(rt, inputs)
+    assert not g.disabled and g.reason is None and g.host is not None
+    assert g.host.plan.host_outputs == [0] and out[0].item() == pytest.approx(inputs[1].sum().item())
 
 
 @pytest.mark.slow

@@ -320,7 +320,7 @@ class GraphLowering:
             for d, t in zip(pytree.tree_leaves(self.meta[a, "device"]),
                             pytree.tree_leaves(self.meta[a])):
                 if d is not None and not same_device(d, self.device) \
-                        and not is_host_scalar(self, d, t):
+                        and not is_host_scalar(self, d, t, node, a):
                     return False
         return True
 

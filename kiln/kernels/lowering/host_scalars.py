@@ -8,6 +8,11 @@ gathered per dtype into one pinned buffer and copied to the device (``HostScalar
 asynchronous copy, in stream order, no wait for the GPU) and read from there, instead of
 the whole op falling back to aten. A graph replayed from a recorded CUDA graph makes
 these copies outside it, every call (``runtime/host_prologue.py``).
+
+One CPU tensor of more elements joins a device op: the ``scalars`` of
+``_foreach_addcdiv/addcmul.Tensor`` (a non-capturable Adam's step sizes, stacked from
+its 0-d bias corrections), a value per tensor, which eager reads on the host. It is
+copied whole (``scalar_elements``), and element ``i`` reads the copy's value ``i``.
 """
 from __future__ import annotations
 
@@ -18,11 +23,20 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from .. import ir
-from .base import View, is_box
+from .base import Unsupported, View, is_box
+
+aten = torch.ops.aten
+
+#: the most elements of one CPU tensor a device graph reads through a host copy (a
+#: value per parameter: a model's parameter count is far below it)
+HOST_VALUES_MAX = 65536
+#: device ops whose last argument, ``scalars``, is a CPU tensor of a value per element
+TENSOR_SCALARS = {getattr(aten, n).Tensor for n in ("_foreach_addcdiv", "_foreach_addcmul")
+                  if hasattr(aten, n) and "Tensor" in getattr(aten, n).overloads()}
 
 
 class HostScalars:
-    """The library call: one-element CPU tensors -> one device tensor of their values."""
+    """The library call: CPU tensors -> one device tensor of their values, flattened."""
 
     #: replayed only through ``runtime/host_prologue``, which makes the copy outside the
     #: recorded graph every call (a copy recorded in it would copy the recording
@@ -36,7 +50,7 @@ class HostScalars:
         self.device = str(device)
 
     def __call__(self, *values):
-        flat = torch.cat([v.reshape(1) for v in values])
+        flat = torch.cat([v.reshape(-1) for v in values])
         if self.device.startswith("cuda"):
             flat = flat.pin_memory()
         return flat.to(self.device, non_blocking=True)
@@ -57,10 +71,41 @@ def takes_host_values(lo, gm) -> bool:
                for d in pytree.tree_leaves(lo.meta.get((n, "device"))))
 
 
-def is_host_scalar(lo, device, value) -> bool:
-    """A value a kernel of ``lo``'s graph may read although it lives on the CPU."""
-    return (lo.host_values and isinstance(device, torch.device) and device.type == "cpu"
-            and isinstance(value, torch.Tensor) and value.numel() == 1)
+def is_host_scalar(lo, device, value, node=None, arg=None) -> bool:
+    """A value a kernel of ``lo``'s graph may read although it lives on the CPU: one
+    element, or ``node``'s ``scalars`` argument ``arg`` (``TENSOR_SCALARS``)."""
+    if not (lo.host_values and isinstance(device, torch.device) and device.type == "cpu"
+            and isinstance(value, torch.Tensor)):
+        return False
+    return value.numel() == 1 or (
+        node is not None and node.target in TENSOR_SCALARS and arg is node.args[-1]
+        and value.numel() <= HOST_VALUES_MAX)
+
+
+def scalar_elements(lo, node, box, n) -> list:
+    """The ``n`` values of ``node``'s ``scalars`` (a 1-D tensor, ``box``) as 0-d views,
+    one per element of its lists: of its buffer, or, for a CPU tensor in a graph on a
+    device, of its copy there (one ``HostScalars`` of the whole tensor)."""
+    arg = node.args[-1]
+    m = lo.meta.get(arg)
+    if not isinstance(m, torch.Tensor) or m.dim() != 1 or m.numel() != n:
+        raise Unsupported("K0205", "foreach scalars not a 1-D tensor of a value per element")
+    if not m.dtype.is_floating_point:
+        raise Unsupported("K0205", "foreach scalars of an integer dtype")
+    v = lo.realize(box, origin=node.name)
+    devices = [d for d in pytree.tree_leaves(lo.meta.get((arg, "device"))) if d is not None]
+    host = lo.device.type != "cpu" and arg not in lo.host_copies and \
+        any(d.type == "cpu" for d in devices)
+    if host:
+        if not is_host_scalar(lo, devices[0], m, node, arg):
+            raise Unsupported("K0205", "foreach scalars on the CPU, read by a device op")
+        name = lo.new_name()
+        lo.add(ir.Extern(name, (n,), (1,), m.dtype, op=HostScalars(lo.device),
+                         args=(ir.ExternArg(v.buf, v.sizes, v.strides, v.offset),),
+                         origin=node.name))
+        return [View(name, (), (), i, m.dtype) for i in range(n)]
+    stride = v.strides[0] if v.sizes else 0
+    return [View(v.buf, (), (), v.offset + i * stride, m.dtype) for i in range(n)]
 
 
 def _on_cpu_scalars(lo, n) -> bool:

@@ -17,10 +17,11 @@ replay those copies with the recording call's values, so the graph is split:
 
 The split is decided at the graph's first call, which runs the graph as it is while
 noting the device of every buffer made (``first_call``): host steps are the library
-calls on CPU tensors alone whose results are one-element CPU tensors. Anything else
-that touches a CPU value (a kernel or a device library call reading one, a CPU value
-made from device values, a CPU input of more than one element) keeps the graph off
-replay, with the reason (``KILN_LOGS=perf_hints``).
+calls on CPU tensors alone whose results are small CPU tensors (at most
+``HOST_VALUES_MAX`` elements: step counters, and a non-capturable Adam's step sizes
+stacked from them). Anything else that touches a CPU value (a kernel or a device
+library call reading one, a CPU value made from device values, a larger CPU tensor)
+keeps the graph off replay, with the reason (``KILN_LOGS=perf_hints``).
 
 Staging buffers take turns (two, each with an event recorded after its copy): one is
 written again only once the copy that last read it is done, so a call never changes
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ...debug.logs import log_for
-from ..lowering.host_scalars import HostScalars
+from ..lowering.host_scalars import HOST_VALUES_MAX, HostScalars
 
 #: bytes between the starts of two copies' values in the buffers (the kernels' fast
 #: launch path wants 16-byte aligned pointers)
@@ -62,7 +63,7 @@ class Copy:
     offset: int
     n: int
     dtype: torch.dtype
-    scalars: bool              # all its values are 0-d (one stack); else (1,)-shaped
+    scalars: bool              # all its values are 0-d (one stack); else flattened
 
 
 @dataclass
@@ -125,9 +126,10 @@ def plan_of(rt, seen: dict):
         d = seen.get(name)
         if d is None or d[0] == rt.device.type:
             continue
-        if d[0] != "cpu" or d[1] != 1:
+        if d[0] != "cpu" or d[1] > HOST_VALUES_MAX:
             return (f"a graph input is not on the GPU ({d[0]}, {d[1]} elements): only "
-                    "one-element CPU tensors are read through the host prologue")
+                    f"CPU tensors of at most {HOST_VALUES_MAX} elements are read through "
+                    "the host prologue")
         host.add(name)
         host_inputs.append(i)
     host_steps, copies, offset = [], [], 0
@@ -141,14 +143,14 @@ def plan_of(rt, seen: dict):
             dtypes = {seen[a.buf][2] for a in b.args if seen.get(a.buf)}
             if dtypes != {b.dtype}:
                 return f"a host copy of {sorted(map(str, dtypes))} values into {b.dtype} ({b.origin})"
-            n = len(b.args)
+            n = sum(_numel(a.sizes) for a in b.args)
             copies.append(Copy(k, b.name, offset, n, b.dtype,
                                all(len(a.sizes) == 0 for a in b.args)))
             offset += -(-n * b.dtype.itemsize // ALIGN) * ALIGN
             continue
         on_cpu = [m for m in made if seen.get(m) is not None and seen[m][0] == "cpu"]
         if getattr(step, "b", None) is not None and reads <= host and made and \
-                len(on_cpu) == len(made) and all(seen[m][1] == 1 for m in made):
+                len(on_cpu) == len(made) and all(seen[m][1] <= HOST_VALUES_MAX for m in made):
             host_steps.append(k)
             host.update(made)
             computed.update(made)
@@ -279,7 +281,7 @@ class HostPrologue:
                 if names is not None:
                     torch.stack([tensors[n] for n in names], out=view)
                 else:
-                    torch.cat([v.reshape(1) for v in step.build(tensors)[0]], out=view)
+                    torch.cat([v.reshape(-1) for v in step.build(tensors)[0]], out=view)
             self.static.copy_(stage.buf, non_blocking=True)
         stage.event.record(self.stream())
         stage.pending = True
@@ -308,6 +310,13 @@ class HostPrologue:
         for i in self.plan.host_inputs:
             ptrs[i] = 0
         return ptrs
+
+
+def _numel(sizes) -> int:
+    n = 1
+    for s in sizes:
+        n *= int(s)
+    return n
 
 
 def _whole_scalar(rt, a) -> bool:
