@@ -104,6 +104,48 @@ def interpreted():
         assert host.views[plan.copies[0].name].tolist() == [steps[0] + 1, steps[1] + 1]
 
 
+def _tensor_scalars(x0, x1, x2, a0, a1, a2, b0, b1, b2, s):
+    xs, as_, bs = [x0, x1, x2], [a0, a1, a2], [b0, b1, b2]
+    d = aten._foreach_addcdiv.Tensor(xs, as_, bs, s)
+    m = aten._foreach_addcmul.Tensor(xs, as_, bs, s)
+    return d[0], d[1], d[2], m[0], m[1], m[2]
+
+
+def _tensor_scalars_inputs(seed, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(5, 4), (7,), ()]
+    ts = [torch.randn(s, generator=g) for s in shapes * 2]
+    ts += [torch.rand(s, generator=g) + 0.5 for s in shapes]
+    return [t.to(device) for t in ts] + [torch.randn(3, generator=g)]
+
+
+def interpreted_tensor_scalars():
+    """``_foreach_addcdiv/addcmul.Tensor`` with CPU ``scalars`` (a value per tensor) in a
+    graph on the stand-in device: the prologue stages the three values, the kernels
+    (interpreted) read value i for tensor i from the static buffer; each call against
+    eager. The interpreter computes CUDA's formula ``x + s * (a / b)`` unfused, eager's
+    CPU kernel ``x + (s * a) / b``: they may differ by an ulp of the product."""
+    import torch.fx as fx
+    from kiln.kernels.runtime import host_prologue
+    gm = fx.symbolic_trace(_tensor_scalars)
+    stand_in = _tensor_scalars_inputs(0, "meta")
+    _, plan = host_prologue.first_call(runtime(gm=gm, inputs=stand_in)[1], stand_in)
+    assert isinstance(plan, host_prologue.HostPlan), plan
+    assert [(c.n, c.scalars) for c in plan.copies] == [(3, False)], plan.copies
+    _, rt = runtime(gm=gm, inputs=stand_in, kernels=True)
+    assert not [b for b in rt.buffers.values() if "_foreach_" in str(getattr(b, "op", ""))]
+    rt.device = torch.device("cpu")
+    host = host_prologue.HostPrologue(rt, plan, device="cpu")
+    for call in range(3):
+        args = _tensor_scalars_inputs(call + 1)
+        got = host.run(rt, args)
+        flat = host.strip(host.device_rt.run_flat(host.device_tensors(rt, args, got)))
+        assert host.views[plan.copies[0].name].tolist() == args[-1].tolist()
+        for a, b in zip(flat, gm(*args)):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            torch.testing.assert_close(a, b, rtol=2e-7, atol=1e-7)
+
+
 class FakeGraph:
     """A CUDA graph on the CPU: capture keeps the steps' runtime and tensors dict (the
     same tensor objects: addresses) and the memory its allocations got; a replay runs
@@ -225,7 +267,10 @@ def optimizer_graph(name="adamw", as_on_gpu=True):
     import kiln.capture.optimizers as capture_optimizers
     import kiln.kernels.backend as kernel_backend
     from kiln.kernels.runtime.perf_fallback import EagerVariant
-    from foreach_train_case import OPTIMIZERS, Net, _options, train_step
+    try:
+        from .foreach_train_case import OPTIMIZERS, Net, _options, train_step
+    except ImportError:                # (run as a script)
+        from foreach_train_case import OPTIMIZERS, Net, _options, train_step
     graphs = []
 
     def keep(gm, example_inputs, *a, **kw):
@@ -361,6 +406,7 @@ REPLAYED = ("adamw", "adam", "adam_amsgrad_wd", "adamw_amsgrad_maximize", "sgd_m
 
 if __name__ == "__main__":
     interpreted()
+    interpreted_tensor_scalars()
     replayed()
     replayed_adamw()
     for name in sys.argv[1:] or REPLAYED:

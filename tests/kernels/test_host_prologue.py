@@ -290,10 +290,36 @@ def test_the_split_graph_runs_as_eager_call_after_call(tmp_path):
     """The prologue, then the rest's Triton kernels (interpreted) reading the static
     buffer, against eager over calls with new counter values; then GraphReplay itself,
     recording once and replaying an emulated CUDA graph (``FakeGraph``: the same
-    tensors, the same memory) with each call's counters, for the Adam-like graph and
-    for the graph kiln captures from a foreach AdamW step."""
+    tensors, the same memory) with each call's counters, for the Adam-like graph, for
+    the graph kiln captures from a foreach AdamW step, and for the graphs a GPU trace
+    captures from AdamW, Adam (amsgrad, weight decay, maximize) and SGD with momentum,
+    decided with a GPU run's device labels; and foreach ops whose CPU ``scalars`` the
+    kernels read from the static buffer."""
     env = dict(os.environ, TRITON_INTERPRET="1", KILN_TEST_CACHE_DIR=str(tmp_path),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, os.path.join(HERE, "host_prologue_cases.py")],
                        env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-3000:] + r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam", "sgd_momentum"])
+def test_the_optimizer_graphs_a_gpu_trace_captures_are_replayable(name):
+    """The graph kiln captures from a real foreach optimizer step as a trace of CUDA
+    parameters does (``capturable=False``: Adam stacks its step sizes, a CPU tensor of a
+    value per parameter, for ``_foreach_addcdiv.Tensor``), decided with the devices a
+    GPU run notes: a host prologue, whose static buffer holds the step sizes."""
+    from .host_prologue_cases import gpu_labels, optimizer_graph
+    gm, stand_in = optimizer_graph(name)
+    targets = {str(n.target) for n in gm.graph.nodes}
+    assert ("aten._foreach_addcdiv.Tensor" in targets) == name.startswith("adam")
+    _, rt = runtime(gm=gm, inputs=stand_in)
+    rt.device = torch.device("cuda")
+    plan = host_prologue.plan_of(rt, gpu_labels(gm, stand_in))
+    assert isinstance(plan, HostPlan), plan
+    stacked = [c for c in plan.copies if not c.scalars]
+    assert [c.n for c in stacked] == ([6] if name.startswith("adam") else [])
+    # no device step reads host memory itself: only host copies cross over
+    host = set(plan.host_names) | {rt.inputs[i][1] for i in plan.host_inputs}
+    for k, step in enumerate(rt.steps):
+        if k not in plan.host_steps and not host_prologue.is_host_copy(step):
+            assert not host_prologue._reads(step) & host, step

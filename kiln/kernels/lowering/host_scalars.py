@@ -103,6 +103,7 @@ def scalar_elements(lo, node, box, n) -> list:
         lo.add(ir.Extern(name, (n,), (1,), m.dtype, op=HostScalars(lo.device),
                          args=(ir.ExternArg(v.buf, v.sizes, v.strides, v.offset),),
                          origin=node.name))
+        lo.host_copies[arg] = View(name, (n,), (1,), 0, m.dtype)   # (its other readers')
         return [View(name, (), (), i, m.dtype) for i in range(n)]
     stride = v.strides[0] if v.sizes else 0
     return [View(v.buf, (), (), v.offset + i * stride, m.dtype) for i in range(n)]
