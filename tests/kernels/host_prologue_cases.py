@@ -116,7 +116,27 @@ def _tensor_scalars_inputs(seed, device="cpu"):
     shapes = [(5, 4), (7,), ()]
     ts = [torch.randn(s, generator=g) for s in shapes * 2]
     ts += [torch.rand(s, generator=g) + 0.5 for s in shapes]
-    return [t.to(device) for t in ts] + [torch.randn(3, generator=g)]
+    return [t.to(device) for t in ts] + [torch.randn(3, generator=g) * (seed + 1)]
+
+
+def step_sizes_graph(returned):
+    """A non-capturable Adam's tail: step sizes from CPU counters, stacked, read as
+    ``_foreach_addcdiv.Tensor``'s scalars (and also returned, if ``returned``)."""
+    g = fx.Graph()
+    xs, as_, bs, steps = ([g.placeholder(f"{k}{i}") for i in range(3)] for k in "xabs")
+    cf = g.call_function
+    sizes = [cf(aten.mul.Tensor, (cf(aten.reciprocal.default, (cf(aten.sub.Tensor, (
+        cf(aten.pow.Scalar, (0.9, s)), 1)),)), -0.01)) for s in steps]
+    stacked = cf(aten.cat.default, ([cf(aten.unsqueeze.default, (v, 0)) for v in sizes],))
+    new = cf(aten._foreach_addcdiv.Tensor, (xs, as_, bs, stacked))
+    g.output(tuple(cf(operator.getitem, (new, i)) for i in range(3))
+             + ((stacked,) if returned else ()))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def step_sizes_inputs(seed, device="cpu"):
+    ts = _tensor_scalars_inputs(seed, device)[:-1]
+    return ts + [torch.tensor(float(seed + k + 1)) for k in range(3)]
 
 
 def interpreted_tensor_scalars():
@@ -124,26 +144,37 @@ def interpreted_tensor_scalars():
     graph on the stand-in device: the prologue stages the three values, the kernels
     (interpreted) read value i for tensor i from the static buffer; each call against
     eager. The interpreter computes CUDA's formula ``x + s * (a / b)`` unfused, eager's
-    CPU kernel ``x + (s * a) / b``: they may differ by an ulp of the product."""
+    CPU kernel ``x + (s * a) / b``: they may differ by an ulp of the product. Then the
+    stacked step sizes of a non-capturable Adam, made on the host and copied whole
+    (also an output) or computed by the kernels (read only as scalars)."""
     import torch.fx as fx
-    from kiln.kernels.runtime import host_prologue
     gm = fx.symbolic_trace(_tensor_scalars)
-    stand_in = _tensor_scalars_inputs(0, "meta")
+    plan = _interpret(gm, _tensor_scalars_inputs)
+    assert [(c.n, c.scalars) for c in plan.copies] == [(3, False)], plan.copies
+    for returned in (True, False):
+        plan = _interpret(step_sizes_graph(returned), step_sizes_inputs)
+        assert [c.n for c in plan.copies if not c.scalars] == ([3] if returned else [])
+
+
+def _interpret(gm, make):
+    from kiln.kernels.runtime import host_prologue
+    stand_in = make(0, "meta")
     _, plan = host_prologue.first_call(runtime(gm=gm, inputs=stand_in)[1], stand_in)
     assert isinstance(plan, host_prologue.HostPlan), plan
-    assert [(c.n, c.scalars) for c in plan.copies] == [(3, False)], plan.copies
     _, rt = runtime(gm=gm, inputs=stand_in, kernels=True)
     assert not [b for b in rt.buffers.values() if "_foreach_" in str(getattr(b, "op", ""))]
     rt.device = torch.device("cpu")
     host = host_prologue.HostPrologue(rt, plan, device="cpu")
     for call in range(3):
-        args = _tensor_scalars_inputs(call + 1)
+        args = make(call + 1)
         got = host.run(rt, args)
         flat = host.strip(host.device_rt.run_flat(host.device_tensors(rt, args, got)))
-        assert host.views[plan.copies[0].name].tolist() == args[-1].tolist()
-        for a, b in zip(flat, gm(*args)):
+        for i, t in got.outputs.items():
+            flat[i] = t
+        for a, b in zip(flat, gm(*args), strict=True):
             assert a.dtype == b.dtype and a.shape == b.shape
             torch.testing.assert_close(a, b, rtol=2e-7, atol=1e-7)
+    return plan
 
 
 class FakeGraph:
@@ -369,9 +400,13 @@ def replayed_optimizer(name):
         host_prologue.plan_of = decide
     assert g.reason is None, g.reason
     assert (g.host is not None) == name.startswith("adam"), name
-    if g.host is not None:     # the step sizes, a value per parameter, in the static buffer
-        assert [c.n for c in g.host.plan.copies if not c.scalars] == [6], g.host.plan.copies
+    if g.host is not None:     # on the host: the counters' add; the rest in the kernels
+        assert host_steps(rt, g.host.plan) == ["aten._foreach_add.Scalar"], g.host.plan
     assert g.records == 1 and g.replays == 5, (g.records, g.replays)
+
+
+def host_steps(rt, plan) -> list:
+    return [str(rt.steps[k].b.op) for k in plan.host_steps]
 
 
 def replayed_adamw():

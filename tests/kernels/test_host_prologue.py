@@ -307,8 +307,9 @@ def test_the_optimizer_graphs_a_gpu_trace_captures_are_replayable(name):
     """The graph kiln captures from a real foreach optimizer step as a trace of CUDA
     parameters does (``capturable=False``: Adam stacks its step sizes, a CPU tensor of a
     value per parameter, for ``_foreach_addcdiv.Tensor``), decided with the devices a
-    GPU run notes: a host prologue, whose static buffer holds the step sizes."""
-    from .host_prologue_cases import gpu_labels, optimizer_graph
+    GPU run notes: a host prologue that only bumps the step counters; the kernels
+    compute the bias corrections and step sizes from the counters' copies."""
+    from .host_prologue_cases import gpu_labels, host_steps, optimizer_graph
     gm, stand_in = optimizer_graph(name)
     targets = {str(n.target) for n in gm.graph.nodes}
     assert ("aten._foreach_addcdiv.Tensor" in targets) == name.startswith("adam")
@@ -316,10 +317,28 @@ def test_the_optimizer_graphs_a_gpu_trace_captures_are_replayable(name):
     rt.device = torch.device("cuda")
     plan = host_prologue.plan_of(rt, gpu_labels(gm, stand_in))
     assert isinstance(plan, HostPlan), plan
-    stacked = [c for c in plan.copies if not c.scalars]
-    assert [c.n for c in stacked] == ([6] if name.startswith("adam") else [])
+    assert host_steps(rt, plan) == (["aten._foreach_add.Scalar"] if name.startswith("adam") else [])
+    assert all(c.scalars and c.n == 1 for c in plan.copies), plan.copies
     # no device step reads host memory itself: only host copies cross over
     host = set(plan.host_names) | {rt.inputs[i][1] for i in plan.host_inputs}
     for k, step in enumerate(rt.steps):
         if k not in plan.host_steps and not host_prologue.is_host_copy(step):
             assert not host_prologue._reads(step) & host, step
+
+
+@pytest.mark.parametrize("returned", [False, True])
+def test_stacked_step_sizes_are_computed_by_the_kernels_or_staged_whole(returned):
+    """Read only as ``scalars``, the stack is never made: each parameter's kernel
+    computes its own step size from its counter's copy (no host step). Read by the CPU
+    too (an output), it is made on the host and its three values copied as one."""
+    from .host_prologue_cases import step_sizes_graph, step_sizes_inputs
+    inputs = step_sizes_inputs(0, "meta")
+    _, rt = runtime(gm=step_sizes_graph(returned), inputs=inputs)
+    plan = _plan(rt, inputs)
+    assert isinstance(plan, HostPlan), plan
+    steps = _op_names(rt, plan.host_steps)
+    if returned:
+        assert "aten.cat.default" in steps
+        assert [c.n for c in plan.copies if not c.scalars] == [3]
+    else:
+        assert steps == [] and all(c.n == 1 for c in plan.copies), plan
