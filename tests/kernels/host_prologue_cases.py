@@ -399,9 +399,11 @@ def replayed_optimizer(name):
     finally:
         host_prologue.plan_of = decide
     assert g.reason is None, g.reason
-    assert (g.host is not None) == name.startswith("adam"), name
+    # host values: Adam's step counters, a CPU tensor lr
+    assert (g.host is not None) == (name.startswith("adam") or name == "sgd_tensor_lr"), name
     if g.host is not None:     # on the host: the counters' add; the rest in the kernels
-        assert host_steps(rt, g.host.plan) == ["aten._foreach_add.Scalar"], g.host.plan
+        assert host_steps(rt, g.host.plan) == (
+            ["aten._foreach_add.Scalar"] if name.startswith("adam") else []), g.host.plan
     assert g.records == 1 and g.replays == 5, (g.records, g.replays)
 
 
@@ -436,7 +438,8 @@ def replayed_adamw():
 
 
 #: the optimizers whose GPU-traced graphs ``replayed_optimizer`` checks
-REPLAYED = ("adamw", "adam", "adam_amsgrad_wd", "adamw_amsgrad_maximize", "sgd_momentum")
+REPLAYED = ("adamw", "adam", "adam_amsgrad_wd", "adamw_amsgrad_maximize", "sgd_momentum",
+            "sgd_tensor_lr")
 
 
 if __name__ == "__main__":

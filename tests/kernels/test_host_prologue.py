@@ -302,7 +302,7 @@ def test_the_split_graph_runs_as_eager_call_after_call(tmp_path):
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-3000:] + r.stderr[-3000:]
 
 
-@pytest.mark.parametrize("name", ["adamw", "adam", "sgd_momentum"])
+@pytest.mark.parametrize("name", ["adamw", "adam", "sgd_momentum", "sgd_tensor_lr"])
 def test_the_optimizer_graphs_a_gpu_trace_captures_are_replayable(name):
     """The graph kiln captures from a real foreach optimizer step as a trace of CUDA
     parameters does (``capturable=False``: Adam stacks its step sizes, a CPU tensor of a
