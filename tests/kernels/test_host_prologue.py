@@ -319,6 +319,17 @@ def test_the_optimizer_graphs_a_gpu_trace_captures_are_replayable(name):
     assert isinstance(plan, HostPlan), plan
     assert host_steps(rt, plan) == (["aten._foreach_add.Scalar"] if name.startswith("adam") else [])
     assert all(c.scalars and c.n == 1 for c in plan.copies), plan.copies
+    if name.startswith("adam"):
+        # a counter's copy each, staged by one stack into their aligned places
+        host = HostPrologue(rt, plan, device="cpu")
+        assert len(plan.copies) == 6 and len(host.fills) == 1
+        for call in range(2):
+            args = [t if t.dim() else torch.tensor(float(call * 10 + k))
+                    for k, t in enumerate(stand_in)]
+            host.run(rt, args)
+            staged = {host.views[c.name].item() for c in plan.copies}
+            assert len(staged) == 6             # each counter's new value, once
+            assert staged <= {args[pos].item() + 1 for pos, _ in host.inputs}
     # no device step reads host memory itself: only host copies cross over
     host = set(plan.host_names) | {rt.inputs[i][1] for i in plan.host_inputs}
     for k, step in enumerate(rt.steps):
