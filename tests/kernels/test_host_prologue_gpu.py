@@ -67,6 +67,11 @@ def test_the_optimizer_graph_is_replayed_and_matches_eager(name, monkeypatch):
         assert g.reason is None and g.replays >= 1, (g.calls, g.records, g.reason)
         # SGD keeps no step counter: no host values, no prologue
         assert (g.host is not None) == (name != "sgd_momentum")
+        if g.host is not None:
+            # the host bumps the counters; the kernels compute the bias corrections and
+            # step sizes (a non-capturable Adam's stack of them is never made)
+            ops = [str(rt.steps[k].b.op) for k in g.host.plan.host_steps]
+            assert ops == ["aten._foreach_add.Scalar"], ops
 
 
 @needs_cuda
