@@ -179,6 +179,24 @@ _SHORTCUTS = {"softmax": _softmax, "layer_norm": _layer_norm, "mm": _mm, "addmm"
 _SPECIAL = {op: _SHORTCUTS[i.meta] for op, i in CATALOGUE.items() if i.meta}
 
 
+#: ops whose ``Tensor scalars`` argument (the last) must be a CPU tensor: eager reads its
+#: values on the host, and so does their meta kernel (it converts them to a scalar list)
+_HOST_SCALARS_ARG = {getattr(getattr(aten, n), "Tensor") for n in (
+    "_foreach_addcdiv", "_foreach_addcdiv_", "_foreach_addcmul", "_foreach_addcmul_")
+    if hasattr(aten, n) and "Tensor" in getattr(aten, n).overloads()}
+
+
+def host_scalars_arg(func, meta_args, on_cpu, args=None):
+    """``meta_args`` with the ``scalars`` of an op in ``_HOST_SCALARS_ARG`` that stands
+    for a CPU tensor (``on_cpu`` of its argument in ``args``) given as a real CPU
+    tensor of its shape: its values do not change the result's metadata."""
+    args = meta_args if args is None else args
+    if func not in _HOST_SCALARS_ARG or len(meta_args) != 4 or not on_cpu(args[3]):
+        return meta_args
+    s = meta_args[3]
+    return (*meta_args[:3], torch.zeros(s.shape, dtype=s.dtype))
+
+
 def meta_result(func, args, kwargs, device=_CPU):
     """``func``'s result on these meta tensors, standing for tensors on ``device`` (it
     decides some layouts: ``elementwise_layout``), or None when the meta kernel must say.

@@ -46,7 +46,7 @@ from kiln.autograd.functionalize import (STORAGE_VIEWS, AotUnsupported, Function
 from kiln.autograd.eager_saved import saved_storages, storage_of
 from kiln.autograd.index_lists import INDEXING, index_tensors
 from ..dispatch_mode import KilnDispatchMode
-from ..fast_meta import meta_result
+from ..fast_meta import host_scalars_arg, meta_result
 
 aten = torch.ops.aten
 _META = torch.device("meta")
@@ -294,7 +294,7 @@ class _TraceMode(Functionalize, KilnDispatchMode):
             device = self._device_of(func, args, kwargs)
         out = meta_result(func, args, kwargs, device)
         if out is None:
-            out = func(*args, **kwargs)
+            out = func(*host_scalars_arg(func, args, self._on_cpu), **kwargs)
         rec_kwargs = dict(kwargs)
         if "device" in rec_kwargs:
             rec_kwargs["device"] = device
@@ -307,6 +307,10 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         node = self._node("call_function", func, *self._to_nodes(args, rec_kwargs))
         self._register_outputs(out, node, device)
         return out
+
+    def _on_cpu(self, t) -> bool:
+        info = self.infos.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return info is not None and info.device.type == "cpu"
 
     def _to_nodes(self, args, kwargs):
         return tree_map(lambda a: self.value(a) if isinstance(a, torch.Tensor) else a,

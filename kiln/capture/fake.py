@@ -14,7 +14,7 @@ import torch
 from torch.utils._pytree import tree_map
 from ..dispatch_mode import KilnDispatchMode
 from .errors import InternalError
-from ..fast_meta import _is_pointwise, meta_result
+from ..fast_meta import _is_pointwise, host_scalars_arg, meta_result
 from ..shapes.fake_ops import inside as decomposing, is_symbolic, pointwise_result, run_decomposed
 
 aten = torch.ops.aten
@@ -156,6 +156,8 @@ def _dispatch(func, args, kwargs):
         if hit is not None:
             return tree_map(lambda m: FakeTensor(m.fresh(), device) if isinstance(m, _MetaDesc) else m, hit)
     u_args = tree_map(unwrap, args)
+    u_args = host_scalars_arg(func, u_args, lambda t: isinstance(t, FakeTensor)
+                              and t.fake_device.type == "cpu", args)
     u_kwargs = tree_map(unwrap, kwargs)
     try:
         out = pointwise_result(func, u_args, u_kwargs) if symbolic else \

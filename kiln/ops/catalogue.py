@@ -123,6 +123,7 @@ FAMILIES = [
         (("maximum", "minimum", "clamp_min", "clamp_max"), ("List", "Scalar", "ScalarList")),
         (("pow",), ("List", "Scalar", "ScalarList", "ScalarAndTensor")),
         (("addcdiv", "addcmul", "lerp"), ("Scalar", "ScalarList")), (("lerp",), ("List",)),
+        (("addcdiv", "addcmul"), ("Tensor",)),
         (("abs", "neg", "exp", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt",
           "reciprocal", "sigmoid", "sign", "sin", "cos", "tan", "tanh", "sinh", "cosh",
           "asin", "acos", "atan", "erf", "floor", "ceil", "round", "trunc", "clone", "zero"),

@@ -1,5 +1,6 @@
 """A kernel case calling every lowered ``_foreach_*`` overload (``foreach.PER_TENSOR``)
-on lists of three tensors of different geometry: non-contiguous 2-d, 1-d and 0-d.
+on lists of three tensors of different geometry: non-contiguous 2-d, 1-d and 0-d; a
+``Tensor scalars`` argument (``host_scalars.TENSOR_SCALARS``) is a value per tensor.
 
 The graph is built from the table and each overload's schema, so an overload added to
 the table is exercised (and compared with eager) without another line here.
@@ -12,6 +13,7 @@ import torch
 import torch.fx as fx
 
 from kiln.kernels.lowering.foreach import PER_TENSOR
+from kiln.kernels.lowering.host_scalars import TENSOR_SCALARS
 
 aten = torch.ops.aten
 
@@ -39,6 +41,7 @@ def foreach_graph():
     ps = [g.placeholder(f"p{i}") for i in range(3)]      # in (0.1, 0.9)
     ws = [g.placeholder(f"w{i}") for i in range(3)]      # lerp weights around 0.5
     s = g.placeholder("s")                               # a 0-d tensor
+    ss = g.placeholder("ss")                             # a value per element (3,)
     outs = []
 
     def call(op, args, kwargs=None):
@@ -63,7 +66,7 @@ def foreach_graph():
             elif t == "List[number]":
                 args.append(_scalars(name, ov))
             elif t == "Tensor":
-                args.append(s)
+                args.append(ss if op in TENSOR_SCALARS else s)
             elif t == "number":
                 args.append(1.5 if ov == "ScalarAndTensor" else _scalar(name, ov))
             elif a.has_default_value():
@@ -86,4 +89,4 @@ def foreach_inputs():
     xs = [nc(4, 5), torch.randn(7), torch.randn(())]
     ps = [torch.rand(s) * 0.8 + 0.1 for s in SHAPES]
     ws = [torch.rand(s) * 1.4 - 0.2 for s in SHAPES]
-    return xs + ps + ws + [torch.tensor(0.4)]
+    return xs + ps + ws + [torch.tensor(0.4), torch.tensor([0.5, -1.5, 3.0])]

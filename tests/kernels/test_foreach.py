@@ -123,3 +123,34 @@ def test_integer_addcdiv_is_declined():
     x = View("in0", (3,), (1,), 0, torch.int64)
     with pytest.raises(Unsupported):
         PER_TENSOR[aten._foreach_addcdiv.Scalar](None, None, x, x, x)
+
+
+def _tensor_scalars(x0, x1, x2, a0, a1, a2, b0, b1, b2, s):
+    xs, as_, bs = [x0, x1, x2], [a0, a1, a2], [b0, b1, b2]
+    d = aten._foreach_addcdiv.Tensor(xs, as_, bs, s)
+    m = aten._foreach_addcmul.Tensor(xs, as_, bs, s)
+    return d[0], d[1], d[2], m[0], m[1], m[2]
+
+
+def _tensor_scalars_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(5, 4), (7,), ()]
+    ts = [torch.randn(s, generator=g) for s in shapes * 2]
+    ts += [torch.rand(s, generator=g) + 0.5 for s in shapes]
+    return ts + [torch.tensor([-0.3, 1.7, 1e-3])]
+
+
+def test_tensor_scalars_are_a_value_per_tensor_bit_for_bit_on_the_cpu():
+    """``_foreach_addcdiv/addcmul.Tensor`` (a non-capturable Adam's step sizes): element
+    i reads value i of ``scalars``; the C++ kernels do eager's CPU float ops in eager's
+    order (``x + (s * a) / b``; ``fma(s * a, b, x)``), so the results are eager's bits."""
+    from kiln.kernels import compile_aten_graph
+    gm = fx.symbolic_trace(_tensor_scalars)
+    c = compile_aten_graph(gm, _tensor_scalars_inputs(), target="cpp")
+    for seed in range(3):
+        args = _tensor_scalars_inputs(seed)
+        for got, want in zip(c(*args), gm(*args)):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert torch.equal(got, want), (got - want).abs().max()
+    lo = GraphLowering(gm, _tensor_scalars_inputs(), "cpp").run()
+    assert not lo.fallbacks and not _foreach_externs(lo)

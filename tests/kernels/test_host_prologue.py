@@ -13,6 +13,7 @@ import torch
 
 from kiln import config
 from kiln.kernels.runtime import graph_replay, host_prologue
+from kiln.kernels.lowering.host_scalars import HOST_VALUES_MAX
 from kiln.kernels.runtime.host_prologue import HostPlan, HostPrologue
 
 from .host_prologue_cases import real_inputs, runtime, stand_in_inputs
@@ -152,9 +153,13 @@ def _seen(rt, **changes):
 def test_graphs_it_declines_keep_their_reason():
     _, rt = runtime()
     assert isinstance(host_prologue.plan_of(rt, _seen(rt)), HostPlan)
-    # a CPU input of more than one element
-    why = host_prologue.plan_of(rt, _seen(rt, in7=("cpu", 3, torch.float32)))
+    # a CPU input of more elements than the static buffer takes
+    big = ("cpu", HOST_VALUES_MAX + 1, torch.float32)
+    why = host_prologue.plan_of(rt, _seen(rt, in7=big))
     assert isinstance(why, str) and "not on the GPU" in why
+    # a host step making one
+    why = host_prologue.plan_of(rt, _seen(rt, buf1=big))
+    assert isinstance(why, str) and "reads a CPU tensor directly" in why
     # an input on a third device
     assert isinstance(host_prologue.plan_of(rt, _seen(rt, in0=("xla", 20, torch.float32))), str)
     # a library call on the CPU counters giving a device value
@@ -260,7 +265,7 @@ def _sums_a_cpu_tensor(x, c):
 
 def test_a_graph_with_a_cpu_tensor_of_more_elements_is_not(monkeypatch):
     import torch.fx as fx
-    inputs = [torch.empty(8, device="meta"), torch.randn(3)]
+    inputs = [torch.empty(8, device="meta"), torch.randn(HOST_VALUES_MAX + 1)]
     _, rt = runtime(gm=fx.symbolic_trace(_sums_a_cpu_tensor), inputs=inputs)
     g = _replay_of(rt, monkeypatch, mode="1")
     assert g is not None
@@ -268,15 +273,83 @@ def test_a_graph_with_a_cpu_tensor_of_more_elements_is_not(monkeypatch):
     assert g.disabled and g.host is None and "not on the GPU" in g.reason
 
 
+def test_a_small_cpu_tensor_is_reduced_by_the_prologue(monkeypatch):
+    """A CPU input of a few elements (at most HOST_VALUES_MAX) is the prologue's: its
+    sum, a CPU output, is computed on the host every call."""
+    import torch.fx as fx
+    inputs = [torch.empty(8, device="meta"), torch.randn(3)]
+    _, rt = runtime(gm=fx.symbolic_trace(_sums_a_cpu_tensor), inputs=inputs)
+    g = _replay_of(rt, monkeypatch, mode="1")
+    out = g(rt, inputs)
+    assert not g.disabled and g.reason is None and g.host is not None
+    assert g.host.plan.host_outputs == [0] and out[0].item() == pytest.approx(inputs[1].sum().item())
+
+
 @pytest.mark.slow
 def test_the_split_graph_runs_as_eager_call_after_call(tmp_path):
     """The prologue, then the rest's Triton kernels (interpreted) reading the static
     buffer, against eager over calls with new counter values; then GraphReplay itself,
     recording once and replaying an emulated CUDA graph (``FakeGraph``: the same
-    tensors, the same memory) with each call's counters, for the Adam-like graph and
-    for the graph kiln captures from a foreach AdamW step."""
+    tensors, the same memory) with each call's counters, for the Adam-like graph, for
+    the graph kiln captures from a foreach AdamW step, and for the graphs a GPU trace
+    captures from AdamW, Adam (amsgrad, weight decay, maximize) and SGD with momentum,
+    decided with a GPU run's device labels; and foreach ops whose CPU ``scalars`` the
+    kernels read from the static buffer."""
     env = dict(os.environ, TRITON_INTERPRET="1", KILN_TEST_CACHE_DIR=str(tmp_path),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, os.path.join(HERE, "host_prologue_cases.py")],
                        env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-3000:] + r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam", "sgd_momentum", "sgd_tensor_lr"])
+def test_the_optimizer_graphs_a_gpu_trace_captures_are_replayable(name):
+    """The graph kiln captures from a real foreach optimizer step as a trace of CUDA
+    parameters does (``capturable=False``: Adam stacks its step sizes, a CPU tensor of a
+    value per parameter, for ``_foreach_addcdiv.Tensor``), decided with the devices a
+    GPU run notes: a host prologue that only bumps the step counters; the kernels
+    compute the bias corrections and step sizes from the counters' copies."""
+    from .host_prologue_cases import gpu_labels, host_steps, optimizer_graph
+    gm, stand_in = optimizer_graph(name)
+    targets = {str(n.target) for n in gm.graph.nodes}
+    assert ("aten._foreach_addcdiv.Tensor" in targets) == name.startswith("adam")
+    _, rt = runtime(gm=gm, inputs=stand_in)
+    rt.device = torch.device("cuda")
+    plan = host_prologue.plan_of(rt, gpu_labels(gm, stand_in))
+    assert isinstance(plan, HostPlan), plan
+    assert host_steps(rt, plan) == (["aten._foreach_add.Scalar"] if name.startswith("adam") else [])
+    assert all(c.scalars and c.n == 1 for c in plan.copies), plan.copies
+    if name.startswith("adam"):
+        # a counter's copy each, staged by one stack into their aligned places
+        host = HostPrologue(rt, plan, device="cpu")
+        assert len(plan.copies) == 6 and len(host.fills) == 1
+        for call in range(2):
+            args = [t if t.dim() else torch.tensor(float(call * 10 + k))
+                    for k, t in enumerate(stand_in)]
+            host.run(rt, args)
+            staged = {host.views[c.name].item() for c in plan.copies}
+            assert len(staged) == 6             # each counter's new value, once
+            assert staged <= {args[pos].item() + 1 for pos, _ in host.inputs}
+    # no device step reads host memory itself: only host copies cross over
+    host = set(plan.host_names) | {rt.inputs[i][1] for i in plan.host_inputs}
+    for k, step in enumerate(rt.steps):
+        if k not in plan.host_steps and not host_prologue.is_host_copy(step):
+            assert not host_prologue._reads(step) & host, step
+
+
+@pytest.mark.parametrize("returned", [False, True])
+def test_stacked_step_sizes_are_computed_by_the_kernels_or_staged_whole(returned):
+    """Read only as ``scalars``, the stack is never made: each parameter's kernel
+    computes its own step size from its counter's copy (no host step). Read by the CPU
+    too (an output), it is made on the host and its three values copied as one."""
+    from .host_prologue_cases import step_sizes_graph, step_sizes_inputs
+    inputs = step_sizes_inputs(0, "meta")
+    _, rt = runtime(gm=step_sizes_graph(returned), inputs=inputs)
+    plan = _plan(rt, inputs)
+    assert isinstance(plan, HostPlan), plan
+    steps = _op_names(rt, plan.host_steps)
+    if returned:
+        assert "aten.cat.default" in steps
+        assert [c.n for c in plan.copies if not c.scalars] == [3]
+    else:
+        assert steps == [] and all(c.n == 1 for c in plan.copies), plan

@@ -67,12 +67,17 @@ def test_the_optimizer_graph_is_replayed_and_matches_eager(name, monkeypatch):
         assert g.reason is None and g.replays >= 1, (g.calls, g.records, g.reason)
         # SGD keeps no step counter: no host values, no prologue
         assert (g.host is not None) == (name != "sgd_momentum")
+        if g.host is not None:
+            # the host bumps the counters; the kernels compute the bias corrections and
+            # step sizes (a non-capturable Adam's stack of them is never made)
+            ops = [str(rt.steps[k].b.op) for k in g.host.plan.host_steps]
+            assert ops == ["aten._foreach_add.Scalar"], ops
 
 
 @needs_cuda
 def test_a_graph_reading_a_cpu_tensor_of_more_elements_stays_off_replay(monkeypatch):
-    """Only one-element CPU tensors are read through the prologue: anything else keeps
-    today's plain calls, with the reason."""
+    """CPU tensors of at most HOST_VALUES_MAX elements are read through the prologue:
+    a larger one keeps plain calls, with the reason."""
     import torch.fx as fx
     from kiln.kernels import compile_aten_graph
     monkeypatch.setattr(config, "cudagraphs", "1")
@@ -83,7 +88,8 @@ def test_a_graph_reading_a_cpu_tensor_of_more_elements_stays_off_replay(monkeypa
         y = aten.add.Tensor(aten.mul.Tensor(x, 2.0), 1.0)
         return (aten.sum.default(c), y)
     gm = fx.symbolic_trace(f)
-    x, c = torch.randn(8, device="cuda"), torch.randn(3)
+    from kiln.kernels.lowering.host_scalars import HOST_VALUES_MAX
+    x, c = torch.randn(8, device="cuda"), torch.randn(HOST_VALUES_MAX + 1)
     g = compile_aten_graph(gm, [x, c])
     for _ in range(3):
         got, want = g(x, c), gm(x, c)
@@ -121,3 +127,30 @@ def test_a_graph_of_step_counters_replays_with_each_calls_values(monkeypatch):
     rt = next(iter(c.variants.values()))
     assert rt.graphs is not None and rt.graphs.host is not None, getattr(rt.graphs, "reason", None)
     assert rt.graphs.reason is None and (rt.graphs.records, rt.graphs.replays) == (1, 4)
+
+
+@needs_cuda
+def test_foreach_tensor_scalars_on_the_cpu_replay_with_each_calls_values(monkeypatch):
+    """``_foreach_addcdiv/addcmul.Tensor`` on CUDA tensors with CPU ``scalars`` (a
+    non-capturable Adam's step sizes): the kernels read value i from the static buffer,
+    as eager's functor does ``x + s * (a / b)`` / ``x + s * (a * b)`` in float32 (the
+    same ops; at most an ulp apart where the compilers contract differently); the graph
+    is replayed, each call with its own values."""
+    from kiln.kernels import compile_aten_graph
+    from .host_prologue_cases import _tensor_scalars, _tensor_scalars_inputs
+    import torch.fx as fx
+    monkeypatch.setattr(config, "cudagraphs", "1")
+    monkeypatch.setattr(config, "perf_fallback", False)
+    gm = fx.symbolic_trace(_tensor_scalars)
+    fixed = _tensor_scalars_inputs(0, "cuda")[:-1]
+    c = compile_aten_graph(gm, _tensor_scalars_inputs(0, "cuda"))
+    for k in range(5):
+        args = fixed + [torch.randn(3) * (k + 1)]
+        got, want = c(*args), gm(*args)
+        for a, b in zip(got, want):
+            assert a.device == b.device and a.dtype == b.dtype
+            torch.testing.assert_close(a, b, rtol=2.0 ** -23, atol=1e-30)
+        del got, a, b
+    rt = next(iter(c.variants.values()))
+    assert rt.graphs is not None and rt.graphs.host is not None, getattr(rt.graphs, "reason", None)
+    assert rt.graphs.reason is None and rt.graphs.replays >= 3

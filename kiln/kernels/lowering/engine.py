@@ -32,8 +32,8 @@ from ..devices import same_device, graph_device
 from ..ir import loop_vars
 from ..ops import cast, op
 from ...ops import is_library_call
-from .host_scalars import (device_side, is_host_scalar, on_device as host_scalars_on_device,
-                           takes_host_values)
+from .host_scalars import (device_side, is_host_scalar, lower_stacked,
+                           on_device as host_scalars_on_device, takes_host_values)
 from .base import LAZY_LISTS, LOWERINGS, Lazy, STORAGE_OPS, Unsupported, View, is_box, is_dense, returns_a_view
 
 aten = torch.ops.aten
@@ -320,7 +320,7 @@ class GraphLowering:
             for d, t in zip(pytree.tree_leaves(self.meta[a, "device"]),
                             pytree.tree_leaves(self.meta[a])):
                 if d is not None and not same_device(d, self.device) \
-                        and not is_host_scalar(self, d, t):
+                        and not is_host_scalar(self, d, t, node, a):
                     return False
         return True
 
@@ -333,6 +333,9 @@ class GraphLowering:
             if getattr(src, "target", None) in LAZY_LISTS and isinstance(out, Lazy):
                 return self._maybe_realize(node, out)
             return out
+        stacked = lower_stacked(self, node)       # values only device kernels read
+        if stacked is not None:
+            return stacked
         if fn is not None and self._dtypes_ok(node):
             try:
                 a, kw = host_scalars_on_device(self, node, args, kwargs)

@@ -10,9 +10,12 @@ optimizer's chain of list ops then fuses per parameter, its update reading p, g,
 once and writing p, m, v once.
 
 Arguments go element by element when they are lists (``Tensor[]``, ``Scalar[]`` in the
-schema); a ``Tensor`` or ``Scalar`` argument is shared by every element. Formulas follow
-eager's kernels on the device the code runs on: the CPU's per-tensor kernels (the
-foreach ops' CPU path) and CUDA's multi-tensor functors associate differently.
+schema); a ``Tensor`` or ``Scalar`` argument is shared by every element, except the
+``Tensor scalars`` of ``addcdiv``/``addcmul`` (``host_scalars.TENSOR_SCALARS``): a value
+per element, element ``i`` reading value ``i`` (``host_scalars.scalar_elements``).
+Formulas follow eager's kernels on the device the code runs on: the CPU's per-tensor
+kernels (the foreach ops' CPU path) and CUDA's multi-tensor functors associate
+differently.
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..ops import const, op
-from .base import LOWERINGS, Unsupported, pointwise, register_list
+from .base import LOWERINGS, Unsupported, is_box, pointwise, register_list
+from .host_scalars import TENSOR_SCALARS, scalar_elements
 
 aten = torch.ops.aten
 
@@ -60,7 +64,26 @@ def _integral(box) -> bool:
 
 # --- per-tensor formulas for ops CORE decomposes ----------------------------------------
 def _scaled(value, e):
-    return e if value == 1 else op("mul", const(value, e.dtype), e)
+    """``value * e``: ``value`` a number, or the expression of a tensor's value."""
+    if isinstance(value, (int, float)):
+        return e if value == 1 else op("mul", const(value, e.dtype), e)
+    return op("mul", value, e)
+
+
+def _opmath(lo, node):
+    """Eager's foreach kernels compute half and bfloat16 in float32 (``opmath_t``), the
+    scalar too: a value read from a tensor is not rounded to the tensors' type first."""
+    m = lo.meta[node]
+    return torch.float32 if m.dtype in (torch.float16, torch.bfloat16) else None
+
+
+def _with_value(lo, node, operands, value, formula):
+    """``formula(*operand exprs, value)`` over ``operands``: ``value`` a number, or a 0-d
+    box (a ``Tensor scalars`` element), read as one more operand."""
+    if not is_box(value):
+        return pointwise(lo, node, operands, lambda *e: formula(*e, value))
+    return pointwise(lo, node, operands + [value], lambda *e: formula(*e),
+                     compute_dtype=_opmath(lo, node))
 
 
 def _addcdiv(lo, node, x, t1, t2, value=1):
@@ -69,20 +92,20 @@ def _addcdiv(lo, node, x, t1, t2, value=1):
     if any(_integral(t) for t in (x, t1, t2)):
         raise Unsupported("K0207", "integer addcdiv raises in eager")
     if lo.target == "cpp":
-        return pointwise(lo, node, [x, t1, t2], lambda a, b, c: op(
-            "add", a, op("truediv", _scaled(value, b), c)))
-    return pointwise(lo, node, [x, t1, t2], lambda a, b, c: op(
-        "add", a, _scaled(value, op("truediv", b, c))))
+        return _with_value(lo, node, [x, t1, t2], value, lambda a, b, c, v: op(
+            "add", a, op("truediv", _scaled(v, b), c)))
+    return _with_value(lo, node, [x, t1, t2], value, lambda a, b, c, v: op(
+        "add", a, _scaled(v, op("truediv", b, c))))
 
 
 def _addcmul(lo, node, x, t1, t2, value=1):
     """``x + value * t1 * t2``: ``fma(value * t1, t2, x)`` on the CPU (eager's kernel as
     its compiler contracts it), ``x + value * (t1 * t2)`` in CUDA's functor."""
     if lo.target == "cpp":
-        return pointwise(lo, node, [x, t1, t2], lambda a, b, c: op(
-            "fma", _scaled(value, b), c, a))
-    return pointwise(lo, node, [x, t1, t2], lambda a, b, c: op(
-        "add", a, _scaled(value, op("mul", b, c))))
+        return _with_value(lo, node, [x, t1, t2], value, lambda a, b, c, v: op(
+            "fma", _scaled(v, b), c, a))
+    return _with_value(lo, node, [x, t1, t2], value, lambda a, b, c, v: op(
+        "add", a, _scaled(v, op("mul", b, c))))
 
 
 def _lerp(lo, node, x, end, weight):
@@ -140,7 +163,7 @@ def _rows():
         add(f"_foreach_{name}.default", getattr(aten, name).default)
     add("_foreach_clone.default", aten.clone.default)
     add("_foreach_zero.default", aten.zeros_like.default)
-    for ov in ("Scalar", "ScalarList"):
+    for ov in ("Scalar", "ScalarList", "Tensor"):
         add(f"_foreach_addcdiv.{ov}", _addcdiv)
         add(f"_foreach_addcmul.{ov}", _addcmul)
         add(f"_foreach_lerp.{ov}", _lerp)
@@ -162,6 +185,8 @@ def _lower_foreach(lo, node, *args, **kwargs):
     lower = rule if not isinstance(rule, torch._ops.OpOverload) else LOWERINGS.get(rule)
     if lower is None:
         raise Unsupported("K0204", f"no lowering of {rule}")
+    if node.target in TENSOR_SCALARS:          # a value per element, not one shared
+        args = list(args[:3]) + [scalar_elements(lo, node, args[3], n)]
     out = []
     for i in range(n):
         elem = _element(lo, node, i, rule)

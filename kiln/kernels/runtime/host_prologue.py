@@ -17,10 +17,11 @@ replay those copies with the recording call's values, so the graph is split:
 
 The split is decided at the graph's first call, which runs the graph as it is while
 noting the device of every buffer made (``first_call``): host steps are the library
-calls on CPU tensors alone whose results are one-element CPU tensors. Anything else
-that touches a CPU value (a kernel or a device library call reading one, a CPU value
-made from device values, a CPU input of more than one element) keeps the graph off
-replay, with the reason (``KILN_LOGS=perf_hints``).
+calls on CPU tensors alone whose results are small CPU tensors (at most
+``HOST_VALUES_MAX`` elements: step counters, and a non-capturable Adam's step sizes
+stacked from them). Anything else that touches a CPU value (a kernel or a device
+library call reading one, a CPU value made from device values, a larger CPU tensor)
+keeps the graph off replay, with the reason (``KILN_LOGS=perf_hints``).
 
 Staging buffers take turns (two, each with an event recorded after its copy): one is
 written again only once the copy that last read it is done, so a call never changes
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ...debug.logs import log_for
-from ..lowering.host_scalars import HostScalars
+from ..lowering.host_scalars import HOST_VALUES_MAX, HostScalars
 
 #: bytes between the starts of two copies' values in the buffers (the kernels' fast
 #: launch path wants 16-byte aligned pointers)
@@ -62,7 +63,7 @@ class Copy:
     offset: int
     n: int
     dtype: torch.dtype
-    scalars: bool              # all its values are 0-d (one stack); else (1,)-shaped
+    scalars: bool              # all its values are 0-d (one stack); else flattened
 
 
 @dataclass
@@ -125,9 +126,10 @@ def plan_of(rt, seen: dict):
         d = seen.get(name)
         if d is None or d[0] == rt.device.type:
             continue
-        if d[0] != "cpu" or d[1] != 1:
+        if d[0] != "cpu" or d[1] > HOST_VALUES_MAX:
             return (f"a graph input is not on the GPU ({d[0]}, {d[1]} elements): only "
-                    "one-element CPU tensors are read through the host prologue")
+                    f"CPU tensors of at most {HOST_VALUES_MAX} elements are read through "
+                    "the host prologue")
         host.add(name)
         host_inputs.append(i)
     host_steps, copies, offset = [], [], 0
@@ -141,14 +143,14 @@ def plan_of(rt, seen: dict):
             dtypes = {seen[a.buf][2] for a in b.args if seen.get(a.buf)}
             if dtypes != {b.dtype}:
                 return f"a host copy of {sorted(map(str, dtypes))} values into {b.dtype} ({b.origin})"
-            n = len(b.args)
+            n = sum(_numel(a.sizes) for a in b.args)
             copies.append(Copy(k, b.name, offset, n, b.dtype,
                                all(len(a.sizes) == 0 for a in b.args)))
             offset += -(-n * b.dtype.itemsize // ALIGN) * ALIGN
             continue
         on_cpu = [m for m in made if seen.get(m) is not None and seen[m][0] == "cpu"]
         if getattr(step, "b", None) is not None and reads <= host and made and \
-                len(on_cpu) == len(made) and all(seen[m][1] == 1 for m in made):
+                len(on_cpu) == len(made) and all(seen[m][1] <= HOST_VALUES_MAX for m in made):
             host_steps.append(k)
             host.update(made)
             computed.update(made)
@@ -191,15 +193,49 @@ class _AlwaysDone:
 class _Staging:
     __slots__ = ("buf", "views", "event", "pending")
 
-    def __init__(self, nbytes, copies, pin, event):
+    def __init__(self, nbytes, fills, pin, event):
         self.buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=pin)
-        self.views = [_view(self.buf, c) for c in copies]
+        self.views = [_view(self.buf, f.first) if f.tmp is None else
+                      self.buf.view(f.first.dtype).as_strided(
+                          (len(f.names),), (ALIGN // f.first.dtype.itemsize,),
+                          f.first.offset // f.first.dtype.itemsize)
+                      for f in fills]
         self.event = event
         self.pending = False
 
 
 def _view(buf, c: Copy):
     return buf[c.offset:c.offset + c.n * c.dtype.itemsize].view(c.dtype)
+
+
+@dataclass
+class _Fill:
+    """How one staging step writes its values: copy ``first`` (its step ``step``) from
+    its 0-d values ``names`` (a stack), or from its arguments as built (``names``
+    None); or a run of one-value copies of one dtype at consecutive aligned offsets
+    (each counter of an optimizer copied for its own readers), stacked at once into
+    ``tmp`` and copied to their strided places (one stack per parameter costs ~10x)."""
+    first: Copy
+    step: object
+    names: list | None
+    tmp: torch.Tensor | None = None
+
+
+def _fills(copies, steps, reads) -> list:
+    fills = []
+    for c, step, names in zip(copies, steps, reads):
+        one = names is not None and c.n == 1
+        last = fills[-1] if fills else None
+        if one and last is not None and last.names is not None and \
+                (last.tmp is not None or last.first.n == 1) and \
+                last.first.dtype == c.dtype and \
+                c.offset == last.first.offset + len(last.names) * ALIGN and \
+                ALIGN % c.dtype.itemsize == 0 and last.first.offset % c.dtype.itemsize == 0:
+            last.names = last.names + names
+            last.tmp = torch.empty(len(last.names), dtype=c.dtype)
+            continue
+        fills.append(_Fill(c, step, list(names) if names is not None else None))
+    return fills
 
 
 class HostCall:
@@ -223,8 +259,6 @@ class HostPrologue:
             event = torch.cuda.Event if cuda else _AlwaysDone
         self.static = torch.empty(max(plan.nbytes, 1), dtype=torch.uint8, device=device)
         self.views = {c.name: _view(self.static, c) for c in plan.copies}
-        self.staging = [_Staging(plan.nbytes, plan.copies, cuda, event())
-                        for _ in range(staging)]
         self.turn = 0
         self.waits = 0             # times a staging buffer's last copy was waited for
         #: the stream the static buffer's copy is issued on (the device's current one,
@@ -238,6 +272,9 @@ class HostPrologue:
         self.reads = [[a.buf for a in rt.steps[c.step].b.args]
                       if c.scalars and all(_whole_scalar(rt, a) for a in rt.steps[c.step].b.args)
                       else None for c in plan.copies]
+        self.fills = _fills(plan.copies, self.copy_steps, self.reads)
+        self.staging = [_Staging(plan.nbytes, self.fills, cuda, event())
+                        for _ in range(staging)]
         #: outputs that are a 0-d host buffer itself; the others built per call
         self.direct, self.out_plan = [], []
         for i in plan.host_outputs:
@@ -275,11 +312,13 @@ class HostPrologue:
             self.waits += 1
             stage.event.synchronize()
         with torch.no_grad():          # values only (a tensor lr may require grad)
-            for step, view, names in zip(self.copy_steps, stage.views, self.reads):
-                if names is not None:
-                    torch.stack([tensors[n] for n in names], out=view)
+            for f, view in zip(self.fills, stage.views):
+                if f.tmp is not None:
+                    view.copy_(torch.stack([tensors[n] for n in f.names], out=f.tmp))
+                elif f.names is not None:
+                    torch.stack([tensors[n] for n in f.names], out=view)
                 else:
-                    torch.cat([v.reshape(1) for v in step.build(tensors)[0]], out=view)
+                    torch.cat([v.reshape(-1) for v in f.step.build(tensors)[0]], out=view)
             self.static.copy_(stage.buf, non_blocking=True)
         stage.event.record(self.stream())
         stage.pending = True
@@ -308,6 +347,13 @@ class HostPrologue:
         for i in self.plan.host_inputs:
             ptrs[i] = 0
         return ptrs
+
+
+def _numel(sizes) -> int:
+    n = 1
+    for s in sizes:
+        n *= int(s)
+    return n
 
 
 def _whole_scalar(rt, a) -> bool:
