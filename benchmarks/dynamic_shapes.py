@@ -85,23 +85,25 @@ def resnet18(device, small):
 
 
 class KilnGraphs:
-    """Counts the graphs kiln's tracer hands to a backend (each capture's graphs)."""
+    """Counts the graphs kiln's tracer captures (not the per-size compiles a backend
+    then makes of one captured graph)."""
 
     def __init__(self):
         self.n = 0
 
     def __enter__(self):
         from kiln.capture import tracer
-        self.mod, self.orig = tracer, tracer.compile_graph
+        self.mod, self.orig = tracer, tracer._compile_graph
 
         def counted(*a, **k):
-            self.n += 1
-            return self.orig(*a, **k)
-        tracer.compile_graph = counted
+            out = self.orig(*a, **k)
+            self.n += bool(out)
+            return out
+        tracer._compile_graph = counted
         return self
 
     def __exit__(self, *exc):
-        self.mod.compile_graph = self.orig
+        self.mod._compile_graph = self.orig
 
 
 def sync(device):
