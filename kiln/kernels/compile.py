@@ -23,6 +23,7 @@ from ..debug.logs import log_for
 from ..debug.timing import timed
 from . import ir, pad_mm, provenance
 from .codegen.cpp import source as cpp_source
+from .codegen.size_args import SizeArgs
 from .lowering import GraphLowering, View
 from .runtime import perf_fallback
 from .runtime.runner import ExternStep, Runtime
@@ -83,17 +84,24 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
     sched = _schedule(lo, target)
     arte = {"ir": ir.format_program(lo.buffers), "schedule": format_schedule(sched),
             "fallbacks": list(lo.fallbacks), "target": target, "passes": notes}
-    source, entries, kinfo = _generate(sched, lo, target)
+    source, entries, kinfo, sizes = _generate(sched, lo, target)
     arte["source"] = source
     arte["kinfo"] = kinfo
-    _code_log.info("kernels: %s source for graph\n%s\n%s", target, arte["ir"],
-                   _shown(source, gm))
+    arte["size_args"] = sizes.values
+    _code_log.info("kernels: %s source for graph\n%s\n%s%s", target, arte["ir"],
+                   _shown(source, gm), _sizes_shown(sizes))
     p = graph_cache.Plan(graph_cache.Lowered(lo.buffers, lo.outputs, lo.device),
-                         sched, source, entries, kinfo, arte, list(lo.fallback_messages))
+                         sched, source, entries, kinfo, arte, list(lo.fallback_messages),
+                         sizes)
     if key is not None:
         with timed("kernels.graph_cache"):
             graph_cache.store(key, p)
     return p
+
+
+def _sizes_shown(sizes) -> str:
+    return ("\nsize arguments: " + ", ".join(f"ks{i}={v}" for i, v in enumerate(sizes.values))
+            if sizes.values else "")
 
 
 def _shown(source: str, gm) -> str:
@@ -155,23 +163,26 @@ def _schedule(lo, target):
 
 
 def _generate(sched, lo, target):
-    """Groups → source: (source, entries, Triton kernel info or None) (``codegen``)."""
+    """Groups → source: (source, entries, Triton kernel info or None, the size
+    arguments' values: ``codegen/size_args``) (``codegen``)."""
     with timed("kernels.codegen"):
         if target == "cpp":
-            source, entries = cpp_source.generate(sched, lo.buffers)
-            return source, entries, None
+            source, entries, vals = cpp_source.generate(sched, lo.buffers)
+            return source, entries, None, SizeArgs(vals)
         from .codegen.triton import source as triton_source
-        return triton_source.generate_detailed(sched, lo.buffers)
+        return triton_source.generate_sized(sched, lo.buffers)
 
 
 def _load(p, target):
     """Source → callables (``toolchain``): the C++ library's entry points, or one Triton
     launcher per segment."""
+    sizes = p.size_args or SizeArgs()
     if target == "cpp":
         lib = ctypes.CDLL(cxx_build.compile_cpp(p.source)) if p.entries else None
-        return [_cpp_step(getattr(lib, name), params) for name, params in p.entries]
+        ks = (ctypes.c_int64 * max(1, len(sizes.values)))(*sizes.values)
+        return [_cpp_step(getattr(lib, name), params, ks) for name, params in p.entries]
     from .codegen.triton import launcher
-    return list(launcher.load(p.source, p.entries, p.kinfo))
+    return list(launcher.load(p.source, p.entries, p.kinfo, sizes, p.lowered.device))
 
 
 def _steps(p, kernels, target):
@@ -189,12 +200,16 @@ def _steps(p, kernels, target):
     return steps
 
 
-def _cpp_step(fn, params):
-    fn.argtypes = [ctypes.c_void_p] * len(params)
+def _cpp_step(fn, params, ks):
+    """One segment's call: the size arguments ``ks`` (a ctypes array the step keeps
+    alive), then the tensors' data pointers."""
+    fn.argtypes = [ctypes.c_void_p] * (len(params) + 1)
     fn.restype = None
+    ks_ptr = ctypes.addressof(ks)
 
     def step(rt, tensors):
-        fn(*[tensors[p].data_ptr() for p in params])
+        fn(ks_ptr, *[tensors[p].data_ptr() for p in params])
+    step.ks = ks
     step.params = params
     return step
 

@@ -71,6 +71,8 @@ class Plan:
     kinfo: list | None
     artefacts: dict
     fallback_messages: list = field(default_factory=list)   # (op, reason) to re-log
+    #: the values the launches pass as size arguments (``codegen/size_args.SizeArgs``)
+    size_args: object = None
 
 
 # --- the key --------------------------------------------------------------------------
