@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import weakref
 
 import torch
 import torch.fx as fx
@@ -178,9 +179,12 @@ def _load(p, target):
     launcher per segment."""
     sizes = p.size_args or SizeArgs()
     if target == "cpp":
-        lib = ctypes.CDLL(cxx_build.compile_cpp(p.source)) if p.entries else None
+        lib = _cpp_library(p.source, sizes) if p.entries else None
         ks = (ctypes.c_int64 * max(1, len(sizes.values)))(*sizes.values)
-        return [_cpp_step(getattr(lib, name), params, ks) for name, params in p.entries]
+        steps = [_cpp_step(getattr(lib, name), params, ks) for name, params in p.entries]
+        for s in steps:
+            s.lib = lib               # keeps the library in _LIBRARIES while the step lives
+        return steps
     from .codegen.triton import launcher
     return list(launcher.load(p.source, p.entries, p.kinfo, sizes, p.lowered.device))
 
@@ -198,6 +202,21 @@ def _steps(p, kernels, target):
             seg_open = True
             steps.append(next(kernels))
     return steps
+
+
+#: C++ libraries loaded by graphs still alive, by source: one loaded again means a graph
+#: differing only in sizes reuses it (``size_args``), which the output_code log says
+_LIBRARIES = weakref.WeakValueDictionary()
+
+
+def _cpp_library(source: str, sizes):
+    lib = _LIBRARIES.get(source)
+    if lib is not None:
+        _code_log.info("kernels: C++ library reused for new sizes (%s)",
+                       ", ".join(f"ks{i}={v}" for i, v in enumerate(sizes.values)) or "none")
+        return lib
+    lib = _LIBRARIES[source] = ctypes.CDLL(cxx_build.compile_cpp(source))
+    return lib
 
 
 def _cpp_step(fn, params, ks):

@@ -26,6 +26,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+import torch
+
 from ... import config
 
 _OPEN, _CLOSE = "\x01", "\x02"
@@ -39,6 +41,31 @@ def size(v) -> str:
     if not config.kernel_size_args or abs(v) <= config.kernel_size_args_min:
         return str(v)
     return f"{_OPEN}{v}{_CLOSE}"
+
+
+#: integers a float type holds exactly: a lifted one converts to the same float
+_EXACT = {"float32": 1 << 24, "float16": 1 << 11, "bfloat16": 1 << 8, "float64": 1 << 53}
+
+
+def constant(value, dtype) -> str | None:
+    """A graph constant that is a whole number (a mean's divisor, an ``arange`` end: a
+    size as the graph spells it) as a mark, when its type holds it exactly and it is
+    not small; None otherwise (written as a literal). The generator converts the
+    integer argument to ``dtype``, which gives the literal's value bit for bit."""
+    if isinstance(value, bool) or dtype.is_complex or dtype == torch.bool:
+        return None
+    if isinstance(value, float):
+        if not value.is_integer():
+            return None
+        value = int(value)
+    if not isinstance(value, int):
+        return None
+    limit = _EXACT.get(str(dtype).replace("torch.", ""), 1 << 62) if dtype.is_floating_point \
+        else 1 << 62
+    if abs(value) > limit:
+        return None
+    text = size(value)
+    return text if is_lifted(text) else None
 
 
 def is_lifted(text: str) -> bool:

@@ -22,7 +22,7 @@ from ...ir import Affine, Const, Index, Load, Op, numel_of
 from ...ops import OPS
 from ...reductions import KINDS
 from ...scheduler import Group, Schedule
-from ..size_args import is_lifted, size, substitute, used, values
+from ..size_args import constant, is_lifted, size, substitute, used, values
 
 CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
           torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
@@ -50,6 +50,9 @@ def ctype(dtype: torch.dtype) -> str:
 
 def cconst(value, dtype) -> str:
     t = ctype(dtype)
+    lifted = constant(value, dtype)
+    if lifted is not None:
+        return f"{t}({lifted})"
     if dtype == torch.bool:
         return "true" if value else "false"
     if dtype.is_floating_point:
@@ -388,7 +391,8 @@ class CppKernel:
         nodes = g.nodes
         k, red = len(g.outer), tuple(g.red)
         last = int(g.outer[-1])
-        B = min(COLUMN_BLOCK, last)
+        # an array length: a lifted width gets one per power of two
+        B = min(COLUMN_BLOCK, 1 << (last - 1).bit_length() if is_lifted(size(last)) else last)
         all_vars = g.all_vars()
         out, ind = [], "  "
         work = numel_of(tuple(g.outer) + red)
