@@ -27,6 +27,7 @@ from .codegen.cpp import source as cpp_source
 from .codegen.size_args import SizeArgs
 from .lowering import GraphLowering, View
 from .runtime import perf_fallback
+from .runtime.replay_lru import Recordings
 from .runtime.runner import ExternStep, Runtime
 from .scheduler import format_schedule, schedule
 from .toolchain import cxx_build, graph_cache
@@ -259,8 +260,11 @@ class CompiledGraph:
     why); without it the error is raised. The graph is functional, so a first call that
     failed leaves its inputs as they were and is simply run again eagerly."""
 
-    def __init__(self, gm, example_inputs, target=None, perf_fallback=True):
+    def __init__(self, gm, example_inputs, target=None, perf_fallback=True, recordings=None):
         self.gm = gm
+        #: the CUDA-graph recordings of this graph's size variants, bounded together
+        #: (``runtime/replay_lru``); a caller compiling one graph per size passes one
+        self.recordings = recordings if recordings is not None else Recordings()
         #: time this graph's specialisations against eager (``runtime/perf_fallback``)
         self.perf_fallback = perf_fallback
         self.requested_target = target
@@ -297,6 +301,8 @@ class CompiledGraph:
                 from .toolchain import triton_setup
                 triton_setup.start()          # overlaps this graph's lowering
             rt, self.artefacts = build(self.gm, list(args), target)
+            if getattr(rt, "graphs", None) is not None:
+                rt.graphs.family = self.recordings
             rt = perf_fallback.maybe_trial(rt, self, sig, self.perf_fallback)
             self._untried[id(rt)] = sig
         except Exception as e:                # noqa: BLE001  (suppress_errors: eager)
@@ -378,11 +384,13 @@ class CompiledGraph:
 
 
 def compile_aten_graph(aten_gm: fx.GraphModule, example_inputs, target: str | None = None,
-                       perf_fallback: bool = True):
+                       perf_fallback: bool = True, recordings=None):
     """Compile a functional aten graph; the result takes its inputs positionally and
     returns what the graph returns. ``target``: "cpp", "triton" or None (by device).
     ``perf_fallback``: time it against the aten graph run eagerly (when
-    ``config.perf_fallback`` is on; False where a caller times it itself)."""
+    ``config.perf_fallback`` is on; False where a caller times it itself).
+    ``recordings``: a ``runtime.replay_lru.Recordings`` shared by the graphs compiled for
+    each size of one graph, bounding their CUDA-graph recordings together."""
     if config.repro_after:                    # the minifier checks this stage
         from ..debug import minifier
         if minifier.active("kernels"):
@@ -390,4 +398,4 @@ def compile_aten_graph(aten_gm: fx.GraphModule, example_inputs, target: str | No
                                     lambda: CompiledGraph(aten_gm, list(example_inputs), target),
                                     example_inputs, target=target)
     with timed("kernels"):
-        return CompiledGraph(aten_gm, list(example_inputs), target, perf_fallback)
+        return CompiledGraph(aten_gm, list(example_inputs), target, perf_fallback, recordings)

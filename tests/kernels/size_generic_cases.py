@@ -55,7 +55,7 @@ def _mm(rows, cols):
 #: sizes chosen in one class for both code generators: more than 1024 elements (one
 #: Triton XBLOCK) and less than the C++ parallel threshold, rows of 33..64 (one Triton
 #: RBLOCK), no two sizes equal (equal values share one argument: another class)
-SIZES = [(20, 37), (33, 50), (47, 61)]
+SIZES = [(34, 39), (41, 45), (43, 47)]
 CASES = [
     ("pointwise", pointwise, _xy, SIZES),
     ("reductions", reductions, _xy, SIZES),

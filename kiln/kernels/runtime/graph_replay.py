@@ -25,6 +25,10 @@ When something does: the graph whose output is held copies that output out from 
 on (the caller keeps it across calls: ``loss = step(x)`` holds the last loss while the
 next call runs; copies are the caller's own), and G is recorded again, allocating
 around what is held. After ``RECORD_LIMIT`` recordings G makes plain calls.
+
+Sizes. Each input-size signature is its own Runtime, each with its own recording; the
+variants of one graph share a ``replay_lru.Recordings``, which keeps at most
+``config.cudagraph_max_recordings`` of them (least recently used dropped).
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ import torch
 from ... import config
 from ...debug.logs import log_for
 from .. import ir
+from .replay_lru import Recordings
 
 #: graphs of fewer steps than this make plain calls (one launch is not worth a graph)
 GRAPH_MIN_STEPS = 8
@@ -150,6 +155,10 @@ class GraphReplay:
         self.outs = None               # per output: (storage, offset, sizes, strides, dtype)
         self.pool = _pool(rt.device)
         self.position = {name: pos for pos, name in rt.inputs}
+        #: the recordings of this graph's size variants (``replay_lru``); set by the
+        #: compiled graph that owns this Runtime, else this variant's own
+        self.family = Recordings()
+        self.dropped = 0               # times the family dropped this recording
 
     @staticmethod
     def maybe(rt):
@@ -175,7 +184,7 @@ class GraphReplay:
         self.calls += 1
         if self.calls == 1:                      # warm-up: compiles, library plans
             self.ptrs = ptrs
-            if any(args[pos].device.type != "cuda" for pos, _ in rt.inputs):
+            if any(self._on_host(args[pos]) for pos, _ in rt.inputs):
                 # a CPU tensor (a 0-d scalar) is read by the host when an op is
                 # launched: a replay would launch with the value it had when recorded
                 self._disable("a graph input is not on the GPU")
@@ -201,8 +210,13 @@ class GraphReplay:
             return self._record(rt, args, ptrs)
         for i, st in self.copies:
             st.copy_(args[rt.inputs[i][0]])
+        self.family.touch(self)
         self.graph.replay()
         return self._outputs(rt, args)
+
+    @staticmethod
+    def _on_host(t) -> bool:
+        return t.device.type != "cuda"
 
     def _copy_held(self, held, args):
         """Outputs held across calls are copied out from now on; except another graph's
@@ -222,7 +236,18 @@ class GraphReplay:
         self._release()
         _log.info("CUDA graph replay off for a graph: %s", why)
 
+    def _drop(self):
+        """The family keeps the recordings of more recently used sizes: release this
+        one (recorded again if called again; dropped twice, plain calls for good)."""
+        self.dropped += 1
+        if self.dropped > 1:
+            self._disable("dropped twice to keep the recordings of other input sizes "
+                          "(KILN_CUDAGRAPH_MAX_RECORDINGS)")
+        else:
+            self._release()
+
     def _release(self):
+        self.family.drop(self)
         self.pool.retire(self)
         self.graph = None
         self.outs = None
@@ -265,10 +290,7 @@ class GraphReplay:
             static[pos] = st
             self.copies.append((i, st))
         try:
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool.handle):
-                flat = rt.run_flat(rt.take_inputs(static))
+            graph, flat = self._capture(rt, static)
         except Exception as e:        # noqa: BLE001  (capture is best effort)
             try:
                 torch.cuda.synchronize()
@@ -283,8 +305,18 @@ class GraphReplay:
         self.outs = specs
         self.graph = graph
         self.seq = self.pool.add(self, storages)
+        for other in self.family.add(self):
+            other._drop()
         graph.replay()
         return self._outputs(rt, args)
+
+    def _capture(self, rt, static):
+        """(CUDA graph, flat outputs) of the steps run on ``static`` while recording."""
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool.handle):
+            flat = rt.run_flat(rt.take_inputs(static))
+        return graph, flat
 
 
 def _output_specs(flat, rt):

@@ -182,6 +182,8 @@ def key_of(gm, example_inputs, target: str) -> str | None:
                         f"matmul_epilogue={config.matmul_epilogue != 'off'}",
                         f"small_matmul_macs={config.small_matmul_macs}",
                         f"autotune_min_numel={config.autotune_min_numel}",
+                        f"kernel_size_args={config.kernel_size_args}",
+                        f"kernel_size_args_min={config.kernel_size_args_min}",
                         f"inject_bug={config.inject_bug}")
 
 
