@@ -90,8 +90,8 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
     arte["source"] = source
     arte["kinfo"] = kinfo
     arte["size_args"] = sizes.values
-    _code_log.info("kernels: %s source for graph\n%s\n%s%s", target, arte["ir"],
-                   _shown(source, gm), _sizes_shown(sizes))
+    _code_log.info("kernels: %s source for graph\n%s\n%s", target, arte["ir"],
+                   _shown(source, gm) + _sizes_shown(sizes))
     p = graph_cache.Plan(graph_cache.Lowered(lo.buffers, lo.outputs, lo.device),
                          sched, source, entries, kinfo, arte, list(lo.fallback_messages),
                          sizes)

@@ -134,6 +134,19 @@ def generate_sized(sched: Schedule, buffers: list, interpret: bool | None = None
     return "\n\n\n".join(parts) + "\n", entries, kinfo, SizeArgs(vals, grids)
 
 
+#: Triton's own specialisation of integer arguments: a multiple of this is declared so
+#: (``tl.multiple_of``), which lets loads under a mask against it, or along rows of a
+#: stride of it, be vector loads. A size class is a multiple or not.
+DIVISIBILITY = 16
+
+
+def _read(i: int, v: int) -> str:
+    """A kernel's read of size argument ``i`` (value ``v``): int32 where it fits (the
+    type Triton gives such a literal), declared a multiple of DIVISIBILITY when it is."""
+    r = f"tl.load({KS} + {i})" + (".to(tl.int32)" if -2**31 <= v < 2**31 else "")
+    return f"tl.multiple_of({r}, {DIVISIBILITY})" if v % DIVISIBILITY == 0 else r
+
+
 def _take_sizes(part: str, vals: list) -> str:
     """A kernel's text reading the size arguments it uses from ``kiln_ks`` at its top
     (as int32 where the value fits, the type Triton gives such a literal); a
@@ -144,8 +157,7 @@ def _take_sizes(part: str, vals: list) -> str:
     at = next(i for i, l in enumerate(lines) if l.startswith("def "))
     if lines[at].startswith("def kiln_seg"):
         return substitute(part, vals, lambda i: f"S[{i}]")
-    decl = [f"    ks{i} = tl.load({KS} + {i})" + (".to(tl.int32)" if -2**31 <= vals[i] < 2**31
-                                                  else "") for i in used(part, vals)]
+    decl = [f"    ks{i} = {_read(i, vals[i])}" for i in used(part, vals)]
     return "\n".join(lines[:at + 1] + decl + lines[at + 1:])
 
 
