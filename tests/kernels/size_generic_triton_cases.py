@@ -29,6 +29,16 @@ def test_one_module_per_size_class(case):
     assert "kiln_ks" in src and "G[0]" in src
 
 
+def test_a_multiple_of_16_is_its_own_class():
+    """Triton's divisibility specialisation, decided by kiln: a size that becomes a
+    multiple of 16 is declared one (vector loads), in a module of its own."""
+    costs, alive = run_sizes(pointwise, CASES[0][2], [(34, 39), (32, 39), (48, 39)],
+                             "triton", loads)
+    assert costs == [1, 1, 0], costs
+    assert "tl.multiple_of" in alive[1].artefacts["source"]
+    assert "tl.multiple_of" not in alive[0].artefacts["source"]
+
+
 def test_without_size_args_every_size_loads():
     with lifting(False):
         costs, _ = run_sizes(pointwise, CASES[0][2], SIZES, "triton", loads)
