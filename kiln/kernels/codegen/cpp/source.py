@@ -745,5 +745,11 @@ def _take_sizes(src: str, vals: list) -> str:
     at = next(i for i, l in enumerate(lines) if l.startswith("static void kernel"))
     head = "(const int64_t* __restrict__ kiln_ks" + (")" if "()" in lines[at] else ", ")
     lines[at] = lines[at].replace("()" if "()" in lines[at] else "(", head, 1)
-    decl = [f"  const int64_t ks{i} = kiln_ks[{i}];" for i in used(src, vals)]
+    mine = used(src, vals)
+    decl = [f"  const int64_t ks{i} = kiln_ks[{i}];" for i in mine]
+    if mine:
+        # each thread its own copy: a shared one is read through memory in the loops
+        priv = " firstprivate(" + ", ".join(f"ks{i}" for i in mine) + ")"
+        lines = [l + priv if l.lstrip().startswith("#pragma omp parallel") else l
+                 for l in lines]
     return "\n".join(lines[:at + 1] + decl + lines[at + 1:])
