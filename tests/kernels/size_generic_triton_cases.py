@@ -75,3 +75,13 @@ def test_mlp_training_step_through_kiln_compile():
             for p, q in zip(model.parameters(), ref.parameters()):
                 torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
     assert costs[0] >= 1 and costs[1:] == [0, 0], costs
+
+
+def test_looped_reductions_share_across_lengths():
+    """Rows longer than a persistent block loop over RBLOCK steps up to a size
+    argument: lengths of one class share the module."""
+    def f(x):
+        return x.sum(-1), torch.softmax(x, -1)
+    costs, _ = run_sizes(f, lambda r, c: (torch.randn(r, c),), [(3, 9001), (3, 10007), (3, 12011)],
+                         "triton", loads)
+    assert costs == [1, 0, 0], costs

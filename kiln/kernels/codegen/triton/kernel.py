@@ -138,7 +138,7 @@ class TritonKernel:
         out.append(f"{ind}rbase = tl.arange(0, RBLOCK)[None, :]")
         out.append(f"{ind}xrzero = xzero + rbase * 0")
         if p.split > 1:
-            out.append(f"{ind}rstart = tl.program_id(1) * {p.chunk}")
+            out.append(f"{ind}rstart = tl.program_id(1) * {size(p.chunk)}")
             rmask_needed = rnum % p.chunk != 0
         else:
             rmask_needed = rnum % p.rb != 0 or rnum == 0    # empty: reduce nothing
@@ -192,9 +192,10 @@ class TritonKernel:
                 body = top
                 body.lines = []
             else:
-                # constant loop bounds: Triton 3.6's interpreter cannot loop over a
-                # range whose bounds are program ids
-                out.append(f"{ind}for roffset in range(0, {p.chunk if p.split > 1 else rnum}, RBLOCK):")
+                # bounds that are no program ids: Triton 3.6's interpreter cannot loop
+                # over such a range (a size argument, a loaded value, it can)
+                out.append(f"{ind}for roffset in range(0, "
+                           f"{size(p.chunk if p.split > 1 else rnum)}, RBLOCK):")
                 bi = ind + "    "
                 out += r_lines(bi, "rstart + roffset" if p.split > 1 else "roffset")
                 body = TBody(dict(scope), bi, self.counter, xmask, two_d=two_d, memo=top.memo)
@@ -247,7 +248,7 @@ class TritonKernel:
                 out.append(f"{ind}{a}_s = ({fin})[:, None]")
                 scope[n.name] = f"{a}_s"
                 if n.name in self.partials:
-                    out.append(f"{ind}tl.store({self.partials[n.name]} + xindex * {p.split} + "
+                    out.append(f"{ind}tl.store({self.partials[n.name]} + xindex * {size(p.split)} + "
                                f"tl.program_id(1), {a}_s{_mk(xmask)})")
                 elif n.name in writes:
                     out.append(f"{ind}tl.store({self._optr(n, g)}, "
