@@ -100,6 +100,18 @@ compile_workers: int = _env_int("KILN_COMPILE_WORKERS", min(8, (os.cpu_count() o
 #: kernel, their memory pool held between calls), "1" (any size) or "0" (never)
 #: (KILN_CUDAGRAPHS).
 cudagraphs: str = _env_str("KILN_CUDAGRAPHS", "auto")
+#: Recordings of one compiled graph's size variants kept at once (one per input-size
+#: signature): beyond it the least recently used is dropped, and a variant dropped twice
+#: makes plain launches (KILN_CUDAGRAPH_MAX_RECORDINGS).
+cudagraph_max_recordings: int = _env_int("KILN_CUDAGRAPH_MAX_RECORDINGS", 8)
+#: Kernels take the integers that come from sizes and strides (loop bounds, index
+#: coefficients, element counts) as arguments instead of literals, so graphs that differ
+#: only in sizes share one compiled C++ library or Triton module
+#: (``kernels/codegen/size_args.py``) (KILN_KERNEL_SIZE_ARGS).
+kernel_size_args: bool = _env_bool("KILN_KERNEL_SIZE_ARGS", True)
+#: Sizes and strides up to this magnitude stay literals in kernels (a small inner dim
+#: the C++ compiler unrolls; a stride of 2) (KILN_KERNEL_SIZE_ARGS_MIN).
+kernel_size_args_min: int = _env_int("KILN_KERNEL_SIZE_ARGS_MIN", 16)
 
 #: Large matrix products whose result one pointwise kernel reads become one Triton
 #: kernel (matmul with that kernel as its epilogue; GPUs with TMA): "background"

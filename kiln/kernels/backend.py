@@ -10,11 +10,14 @@ graph run eagerly (``InferenceChoice``), training graphs each against its aten g
 # follows (DESIGN.md); nothing here imports or calls torch's compiler stack.
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import config
 from .compile import compile_aten_graph
 from .runtime import perf_fallback
+from .runtime.replay_lru import Recordings
 
 
 def _on_cuda(values) -> bool:
@@ -42,26 +45,31 @@ def kiln_backend(gm, example_inputs):
     if _on_cuda(example_inputs):
         from .toolchain import triton_setup
         triton_setup.start()              # overlaps the autograd stage and lowering
-    compiler = inference = compile_aten_graph
+    # the forward, backward and inference graphs the autograd stage compiles for each
+    # input size of this graph: each kind's CUDA-graph recordings bounded together
+    compiler = functools.partial(compile_aten_graph, recordings=Recordings())
+    bw = functools.partial(compile_aten_graph, recordings=Recordings())
+    inference = functools.partial(compile_aten_graph, recordings=Recordings())
     wrap = perf_fallback.times_inference(gm)
     if wrap:                              # the inference path is timed as a whole
-        inference = _untimed
+        inference = functools.partial(_untimed, recordings=inference.keywords["recordings"])
     if config.repro_after:                # the minifier checks the aten graphs
         from kiln.debug.minifier import stage_compiler
-        compiler = stage_compiler("autograd", compile_aten_graph)
+        compiler = stage_compiler("autograd", compiler)
+        bw = stage_compiler("autograd", bw)
         inference = stage_compiler("autograd", inference)
     aot = aot_compile(gm, example_inputs, fw_compiler=compiler,
-                      bw_compiler=config.bound(compiler), inference_compiler=inference)
+                      bw_compiler=config.bound(bw), inference_compiler=inference)
     if not wrap:
         return aot
     from ..debug import trace_dir
     return perf_fallback.InferenceChoice(aot, gm, example_inputs, trace_dir.current())
 
 
-def _untimed(gm, example_inputs):
+def _untimed(gm, example_inputs, recordings=None):
     """The inference graph's compiler when ``perf_fallback.InferenceChoice`` times the
     inference path against the torch-level graph: no second trial inside it."""
-    return compile_aten_graph(gm, example_inputs, perf_fallback=False)
+    return compile_aten_graph(gm, example_inputs, perf_fallback=False, recordings=recordings)
 
 
 kiln_backend.prepare = prepare

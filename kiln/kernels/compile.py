@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import weakref
 
 import torch
 import torch.fx as fx
@@ -23,8 +24,10 @@ from ..debug.logs import log_for
 from ..debug.timing import timed
 from . import ir, pad_mm, provenance
 from .codegen.cpp import source as cpp_source
+from .codegen.size_args import SizeArgs
 from .lowering import GraphLowering, View
 from .runtime import perf_fallback
+from .runtime.replay_lru import Recordings
 from .runtime.runner import ExternStep, Runtime
 from .scheduler import format_schedule, schedule
 from .toolchain import cxx_build, graph_cache
@@ -83,17 +86,24 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
     sched = _schedule(lo, target)
     arte = {"ir": ir.format_program(lo.buffers), "schedule": format_schedule(sched),
             "fallbacks": list(lo.fallbacks), "target": target, "passes": notes}
-    source, entries, kinfo = _generate(sched, lo, target)
+    source, entries, kinfo, sizes = _generate(sched, lo, target)
     arte["source"] = source
     arte["kinfo"] = kinfo
+    arte["size_args"] = sizes.values
     _code_log.info("kernels: %s source for graph\n%s\n%s", target, arte["ir"],
-                   _shown(source, gm))
+                   _shown(source, gm) + _sizes_shown(sizes))
     p = graph_cache.Plan(graph_cache.Lowered(lo.buffers, lo.outputs, lo.device),
-                         sched, source, entries, kinfo, arte, list(lo.fallback_messages))
+                         sched, source, entries, kinfo, arte, list(lo.fallback_messages),
+                         sizes)
     if key is not None:
         with timed("kernels.graph_cache"):
             graph_cache.store(key, p)
     return p
+
+
+def _sizes_shown(sizes) -> str:
+    return ("\nsize arguments: " + ", ".join(f"ks{i}={v}" for i, v in enumerate(sizes.values))
+            if sizes.values else "")
 
 
 def _shown(source: str, gm) -> str:
@@ -155,23 +165,29 @@ def _schedule(lo, target):
 
 
 def _generate(sched, lo, target):
-    """Groups → source: (source, entries, Triton kernel info or None) (``codegen``)."""
+    """Groups → source: (source, entries, Triton kernel info or None, the size
+    arguments' values: ``codegen/size_args``) (``codegen``)."""
     with timed("kernels.codegen"):
         if target == "cpp":
-            source, entries = cpp_source.generate(sched, lo.buffers)
-            return source, entries, None
+            source, entries, vals = cpp_source.generate(sched, lo.buffers)
+            return source, entries, None, SizeArgs(vals)
         from .codegen.triton import source as triton_source
-        return triton_source.generate_detailed(sched, lo.buffers)
+        return triton_source.generate_sized(sched, lo.buffers)
 
 
 def _load(p, target):
     """Source → callables (``toolchain``): the C++ library's entry points, or one Triton
     launcher per segment."""
+    sizes = p.size_args or SizeArgs()
     if target == "cpp":
-        lib = ctypes.CDLL(cxx_build.compile_cpp(p.source)) if p.entries else None
-        return [_cpp_step(getattr(lib, name), params) for name, params in p.entries]
+        lib = _cpp_library(p.source, sizes) if p.entries else None
+        ks = (ctypes.c_int64 * max(1, len(sizes.values)))(*sizes.values)
+        steps = [_cpp_step(getattr(lib, name), params, ks) for name, params in p.entries]
+        for s in steps:
+            s.lib = lib               # keeps the library in _LIBRARIES while the step lives
+        return steps
     from .codegen.triton import launcher
-    return list(launcher.load(p.source, p.entries, p.kinfo))
+    return list(launcher.load(p.source, p.entries, p.kinfo, sizes, p.lowered.device))
 
 
 def _steps(p, kernels, target):
@@ -189,12 +205,31 @@ def _steps(p, kernels, target):
     return steps
 
 
-def _cpp_step(fn, params):
-    fn.argtypes = [ctypes.c_void_p] * len(params)
+#: C++ libraries loaded by graphs still alive, by source: one loaded again means a graph
+#: differing only in sizes reuses it (``size_args``), which the output_code log says
+_LIBRARIES = weakref.WeakValueDictionary()
+
+
+def _cpp_library(source: str, sizes):
+    lib = _LIBRARIES.get(source)
+    if lib is not None:
+        _code_log.info("kernels: C++ library reused for new sizes (%s)",
+                       ", ".join(f"ks{i}={v}" for i, v in enumerate(sizes.values)) or "none")
+        return lib
+    lib = _LIBRARIES[source] = ctypes.CDLL(cxx_build.compile_cpp(source))
+    return lib
+
+
+def _cpp_step(fn, params, ks):
+    """One segment's call: the size arguments ``ks`` (a ctypes array the step keeps
+    alive), then the tensors' data pointers."""
+    fn.argtypes = [ctypes.c_void_p] * (len(params) + 1)
     fn.restype = None
+    ks_ptr = ctypes.addressof(ks)
 
     def step(rt, tensors):
-        fn(*[tensors[p].data_ptr() for p in params])
+        fn(ks_ptr, *[tensors[p].data_ptr() for p in params])
+    step.ks = ks
     step.params = params
     return step
 
@@ -225,8 +260,11 @@ class CompiledGraph:
     why); without it the error is raised. The graph is functional, so a first call that
     failed leaves its inputs as they were and is simply run again eagerly."""
 
-    def __init__(self, gm, example_inputs, target=None, perf_fallback=True):
+    def __init__(self, gm, example_inputs, target=None, perf_fallback=True, recordings=None):
         self.gm = gm
+        #: the CUDA-graph recordings of this graph's size variants, bounded together
+        #: (``runtime/replay_lru``); a caller compiling one graph per size passes one
+        self.recordings = recordings if recordings is not None else Recordings()
         #: time this graph's specialisations against eager (``runtime/perf_fallback``)
         self.perf_fallback = perf_fallback
         self.requested_target = target
@@ -263,6 +301,8 @@ class CompiledGraph:
                 from .toolchain import triton_setup
                 triton_setup.start()          # overlaps this graph's lowering
             rt, self.artefacts = build(self.gm, list(args), target)
+            if getattr(rt, "graphs", None) is not None:
+                rt.graphs.family = self.recordings
             rt = perf_fallback.maybe_trial(rt, self, sig, self.perf_fallback)
             self._untried[id(rt)] = sig
         except Exception as e:                # noqa: BLE001  (suppress_errors: eager)
@@ -344,11 +384,13 @@ class CompiledGraph:
 
 
 def compile_aten_graph(aten_gm: fx.GraphModule, example_inputs, target: str | None = None,
-                       perf_fallback: bool = True):
+                       perf_fallback: bool = True, recordings=None):
     """Compile a functional aten graph; the result takes its inputs positionally and
     returns what the graph returns. ``target``: "cpp", "triton" or None (by device).
     ``perf_fallback``: time it against the aten graph run eagerly (when
-    ``config.perf_fallback`` is on; False where a caller times it itself)."""
+    ``config.perf_fallback`` is on; False where a caller times it itself).
+    ``recordings``: a ``runtime.replay_lru.Recordings`` shared by the graphs compiled for
+    each size of one graph, bounding their CUDA-graph recordings together."""
     if config.repro_after:                    # the minifier checks this stage
         from ..debug import minifier
         if minifier.active("kernels"):
@@ -356,4 +398,4 @@ def compile_aten_graph(aten_gm: fx.GraphModule, example_inputs, target: str | No
                                     lambda: CompiledGraph(aten_gm, list(example_inputs), target),
                                     example_inputs, target=target)
     with timed("kernels"):
-        return CompiledGraph(aten_gm, list(example_inputs), target, perf_fallback)
+        return CompiledGraph(aten_gm, list(example_inputs), target, perf_fallback, recordings)

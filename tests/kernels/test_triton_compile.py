@@ -122,7 +122,7 @@ def test_persistent_softmax_loads_its_row_once(tmp_path):
     source, _, kinfo = generated(lambda x: (aten._softmax.default(x, -1, False),),
                                  [torch.randn(64, 4096)])
     assert "for roffset" not in source
-    assert source.count("tl.load(") == 1
+    assert source.count("tl.load(") - source.count("tl.load(kiln_ks") == 1   # sizes aside
     ck = compile_all(source, kinfo, tmp_path)
     ptx = next(iter(ck.values())).asm["ptx"]
     assert "ld.global.v4" in ptx            # 16-byte loads

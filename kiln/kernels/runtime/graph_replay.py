@@ -29,6 +29,10 @@ When something does: the graph whose output is held copies that output out from 
 on (the caller keeps it across calls: ``loss = step(x)`` holds the last loss while the
 next call runs; copies are the caller's own), and G is recorded again, allocating
 around what is held. After ``RECORD_LIMIT`` recordings G makes plain calls.
+
+Sizes. Each input-size signature is its own Runtime, each with its own recording; the
+variants of one graph share a ``replay_lru.Recordings``, which keeps at most
+``config.cudagraph_max_recordings`` of them (least recently used dropped).
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ from ... import config
 from ...debug.logs import log_for
 from .. import ir
 from . import host_prologue
+from .replay_lru import Recordings
 
 #: graphs of fewer launches than this make plain calls (one launch is not worth a
 #: graph); a step of Triton kernels launches each of its groups (an optimizer's graph:
@@ -160,6 +165,10 @@ class GraphReplay:
         self.outs = None               # per output: (storage, offset, sizes, strides, dtype)
         self.pool = _pool(rt.device)
         self.position = {name: pos for pos, name in rt.inputs}
+        #: the recordings of this graph's size variants (``replay_lru``); set by the
+        #: compiled graph that owns this Runtime, else this variant's own
+        self.family = Recordings()
+        self.dropped = 0               # times the family dropped this recording
 
     @staticmethod
     def maybe(rt):
@@ -225,6 +234,7 @@ class GraphReplay:
         if self.copies:              # one launch sequence for every moving input
             torch._foreach_copy_([st for _, st in self.copies],
                                  [args[rt.inputs[i][0]] for i, _ in self.copies])
+        self.family.touch(self)
         self.graph.replay()
         self.replays += 1
         return self._outputs(rt, args, host)
@@ -247,7 +257,18 @@ class GraphReplay:
         self._release()
         _log.info("CUDA graph replay off for a graph: %s", why)
 
+    def _drop(self):
+        """The family keeps the recordings of more recently used sizes: release this
+        one (recorded again if called again; dropped twice, plain calls for good)."""
+        self.dropped += 1
+        if self.dropped > 1:
+            self._disable("dropped twice to keep the recordings of other input sizes "
+                          "(KILN_CUDAGRAPH_MAX_RECORDINGS)")
+        else:
+            self._release()
+
     def _release(self):
+        self.family.drop(self)
         self.pool.retire(self)
         self.graph = None
         self.outs = None
@@ -296,14 +317,8 @@ class GraphReplay:
             static[pos] = st
             self.copies.append((i, st))
         try:
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool.handle):
-                if host is None:
-                    flat = rt.run_flat(rt.take_inputs(static))
-                else:
-                    flat = self.host.strip(self.host.device_rt.run_flat(
-                        self.host.device_tensors(rt, static, host)))
+            graph, flat = self._capture(rt, static) if host is None else \
+                self._capture(rt, static, host)
         except Exception as e:        # noqa: BLE001  (capture is best effort)
             try:
                 torch.cuda.synchronize()
@@ -318,8 +333,23 @@ class GraphReplay:
         self.outs = specs
         self.graph = graph
         self.seq = self.pool.add(self, storages)
+        for other in self.family.add(self):
+            other._drop()
         graph.replay()
         return self._outputs(rt, args, host)
+
+    def _capture(self, rt, static, host=None):
+        """(CUDA graph, flat outputs) of the steps run on ``static`` while recording
+        (with a host prologue: its device part, on this call's host values)."""
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool.handle):
+            if host is None:
+                flat = rt.run_flat(rt.take_inputs(static))
+            else:
+                flat = self.host.strip(self.host.device_rt.run_flat(
+                    self.host.device_tensors(rt, static, host)))
+        return graph, flat
 
 
 def _output_specs(flat, rt):

@@ -71,6 +71,8 @@ class Plan:
     kinfo: list | None
     artefacts: dict
     fallback_messages: list = field(default_factory=list)   # (op, reason) to re-log
+    #: the values the launches pass as size arguments (``codegen/size_args.SizeArgs``)
+    size_args: object = None
 
 
 # --- the key --------------------------------------------------------------------------
@@ -180,6 +182,8 @@ def key_of(gm, example_inputs, target: str) -> str | None:
                         f"matmul_epilogue={config.matmul_epilogue != 'off'}",
                         f"small_matmul_macs={config.small_matmul_macs}",
                         f"autotune_min_numel={config.autotune_min_numel}",
+                        f"kernel_size_args={config.kernel_size_args}",
+                        f"kernel_size_args_min={config.kernel_size_args_min}",
                         f"inject_bug={config.inject_bug}")
 
 

@@ -22,6 +22,7 @@ from ...ir import Affine, Const, Index, Load, Op, numel_of
 from ...ops import OPS
 from ...reductions import KINDS
 from ...scheduler import Group, Schedule
+from ..size_args import constant, is_lifted, size, substitute, used, values
 
 CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
           torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
@@ -49,6 +50,9 @@ def ctype(dtype: torch.dtype) -> str:
 
 def cconst(value, dtype) -> str:
     t = ctype(dtype)
+    lifted = constant(value, dtype)
+    if lifted is not None:
+        return f"{t}({lifted})"
     if dtype == torch.bool:
         return "true" if value else "false"
     if dtype.is_floating_point:
@@ -62,10 +66,16 @@ def cconst(value, dtype) -> str:
 
 
 def cindex(a: Affine) -> str:
-    parts = [(v if k == 1 else f"{k}*{v}") for v, k in a.terms]
+    """An affine index as C++; its coefficients and offset are sizes (``size_args``)."""
+    parts = [(v if k == 1 else f"{size(k)}*{v}") for v, k in a.terms]
     if a.const or not parts:
-        parts.append(f"{a.const}")
+        parts.append(size(a.const))
     return " + ".join(parts)
+
+
+def _sizes(dims) -> str:
+    """A list of sizes as a comment shows it."""
+    return "[" + ", ".join(size(d) for d in dims) + "]"
 
 
 class Body:
@@ -88,7 +98,7 @@ class Body:
 
     def element(self, e: Load) -> str:
         """The C element ``e`` addresses: ``buf[affine index + value * stride...]``."""
-        ind = "".join(f" + (int64_t)({self.render(v)}) * {st}" for v, st in e.gather)
+        ind = "".join(f" + (int64_t)({self.render(v)}) * {size(st)}" for v, st in e.gather)
         return f"{e.buf}[{cindex(e.index)}{ind}]"
 
     def render(self, e: ir.Expr) -> str:
@@ -227,7 +237,7 @@ def _open_loops(out: list, dims: list, parallel: bool, ind: str = "  ") -> str:
     if parallel and dims:
         out.append(f"{ind}#pragma omp parallel for collapse({len(dims)})")
     for i, n in dims:
-        out.append(f"{ind}for (int64_t x{i} = 0; x{i} < {int(n)}; ++x{i}) {{")
+        out.append(f"{ind}for (int64_t x{i} = 0; x{i} < {size(n)}; ++x{i}) {{")
         ind += "  "
     return ind
 
@@ -269,7 +279,7 @@ class CppKernel:
             f"{ctype(dtypes[p])}* __restrict__ {p}" if p in writes
             else f"const {ctype(dtypes[p])}* __restrict__ {p}" for p in params)
         origin = ", ".join(n.origin for n in g.nodes if getattr(n, "origin", ""))
-        out = [f"// kernel {self.gi}: outer {list(g.outer)}, inner {list(g.red)}; from {origin}",
+        out = [f"// kernel {self.gi}: outer {_sizes(g.outer)}, inner {_sizes(g.red)}; from {origin}",
                f"static void kernel{self.gi}({sig}) {{"]
         if _column_reduction(g):
             return "\n".join(out + self._column_body(g, writes) + ["}"]), params
@@ -280,11 +290,13 @@ class CppKernel:
         if outer_par:
             out.append(f"{ind}#pragma omp parallel for collapse({k})")
         for i, s in enumerate(g.outer):
-            out.append(f"{ind}for (int64_t x{i} = 0; x{i} < {int(s)}; ++x{i}) {{")
+            out.append(f"{ind}for (int64_t x{i} = 0; x{i} < {size(s)}; ++x{i}) {{")
             ind += "  "
         scope_values: dict[str, str] = {}
         plan = self._plan_scratch(g) if k > 0 else {}
         rnum = numel_of(g.red or ())
+        if plan and is_lifted(size(rnum)):
+            rnum = 1 << (rnum - 1).bit_length()    # an array length: one per power of two
         for e, (_, name) in plan.items():
             out.append(f"{ind}alignas(64) {ctype(e.dtype)} {name}[{rnum}];")
         for li, (kind, nodes) in enumerate(g.loops):
@@ -323,7 +335,7 @@ class CppKernel:
         leading ``parallel_dims`` — so repeated positions accumulate in eager's order,
         and no two threads write one element."""
         b = self.g.alone
-        out, params = self._alone_head(dtypes, f"scatter over {list(b.iter_sizes)}")
+        out, params = self._alone_head(dtypes, f"scatter over {_sizes(b.iter_sizes)}")
         dims = list(enumerate(b.sizes))
         ind = _open_loops(out, dims, numel_of(b.sizes) >= PARALLEL_WORK)
         body = Body({}, ind, self.counter)
@@ -379,7 +391,8 @@ class CppKernel:
         nodes = g.nodes
         k, red = len(g.outer), tuple(g.red)
         last = int(g.outer[-1])
-        B = min(COLUMN_BLOCK, last)
+        # an array length: a lifted width gets one per power of two
+        B = min(COLUMN_BLOCK, 1 << (last - 1).bit_length() if is_lifted(size(last)) else last)
         all_vars = g.all_vars()
         out, ind = [], "  "
         work = numel_of(tuple(g.outer) + red)
@@ -388,12 +401,12 @@ class CppKernel:
         if work >= PARALLEL_WORK and not split:
             out.append(f"{ind}#pragma omp parallel for collapse({k})")
         for i, s_ in enumerate(g.outer[:-1]):
-            out.append(f"{ind}for (int64_t x{i} = 0; x{i} < {int(s_)}; ++x{i}) {{")
+            out.append(f"{ind}for (int64_t x{i} = 0; x{i} < {size(s_)}; ++x{i}) {{")
             ind += "  "
         xv = f"x{k - 1}"
-        out.append(f"{ind}for (int64_t xb = 0; xb < {last}; xb += {B}) {{")
+        out.append(f"{ind}for (int64_t xb = 0; xb < {size(last)}; xb += {B}) {{")
         ind += "  "
-        out.append(f"{ind}const int64_t xn = std::min<int64_t>({B}, {last} - xb);")
+        out.append(f"{ind}const int64_t xn = std::min<int64_t>({B}, {size(last)} - xb);")
         # long fp32 sums: each column's partial over a block of rows (acc_X_p), added
         # compensated into acc_X / acc_X_c once per block
         cut = _sum_blocks(red, COLUMN_SUM_ROWS)
@@ -427,7 +440,7 @@ class CppKernel:
         flush_at = None
         for j, s_ in enumerate(red):
             if j == level and chunk:
-                out.append(f"{li}for (int64_t xc = 0; xc < {int(s_)}; xc += {chunk}) {{")
+                out.append(f"{li}for (int64_t xc = 0; xc < {size(s_)}; xc += {chunk}) {{")
                 li += "  "
             if j == level:
                 flush_at = li
@@ -436,9 +449,9 @@ class CppKernel:
                     out.append(f"{li}for (int64_t i = 0; i < {B}; ++i) acc_{n.name}_p[i] = 0.0f;")
             if j == level and chunk:
                 out.append(f"{li}for (int64_t x{k + j} = xc; x{k + j} < "
-                           f"std::min<int64_t>(xc + {chunk}, {int(s_)}); ++x{k + j}) {{")
+                           f"std::min<int64_t>(xc + {chunk}, {size(s_)}); ++x{k + j}) {{")
             else:
-                out.append(f"{li}for (int64_t x{k + j} = 0; x{k + j} < {int(s_)}; ++x{k + j}) {{")
+                out.append(f"{li}for (int64_t x{k + j} = 0; x{k + j} < {size(s_)}; ++x{k + j}) {{")
             li += "  "
         out.append(f"{li}#pragma omp simd")
         out.append(f"{li}for (int64_t xi = 0; xi < xn; ++xi) {{")
@@ -567,7 +580,7 @@ class CppKernel:
         if stream:
             # a block of results goes to a small aligned buffer, then out with stores that
             # skip the cache: the output row is never read back by this kernel
-            rn = int(red[0])
+            rn = size(red[0])
             out.append(f"{li}for (int64_t xb = 0; xb < {rn}; xb += {STREAM_BLOCK}) {{")
             li += "  "
             out.append(f"{li}const int64_t xe = std::min<int64_t>(xb + {STREAM_BLOCK}, {rn});")
@@ -587,7 +600,7 @@ class CppKernel:
                                + " ".join(clauses))
                     par_done = True
                 if j == level and chunk:
-                    out.append(f"{li}for (int64_t xc = 0; xc < {int(s)}; xc += {chunk}) {{")
+                    out.append(f"{li}for (int64_t xc = 0; xc < {size(s)}; xc += {chunk}) {{")
                     li += "  "
                 if j == level:
                     flush_at = li
@@ -596,9 +609,9 @@ class CppKernel:
                     out.append(f"{li}#pragma omp simd " + " ".join(inner_clauses))
                 if j == level and chunk:
                     out.append(f"{li}for (int64_t x{k + j} = xc; x{k + j} < "
-                               f"std::min<int64_t>(xc + {chunk}, {int(s)}); ++x{k + j}) {{")
+                               f"std::min<int64_t>(xc + {chunk}, {size(s)}); ++x{k + j}) {{")
                 else:
-                    out.append(f"{li}for (int64_t x{k + j} = 0; x{k + j} < {int(s)}; "
+                    out.append(f"{li}for (int64_t x{k + j} = 0; x{k + j} < {size(s)}; "
                                f"++x{k + j}) {{")
                 li += "  "
                 continue
@@ -612,7 +625,7 @@ class CppKernel:
             if stream:
                 out.append(f"{li}for (int64_t x{k} = xb; x{k} < xe; ++x{k}) {{")
             else:
-                out.append(f"{li}for (int64_t x{k + j} = 0; x{k + j} < {int(s)}; ++x{k + j}) {{")
+                out.append(f"{li}for (int64_t x{k + j} = 0; x{k + j} < {size(s)}; ++x{k + j}) {{")
             li += "  "
         if m == 0:
             li += "  "
@@ -679,40 +692,64 @@ class CppKernel:
         return out
 
 
-def generate(sched: Schedule, buffers: list) -> tuple[str, list]:
-    """The whole translation unit, and per segment (name, [param buffer names])."""
+def generate(sched: Schedule, buffers: list) -> tuple[str, list, list]:
+    """The whole translation unit, per segment (name, [param buffer names]), and the
+    values of its size arguments (``size_args``): every kernel and entry point takes
+    them first, as ``const int64_t* kiln_ks``."""
     dtypes = {b.name: b.dtype for b in buffers}
-    parts = [PRELUDE]
+    kernels_src = []
     segments, cur = [], None
     for gi, g in enumerate(sched.groups):
         if g.extern is not None:
             cur = None
             continue
         src, params = CppKernel(gi, g, sched).source(dtypes)
-        parts.append(src)
+        kernels_src.append(src)
         if cur is None:
             cur = (f"kiln_seg{len(segments)}", [], [])
             segments.append(cur)
         cur[1].append((gi, params))
         cur[2].extend(n.name for n in g.nodes if n.name not in sched.locals)
     by_name = {b.name: b for b in buffers}
-    entries = []
+    entries, entry_src = [], []
     for name, kernels, written in segments:
         params = []
         for _, ps in kernels:
             for p in ps:
                 if p not in params:
                     params.append(p)
-        sig = ", ".join(f"void* {p}" for p in params)
+        sig = ", ".join(["const int64_t* kiln_ks"] + [f"void* {p}" for p in params])
         big = []
         for p in dict.fromkeys(written):
             b = by_name[p]
             nbytes = ir.span(b.sizes, b.strides) * torch.empty((), dtype=b.dtype).element_size()
             if nbytes >= STREAM_BYTES:
-                big.append(f"  kiln_hugepages({p}, {nbytes});\n")
+                big.append(f"  kiln_hugepages({p}, {size(nbytes)});\n")
         calls = "\n".join(
-            f"  kernel{gi}(" + ", ".join(f"({ctype(dtypes[p])}*){p}" for p in ps) + ");"
-            for gi, ps in kernels)
-        parts.append(f'extern "C" void {name}({sig}) {{\n{"".join(big)}{calls}\n}}')
+            f"  kernel{gi}(" + ", ".join(["kiln_ks"] + [f"({ctype(dtypes[p])}*){p}" for p in ps])
+            + ");" for gi, ps in kernels)
+        entry_src.append(f'extern "C" void {name}({sig}) {{\n{"".join(big)}{calls}\n}}')
         entries.append((name, params))
-    return "\n\n".join(parts) + "\n", entries
+    vals = []
+    for text in kernels_src + entry_src:
+        vals = values(text, vals)
+    parts = [PRELUDE] + [_take_sizes(src, vals) for src in kernels_src]
+    parts += [substitute(src, vals, lambda i: f"kiln_ks[{i}]") for src in entry_src]
+    return "\n\n".join(parts) + "\n", entries, vals
+
+
+def _take_sizes(src: str, vals: list) -> str:
+    """A kernel's source taking the size arguments: ``kiln_ks`` its first parameter, the
+    values it uses named ``ksN`` at its top (constants to the loops and indices)."""
+    lines = substitute(src, vals).split("\n")
+    at = next(i for i, l in enumerate(lines) if l.startswith("static void kernel"))
+    head = "(const int64_t* __restrict__ kiln_ks" + (")" if "()" in lines[at] else ", ")
+    lines[at] = lines[at].replace("()" if "()" in lines[at] else "(", head, 1)
+    mine = used(src, vals)
+    decl = [f"  const int64_t ks{i} = kiln_ks[{i}];" for i in mine]
+    if mine:
+        # each thread its own copy: a shared one is read through memory in the loops
+        priv = " firstprivate(" + ", ".join(f"ks{i}" for i in mine) + ")"
+        lines = [l + priv if l.lstrip().startswith("#pragma omp parallel") else l
+                 for l in lines]
+    return "\n".join(lines[:at + 1] + decl + lines[at + 1:])

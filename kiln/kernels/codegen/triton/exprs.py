@@ -13,6 +13,7 @@ from ... import ir
 from ...ir import Affine, Const, Index, Load
 from ...ops import OPS
 from ...reductions import KINDS
+from ..size_args import constant, size
 
 
 TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -63,9 +64,11 @@ def tconst(value, dtype) -> str:
 
 
 def tindex(a: Affine) -> str:
-    parts = [(v if k == 1 else f"{k}*{v}") for v, k in a.terms]
+    """An affine index as Triton text; its coefficients and offset are sizes
+    (``size_args``)."""
+    parts = [(v if k == 1 else f"{size(k)}*{v}") for v, k in a.terms]
     if a.const or not parts:
-        parts.append(str(a.const))
+        parts.append(size(a.const))
     return "(" + " + ".join(parts) + ")"
 
 
@@ -126,7 +129,7 @@ class TBody:
         else:
             p = self.ptr(e.buf, e.index)
         for v, st in e.gather:
-            p += f" + {self.render(v)}.to(tl.int64) * {st}"
+            p += f" + {self.render(v)}.to(tl.int64) * {size(st)}"
         return p
 
     def render(self, e) -> str:
@@ -137,8 +140,12 @@ class TBody:
             # Triton makes any constant equal to 0 a +0.0, and negates by subtracting
             # from 0 (+0.0 again): -0.0 is written as its bits, the sign bit alone
             neg0 = cdt.is_floating_point and e.value == 0 and math.copysign(1, e.value) < 0
-            s = self.tmp(_negative_zero(cdt) if neg0 else
-                         f"tl.full([], {tconst(e.value, cdt)}, {TL[cdt]})")
+            lifted = constant(e.value, cdt)
+            if lifted is not None:        # a size argument, converted as the literal is
+                s = self.tmp(f"{lifted}.to({TL[cdt]})")
+            else:
+                s = self.tmp(_negative_zero(cdt) if neg0 else
+                             f"tl.full([], {tconst(e.value, cdt)}, {TL[cdt]})")
         elif isinstance(e, Index):
             if e.index.terms:
                 s = self.tmp(f"{tindex(e.index)}.to(tl.int64)")
@@ -190,8 +197,9 @@ def decompose(vars_, sizes, flat: str) -> list:
     strides.reverse()
     for i, (v, s, st) in enumerate(zip(vars_, sizes, strides)):
         if v.terms:
-            q = flat if st == 1 else f"({flat} // {st})"
-            lines.append(f"{v.terms[0][0]} = {q}" if i == 0 else f"{v.terms[0][0]} = {q} % {int(s)}")
+            q = flat if st == 1 else f"({flat} // {size(st)})"
+            lines.append(f"{v.terms[0][0]} = {q}" if i == 0 else
+                         f"{v.terms[0][0]} = {q} % {size(s)}")
     return lines
 
 

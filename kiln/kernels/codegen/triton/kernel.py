@@ -13,6 +13,7 @@ from ...scheduler import Group, Schedule
 from .exprs import (TL, TBody, acc_dtype, compute_dtype, decompose, memory_order, pow2,
                     store_value, tindex)
 from .heuristics import Plan, plan_reduction
+from ..size_args import is_lifted, size
 
 
 XBLOCK = 1024
@@ -55,8 +56,8 @@ class TritonKernel:
         """(source, params, grid, constexprs, num_warps, autotune candidates)."""
         params, writes = self.params()
         origin = ", ".join(n.origin for n in self.g.nodes if getattr(n, "origin", ""))
-        head = [f"# {self.name}: outer {list(self.g.outer)}, inner "
-                f"{list(self.g.red or ())}; from {origin}"]
+        head = [f"# {self.name}: outer {_sizes(self.g.outer)}, inner "
+                f"{_sizes(self.g.red or ())}; from {origin}"]
         if self.g.red is None:
             src, grid, consts = self._pointwise(params, writes)
             return "\n".join(head + ["@triton.jit"] + src), params, grid, consts, \
@@ -97,8 +98,8 @@ class TritonKernel:
         out = [f"def {self.name}({', '.join(params)}, XBLOCK: tl.constexpr):",
                "    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)"]
         mask = None
-        if numel % xb:
-            out.append(f"    xmask = xindex < {numel}")
+        if numel % xb or is_lifted(size(numel)):     # lifted: masked in every size class
+            out.append(f"    xmask = xindex < {size(numel)}")
             mask = "xmask"
         vars_ = ir.loop_vars(sizes)
         perm = memory_order(g, sizes, writes)
@@ -128,8 +129,8 @@ class TritonKernel:
                "RBLOCK: tl.constexpr):",
                f"{ind}xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]"]
         xmask = None
-        if onum % p.xb:
-            out.append(f"{ind}xmask = xindex < {onum}")
+        if onum % p.xb or is_lifted(size(onum)):
+            out.append(f"{ind}xmask = xindex < {size(onum)}")
             xmask = "xmask"
         all_vars = g.all_vars()
         out += [ind + l for l in decompose(all_vars[:k], outer, "xindex")]
@@ -137,10 +138,11 @@ class TritonKernel:
         out.append(f"{ind}rbase = tl.arange(0, RBLOCK)[None, :]")
         out.append(f"{ind}xrzero = xzero + rbase * 0")
         if p.split > 1:
-            out.append(f"{ind}rstart = tl.program_id(1) * {p.chunk}")
+            out.append(f"{ind}rstart = tl.program_id(1) * {size(p.chunk)}")
             rmask_needed = rnum % p.chunk != 0
         else:
             rmask_needed = rnum % p.rb != 0 or rnum == 0    # empty: reduce nothing
+        rmask_needed = rmask_needed or is_lifted(size(rnum))
         rvars = {f"x{i}" for i in range(k, k + len(red))}
         full = " & ".join(m for m in (xmask, "rmask" if rmask_needed else None) if m) or None
         if xmask and rmask_needed:
@@ -152,7 +154,7 @@ class TritonKernel:
         def r_lines(bi, start):
             ls = [f"{bi}rindex = {start} + rbase"]
             if rmask_needed:
-                ls.append(f"{bi}rmask = rindex < {rnum}")
+                ls.append(f"{bi}rmask = rindex < {size(rnum)}")
                 if xmask:
                     ls.append(f"{bi}xrmask = xmask & rmask")
             ls += [bi + l for l in decompose(all_vars[k:], red, "rindex")]
@@ -190,9 +192,10 @@ class TritonKernel:
                 body = top
                 body.lines = []
             else:
-                # constant loop bounds: Triton 3.6's interpreter cannot loop over a
-                # range whose bounds are program ids
-                out.append(f"{ind}for roffset in range(0, {p.chunk if p.split > 1 else rnum}, RBLOCK):")
+                # bounds that are no program ids: Triton 3.6's interpreter cannot loop
+                # over such a range (a size argument, a loaded value, it can)
+                out.append(f"{ind}for roffset in range(0, "
+                           f"{size(p.chunk if p.split > 1 else rnum)}, RBLOCK):")
                 bi = ind + "    "
                 out += r_lines(bi, "rstart + roffset" if p.split > 1 else "roffset")
                 body = TBody(dict(scope), bi, self.counter, xmask, two_d=two_d, memo=top.memo)
@@ -245,7 +248,7 @@ class TritonKernel:
                 out.append(f"{ind}{a}_s = ({fin})[:, None]")
                 scope[n.name] = f"{a}_s"
                 if n.name in self.partials:
-                    out.append(f"{ind}tl.store({self.partials[n.name]} + xindex * {p.split} + "
+                    out.append(f"{ind}tl.store({self.partials[n.name]} + xindex * {size(p.split)} + "
                                f"tl.program_id(1), {a}_s{_mk(xmask)})")
                 elif n.name in writes:
                     out.append(f"{ind}tl.store({self._optr(n, g)}, "
@@ -256,6 +259,11 @@ class TritonKernel:
     def _optr(self, n, g):
         idx = n.store_index(g.outer_vars())
         return f"{n.name} + {tindex(idx)}" + ("" if idx.vars() else " + xzero")
+
+
+def _sizes(dims) -> str:
+    """A list of sizes as a comment shows it."""
+    return "[" + ", ".join(size(d) for d in dims) + "]"
 
 
 def _mk(mask):

@@ -5,8 +5,11 @@ loading a module (``load``)."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
+from ....debug.logs import log_for
 from ....debug.timing import timed
 from ...toolchain import cxx_build
 from .exprs import interpreting
@@ -220,8 +223,53 @@ def precompile(mod, kinfo, path: str) -> tuple:
     return done, {n: c for n, c in tuned.items() if all(x is not None for x in c)}
 
 
-def load(source: str, entries, kinfo=None):
-    """Import the module from the cache directory; one step callable per segment."""
+#: loaded modules by source text, while a compiled graph's steps use them: a graph that
+#: differs from an earlier one only in sizes (``size_args``) has the same module text, and
+#: runs the same module, launcher and compiled kernels with its own grids and sizes
+_LOADED = weakref.WeakValueDictionary()
+stats = {"loaded": 0, "reused": 0}
+_code_log = log_for("output_code")
+
+
+class _Module:
+    """A loaded module and its launcher (what ``_LOADED`` keeps while steps hold it)."""
+
+    def __init__(self, mod, launch):
+        self.mod, self.launch = mod, launch
+
+
+def load(source: str, entries, kinfo=None, sizes=None, device=None):
+    """One step callable per segment, launching with ``sizes`` (``size_args.SizeArgs``:
+    grids and size arguments) on ``device``; the module imported from the cache
+    directory and its kernels compiled, unless a graph still alive loaded the same
+    source."""
+    from ..size_args import SizeArgs
+    sizes = sizes or SizeArgs()
+    m = _LOADED.get(source)
+    if m is None:
+        m = _LOADED[source] = _Module(*_load_module(source, kinfo))
+        stats["loaded"] += 1
+    else:
+        stats["reused"] += 1
+        _code_log.info("kernels: Triton module reused for new sizes (%s)",
+                       ", ".join(f"ks{i}={v}" for i, v in enumerate(sizes.values)) or "none")
+    mod, launch = m.mod, m.launch
+    grids, host = tuple(sizes.grids), tuple(sizes.values)
+    ks = torch.tensor(list(sizes.values) or [0], dtype=torch.int64, device=device)
+    steps = []
+    for name, params in entries:
+        fn = getattr(mod, name)
+
+        def step(rt, tensors, fn=fn, params=params):
+            fn(rt, launch, grids, host, ks, *[tensors[p] for p in params])
+        step.params = params
+        step.module = m           # keeps the module loaded while this step lives
+        steps.append(step)
+    return steps
+
+
+def _load_module(source: str, kinfo):
+    """(module, Launcher): the module imported, its kernels compiled or loaded."""
     with timed("kernels.triton_setup"):      # once per process; mostly done meanwhile
         import triton  # noqa: F401
         from ...toolchain import triton_setup
@@ -247,12 +295,4 @@ def load(source: str, entries, kinfo=None):
             elif name in tuned and all(drv is not None for _, drv in tuned[name]):
                 launch.preload_candidates(getattr(mod, name), tuned[name])
     launch.path = path
-    steps = []
-    for name, params in entries:
-        fn = getattr(mod, name)
-
-        def step(rt, tensors, fn=fn, params=params):
-            fn(rt, launch, *[tensors[p] for p in params])
-        step.params = params
-        steps.append(step)
-    return steps
+    return mod, launch

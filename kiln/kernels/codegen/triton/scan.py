@@ -9,6 +9,7 @@ from ... import ir
 from ...ir import numel_of
 from .exprs import (TL, AloneKernel, TBody, decompose, pow2, compute_dtype,
                          store_value)
+from ..size_args import size
 
 #: The largest block a program scans at once (longer lines loop over blocks).
 MAX_RBLOCK = 1024
@@ -33,12 +34,12 @@ class ScanKernel(AloneKernel):
         out += ["    " + line for line in decompose([vars_[i] for i, _ in others],
                                                       [s for _, s in others], "pid")]
         out.append(f"    carry = tl.full([], 0, {TL[acc]})")
-        out.append(f"    for r0 in range(0, {n}, RBLOCK):")
+        out.append(f"    for r0 in range(0, {size(n)}, RBLOCK):")
         ind = "        "
         rvar = vars_[d]
         if rvar.terms:
             out.append(f"{ind}{rvar.terms[0][0]} = r0 + tl.arange(0, RBLOCK)")
-        out.append(f"{ind}rmask = (r0 + tl.arange(0, RBLOCK)) < {n}")
+        out.append(f"{ind}rmask = (r0 + tl.arange(0, RBLOCK)) < {size(n)}")
         out.append(f"{ind}rzero = tl.arange(0, RBLOCK) * 0")
         body = TBody({}, ind, self.counter, "rmask",
                      {t[0] for t in rvar.terms}, "rzero")

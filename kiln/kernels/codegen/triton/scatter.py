@@ -13,6 +13,7 @@ from ...ir import numel_of
 from ...scheduler import Group
 from .exprs import AloneKernel, TBody, decompose, pow2, store_value
 from .kernel import XBLOCK, TritonKernel
+from ..size_args import is_lifted, size
 
 
 class ScatterKernel(AloneKernel):
@@ -25,12 +26,13 @@ class ScatterKernel(AloneKernel):
         sizes = tuple(b.iter_sizes)
         numel = numel_of(sizes)
         xb = min(XBLOCK, pow2(max(numel, 16)))
-        out = [f"# {self.name}: scatter over {list(sizes)}; from {b.origin}", "@triton.jit",
+        out = [f"# {self.name}: scatter over [{', '.join(size(s) for s in sizes)}]; from {b.origin}",
+               "@triton.jit",
                f"def {self.name}({', '.join(params)}, XBLOCK: tl.constexpr):",
                "    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)"]
         mask = None
-        if numel % xb:
-            out.append(f"    xmask = xindex < {numel}")
+        if numel % xb or is_lifted(size(numel)):
+            out.append(f"    xmask = xindex < {size(numel)}")
             mask = "xmask"
         out += ["    " + line for line in decompose(ir.loop_vars(sizes), sizes, "xindex")]
         out.append("    xzero = xindex * 0")

@@ -13,7 +13,10 @@ imported, since ``triton.jit`` reads its source from a file. On CPU tensors it r
 
 from __future__ import annotations
 
+import ast
 import re
+
+import torch
 
 from ... import ir
 from ...scheduler import Schedule
@@ -21,6 +24,7 @@ from .prelude import INTERPRETER_SHIMS, PRELUDE
 from .exprs import interpreting
 from .heuristics import plan_reduction
 from .kernel import TritonKernel, split_group
+from ..size_args import SizeArgs, concrete, is_lifted, size, substitute, used, values
 
 
 def _canonical(src: str, name: str, params: list) -> str:
@@ -42,10 +46,24 @@ def generate(sched: Schedule, buffers: list):
 def generate_detailed(sched: Schedule, buffers: list, interpret: bool | None = None):
     """``generate`` plus, per kernel, (name, params, param dtypes, constexprs, num_warps):
     what compiling a kernel ahead of time needs (``tests/kernels/test_triton_compile.py``)."""
+    return generate_sized(sched, buffers, interpret)[:3]
+
+
+#: The parameter through which kernels read their size arguments: an int64 tensor on
+#: the device (every kernel parameter stays a pointer, as ``triton_build`` and
+#: ``cuda_launch`` launch them), loaded once at the top of each kernel.
+KS = "kiln_ks"
+
+
+def generate_sized(sched: Schedule, buffers: list, interpret: bool | None = None):
+    """``generate_detailed`` plus the size arguments (``size_args.SizeArgs``): the
+    lifted values and each launch's grid. Segment launchers are
+    ``kiln_segN(rt, launch, G, S, kiln_ks, *tensors)``: ``G`` the grids, ``S`` the
+    values on the host (workspace sizes), ``kiln_ks`` the same on the device."""
     interpret = interpreting() if interpret is None else interpret
     dtypes = {b.name: b.dtype for b in buffers}
     parts = [PRELUDE] + ([INTERPRETER_SHIMS] if interpret else [])
-    segments, cur, kinfo = [], None, []
+    segments, cur, kinfo, grids = [], None, [], []
     seen = {}        # canonical text -> the kernel that has it (repeated layers share one)
     for gi, g in enumerate(sched.groups):
         if g.extern is not None:
@@ -67,7 +85,13 @@ def generate_detailed(sched: Schedule, buffers: list, interpret: bool | None = N
             segments.append(cur)
         for kern, allocs in kernels:
             src, params, grid, consts, nw, tune = kern.source()
+            if is_lifted(src):
+                old = f"def {kern.name}({', '.join(params)}"
+                params = params + [KS]
+                assert old in src, old
+                src = src.replace(old, f"def {kern.name}({', '.join(params)}", 1)
             pd = dict(dtypes)
+            pd[KS] = torch.int64
             pd.update({ws: dt for ws, _, dt in allocs})
             for k2, a2 in kernels:
                 pd.update({ws: dt for ws, _, dt in a2})
@@ -80,27 +104,61 @@ def generate_detailed(sched: Schedule, buffers: list, interpret: bool | None = N
                 kinfo.append((kern.name, params, [pd[q] for q in params], consts, nw, tune))
             fused = _fused(gi, g, sched, kern, dtypes, interpret, parts, seen) \
                 if g.matmul is not None else None
-            cur[1].append((name, params, grid, consts, nw, tune, allocs, fused))
+            grids.append(ast.literal_eval(grid))
+            cur[1].append((name, params, f"G[{len(grids) - 1}]", consts, nw, tune, allocs,
+                           fused))
     entries = []
     for name, kernels in segments:
         params = []
         local = {ws for *_, allocs, _ in kernels for ws, _, _ in allocs}
         for _, ps, *_, fused in kernels:
             ps = ps if fused is None else fused[1]
-            params += [q for q in ps if q not in params and q not in local]
+            params += [q for q in ps if q not in params and q not in local and q != KS]
         lines = []
         for kname, ps, grid, consts, nw, tune, allocs, fused in kernels:
             for ws, numel, dt in allocs:
-                lines.append(f"    {ws} = torch.empty({numel}, dtype={dt}, "
+                lines.append(f"    {ws} = torch.empty({size(numel)}, dtype={dt}, "
                              f"device={params[0]}.device)")
             kw = ", ".join(f"{k}={v}" for k, v in consts.items())
             if not tune:
                 kw += f", num_warps={nw}"
             call = f"    launch(rt, {kname}, {grid}, ({', '.join(ps)},), dict({kw}))"
             lines += [call] if fused is None else fused[0](call)
-        parts.append(f"def {name}(rt, launch, {', '.join(params)}):\n" + "\n".join(lines))
+        parts.append(f"def {name}(rt, launch, G, S, {', '.join([KS] + params)}):\n"
+                     + "\n".join(lines))
         entries.append((name, params))
-    return "\n\n\n".join(parts) + "\n", entries, kinfo
+    vals = []
+    for part in parts:
+        vals = values(part, vals)
+    parts = [_take_sizes(part, vals) for part in parts]
+    return "\n\n\n".join(parts) + "\n", entries, kinfo, SizeArgs(vals, grids)
+
+
+#: Triton's own specialisation of integer arguments: a multiple of this is declared so
+#: (``tl.multiple_of``), which lets loads under a mask against it, or along rows of a
+#: stride of it, be vector loads. A size class is a multiple or not.
+DIVISIBILITY = 16
+
+
+def _read(i: int, v: int) -> str:
+    """A kernel's read of size argument ``i`` (value ``v``): int32 where it fits (the
+    type Triton gives such a literal), declared a multiple of DIVISIBILITY when it is."""
+    r = f"tl.load({KS} + {i})" + (".to(tl.int32)" if -2**31 <= v < 2**31 else "")
+    return f"tl.multiple_of({r}, {DIVISIBILITY})" if v % DIVISIBILITY == 0 else r
+
+
+def _take_sizes(part: str, vals: list) -> str:
+    """A kernel's text reading the size arguments it uses from ``kiln_ks`` at its top
+    (as int32 where the value fits, the type Triton gives such a literal); a
+    launcher's reading them from ``S``."""
+    if not is_lifted(part):
+        return part
+    lines = substitute(part, vals).split("\n")
+    at = next(i for i, l in enumerate(lines) if l.startswith("def "))
+    if lines[at].startswith("def kiln_seg"):
+        return substitute(part, vals, lambda i: f"S[{i}]")
+    decl = [f"    ks{i} = {_read(i, vals[i])}" for i in used(part, vals)]
+    return "\n".join(lines[:at + 1] + decl + lines[at + 1:])
 
 
 def _fused(gi, g, sched, kern, dtypes, interpret, parts, seen):
@@ -119,6 +177,7 @@ def _fused(gi, g, sched, kern, dtypes, interpret, parts, seen):
     fname = f"kernel{gi}_mm"
     src, fparams, consts, options, stores = me.source(fname, g, own, writes, lay, dtypes,
                                                       interpret)
+    src = concrete(src)           # the fused tier keeps its sizes literal
     key = ("matmul", _canonical(src, fname, fparams), tuple(sorted(consts.items())))
     name = seen.get(key)
     if name is None:

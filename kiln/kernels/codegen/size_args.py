@@ -1,0 +1,113 @@
+"""Sizes as kernel arguments: one compiled kernel for every graph that differs only in sizes.
+
+A code generator prints each integer that comes from a size or a stride (a loop bound, an
+element count, an index coefficient or offset) through ``size(v)``, which writes a *mark*
+holding the value. ``lift`` then gives each distinct marked value a name (``ks0``,
+``ks1``… in order of first appearance) and lists the values: the source text names the
+arguments, and the launch passes this compile's values. Two compiles whose lifted texts
+are equal share one compiled binary (the caches are keyed by the text), each with its
+own values.
+
+This is sound without reasoning about sizes: a lifted text with its values substituted
+back is, character for character, the text the generator would have written with
+literals (``concrete``), so the shared binary computes what a specialised one would.
+Every decision that depends on sizes (block sizes, masks, vector widths, fusion, loop
+shapes) stays a literal or a structure in the text: each *size class* gets its own
+text, hence its own binary. Marks go only where an ``int64`` value may stand (never an
+array length, a template argument, a pragma clause or a Triton constexpr); small
+magnitudes (``config.kernel_size_args_min``: a 3-channel dim, a stride of 2) stay
+literals, which costs few classes and keeps the code the C++ compiler unrolls.
+Equal values share a name, so a text also records which of its sizes were equal: a
+class is the set of sizes with the same equalities, which is as it must be (the name
+stands for one value).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from ... import config
+
+_OPEN, _CLOSE = "\x01", "\x02"
+_MARK = re.compile("\x01(-?[0-9]+)\x02")
+
+
+def size(v) -> str:
+    """``v`` (an integer from sizes or strides) as generated text: a mark to lift, or the
+    literal when lifting is off or ``v`` is small."""
+    v = int(v)
+    if not config.kernel_size_args or abs(v) <= config.kernel_size_args_min:
+        return str(v)
+    return f"{_OPEN}{v}{_CLOSE}"
+
+
+#: integers a float type holds exactly: a lifted one converts to the same float
+_EXACT = {"float32": 1 << 24, "float16": 1 << 11, "bfloat16": 1 << 8, "float64": 1 << 53}
+
+
+def constant(value, dtype) -> str | None:
+    """A graph constant that is a whole number (a mean's divisor, an ``arange`` end: a
+    size as the graph spells it) as a mark, when its type holds it exactly and it is
+    not small; None otherwise (written as a literal). The generator converts the
+    integer argument to ``dtype``, which gives the literal's value bit for bit."""
+    if isinstance(value, bool) or dtype.is_complex or dtype == torch.bool:
+        return None
+    if isinstance(value, float):
+        if not value.is_integer():
+            return None
+        value = int(value)
+    if not isinstance(value, int):
+        return None
+    limit = _EXACT.get(str(dtype).replace("torch.", ""), 1 << 62) if dtype.is_floating_point \
+        else 1 << 62
+    if abs(value) > limit:
+        return None
+    text = size(value)
+    return text if is_lifted(text) else None
+
+
+def is_lifted(text: str) -> bool:
+    """Does ``text`` (a size printed by ``size``) hold a mark?"""
+    return _OPEN in text
+
+
+def values(text: str, start: list | None = None) -> list:
+    """The distinct marked values of ``text`` in order of first appearance, after those
+    of ``start``."""
+    out = list(start or ())
+    seen = set(out)
+    for m in _MARK.finditer(text):
+        v = int(m.group(1))
+        if v not in seen:
+            seen.add(v)
+            out.append(v)
+    return out
+
+
+def substitute(text: str, vals: list, spell=lambda i: f"ks{i}") -> str:
+    """``text`` with each mark replaced by the name (``spell(index)``) of its value in
+    ``vals``."""
+    index = {v: i for i, v in enumerate(vals)}
+    return _MARK.sub(lambda m: spell(index[int(m.group(1))]), text)
+
+
+def used(text: str, vals: list) -> list:
+    """Indices into ``vals`` of the values ``text`` marks, ascending."""
+    index = {v: i for i, v in enumerate(vals)}
+    return sorted({index[int(m.group(1))] for m in _MARK.finditer(text)})
+
+
+def concrete(text: str) -> str:
+    """``text`` with every mark replaced by its value: what the lifted text means at the
+    values of this compile."""
+    return _MARK.sub(lambda m: m.group(1), text)
+
+
+@dataclass
+class SizeArgs:
+    """What a plan's launches pass besides tensors: the lifted values (``ks0``…), and
+    for Triton each launch's grid (computed from this compile's sizes)."""
+    values: list = field(default_factory=list)
+    grids: list = field(default_factory=list)
