@@ -77,9 +77,9 @@ def test_options_reach_the_backward_compile(monkeypatch):
     seen = []
     real = kb.compile_aten_graph
 
-    def recording(gm, example_inputs, *a):
+    def recording(gm, example_inputs, *a, **k):
         seen.append(config.fallback_random)
-        return real(gm, example_inputs, *a)
+        return real(gm, example_inputs, *a, **k)
 
     monkeypatch.setattr(kb, "compile_aten_graph", recording)
     w = torch.randn(4, requires_grad=True)
