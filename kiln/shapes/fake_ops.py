@@ -37,6 +37,29 @@ _REFUSALS = ("expected to contain only concrete integers",
 _refused: set = set()
 
 
+# What a C++ CompositeImplicit kernel (``matmul`` of 3-d by 2-d in 2.11) says when it
+# reads int sizes (``numel()``, ``sizes()``) of a tensor whose sizes are symbolic; the
+# last is the same read reaching a wrapper subclass's ``aten.size``
+_COMPOSITE_REFUSALS = _REFUSALS + ("dispatch_on_subclass called with NO overloaded args",)
+
+
+def call_on_fakes(fn, args, kwargs):
+    """``fn(*args, **kwargs)`` (a torch-level function, on fakes). Where a C++
+    composite kernel refuses symbolic sizes, the call runs again under PyTorch's Python
+    dispatcher, which takes the op's Python CompositeImplicit kernel (registered by
+    ``torch._decomp``) instead: each of its steps an op that fake dispatch handles."""
+    try:
+        return fn(*args, **kwargs)
+    except RuntimeError as e:
+        if not (is_symbolic(args) or is_symbolic(kwargs)) or \
+                not any(r in str(e) for r in _COMPOSITE_REFUSALS):
+            raise
+    import torch._decomp  # noqa: F401  (registers the Python composite kernels)
+
+    with torch._C._EnablePythonDispatcher():
+        return fn(*args, **kwargs)
+
+
 def cpp_refused(func, message: str) -> bool:
     """Whether ``message`` is ``func``'s C++ kernel refusing symbolic sizes (then
     remembered: ``run_decomposed`` decomposes ``func`` from now on)."""
