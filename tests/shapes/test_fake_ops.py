@@ -54,10 +54,16 @@ def test_other_errors_and_static_sizes_are_not_retried():
     assert len(calls) == 1
 
 
+def _under_autocast(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):    # autocast's probe of the op
+        return F.linear(x, w).float().sum(-1)
+
+
 @pytest.mark.parametrize("fn", [
     lambda x, w: F.linear(x, w),
     lambda x, w: torch.matmul(x, w.t()) + x @ x.transpose(1, 2) @ x,
-], ids=["linear", "matmul"])
+    lambda x, w: _under_autocast(x, w),
+], ids=["linear", "matmul", "linear_autocast"])
 def test_matmul_of_a_3d_symbolic_input_is_one_graph(fn):
     torch.manual_seed(0)
     w = torch.randn(8, 8, requires_grad=True)
