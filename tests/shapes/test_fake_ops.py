@@ -63,8 +63,10 @@ def _under_autocast(x, w):
     lambda x, w: F.linear(x, w),
     lambda x, w: torch.matmul(x, w.t()) + x @ x.transpose(1, 2) @ x,
     lambda x, w: _under_autocast(x, w),
-], ids=["linear", "matmul", "linear_autocast"])
-def test_matmul_of_a_3d_symbolic_input_is_one_graph(fn):
+    lambda x, w: x[:, None] @ x[:, None].transpose(-1, -2),
+    lambda x, w: F.cross_entropy(x.reshape(-1, 8), (x.reshape(-1, 8) @ w).argmax(-1)),
+], ids=["linear", "matmul", "linear_autocast", "matmul_4d", "cross_entropy"])
+def test_composites_of_a_symbolic_input_are_one_graph(fn):
     torch.manual_seed(0)
     w = torch.randn(8, 8, requires_grad=True)
     c = kiln.compile(fn, backend="eager", dynamic=True)
