@@ -15,7 +15,8 @@ from torch.utils._pytree import tree_map
 from ..dispatch_mode import KilnDispatchMode
 from .errors import InternalError
 from ..fast_meta import _is_pointwise, host_scalars_arg, meta_result
-from ..shapes.fake_ops import inside as decomposing, is_symbolic, pointwise_result, run_decomposed
+from ..shapes.fake_ops import (cpp_refused, inside as decomposing, is_symbolic, pointwise_result,
+                               run_decomposed)
 
 aten = torch.ops.aten
 
@@ -171,6 +172,10 @@ def _dispatch(func, args, kwargs):
         raise NoMetaKernel(f"{func} has no meta kernel ({e})") from None
     except RuntimeError as e:
         msg = str(e)
+        if symbolic and cpp_refused(func, msg):    # a kernel of int sizes: decomposed
+            r = run_decomposed(func, args, kwargs, FakeMode)
+            if r is not NotImplemented:
+                return r
         if "meta" in msg and ("not implemented" in msg.lower() or "Could not run" in msg):
             raise NoMetaKernel(f"{func} has no meta kernel") from None
         if "data-dependent" in msg or "Cannot copy out of meta" in msg:

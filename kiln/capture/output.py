@@ -19,6 +19,7 @@ from kiln.capture.autocast import AmpTracker
 from kiln.capture import values as V
 from kiln.capture.errors import InternalError, Unsupported, UserException
 from kiln.shapes.env import ShapeEnv
+from kiln.shapes.fake_ops import call_on_fakes
 from kiln.capture.sym_sizes import dense_order, layout_guards, symbolic_fake
 from kiln.capture.fake import (DataDependent, FakeMode, FakeTensor, NoMetaKernel, to_fake,
                                unsupported_tensor)
@@ -189,9 +190,9 @@ class OutputGraph:
         try:
             with torch.set_grad_enabled(self.grad_enabled), FakeMode():
                 if kind == "call_method":
-                    out = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                    out = call_on_fakes(getattr(fake_args[0], target), fake_args[1:], fake_kwargs)
                 else:
-                    out = target(*fake_args, **fake_kwargs)
+                    out = call_on_fakes(target, fake_args, fake_kwargs)
         except (DataDependent, NoMetaKernel) as e:
             raise Unsupported("K0008", str(e))
         except (Unsupported, InternalError):

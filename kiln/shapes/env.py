@@ -272,8 +272,10 @@ class ShapeEnv:
                 rels += [sympy.Ne(info.symbol, 0), sympy.Ne(info.symbol, 1)]
             if rels:
                 out.append((sympy.And(*rels) if len(rels) > 1 else rels[0], None))
-        seen = set()
-        for g, where in self.guards:
+        seen, implied = set(), self._implied_definitions()
+        for i, (g, where) in enumerate(self.guards):
+            if i in implied:
+                continue
             if g in self.defining or (isinstance(g, sympy.Eq) and isinstance(g.lhs, sympy.Symbol)
                                       and g.lhs in self.replacements):
                 out.append((g, where))      # a specialisation: the one check of that size
@@ -284,6 +286,24 @@ class ShapeEnv:
             seen.add(g2)
             out.append((g2, where))
         return out
+
+    def _implied_definitions(self):
+        """The ``expr == c`` guards (``s % (s // 2) == 0``) that later ones imply
+        (``s // 2 == 1``): a later one is stated after the earlier replacements, so
+        never in their terms, but an earlier one may follow from a later one. Walked
+        from the last, each one dropped only where those kept (and the symbols'
+        replacements) make it true."""
+        kept = {s: e for s, e in self.replacements.items() if isinstance(s, sympy.Symbol)}
+        implied = set()     # indices into self.guards
+        for i in range(len(self.guards) - 1, -1, -1):
+            g = self.guards[i][0]
+            if g not in self.defining:
+                continue
+            if g.xreplace(kept) is sympy.true:
+                implied.add(i)
+            else:
+                kept[g.lhs] = g.rhs
+        return implied
 
 
 def _decide(rel, lo, hi):
@@ -328,9 +348,13 @@ def canonical(g):
     if isinstance(g, (sympy.Eq, sympy.Ne)):
         d = sympy.expand(g.lhs - g.rhs)
         m = sympy.expand(_floordiv_as_mod(d))
-        if m.has(sympy.Mod) and not m.has(FloorDiv) and \
-                not sympy.sympify(m.xreplace({x: sympy.Integer(0) for x in m.atoms(sympy.Mod)})).free_symbols:
-            d = m   # only remainders left: 4*s == 8*(s // 2) is s % 2 == 0
+        mods = m.atoms(sympy.Mod)
+        if mods and not m.has(FloorDiv) and all(x.args[1].is_Integer for x in mods) and \
+                not sympy.sympify(m.xreplace({x: sympy.Integer(0) for x in mods})).free_symbols:
+            # only remainders by constants left: 4*s == 8*(s // 2) is s % 2 == 0 (a
+            # remainder by a size, s % (s // 2), keeps its ``//``, which a later
+            # replacement of ``s // 2`` then finds)
+            d = m
         if d.is_Number:
             return type(g)(d, 0)
         _, d = d.primitive()

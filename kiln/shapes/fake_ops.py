@@ -13,6 +13,8 @@ import threading
 
 import torch
 
+from kiln.shapes import view_meta
+
 aten = torch.ops.aten
 
 _CPP_SYMINT = {aten.empty.memory_format, aten.empty_strided.default, aten.as_strided.default,
@@ -21,8 +23,50 @@ _CPP_SYMINT = {aten.empty.memory_format, aten.empty_strided.default, aten.as_str
 
 
 # C++ kernels that take symbolic sizes and give simpler expressions than a decomposition
-_AS_IS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
-          aten.mm.default, aten.bmm.default, aten.addmm.default}
+_AS_IS = {aten.reshape.default, aten.mm.default, aten.bmm.default, aten.addmm.default}
+
+# kiln's own, where PyTorch's C++ kernel does not take SymInts in every version and its
+# Python reference asks more questions (more guards)
+_OWN = {aten.view.default: view_meta.view, aten._unsafe_view.default: view_meta.view}
+
+# What a C++ kernel whose signature takes only int sizes says when given SymInts (some
+# versions of PyTorch take SymInts in a kernel that others do not: ``view``'s meta
+# kernel, ``stack``): such an op is remembered and runs as its decomposition from then on.
+_REFUSALS = ("expected to contain only concrete integers",
+             "on tensor with symbolic sizes/strides")
+_refused: set = set()
+
+
+# What a C++ CompositeImplicit kernel (``matmul`` of 3-d by 2-d in 2.11) says when it
+# reads int sizes (``numel()``, ``sizes()``) of a tensor whose sizes are symbolic; the
+# last is the same read reaching a wrapper subclass's ``aten.size``
+_COMPOSITE_REFUSALS = _REFUSALS + ("dispatch_on_subclass called with NO overloaded args",)
+
+
+def call_on_fakes(fn, args, kwargs):
+    """``fn(*args, **kwargs)`` (a torch-level function, on fakes). Where a C++
+    composite kernel refuses symbolic sizes, the call runs again under PyTorch's Python
+    dispatcher, which takes the op's Python CompositeImplicit kernel (registered by
+    ``torch._decomp``) instead: each of its steps an op that fake dispatch handles."""
+    try:
+        return fn(*args, **kwargs)
+    except RuntimeError as e:
+        if not (is_symbolic(args) or is_symbolic(kwargs)) or \
+                not any(r in str(e) for r in _COMPOSITE_REFUSALS):
+            raise
+    import torch._decomp  # noqa: F401  (registers the Python composite kernels)
+
+    with torch._C._EnablePythonDispatcher():
+        return fn(*args, **kwargs)
+
+
+def cpp_refused(func, message: str) -> bool:
+    """Whether ``message`` is ``func``'s C++ kernel refusing symbolic sizes (then
+    remembered: ``run_decomposed`` decomposes ``func`` from now on)."""
+    if any(r in message for r in _REFUSALS):
+        _refused.add(func)
+        return True
+    return False
 
 
 def is_symbolic(x) -> bool:
@@ -51,9 +95,10 @@ def run_decomposed(func, args, kwargs, mode_cls):
     step comes back to fake dispatch); NotImplemented where it has to run as it is."""
     from torch._decomp import decomposition_table, meta_table
 
-    if func in _CPP_SYMINT or func in _AS_IS or torch.Tag.view_copy in func.tags:
+    if func not in _refused and (func in _CPP_SYMINT or func in _AS_IS
+                                 or torch.Tag.view_copy in func.tags):
         return NotImplemented
-    fn = meta_table.get(func) or decomposition_table.get(func)
+    fn = _OWN.get(func) or meta_table.get(func) or decomposition_table.get(func)
     inside.depth += 1
     try:
         with mode_cls():

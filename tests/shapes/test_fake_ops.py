@@ -1,0 +1,79 @@
+"""kiln/shapes/fake_ops.call_on_fakes: a C++ composite kernel refusing symbolic sizes
+(PyTorch 2.11's ``matmul`` of a 3-d tensor reads ``numel()``) is run again under the
+Python dispatcher, through the op's Python composite kernel."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.capture.fake import FakeMode, FakeTensor
+from kiln.shapes import fake_ops
+from kiln.shapes.env import ShapeEnv
+
+
+def _symbolic_fake():
+    env = ShapeEnv()
+    s = env.new_symbol("x.size(1)", "L['x'].size(1)", 5)
+    return FakeTensor(torch.empty_strided((1, s, 8), (8 * s, 8, 1), device="meta"),
+                      torch.device("cpu"))
+
+
+def _refusing_once(message):
+    calls = []
+
+    def fn(a, b):
+        calls.append(a)
+        if len(calls) == 1:
+            raise RuntimeError(message)
+        return torch.matmul(a, b)
+    return fn, calls
+
+
+@pytest.mark.parametrize("message", [
+    "Cannot call numel() on tensor with symbolic sizes/strides",
+    "SymIntArrayRef expected to contain only concrete integers",
+    "0 INTERNAL ASSERT FAILED: dispatch_on_subclass called with NO overloaded args that",
+])
+def test_a_composite_refusing_symbolic_sizes_runs_again(message):
+    x, w = _symbolic_fake(), FakeTensor(torch.empty(8, 3, device="meta"), torch.device("cpu"))
+    fn, calls = _refusing_once(message)
+    with FakeMode():
+        out = fake_ops.call_on_fakes(fn, (x, w), {})
+    assert len(calls) == 2 and [str(n) for n in out.shape] == ["1", "s0", "3"]
+
+
+def test_other_errors_and_static_sizes_are_not_retried():
+    w = FakeTensor(torch.empty(8, 3, device="meta"), torch.device("cpu"))
+    fn, calls = _refusing_once("mat1 and mat2 shapes cannot be multiplied")
+    with FakeMode(), pytest.raises(RuntimeError, match="cannot be multiplied"):
+        fake_ops.call_on_fakes(fn, (_symbolic_fake(), w), {})
+    fn, calls = _refusing_once("Cannot call numel() on tensor with symbolic sizes/strides")
+    static = FakeTensor(torch.empty(1, 5, 8, device="meta"), torch.device("cpu"))
+    with FakeMode(), pytest.raises(RuntimeError, match="numel"):
+        fake_ops.call_on_fakes(fn, (static, w), {})
+    assert len(calls) == 1
+
+
+def _under_autocast(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):    # autocast's probe of the op
+        return F.linear(x, w).float().sum(-1)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, w: F.linear(x, w),
+    lambda x, w: torch.matmul(x, w.t()) + x @ x.transpose(1, 2) @ x,
+    lambda x, w: _under_autocast(x, w),
+    lambda x, w: x[:, None] @ x[:, None].transpose(-1, -2),
+    lambda x, w: F.cross_entropy(x.reshape(-1, 8), (x.reshape(-1, 8) @ w).argmax(-1)),
+], ids=["linear", "matmul", "linear_autocast", "matmul_4d", "cross_entropy"])
+def test_composites_of_a_symbolic_input_are_one_graph(fn):
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, requires_grad=True)
+    c = kiln.compile(fn, backend="eager", dynamic=True)
+    with kiln.config.patch(suppress_errors=False):
+        for s in (3, 5, 9):
+            x = torch.randn(2, s, 8)
+            torch.testing.assert_close(c(x, w), fn(x, w))
+    assert c.skip is None and not c._callees
+    assert sum(len(e.graphs) for e in c.entries) == 1
+    kiln.reset()
