@@ -6,6 +6,9 @@ Inputs are awkward on purpose: odd sizes, size-1 dims, broadcasting, non-contigu
 """
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 import torch.fx as fx
 
@@ -384,9 +387,14 @@ CASES = [
 
 
 def run_case(name, fn, make, tol, target, compile_aten_graph, device=None):
-    """Compile, then compare with eager on the compile-time inputs and on fresh ones."""
+    """Compile, then compare with eager on the compile-time inputs and on fresh ones.
+    ``device``: the inputs moved there, or placed by ``make(device=...)`` where it
+    takes one (inputs eager wants elsewhere, such as a foreach op's CPU scalars)."""
     if device is not None:
-        make = (lambda mk: lambda: [t.to(device) for t in mk()])(make)
+        if "device" in inspect.signature(make).parameters:
+            make = functools.partial(make, device=device)
+        else:
+            make = (lambda mk: lambda: [t.to(device) for t in mk()])(make)
     torch.manual_seed(sum(map(ord, name)))
     inputs = make()
     gm = fn if isinstance(fn, fx.GraphModule) else fx.symbolic_trace(fn)

@@ -82,11 +82,15 @@ def foreach_graph():
     return fx.GraphModule({}, g)
 
 
-def foreach_inputs():
+def foreach_inputs(device=None):
+    """The lists and the 0-d ``s`` on ``device`` (None: where made, the CPU); ``ss``,
+    the ``.Tensor`` overloads' scalars, on the CPU, as optimizers pass them and as
+    eager requires ("Expected scalars to be on CPU")."""
     def nc(*shape):
         return torch.randn(*reversed(shape)).permute(*reversed(range(len(shape))))
 
     xs = [nc(4, 5), torch.randn(7), torch.randn(())]
     ps = [torch.rand(s) * 0.8 + 0.1 for s in SHAPES]
     ws = [torch.rand(s) * 1.4 - 0.2 for s in SHAPES]
-    return xs + ps + ws + [torch.tensor(0.4), torch.tensor([0.5, -1.5, 3.0])]
+    on = [t if device is None else t.to(device) for t in xs + ps + ws + [torch.tensor(0.4)]]
+    return on + [torch.tensor([0.5, -1.5, 3.0])]

@@ -64,8 +64,9 @@ def runtime(n=2, kernels=None, gm=None, inputs=None):
     p = kc.plan(gm, inputs, "triton")
     if kernels is None:
         kernels = [_nothing(params) for _, params in p.entries]
-    else:
-        kernels = kc._load(p, "triton")
+    else:                          # run by the interpreter on CPU stand-ins: the size
+        from kiln.kernels.codegen.triton import launcher       # arguments there too
+        kernels = launcher.load(p.source, p.entries, p.kinfo, p.size_args, torch.device("cpu"))
     return gm, Runtime(p.lowered, p.sched, kc._steps(p, kernels, "triton"), p.lowered.device)
 
 
@@ -285,7 +286,7 @@ def replayed():
     assert g.records == 1 and g.replays == 5, (g.records, g.replays)
 
 
-def optimizer_graph(name="adamw", as_on_gpu=True):
+def optimizer_graph(name="adamw", as_on_gpu=True, which=-1):
     """The aten graph kiln captures for a foreach optimizer step (``OPTIMIZERS[name]``)
     over a small net's parameters (after the first step, which made the state), with
     the example inputs as a GPU graph would take them: the step counters (0-d) on the
@@ -293,7 +294,9 @@ def optimizer_graph(name="adamw", as_on_gpu=True):
     kernel is built.) ``as_on_gpu``: the trace sees the param groups as a trace of CUDA
     parameters does on the first step (no state yet: ``capturable=False``, eager's
     default, so Adam stacks its step sizes on the CPU); else as on the CPU, where the
-    capturable path keeps eager's state layout and is taken."""
+    capturable path keeps eager's state layout and is taken. ``which``: which step's graph
+    (0: the first, which makes the state: its counters are CPU constants, its only 0-d
+    input the loss, on the device; -1: a later one, the counters its CPU inputs)."""
     import kiln
     import kiln.capture.optimizers as capture_optimizers
     import kiln.kernels.backend as kernel_backend
@@ -323,9 +326,11 @@ def optimizer_graph(name="adamw", as_on_gpu=True):
         kernel_backend.compile_aten_graph = inner
         capture_optimizers._see_capturable = see
     gm, example = [(gm, ex) for gm, ex in graphs
-                   if any("_foreach_" in str(n.target) for n in gm.graph.nodes)][-1]
+                   if any("_foreach_" in str(n.target) for n in gm.graph.nodes)][which]
+    used = [bool(n.users) for n in gm.graph.nodes if n.op == "placeholder"]
     stand_in = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-                if t.dim() else torch.zeros((), dtype=t.dtype) for t in example]
+                if t.dim() or not u else torch.zeros((), dtype=t.dtype)
+                for t, u in zip(example, used)]
     return gm, stand_in
 
 

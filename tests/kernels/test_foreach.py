@@ -154,3 +154,19 @@ def test_tensor_scalars_are_a_value_per_tensor_bit_for_bit_on_the_cpu():
             assert torch.equal(got, want), (got - want).abs().max()
     lo = GraphLowering(gm, _tensor_scalars_inputs(), "cpp").run()
     assert not lo.fallbacks and not _foreach_externs(lo)
+
+
+def test_every_foreach_op_is_lowered_beside_cpu_scalars_on_a_device():
+    """On an accelerator (the meta device stands in) the case's lists are on the
+    device and the ``.Tensor`` overloads' scalars stay on the CPU, where eager wants
+    them (it refuses device scalars): eager runs the graph so, and every op is lowered,
+    the kernels reading the scalars through one host copy."""
+    from kiln.kernels.lowering.host_scalars import HostScalars
+    gm, inputs = foreach_graph(), foreach_inputs(device="meta")
+    assert [t.device.type for t in inputs].count("cpu") == 1 and inputs[-1].dim() == 1
+    gm(*inputs)
+    lo = GraphLowering(gm, inputs, "triton").run()
+    assert not lo.fallbacks, lo.fallbacks
+    assert not _foreach_externs(lo)
+    assert sum(isinstance(b, ir.Extern) and isinstance(b.op, HostScalars)
+               for b in lo.buffers) == 1

@@ -83,3 +83,18 @@ def test_train_step_triton_interpreter(tmp_path):
                        env=env, capture_output=True, text=True, cwd=ROOT, timeout=1800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "ok", r.stdout[-2000:]
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw_amsgrad_maximize"])
+def test_first_step_graph_on_a_gpu_stand_in_is_lowered(name):
+    """The first step's graph as a GPU trace captures it (the counters made in the
+    graph on the CPU, the loss its only 0-d input, on the device), lowered for a
+    stand-in accelerator: only the counters' own add (CPU) stays with aten; the device
+    ops reading the CPU bias corrections and step sizes (``_foreach_div.List``,
+    ``_foreach_addcdiv.Tensor``) are lowered, as test_train_step_cuda requires."""
+    from kiln.kernels import compile as kc
+    from .host_prologue_cases import optimizer_graph
+    gm, stand_in = optimizer_graph(name, which=0)
+    assert not any(t.device.type == "cpu" for t in stand_in)
+    p = kc.plan(gm, stand_in, "triton")
+    assert p.artefacts["fallbacks"] == ["aten._foreach_add.Scalar"], p.artefacts["fallbacks"]

@@ -3,6 +3,8 @@ by the device's kernels through one copy per op, or computed on the device where
 its kernels read them. Lowered here for a stand-in accelerator (the meta device: no GPU
 needed to lower); the values on a real GPU are test_foreach_optimizers.py's CUDA tests.
 A replayed graph makes its host copies outside the recording: test_host_prologue.py."""
+import operator
+
 import torch
 import torch.fx as fx
 
@@ -96,3 +98,44 @@ def test_host_copies_are_scheduled_before_the_kernels():
     outputs = [v.buf for v in p.lowered.outputs[:4]]     # new params, new moments
     for param, moment in zip(outputs[:2], outputs[2:]):
         assert any({param, moment} <= g.names for g in groups), p.artefacts["schedule"]
+
+
+def _first_adam_step() -> fx.GraphModule:
+    """Adam's first step as a GPU trace captures it: the step counters are made in the
+    graph (CPU constants, no state yet), bumped, and returned (the new state); the
+    bias corrections and the stacked step sizes come from them on the CPU; the graph
+    takes no CPU tensor (``loss``, a device 0-d, rides along unused)."""
+    g = fx.Graph()
+    cf = g.call_function
+    ps, ms, vs = ([g.placeholder(f"{k}{i}") for i in range(2)] for k in "pmv")
+    g.placeholder("loss")
+    counters = [g.get_attr(f"step{i}") for i in range(2)]
+    add = cf(aten._foreach_add.Scalar, (counters, 1))
+    st = [cf(operator.getitem, (add, i)) for i in range(2)]
+    bc1 = [cf(aten.sub.Tensor, (1, cf(aten.pow.Scalar, (0.9, s)))) for s in st]
+    bc2 = [cf(aten.sub.Tensor, (1, cf(aten.pow.Scalar, (0.999, s)))) for s in st]
+    sizes = cf(aten.stack.default, ([cf(aten.div.Tensor, (-0.01, b)) for b in bc1],))
+    root = cf(aten._foreach_sqrt.default, (vs,))
+    denom = cf(aten._foreach_div.List, ([cf(operator.getitem, (root, i)) for i in range(2)],
+                                        [cf(aten.sqrt.default, (b,)) for b in bc2]))
+    new = cf(aten._foreach_addcdiv.Tensor,
+             (ps, ms, [cf(operator.getitem, (denom, i)) for i in range(2)], sizes))
+    g.output(tuple(cf(operator.getitem, (new, i)) for i in range(2)) + tuple(st))
+    m = torch.nn.Module()
+    for i in range(2):
+        m.register_buffer(f"step{i}", torch.tensor(0.0))
+    return fx.GraphModule(m, g)
+
+
+def test_a_graph_returning_cpu_values_reads_host_values():
+    """A graph that takes no CPU tensor but returns some (Adam's first step, its new
+    step counters made from constants) does host work every call as one taking CPU
+    counters does: its device ops reading CPU values (``_foreach_div.List`` by the bias
+    corrections, ``_foreach_addcdiv.Tensor`` by the stacked step sizes) are lowered,
+    reading host copies, not left to aten (as a GPU run found them)."""
+    shapes = [(4, 5), (7,)] * 3
+    inputs = [torch.empty(s, device="meta") for s in shapes] + [torch.empty((), device="meta")]
+    lo = GraphLowering(_first_adam_step(), inputs, "triton").run()
+    assert lo.host_values
+    assert lo.fallbacks == ["aten._foreach_add.Scalar"]        # the CPU counters' own op
+    assert any(isinstance(op, HostScalars) for _, op in _externs(lo))

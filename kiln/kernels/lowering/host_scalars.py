@@ -60,15 +60,19 @@ class HostScalars:
 
 
 def takes_host_values(lo, gm) -> bool:
-    """Whether a graph on an accelerator takes CPU tensors. Only such a graph reads host
-    values through copies, which a replayed graph makes in its host prologue, every
-    call. Elsewhere a CPU value is a constant, which a recorded graph may keep, and its
-    ops stay with aten."""
+    """Whether a graph on an accelerator does host work every call: takes CPU tensors
+    (an optimizer's step counters, a tensor lr) or returns some (the counters a first
+    step makes from constants and bumps). Only such a graph reads host values through
+    copies, which a replayed graph makes in its host prologue, every call. Elsewhere a
+    CPU value is a constant, which a recorded graph may keep, and its ops stay with
+    aten."""
     if lo.device.type == "cpu":
         return False
+    ends = [n for n in gm.graph.nodes if n.op == "placeholder"] + \
+        [a for n in gm.graph.nodes if n.op == "output"
+         for a in pytree.tree_leaves(n.args) if isinstance(a, fx.Node)]
     return any(d is not None and d.type == "cpu"
-               for n in gm.graph.nodes if n.op == "placeholder"
-               for d in pytree.tree_leaves(lo.meta.get((n, "device"))))
+               for n in ends for d in pytree.tree_leaves(lo.meta.get((n, "device"))))
 
 
 def is_host_scalar(lo, device, value, node=None, arg=None) -> bool:

@@ -216,9 +216,19 @@ def kiln_argmin_combine(v1, i1, v2, i2):
     return tl.where(take2, v2, v1), tl.where(take2, i2, i1)
 '''
 
-#: Appended under Triton's interpreter, which cannot call libdevice.
+#: Appended under Triton's interpreter, which cannot call libdevice, and whose kernel
+#: scalars (a size argument read from ``kiln_ks``) are 1-element arrays: Triton 3.6 turns
+#: one into an index with ``int(array)``, which NumPy 2 refuses for a 1-d array, so a loop
+#: ``range(0, ks1, RBLOCK)`` fails there (3.8 squeezes first). The module's ``range``
+#: (which the kernels' loops look up before the builtin) takes such a scalar by its one
+#: value; other bounds pass as they are, so the loops run as with literal bounds.
 INTERPRETER_SHIMS = """
 kiln_fmodf = kiln_fmodf_emulated
+
+
+def range(*bounds, _range=range):
+    return _range(*(int(b.handle.data.reshape(-1)[0]) if isinstance(b, tl.tensor) else b
+                    for b in bounds))
 """
 
 #: Ops only libdevice provides: Triton's interpreter cannot run them (no extern calls),
