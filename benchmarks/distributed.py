@@ -170,6 +170,38 @@ def _amp(a, device):
     return torch.autocast(device.type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[a.autocast])
 
 
+def train_step(step_fn, opt, ids, a, device):
+    """One step: forward and loss under ``--autocast``, backward, AdamW, zero_grad."""
+    with _amp(a, device):
+        loss = step_fn(ids)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def defaults(a, device) -> None:
+    """Fill the sizes and autocast left unset for ``device`` (GPT-2 small and bf16 on a
+    GPU, a small model in fp32 on the CPU)."""
+    for k, v in (_GPU if device.type == "cuda" else _CPU).items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    if a.autocast is None:
+        a.autocast = "bf16" if device.type == "cuda" else "none"
+
+
+def one_process(argv, port: int):
+    """(args, device) in a process of world size 1 started without torchrun (the
+    probes' set-up): ``argv`` as this benchmark's command line."""
+    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
+                 "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(k, v)
+    a = parse(argv)
+    _, _, device = setup()
+    defaults(a, device)
+    return a, device
+
+
 def run_backend(backend, a, rank, device):
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -182,12 +214,7 @@ def run_backend(backend, a, rank, device):
     batches = [torch.randint(0, a.vocab, (a.batch, a.seq), generator=g).to(device) for _ in range(4)]
 
     def step(i):
-        with _amp(a, device):
-            loss = step_fn(batches[i % len(batches)])
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return train_step(step_fn, opt, batches[i % len(batches)], a, device)
 
     losses, times = [], []
     for i in range(max(a.warmup + a.steps, a.loss_steps)):
@@ -272,11 +299,7 @@ def main(argv=None) -> int:
     a = parse(argv)
     rank, world, device = setup()
     sizes = _GPU if device.type == "cuda" else _CPU
-    for k, v in sizes.items():
-        if getattr(a, k) is None:
-            setattr(a, k, v)
-    if a.autocast is None:
-        a.autocast = "bf16" if device.type == "cuda" else "none"
+    defaults(a, device)
     rows = []
     for backend in [b.strip() for b in a.backends.split(",") if b.strip()]:
         try:

@@ -10,7 +10,6 @@ the outputs someone still holds (whose graph, which positions). GPU only.
 from __future__ import annotations
 
 import argparse
-import os
 from collections import defaultdict
 
 import torch
@@ -23,9 +22,6 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--layers", type=int, default=3)
     a = p.parse_args(argv)
-    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29534", "RANK": "0", "WORLD_SIZE": "1",
-                 "LOCAL_RANK": "0"}.items():
-        os.environ.setdefault(k, v)
     from benchmarks import distributed as D
     from kiln.kernels.runtime import graph_replay as G
     names, last = {}, {}
@@ -50,25 +46,15 @@ def main(argv=None):
         return orig_call(self, rt, args)
 
     G.GraphReplay.__call__ = call
-    da = D.parse(["--model", a.model, "--mode", a.mode])
-    rank, world, device = D.setup()
-    for k, v in D._GPU.items():
-        if getattr(da, k) is None:
-            setattr(da, k, v)
-    da.autocast = "bf16"
-    da.layers = a.layers
+    da, device = D.one_process(["--model", a.model, "--mode", a.mode, "--layers", str(a.layers)], port=29534)
     model, blocks = D.build_model(da, device)
     fn = D.wrap("kiln", da, model, blocks)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, da.vocab, (da.batch, da.seq), device=device)
     for s in range(a.steps):
         print(f"--- step {s}", flush=True)
-        with D._amp(da, device):
-            loss = fn(ids)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
+        D.train_step(fn, opt, ids, da, device)
+        D.sync(device)
     torch.distributed.destroy_process_group()
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import os
 import pstats
 import statistics
 import sys
@@ -33,16 +32,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=15)
     p.add_argument("--top", type=int, default=30)
     a = p.parse_args(argv)
-    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533", "RANK": "0", "WORLD_SIZE": "1",
-                 "LOCAL_RANK": "0"}.items():
-        os.environ.setdefault(k, v)
     from benchmarks import distributed as D
-    da = D.parse(["--model", a.model, "--mode", a.mode])
-    rank, world, device = D.setup()
-    for k, v in (D._GPU if device.type == "cuda" else D._CPU).items():
-        if getattr(da, k) is None:
-            setattr(da, k, v)
-    da.autocast = "bf16" if device.type == "cuda" else "none"
+    da, device = D.one_process(["--model", a.model, "--mode", a.mode], port=29533)
     for backend in a.backends.split(","):
         model, blocks = D.build_model(da, device)
         fn = D.wrap(backend, da, model, blocks)
@@ -50,11 +41,7 @@ def main(argv=None):
         ids = torch.randint(0, da.vocab, (da.batch, da.seq), device=device)
 
         def step():
-            with D._amp(da, device):
-                loss = fn(ids)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            D.train_step(fn, opt, ids, da, device)
             D.sync(device)
 
         for _ in range(a.warmup):

@@ -122,3 +122,32 @@ def run_odd(fn, target):
 
 def lifting(on: bool):
     return config.patch(kernel_size_args=on)
+
+
+def mlp_training_step_costs(builds, **settings) -> list:
+    """A small MLP's training step through ``kiln.compile`` (capture, autograd and
+    kernels) at three batch sizes, loss and gradients compared with eager's; returns
+    the builds (``builds()``: a count) each size cost."""
+    import kiln
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.GELU(), torch.nn.Linear(32, 5))
+    ref = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.GELU(), torch.nn.Linear(32, 5))
+    ref.load_state_dict(model.state_dict())
+
+    def step(m, x, t):
+        loss = F.cross_entropy(m(x), t)
+        loss.backward()
+        return loss
+
+    compiled = kiln.compile(step)
+    costs = []
+    with kiln.config.patch(recompile_limit=64, **settings):
+        for b in (34, 41, 47):
+            x, t = torch.randn(b, 20), torch.randint(0, 5, (b,))
+            before = builds()
+            loss = compiled(model, x, t)
+            costs.append(builds() - before)
+            torch.testing.assert_close(loss, step(ref, x, t))
+            for p, q in zip(model.parameters(), ref.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    return costs

@@ -7,10 +7,9 @@ import os
 import pytest
 import torch
 
-import kiln
 from kiln.kernels.codegen.triton import launcher
 
-from .size_generic_cases import CASES, SIZES, lifting, pointwise, run_odd, run_sizes
+from .size_generic_cases import CASES, SIZES, lifting, mlp_training_step_costs, pointwise, run_odd, run_sizes
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="needs TRITON_INTERPRET=1 (see test_size_generic_triton.py)")
@@ -51,29 +50,7 @@ def test_odd_sizes_and_layouts(case):
 
 
 def test_mlp_training_step_through_kiln_compile():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.GELU(),
-                                torch.nn.Linear(32, 5))
-    ref = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.GELU(),
-                              torch.nn.Linear(32, 5))
-    ref.load_state_dict(model.state_dict())
-
-    def step(m, x, t):
-        loss = torch.nn.functional.cross_entropy(m(x), t)
-        loss.backward()
-        return loss
-
-    compiled = kiln.compile(step)
-    costs = []
-    with kiln.config.patch(recompile_limit=64, kernel_target="triton"):
-        for b in (34, 41, 47):
-            x, t = torch.randn(b, 20), torch.randint(0, 5, (b,))
-            before = loads()
-            loss = compiled(model, x, t)
-            costs.append(loads() - before)
-            torch.testing.assert_close(loss, step(ref, x, t))
-            for p, q in zip(model.parameters(), ref.parameters()):
-                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    costs = mlp_training_step_costs(loads, kernel_target="triton")
     assert costs[0] >= 1 and costs[1:] == [0, 0], costs
 
 

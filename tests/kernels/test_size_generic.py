@@ -13,7 +13,7 @@ from kiln.kernels import compile as kcompile
 from kiln.kernels.codegen import size_args
 from kiln.kernels.toolchain import cxx_build
 
-from .size_generic_cases import CASES, SIZES, lifting, pointwise, run_odd, run_sizes
+from .size_generic_cases import CASES, SIZES, lifting, mlp_training_step_costs, pointwise, run_odd, run_sizes
 
 
 @pytest.fixture
@@ -94,31 +94,8 @@ def test_reuse_is_logged(caplog):
 
 
 def test_mlp_training_step_through_kiln_compile(gxx, tmp_path, monkeypatch):
-    """A small MLP's training step through ``kiln.compile`` (capture, autograd and
-    kernels) at several batch sizes: gradients as eager's; g++ runs for the first
-    batch size only."""
+    """A small MLP's training step through ``kiln.compile`` at several batch sizes:
+    gradients as eager's; g++ runs for the first batch size only."""
     monkeypatch.setattr(kiln.config, "cache_dir", str(tmp_path))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.GELU(),
-                                torch.nn.Linear(32, 5))
-    ref = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.GELU(),
-                              torch.nn.Linear(32, 5))
-    ref.load_state_dict(model.state_dict())
-
-    def step(m, x, t):
-        loss = torch.nn.functional.cross_entropy(m(x), t)
-        loss.backward()
-        return loss
-
-    compiled = kiln.compile(step)
-    costs = []
-    with kiln.config.patch(recompile_limit=64):
-        for b in (34, 41, 47):
-            x, t = torch.randn(b, 20), torch.randint(0, 5, (b,))
-            before = gxx()
-            loss = compiled(model, x, t)
-            costs.append(gxx() - before)
-            torch.testing.assert_close(loss, step(ref, x, t))
-            for p, q in zip(model.parameters(), ref.parameters()):
-                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    costs = mlp_training_step_costs(gxx)
     assert costs[0] >= 1 and costs[1:] == [0, 0], costs
