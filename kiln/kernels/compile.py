@@ -222,13 +222,15 @@ def _cpp_library(source: str, sizes):
 
 def _cpp_step(fn, params, ks):
     """One segment's call: the size arguments ``ks`` (a ctypes array the step keeps
-    alive), then the tensors' data pointers."""
-    fn.argtypes = [ctypes.c_void_p] * (len(params) + 1)
+    alive), then an array of the tensors' data pointers (made per call: two threads
+    may run one graph, and autograd's backward does)."""
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     fn.restype = None
     ks_ptr = ctypes.addressof(ks)
+    pointers = ctypes.c_uint64 * max(1, len(params))
 
     def step(rt, tensors):
-        fn(ks_ptr, *[tensors[p].data_ptr() for p in params])
+        fn(ks_ptr, pointers(*[tensors[p].data_ptr() for p in params]))
     step.ks = ks
     step.params = params
     return step

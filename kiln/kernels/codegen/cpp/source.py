@@ -695,7 +695,10 @@ class CppKernel:
 def generate(sched: Schedule, buffers: list) -> tuple[str, list, list]:
     """The whole translation unit, per segment (name, [param buffer names]), and the
     values of its size arguments (``size_args``): every kernel and entry point takes
-    them first, as ``const int64_t* kiln_ks``."""
+    them first, as ``const int64_t* kiln_ks``. An entry point takes its buffers as one
+    array of pointers (``kiln_args``, in the order of its param names): a call through
+    ctypes takes at most 1024 arguments, and an optimizer's segment over a GPT-2's
+    parameters and state has more."""
     dtypes = {b.name: b.dtype for b in buffers}
     kernels_src = []
     segments, cur = [], None
@@ -718,8 +721,8 @@ def generate(sched: Schedule, buffers: list) -> tuple[str, list, list]:
             for p in ps:
                 if p not in params:
                     params.append(p)
-        sig = ", ".join(["const int64_t* kiln_ks"] + [f"void* {p}" for p in params])
-        big = []
+        sig = "const int64_t* kiln_ks, void* const* kiln_args"
+        big = [f"  void* {p} = kiln_args[{i}];\n" for i, p in enumerate(params)]
         for p in dict.fromkeys(written):
             b = by_name[p]
             nbytes = ir.span(b.sizes, b.strides) * torch.empty((), dtype=b.dtype).element_size()
