@@ -9,6 +9,7 @@ and view-copy ops, run as they are.
 """
 from __future__ import annotations
 
+import sys
 import threading
 
 import torch
@@ -54,10 +55,35 @@ def call_on_fakes(fn, args, kwargs):
         if not (is_symbolic(args) or is_symbolic(kwargs)) or \
                 not any(r in str(e) for r in _COMPOSITE_REFUSALS):
             raise
+        refusal = e
     import torch._decomp  # noqa: F401  (registers the Python composite kernels)
 
-    with torch._C._EnablePythonDispatcher():
-        return fn(*args, **kwargs)
+    # Some Python kernels call their own op again on tensors that never reach the
+    # requested device (``_to_copy`` -> ``prims.device_put`` -> ``_to_copy`` on meta
+    # tensors): a recursion through C++ frames that overflows the C stack (a crash, not
+    # an exception) unless Python's recursion limit stops it first. So the retry runs
+    # under a limit a little above the current depth; hitting it raises the C++
+    # kernel's own refusal, and the call is a graph break as before.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(_depth() + _RETRY_FRAMES)
+    try:
+        with torch._C._EnablePythonDispatcher():
+            return fn(*args, **kwargs)
+    except RecursionError:
+        raise refusal from None
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+#: Python frames a retry under the Python dispatcher may use above its caller's
+_RETRY_FRAMES = 300
+
+
+def _depth() -> int:
+    f, n = sys._getframe(), 0
+    while f is not None:
+        f, n = f.f_back, n + 1
+    return n
 
 
 def cpp_refused(func, message: str) -> bool:
@@ -85,6 +111,7 @@ def is_symbolic(x) -> bool:
 
 class _Inside(threading.local):
     depth = 0
+    funcs = ()      # the ops whose decomposition is running, outermost first
 
 
 inside = _Inside()   # > 0 while a decomposition runs: its ``device="meta"`` means the fakes' device
@@ -98,8 +125,13 @@ def run_decomposed(func, args, kwargs, mode_cls):
     if func not in _refused and (func in _CPP_SYMINT or func in _AS_IS
                                  or torch.Tag.view_copy in func.tags):
         return NotImplemented
+    if func in inside.funcs:
+        # its decomposition calls it again (``_to_copy`` through ``prims.device_put``):
+        # decomposing once more would never end (a C stack overflow, not an exception)
+        return NotImplemented
     fn = _OWN.get(func) or meta_table.get(func) or decomposition_table.get(func)
     inside.depth += 1
+    outer, inside.funcs = inside.funcs, inside.funcs + (func,)
     try:
         with mode_cls():
             if fn is not None:    # a Python meta kernel or decomposition, on the fakes
@@ -109,6 +141,7 @@ def run_decomposed(func, args, kwargs, mode_cls):
         return NotImplemented
     finally:
         inside.depth -= 1
+        inside.funcs = outer
 
 
 def _row_major(t) -> bool:

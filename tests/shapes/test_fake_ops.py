@@ -54,6 +54,27 @@ def test_other_errors_and_static_sizes_are_not_retried():
     assert len(calls) == 1
 
 
+def test_a_retry_that_never_ends_is_the_refusal_again():
+    """A Python kernel that calls its own op again forever under the Python dispatcher
+    (``_to_copy`` through ``prims.device_put`` on meta tensors crashed a CI process by
+    overflowing the C stack) stops at the retry's recursion limit: the first error is
+    raised (a graph break), and the caller's recursion limit is restored."""
+    x, w = _symbolic_fake(), FakeTensor(torch.empty(8, 3, device="meta"), torch.device("cpu"))
+    calls = []
+
+    def fn(a, b):
+        calls.append(a)
+        if len(calls) == 1:
+            raise RuntimeError("Cannot call numel() on tensor with symbolic sizes/strides")
+        return fn(a, b)
+
+    import sys
+    limit = sys.getrecursionlimit()
+    with FakeMode(), pytest.raises(RuntimeError, match="numel"):
+        fake_ops.call_on_fakes(fn, (x, w), {})
+    assert sys.getrecursionlimit() == limit and 2 < len(calls) <= fake_ops._RETRY_FRAMES + 2
+
+
 def _under_autocast(x, w):
     with torch.autocast("cpu", dtype=torch.bfloat16):    # autocast's probe of the op
         return F.linear(x, w).float().sum(-1)
