@@ -105,11 +105,15 @@ def _pointwise_dtype(func, args, kwargs):
     return dt
 
 
-def _pointwise(func, args, kwargs):
+def _pointwise(func, args, kwargs, accepts=None):
+    """A pointwise op's result: the broadcast shape, contiguous, of the dtype the op
+    gives one-element tensors; None unless every tensor argument ``accepts`` (default
+    ``_plain``; a symbolic caller passes its own test) and nothing asks for a layout."""
+    accepts = accepts or _plain
     tensors = []
     for a in list(args) + list(kwargs.values()):
         if isinstance(a, torch.Tensor):
-            if not _plain(a):
+            if not accepts(a):
                 return None
             tensors.append(a)
         elif not isinstance(a, _SCALARS):

@@ -166,25 +166,9 @@ def pointwise_result(func, u_args, u_kwargs):
     """A pointwise op's result on contiguous meta tensors with symbolic sizes: the
     broadcast shape (each comparison a guard), contiguous, of the dtype the op gives
     one-element tensors; None for anything else (the op's kernel decides)."""
-    from kiln.fast_meta import _SCALARS, _broadcast, _is_pointwise, _pointwise_dtype
+    from kiln.fast_meta import _is_pointwise, _pointwise
 
-    if not _is_pointwise(func) or "device" in u_kwargs or u_kwargs.get("memory_format") is not None:
+    if not _is_pointwise(func):
         return None
-    tensors = []
-    for a in list(u_args) + list(u_kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            if a.device.type != "meta" or not _row_major(a):
-                return None
-            tensors.append(a)
-        elif not isinstance(a, _SCALARS):
-            return None
-    if not tensors:
-        return None
-    shape = _broadcast(*[t.shape for t in tensors])
-    if shape is None:
-        return None
-    try:
-        dtype = _pointwise_dtype(func, u_args, u_kwargs)
-    except Exception:  # noqa: BLE001  (the kernel says what is wrong)
-        return None
-    return torch.empty(shape, dtype=dtype, device="meta")
+    return _pointwise(func, u_args, u_kwargs,
+                      accepts=lambda a: a.device.type == "meta" and _row_major(a))

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ...debug.logs import log_for
+from .. import ir
 from ..lowering.host_scalars import HOST_VALUES_MAX, HostScalars
 
 #: bytes between the starts of two copies' values in the buffers (the kernels' fast
@@ -143,7 +144,7 @@ def plan_of(rt, seen: dict):
             dtypes = {seen[a.buf][2] for a in b.args if seen.get(a.buf)}
             if dtypes != {b.dtype}:
                 return f"a host copy of {sorted(map(str, dtypes))} values into {b.dtype} ({b.origin})"
-            n = sum(_numel(a.sizes) for a in b.args)
+            n = sum(ir.numel_of(a.sizes) for a in b.args)
             copies.append(Copy(k, b.name, offset, n, b.dtype,
                                all(len(a.sizes) == 0 for a in b.args)))
             offset += -(-n * b.dtype.itemsize // ALIGN) * ALIGN
@@ -347,13 +348,6 @@ class HostPrologue:
         for i in self.plan.host_inputs:
             ptrs[i] = 0
         return ptrs
-
-
-def _numel(sizes) -> int:
-    n = 1
-    for s in sizes:
-        n *= int(s)
-    return n
 
 
 def _whole_scalar(rt, a) -> bool:
