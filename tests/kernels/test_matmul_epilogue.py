@@ -56,6 +56,7 @@ def test_unaligned_operand_and_off_switch_keep_the_library_call():
     assert all(g.matmul is None for g in _groups(_linear_gelu, inputs, fuse=False))
 
 
+@pytest.mark.slow      # the Triton interpreter: minutes of the quick subset's budget
 def test_interpreter_cases(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", KILN_TEST_CACHE_DIR=str(tmp_path),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

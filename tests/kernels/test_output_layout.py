@@ -46,6 +46,7 @@ TRITON_QUICK = ["pointwise_read_twice", "slice_of_intermediate", "t_in_place",
                 "transpose_in_place_then_write", "reduction_of_permuted", "fuzz_1154"]
 
 
+@pytest.mark.slow      # the Triton interpreter: minutes of the quick subset's budget
 def test_triton_interpreter(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", KILN_KERNEL_TARGET="triton",
                KILN_CACHE_DIR=str(tmp_path),

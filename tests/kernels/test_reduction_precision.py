@@ -169,6 +169,7 @@ _TRITON_CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow      # the Triton interpreter: minutes of the quick subset's budget
 def test_long_fp32_sum_near_float64_triton_interpreter(tmp_path):
     """The Triton path accumulates lane-wise and combines lanes as a tree (tl.sum):
     checked here under the interpreter (a guard; it was not the one that lost digits)."""

@@ -327,6 +327,7 @@ def test_edge_values_through_the_cpp_kernels():
         assert soundness_edge_cases.mismatches() == []
 
 
+@pytest.mark.slow      # the Triton interpreter: minutes of the quick subset's budget
 def test_edge_values_through_the_triton_kernels(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", KILN_KERNEL_TARGET="triton",
                KILN_CACHE_DIR=str(tmp_path),

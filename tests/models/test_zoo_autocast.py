@@ -52,7 +52,8 @@ def _specs(names):
     return [zoo.by_name(n) for n in names]
 
 
-@pytest.mark.parametrize("names,inner", [(MODELS[:1], False), (MODELS[:1], True),
+@pytest.mark.parametrize("names,inner", [pytest.param(MODELS[:1], False, marks=pytest.mark.slow),
+                                         (MODELS[:1], True),
                                          pytest.param(MODELS, False, marks=pytest.mark.slow)])
 def test_kiln_backend_within_the_rule_and_rows_printed(names, inner):
     """Around the compiled model, and (``inner``) entered inside the compiled function."""
