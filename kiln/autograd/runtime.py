@@ -296,9 +296,13 @@ def _anchor(a: torch.Tensor) -> torch.Tensor:
 
 
 class _Inference:
-    def __init__(self, tr: TraceResult, compiler):
+    def __init__(self, tr: TraceResult, compiler, in_place: bool = False):
         graph = tr.graph
         self.module = _module(graph, tr.constants, "KilnInference")
+        if in_place and tr.mutations:
+            # the kernel compiler may write these outputs into their inputs
+            # (kernels.runtime.in_place.MUTATIONS); the copy after the call skips them
+            self.module.meta["kiln_input_mutations"] = [(i, k) for i, k in tr.mutations]
         _log_graph("inference graph", self.module)
         with timed("aot_compile_inference"):
             self.fn = compiler(self.module, _example_values(graph))
@@ -390,7 +394,8 @@ class AotFunction:
                 self._eager[("inference",)] = tr
                 return tr, None
             self._inference_trace = tr
-            self._inference = _Inference(tr, self.inference_compiler)
+            # inputs here share no storage with a mutated one (checked per call)
+            self._inference = _Inference(tr, self.inference_compiler, in_place=True)
         return self._inference, self._inference_trace
 
     def _aliased_entry(self, args, key):
@@ -490,7 +495,14 @@ def _copy_mutations(args, outs, mutations):
     copy launch each. A value that requires grad is copied under autograd, as eager's
     in-place op was recorded."""
     groups: dict = {}
+    written = [args[i] for i, k in mutations if outs[k] is args[i]]
+    if written:
+        # written in place by the compiled graph (kernels/runtime/in_place.py): only
+        # autograd's record of the write is left, as a kernel of its own would leave it
+        torch.autograd.graph.increment_version(written)
     for i, k in mutations:
+        if outs[k] is args[i]:
+            continue
         if not outs[k].requires_grad:
             dst, src = groups.setdefault((args[i].device, args[i].dtype, outs[k].dtype),
                                          ([], []))
@@ -504,7 +516,7 @@ def _copy_mutations(args, outs, mutations):
     # mode on for it inside a call made with grad off)
     with torch.enable_grad():
         for i, k in mutations:
-            if outs[k].requires_grad:
+            if outs[k].requires_grad and outs[k] is not args[i]:
                 args[i].copy_(outs[k])
 
 

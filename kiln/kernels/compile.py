@@ -26,7 +26,7 @@ from . import ir, pad_mm, provenance
 from .codegen.cpp import source as cpp_source
 from .codegen.size_args import SizeArgs
 from .lowering import GraphLowering, View
-from .runtime import perf_fallback
+from .runtime import in_place, perf_fallback
 from .runtime.replay_lru import Recordings
 from .runtime.runner import ExternStep, Runtime
 from .scheduler import format_schedule, schedule
@@ -121,7 +121,9 @@ def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
     p = plan(gm, example_inputs, target)
     steps = _steps(p, _load(p, target), target)
     with timed("kernels.runtime"):
-        rt = Runtime(p.lowered, p.sched, steps, p.lowered.device)
+        # Triton kernels only: C++ kernels take their buffers ``__restrict__``
+        rt = Runtime(p.lowered, p.sched, steps, p.lowered.device,
+                     mutations=gm.meta.get(in_place.MUTATIONS) if target == "triton" else None)
     return rt, p.artefacts
 
 

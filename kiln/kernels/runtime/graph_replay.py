@@ -161,6 +161,7 @@ class GraphReplay:
         self.moving = set()            # inputs copied into static buffers
         self.moved_once = set()        # inputs that moved once after recording
         self.copied = set()            # outputs handed out as copies, not aliases
+        self.write_back = []           # (position, static copy) of moving inputs written
         self.seq = -1
         self.outs = None               # per output: (storage, offset, sizes, strides, dtype)
         self.pool = _pool(rt.device)
@@ -236,8 +237,16 @@ class GraphReplay:
                                  [args[rt.inputs[i][0]] for i, _ in self.copies])
         self.family.touch(self)
         self.graph.replay()
+        self._write_back(args)
         self.replays += 1
         return self._outputs(rt, args, host)
+
+    def _write_back(self, args):
+        """Moving inputs the graph writes in place (``in_place``) were written in their
+        static copies: copy those into the caller's tensors."""
+        if self.write_back:
+            torch._foreach_copy_([args[pos] for pos, _ in self.write_back],
+                                 [st for _, st in self.write_back])
 
     def _copy_held(self, held, args):
         """Outputs held across calls are copied out from now on; except another graph's
@@ -316,6 +325,8 @@ class GraphReplay:
             st.copy_(a)
             static[pos] = st
             self.copies.append((i, st))
+        self.write_back = [(rt.inputs[i][0], st) for i, st in self.copies
+                           if rt.inputs[i][1] in rt.in_place_inputs]
         try:
             graph, flat = self._capture(rt, static) if host is None else \
                 self._capture(rt, static, host)
@@ -336,6 +347,7 @@ class GraphReplay:
         for other in self.family.add(self):
             other._drop()
         graph.replay()
+        self._write_back(args)
         return self._outputs(rt, args, host)
 
     def _capture(self, rt, static, host=None):

@@ -15,6 +15,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .. import ir
+from . import in_place
 from .graph_replay import GraphReplay
 from ..lowering import View
 
@@ -28,7 +29,7 @@ def _step_names(step, buffers) -> set:
 
 
 class Runtime:
-    def __init__(self, lowering, sched, launch_segment, device):
+    def __init__(self, lowering, sched, launch_segment, device, mutations=None):
         self.lo, self.sched, self.device = lowering, sched, device
         self.buffers = {b.name: b for b in lowering.buffers}
         self.inputs = [(b.position, b.name) for b in lowering.buffers if isinstance(b, ir.Input)]
@@ -58,6 +59,13 @@ class Runtime:
         self.plain_tuple = self.out_spec == pytree.tree_flatten(tuple(out_flat))[1]
         if self.device.type == "cpu":
             self._read_layouts()
+        #: slot -> the input it is (a mutated input's new value written into it)
+        self.bound = {}
+        self.in_place_inputs = set()
+        for k, name in in_place.outputs(self, mutations).items():
+            self.bound[sched.slots[self.out_plan[k][1]]] = name
+            self.in_place_inputs.add(name)
+            self.out_plan[k] = ("buf", name)
         self._plan_lifetimes()
         for s in self.steps:
             if isinstance(s, ExternStep):
@@ -136,9 +144,11 @@ class Runtime:
 
     def _alloc(self, tensors, todo):
         device = self.device
+        bound = self.bound
         for s, members in todo:
             sz, st, dt = self.slot_specs[s]
-            t = torch.empty_strided(sz, st, dtype=dt, device=device)
+            t = tensors[bound[s]] if s in bound else \
+                torch.empty_strided(sz, st, dtype=dt, device=device)
             for name in members:
                 tensors[name] = t
 
