@@ -182,3 +182,23 @@ def test_layer_norm_backward_through_the_backend(monkeypatch):
     assert any(p.column and p.split > 1 for p in plans), plans
     for g, e in zip(got, expect):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+
+
+def _gelu_grad_and_bias(g, x):
+    """A Linear's input gradient through GELU, stored (bf16) for the next matmul, and
+    summed over tokens for the bias (an MLP's backward)."""
+    d = aten.gelu_backward.default(g, x)
+    return (d, aten.sum.dim_IntList(d, [0], dtype=torch.float32))
+
+
+def test_stored_value_beside_a_split_sum():
+    """A stored bf16 value and its split fp32 column sum: the sum reads the rounded
+    values eager sums."""
+    torch.manual_seed(0)
+    g, x = torch.randn(1100, 72).bfloat16(), torch.randn(1100, 72).bfloat16()
+    rt, art = _check(_gelu_grad_and_bias, [g, x], (1.6e-2, 5e-2))
+    plans = _plans(rt)
+    assert any(p.column and p.split > 1 for p in plans), plans
+    # the sum is computed from the same rounded value eager sums: exact up to fp32 order
+    got = rt(g, x)
+    torch.testing.assert_close(got[1], got[0].float().sum(0), rtol=1e-5, atol=1e-4)
