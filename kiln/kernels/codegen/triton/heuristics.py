@@ -19,8 +19,6 @@ from .exprs import pow2
 PERSISTENT_MAX = 8192
 #: Reduced elements per step of a looped (non-persistent) row reduction.
 LOOP_RBLOCK = 2048
-#: Elements per program block the heuristics aim at.
-BLOCK_ELEMS = 4096
 #: Split a reduction into partial results when it would have fewer programs than this...
 SPLIT_MAX_PROGRAMS = 256
 #: ...and each output reduces at least this many elements.

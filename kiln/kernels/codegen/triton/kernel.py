@@ -125,9 +125,11 @@ class TritonKernel:
         k = len(outer)
         onum, rnum = numel_of(outer), numel_of(red)
         ind = "    "
-        # a column reduction's block is [RBLOCK, XBLOCK]: lanes along the outputs, the
-        # contiguous dim, so each row of the block is one run of memory (coalesced
-        # loads in the accumulator's own layout), reduced over axis 0
+        # a column reduction's block is [RBLOCK, XBLOCK], reduced over axis 0: lanes
+        # along the outputs, the contiguous dim, in Triton's default layout (each row
+        # of the block one run of memory, the accumulator in the loads' own layout),
+        # not left to its coalescing pass to reorder an [XBLOCK, RBLOCK] block by
+        # contiguity (which it does for 16-byte loads, with a layout of its own)
         xs, rs, raxis = ("[None, :]", "[:, None]", 0) if p.column else ("[:, None]", "[None, :]", 1)
         shape = "[RBLOCK, XBLOCK]" if p.column else "[XBLOCK, RBLOCK]"
         out = [f"def {self.name}({', '.join(params)}, XBLOCK: tl.constexpr, "
