@@ -202,3 +202,19 @@ def test_stored_value_beside_a_split_sum():
     # the sum is computed from the same rounded value eager sums: exact up to fp32 order
     got = rt(g, x)
     torch.testing.assert_close(got[1], got[0].float().sum(0), rtol=1e-5, atol=1e-4)
+
+
+def _ln_wgrad_recomputed(x, mean, rstd, gy):
+    """LayerNorm's weight gradient recomputing the normalised input from each row's
+    mean and rstd (one value per reduced row: no say in the block's orientation)."""
+    xhat = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
+    return (aten.sum.dim_IntList(aten.mul.Tensor(gy, xhat), [0]), aten.sum.dim_IntList(gy, [0]))
+
+
+def test_row_statistics_do_not_make_a_column_a_row():
+    torch.manual_seed(0)
+    x, gy = torch.randn(1200, 96), torch.randn(1200, 96)
+    mean, rstd = torch.randn(1200, 1), torch.rand(1200, 1) + 0.5
+    rt, _ = _check(_ln_wgrad_recomputed, [x, mean, rstd, gy], (1e-5, 1e-4))
+    (p,) = _plans(rt)
+    assert p.column and p.split > 1, p

@@ -56,12 +56,16 @@ class Plan:
 
 def _column(g) -> bool:
     """Loads contiguous along the last kept dim and not along the innermost reduced one
-    (sum over rows, over channels of NCHW): lanes should walk the kept dim."""
+    (sum over rows, over channels of NCHW): lanes should walk the kept dim. Loads that
+    vary with no kept dim (a row's mean and rstd recomputing LayerNorm's normalised
+    input) are one value per reduced row whatever the block's orientation: not counted."""
     if not g.outer or not g.red or int(g.outer[-1]) < 8:
         return False
     k = len(g.outer)
     last, inner = f"x{k - 1}", f"x{k + len(g.red) - 1}"
-    loads = [e for n in g.nodes for e in ir.walk(n.body) if isinstance(e, Load)]
+    kept = {f"x{i}" for i in range(k)}
+    loads = [e for n in g.nodes for e in ir.walk(n.body)
+             if isinstance(e, Load) and e.index.vars() & kept]
     return (any(e.index.coef(last) == 1 for e in loads)
             and not any(e.index.coef(inner) == 1 for e in loads))
 
