@@ -332,6 +332,7 @@ def split_group(gi, g: Group, sched: Schedule, plan: Plan):
     k1 = TritonKernel(gi, g1, sched, name=f"kernel{gi}_split", plan=plan, partials=partials)
     if plan.column:     # partials [split, outputs]: itself a column reduction
         p2 = plan_reduction(g2, allow_split=False)
+        p2.tune = ()    # as a split's first stage: fixed warps, not autotuned
     else:
         p2 = Plan(min(pow2(onum), max(1, 1024 // pow2(s))), pow2(s), True, False)
         p2.num_warps = max(2, min(8, p2.xb * p2.rb // 256))
