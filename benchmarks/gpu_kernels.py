@@ -4,7 +4,9 @@
 
 Kernel rows (aten graphs compiled by ``compile_aten_graph``): an 8-op pointwise chain,
 row softmax and LayerNorm over 16384×4096 fp32, the toy example's sum over 2^26, sums
-over each dim of 256×512×1024, bf16 GELU. Each row prints eager / torch.compile / kiln
+over each dim of 256×512×1024, bf16 GELU, and column sums of GPT-2's backward
+(``colsum_bf16``, ``ln_wgrad``, ``bias_grad_3072``: ``--only
+colsum_bf16,ln_wgrad,bias_grad_3072``). Each row prints eager / torch.compile / kiln
 medians (ms), the kiln ratio, kiln's achieved GB/s and its max error against eager.
 
 ``--profile MODEL`` (resnet18, resnet50: bf16 inference, batch 16, 128 px) times
@@ -86,6 +88,23 @@ def gelu(x):
     return (aten.gelu.default(x),)
 
 
+def colsum_f32(x):
+    """A bf16 [rows, cols] summed over rows in float32 (autocast's ``x.float().sum(0)``)."""
+    return (aten.sum.dim_IntList(aten._to_copy.default(x, dtype=torch.float32), [0]),)
+
+
+def ln_wgrad(a, b):
+    """LayerNorm's weight and bias gradients over (batch, sequence): two column sums
+    in one kernel (GPT-2's backward has ~24 of these)."""
+    return (aten.sum.dim_IntList(aten.mul.Tensor(a, b), [0, 1]),
+            aten.sum.dim_IntList(a, [0, 1]))
+
+
+def bias_grad(x):
+    """A Linear's bias gradient: a bf16 [tokens, features] summed over tokens to fp32."""
+    return (aten.sum.dim_IntList(x, [0], dtype=torch.float32),)
+
+
 def rows():
     r = torch.randn
     big = (256, 512, 1024)
@@ -102,6 +121,11 @@ def rows():
         ("gelu_bf16", gelu, lambda: [r(8192, 16384, device="cuda", dtype=torch.bfloat16)]),
         ("softmax_bf16", softmax, lambda: [r(16384, 4096, device="cuda", dtype=torch.bfloat16)]),
         ("softmax_long", softmax, lambda: [r(256, 65536, device="cuda")]),
+        # column reductions (the kept dim contiguous): GPT-2 small's backward, batch 8x512
+        ("colsum_bf16", colsum_f32, lambda: [r(4096, 768, device="cuda", dtype=torch.bfloat16)]),
+        ("ln_wgrad", ln_wgrad, lambda: [r(8, 512, 768, device="cuda"), r(8, 512, 768, device="cuda")]),
+        ("bias_grad_3072", bias_grad,
+         lambda: [r(4096, 3072, device="cuda", dtype=torch.bfloat16)]),
     ]
 
 

@@ -24,11 +24,13 @@ class Kind:
     #: C++: one step of the loop (None for arg kinds), and the OpenMP reduction operator
     cpp_update: str | None = None
     cpp_clause: str | None = None
-    #: Triton: one step on the [XBLOCK, RBLOCK] accumulator. With ``triton_fill`` the
-    #: masked-off lanes read that value; without, they keep the accumulator.
+    #: Triton: one step on the accumulator block ([XBLOCK, RBLOCK], or [RBLOCK, XBLOCK]
+    #: for a column reduction). With ``triton_fill`` the masked-off lanes read that
+    #: value; without, they keep the accumulator.
     triton_update: str | None = None
     triton_fill: str | None = None
-    #: Triton: the accumulator's lanes reduced to one value per row
+    #: Triton: the accumulator's lanes reduced to one value per output, along the
+    #: block's reduced ``{axis}``
     triton_finish: str | None = None
     #: Triton: the dtype of the accumulator, when not the value's compute dtype
     triton_acc: str | None = None
@@ -59,20 +61,20 @@ class Kind:
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("sum", 0, cpp_update="{a} += {v};", cpp_clause="+",
-         triton_update="{a} + {v}", triton_fill="0", triton_finish="tl.sum({a}, 1)",
+         triton_update="{a} + {v}", triton_fill="0", triton_finish="tl.sum({a}, {axis})",
          combine="sum", compensated=True, widens=True),
     Kind("prod", 1, cpp_update="{a} *= {v};", cpp_clause="*",
          triton_update="{a} * {v}", triton_fill="1",
-         triton_finish="tl.reduce({a}, 1, kiln_prod_combine)", combine="prod", widens=True),
+         triton_finish="tl.reduce({a}, {axis}, kiln_prod_combine)", combine="prod", widens=True),
     Kind("max", "lowest", cpp_update="{a} = std::max({a}, {v});", cpp_clause="max",
-         triton_update="kiln_maximum({a}, {v})", triton_finish="tl.reduce({a}, 1, kiln_maximum)",
+         triton_update="kiln_maximum({a}, {v})", triton_finish="tl.reduce({a}, {axis}, kiln_maximum)",
          combine="max", tracks_nan=True),
     Kind("min", "highest", cpp_update="{a} = std::min({a}, {v});", cpp_clause="min",
-         triton_update="kiln_minimum({a}, {v})", triton_finish="tl.reduce({a}, 1, kiln_minimum)",
+         triton_update="kiln_minimum({a}, {v})", triton_finish="tl.reduce({a}, {axis}, kiln_minimum)",
          combine="min", tracks_nan=True),
     Kind("any", False, cpp_update="{a} = {a} || {v};", cpp_clause="||",
          triton_update="{a} | {v}.to(tl.int8)", triton_fill="0",
-         triton_finish="tl.max({a}, 1) != 0", triton_acc="int8", combine="any"),
+         triton_finish="tl.max({a}, {axis}) != 0", triton_acc="int8", combine="any"),
     Kind("argmax", "lowest", arg_cmp=">", triton_arg_combine="kiln_argmax_combine"),
     Kind("argmin", "highest", arg_cmp="<", triton_arg_combine="kiln_argmin_combine"),
 )}

@@ -156,7 +156,8 @@ def test_low_precision_computes_in_fp32(dtype):
     src = art["source"]
     assert ".to(tl.float32)" in src
     for line in src.splitlines():
-        if "acc_" in line and "tl.full([XBLOCK, RBLOCK]" in line:
+        if "acc_" in line and ("tl.full([XBLOCK, RBLOCK]" in line
+                               or "tl.full([RBLOCK, XBLOCK]" in line):
             assert "bfloat16" not in line and "float16" not in line.replace("float32", "")
 
 

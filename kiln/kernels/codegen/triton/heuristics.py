@@ -19,14 +19,24 @@ from .exprs import pow2
 PERSISTENT_MAX = 8192
 #: Reduced elements per step of a looped (non-persistent) row reduction.
 LOOP_RBLOCK = 2048
-#: Elements per program block the heuristics aim at.
-BLOCK_ELEMS = 4096
 #: Split a reduction into partial results when it would have fewer programs than this...
 SPLIT_MAX_PROGRAMS = 256
 #: ...and each output reduces at least this many elements.
 SPLIT_MIN_RNUM = 32768
 #: Programs a split reduction aims at (an H100 has 132 multiprocessors).
 SPLIT_TARGET_PROGRAMS = 1024
+#: Column reductions (the kept dim is the contiguous one: LayerNorm's weight gradient, a
+#: Linear's bias gradient, sums over rows): outputs per program, the block's fast
+#: (contiguous) axis — 64 fp32 is 256 contiguous bytes a row, 16 lanes of 16-byte
+#: vectors; bf16 half of it, a whole 128-byte line...
+COLUMN_XBLOCK = 64
+#: ...and reduced rows per step of the [RBLOCK, XBLOCK] block (8 warps of 8 values).
+COLUMN_RBLOCK = 32
+#: A column reduction splits from this many reduced rows on (768 outputs of 4096 rows
+#: unsplit are 12 programs each walking all rows: 12 of an H100's 132 multiprocessors).
+COLUMN_SPLIT_MIN_RNUM = 1024
+#: Reduced rows each program of a split column reduction walks, at least, in steps.
+COLUMN_SPLIT_MIN_STEPS = 2
 #: Kernels over at least this many elements try a few num_warps on first use (GPU only).
 AUTOTUNE_MIN_NUMEL = 1 << 24
 
@@ -36,7 +46,8 @@ class Plan:
     xb: int                  # outputs per program (XBLOCK)
     rb: int                  # reduced elements per step (RBLOCK)
     persistent: bool         # the whole reduced extent in one block, no loop
-    column: bool             # the kept dim is the contiguous one
+    column: bool             # the kept dim is the contiguous one: an [RBLOCK, XBLOCK]
+                             # block reduced over axis 0, partials laid [split, outputs]
     split: int = 1           # programs per output (partial results), 1: none
     chunk: int = 0           # reduced elements per split program
     num_warps: int = 4
@@ -45,12 +56,16 @@ class Plan:
 
 def _column(g) -> bool:
     """Loads contiguous along the last kept dim and not along the innermost reduced one
-    (sum over rows, over channels of NCHW): lanes should walk the kept dim."""
+    (sum over rows, over channels of NCHW): lanes should walk the kept dim. Loads that
+    vary with no kept dim (a row's mean and rstd recomputing LayerNorm's normalised
+    input) are one value per reduced row whatever the block's orientation: not counted."""
     if not g.outer or not g.red or int(g.outer[-1]) < 8:
         return False
     k = len(g.outer)
     last, inner = f"x{k - 1}", f"x{k + len(g.red) - 1}"
-    loads = [e for n in g.nodes for e in ir.walk(n.body) if isinstance(e, Load)]
+    kept = {f"x{i}" for i in range(k)}
+    loads = [e for n in g.nodes for e in ir.walk(n.body)
+             if isinstance(e, Load) and e.index.vars() & kept]
     return (any(e.index.coef(last) == 1 for e in loads)
             and not any(e.index.coef(inner) == 1 for e in loads))
 
@@ -65,12 +80,16 @@ def _splittable(g) -> bool:
     return bool(reds) and all(KINDS[n.red_type].combine for n in reds)
 
 
-def plan_reduction(g, interpret: bool = False) -> Plan:
+def plan_reduction(g, interpret: bool = False, allow_split: bool = True) -> Plan:
+    """The plan of group ``g``. Every decision is made from the sizes at compile time and
+    shows in the kernel text (block sizes are constexprs, a split is a second kernel and
+    a program axis), so a size class has its own text; the chunk and split counts are
+    printed as sizes. ``allow_split=False``: the plan of a split's second stage."""
     onum, rnum = numel_of(g.outer), numel_of(g.red)
     r2 = pow2(max(rnum, 1))
     if _column(g):
-        xb = min(pow2(onum), 128)
-        rb = max(1, min(r2, BLOCK_ELEMS // xb))
+        xb = min(pow2(onum), COLUMN_XBLOCK)
+        rb = max(1, min(r2, COLUMN_RBLOCK * COLUMN_XBLOCK // xb))
         p = Plan(xb, rb, rb >= rnum, True)
     else:
         persistent = r2 <= PERSISTENT_MAX
@@ -80,15 +99,23 @@ def plan_reduction(g, interpret: bool = False) -> Plan:
             xb = max(1, min(pow2(onum), 1024 // rb, 64))
         p = Plan(xb, rb, persistent, False)
     nprog = -(-onum // p.xb)
-    if (not p.persistent and rnum >= SPLIT_MIN_RNUM and nprog < SPLIT_MAX_PROGRAMS
-            and _splittable(g)):
-        s = max(2, SPLIT_TARGET_PROGRAMS // nprog)
-        s = min(s, max(2, rnum // (4 * p.rb)))
-        chunk = -(-(-(-rnum // s)) // p.rb) * p.rb
-        p.split, p.chunk = -(-rnum // chunk), chunk
+    if allow_split and not p.persistent and nprog < SPLIT_MAX_PROGRAMS and _splittable(g):
+        if p.column and rnum >= COLUMN_SPLIT_MIN_RNUM:
+            _split(p, rnum, nprog, COLUMN_SPLIT_MIN_STEPS)
+        elif not p.column and rnum >= SPLIT_MIN_RNUM:
+            _split(p, rnum, nprog, 4)
     elems = p.xb * p.rb
     p.num_warps = max(2, min(16, elems // 256))
     if not interpret and onum * rnum >= min(AUTOTUNE_MIN_NUMEL, config.autotune_min_numel) \
             and p.split == 1:
         p.tune = (4, 8, 16) if elems >= 2048 else (2, 4, 8)
     return p
+
+
+def _split(p: Plan, rnum: int, nprog: int, min_steps: int):
+    """Programs per output (``p.split``) so that all programs number about
+    SPLIT_TARGET_PROGRAMS, each walking a chunk of at least ``min_steps`` blocks."""
+    s = max(2, SPLIT_TARGET_PROGRAMS // nprog)
+    s = min(s, max(2, rnum // (min_steps * p.rb)))
+    chunk = -(-(-(-rnum // s)) // p.rb) * p.rb
+    p.split, p.chunk = -(-rnum // chunk), chunk

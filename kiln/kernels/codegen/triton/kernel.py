@@ -125,9 +125,16 @@ class TritonKernel:
         k = len(outer)
         onum, rnum = numel_of(outer), numel_of(red)
         ind = "    "
+        # a column reduction's block is [RBLOCK, XBLOCK], reduced over axis 0: lanes
+        # along the outputs, the contiguous dim, in Triton's default layout (each row
+        # of the block one run of memory, the accumulator in the loads' own layout),
+        # not left to its coalescing pass to reorder an [XBLOCK, RBLOCK] block by
+        # contiguity (which it does for 16-byte loads, with a layout of its own)
+        xs, rs, raxis = ("[None, :]", "[:, None]", 0) if p.column else ("[:, None]", "[None, :]", 1)
+        shape = "[RBLOCK, XBLOCK]" if p.column else "[XBLOCK, RBLOCK]"
         out = [f"def {self.name}({', '.join(params)}, XBLOCK: tl.constexpr, "
                "RBLOCK: tl.constexpr):",
-               f"{ind}xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]"]
+               f"{ind}xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK){xs}"]
         xmask = None
         if onum % p.xb or is_lifted(size(onum)):
             out.append(f"{ind}xmask = xindex < {size(onum)}")
@@ -135,7 +142,7 @@ class TritonKernel:
         all_vars = g.all_vars()
         out += [ind + l for l in decompose(all_vars[:k], outer, "xindex")]
         out.append(f"{ind}xzero = xindex * 0")
-        out.append(f"{ind}rbase = tl.arange(0, RBLOCK)[None, :]")
+        out.append(f"{ind}rbase = tl.arange(0, RBLOCK){rs}")
         out.append(f"{ind}xrzero = xzero + rbase * 0")
         if p.split > 1:
             out.append(f"{ind}rstart = tl.program_id(1) * {size(p.chunk)}")
@@ -182,10 +189,10 @@ class TritonKernel:
                 if KINDS[n.red_type].is_arg:
                     vt = compute_dtype(n.body.dtype)
                     init = identity(n.red_type, vt)
-                    out.append(f"{ind}{a}_v = tl.full([XBLOCK, RBLOCK], {init}, {TL[vt]})")
-                    out.append(f"{ind}{a}_i = tl.zeros([XBLOCK, RBLOCK], tl.int64)")
+                    out.append(f"{ind}{a}_v = tl.full({shape}, {init}, {TL[vt]})")
+                    out.append(f"{ind}{a}_i = tl.zeros({shape}, tl.int64)")
                 else:
-                    out.append(f"{ind}{a} = tl.full([XBLOCK, RBLOCK], "
+                    out.append(f"{ind}{a} = tl.full({shape}, "
                                f"{identity(n.red_type, n.dtype)}, {at})")
             if p.persistent:
                 bi = ind
@@ -238,18 +245,18 @@ class TritonKernel:
                 a = f"acc_{n.name}"
                 kind = KINDS[n.red_type]
                 if not kind.is_arg:
-                    fin = kind.triton_finish.format(a=a)
+                    fin = kind.triton_finish.format(a=a, axis=raxis)
                 else:
-                    out.append(f"{ind}_, {a}_r = tl.reduce(({a}_v, {a}_i), 1, "
+                    out.append(f"{ind}_, {a}_r = tl.reduce(({a}_v, {a}_i), {raxis}, "
                                f"{kind.triton_arg_combine})")
                     fin = f"{a}_r"
                 if kind.widens and acc_dtype(n) != compute_dtype(n.dtype):
                     fin = f"{fin}.to({TL[compute_dtype(n.dtype)]})"
-                out.append(f"{ind}{a}_s = ({fin})[:, None]")
+                out.append(f"{ind}{a}_s = ({fin}){xs}")
                 scope[n.name] = f"{a}_s"
                 if n.name in self.partials:
-                    out.append(f"{ind}tl.store({self.partials[n.name]} + xindex * {size(p.split)} + "
-                               f"tl.program_id(1), {a}_s{_mk(xmask)})")
+                    out.append(f"{ind}tl.store({self.partials[n.name]} + {_partial(p, onum)}, "
+                               f"{a}_s{_mk(xmask)})")
                 elif n.name in writes:
                     out.append(f"{ind}tl.store({self._optr(n, g)}, "
                                f"{store_value(f'{a}_s', n.dtype)}{_mk(xmask)})")
@@ -259,6 +266,15 @@ class TritonKernel:
     def _optr(self, n, g):
         idx = n.store_index(g.outer_vars())
         return f"{n.name} + {tindex(idx)}" + ("" if idx.vars() else " + xzero")
+
+
+def _partial(p: Plan, onum: int) -> str:
+    """Where a split program's partial result goes: [outputs, split] for a row
+    reduction (the second stage reads each output's partials in a row); [split,
+    outputs] for a column one (stored and read along the contiguous outputs)."""
+    if p.column:
+        return f"tl.program_id(1) * {size(onum)} + xindex"
+    return f"xindex * {size(p.split)} + tl.program_id(1)"
 
 
 def _sizes(dims) -> str:
@@ -301,6 +317,7 @@ def split_group(gi, g: Group, sched: Schedule, plan: Plan):
     ovars = ir.loop_vars(outer)
     flat = ir.linear_index(ovars, ir.contiguous_strides(outer))
     rvar = Affine.var(f"x{len(outer)}") if s > 1 else Affine.c(0)
+    part = flat + rvar * onum if plan.column else flat * s + rvar
     for n in reds:
         ws = f"ws{gi}_{n.name}"
         pdt = acc_dtype(n) if KINDS[n.red_type].triton_acc is None else torch.bool
@@ -308,12 +325,16 @@ def split_group(gi, g: Group, sched: Schedule, plan: Plan):
         allocs.append((ws, onum * s, pdt))
         stage2.append(ir.Reduction(n.name, n.sizes, n.strides, n.dtype, red_sizes=(s,),
                                    red_type=KINDS[n.red_type].combine,
-                                   body=Load(ws, flat * s + rvar, pdt), origin=n.origin))
+                                   body=Load(ws, part, pdt), origin=n.origin))
     g1 = Group(outer, tuple(g.red), list(inner), loops=[("inner", list(inner))])
     rest = [n for _, ns in g.loops[1:] for n in ns]
     g2 = Group(outer, (s,), stage2 + rest, loops=[("inner", stage2)] + list(g.loops[1:]))
     k1 = TritonKernel(gi, g1, sched, name=f"kernel{gi}_split", plan=plan, partials=partials)
-    p2 = Plan(min(pow2(onum), max(1, 1024 // pow2(s))), pow2(s), True, False)
-    p2.num_warps = max(2, min(8, p2.xb * p2.rb // 256))
+    if plan.column:     # partials [split, outputs]: itself a column reduction
+        p2 = plan_reduction(g2, allow_split=False)
+        p2.tune = ()    # as a split's first stage: fixed warps, not autotuned
+    else:
+        p2 = Plan(min(pow2(onum), max(1, 1024 // pow2(s))), pow2(s), True, False)
+        p2.num_warps = max(2, min(8, p2.xb * p2.rb // 256))
     k2 = TritonKernel(gi, g2, sched, name=f"kernel{gi}", plan=p2)
     return [(k1, allocs), (k2, [])]
