@@ -86,6 +86,13 @@ def gelu(x):
     return (aten.gelu.default(x),)
 
 
+def mm_t_operand(x, g):
+    """GPT-2's MLP weight gradient: the fp32 GELU cast to bf16, read transposed by the
+    product (kiln stores the cast in its read order and passes the transposed view)."""
+    h = aten._to_copy.default(aten.gelu.default(x, approximate="tanh"), dtype=torch.bfloat16)
+    return (aten.mm.default(aten.permute.default(h, [1, 0]), g),)
+
+
 def rows():
     r = torch.randn
     big = (256, 512, 1024)
@@ -102,6 +109,8 @@ def rows():
         ("gelu_bf16", gelu, lambda: [r(8192, 16384, device="cuda", dtype=torch.bfloat16)]),
         ("softmax_bf16", softmax, lambda: [r(16384, 4096, device="cuda", dtype=torch.bfloat16)]),
         ("softmax_long", softmax, lambda: [r(256, 65536, device="cuda")]),
+        ("mm_t_operand", mm_t_operand, lambda: [r(4096, 3072, device="cuda"),
+                                                r(4096, 768, device="cuda", dtype=torch.bfloat16)]),
     ]
 
 
