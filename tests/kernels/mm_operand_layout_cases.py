@@ -233,3 +233,34 @@ def test_triton_training_step_under_autocast(monkeypatch):
     transposed = [a for p in plans for _, a in matmul_args(p.lowered.buffers)
                   if len(a.sizes) == 2 and a.strides[-2] == 1 and a.strides[-1] != 1]
     assert transposed, [p.artefacts["ir"] for p in plans]
+
+
+# --- a loss gradient into its padded product operand ----------------------------------------
+def loss_grad_head(lsm, t, w):
+    """The LM head's backward under autocast (vocabulary 37): the fp32 gradient of the
+    logits (a softmax backward: a row sum, then a pointwise), reshaped to [B, S, V],
+    cast to bf16, reshaped back and multiplied by the bf16 weight (K = 37)."""
+    s = aten.sum.dim_IntList(t, [1], True)
+    g = aten.sub.Tensor(t, aten.mul.Tensor(aten.exp.default(lsm), s))
+    g = aten._to_copy.default(aten.view.default(g, [2, 16, 37]), dtype=torch.bfloat16)
+    return (aten.mm.default(aten.view.default(g, [32, 37]), w),)
+
+
+@triton_only
+def test_triton_loss_gradient_is_written_padded_in_bf16_once():
+    """No fp32 copy of the gradient is stored: the kernel that computes it writes the
+    bf16, zero-padded operand pad_mm makes (one pass over the logits' size)."""
+    torch.manual_seed(0)
+    lsm = torch.log_softmax(torch.randn(32, 37), 1)
+    t, w = torch.randn(32, 37), torch.randn(37, 24).to(torch.bfloat16)
+    with config.patch(graph_cache=False, pad_mm="always", pad_mm_min_flops=0):
+        rt, art = kcompile.build(fx.symbolic_trace(loss_grad_head), [lsm, t, w], "triton")
+        bufs = kcompile.plan(fx.symbolic_trace(loss_grad_head), [lsm, t, w], "triton").lowered.buffers
+    assert any("padded" in line for line in art["passes"])
+    got, want = rt(lsm, t, w)[0], loss_grad_head(lsm, t, w)[0]
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+    computed = [b for b in bufs if isinstance(b, (ir.Pointwise, ir.Reduction))]
+    assert not [b.name for b in computed if b.numel >= 32 * 37 and b.dtype == torch.float32], art["ir"]
+    padded = [b for b in computed if b.dtype == torch.bfloat16 and int(b.sizes[-1]) == 40]
+    assert len(padded) == 1 and any(isinstance(x, ir.Op) and x.name == "exp"
+                                    for x in ir.walk(padded[0].body)), art["ir"]
