@@ -66,9 +66,11 @@ def saved_twice(w, x, y):
 
 
 # --- checks ------------------------------------------------------------------------------
-def _contiguous_reads(body, var) -> int:
+def _contiguous_reads(body, var, other) -> int:
+    """Loads contiguous along ``var`` that vary along ``other`` too (a per-row or
+    per-column vector reads well in either order)."""
     return sum(1 for x in ir.walk(body) if isinstance(x, ir.Load) and not x.gather
-               and abs(x.index.coef(var)) == 1)
+               and abs(x.index.coef(var)) == 1 and x.index.coef(other) != 0)
 
 
 def strided_feeders(buffers) -> list:
@@ -87,9 +89,11 @@ def strided_feeders(buffers) -> list:
             names = [f"x{i}" for i, s in enumerate(src.sizes) if int(s) > 1]
             if len(names) < 2:
                 continue
-            inner = _contiguous_reads(src.body, names[-1])
-            if any(_contiguous_reads(src.body, v) > inner for v in names[:-1]):
-                bad.append(src.name)
+            for v in names[:-1]:
+                if _contiguous_reads(src.body, v, names[-1]) > \
+                        _contiguous_reads(src.body, names[-1], v):
+                    bad.append(src.name)
+                    break
     return bad
 
 

@@ -24,11 +24,12 @@ from ..ir import loop_vars
 from .base import Lazy, View
 
 
-def _contiguous_loads(e: ir.Expr, var: str) -> int:
-    """How many of ``e``'s direct (non-gather) loads read consecutive elements along
-    loop variable ``var``."""
+def _contiguous_loads(e: ir.Expr, var: str, other: str) -> int:
+    """How many of ``e``'s direct (non-gather) loads of a matrix — varying along both
+    loop variables — read consecutive elements along ``var``. A load constant along one
+    of them (a per-row scale, a bias) reads well in either order and has no say."""
     return sum(1 for x in ir.walk(e) if isinstance(x, ir.Load) and not x.gather
-               and abs(x.index.coef(var)) == 1)
+               and abs(x.index.coef(var)) == 1 and x.index.coef(other) != 0)
 
 
 def reads_transposed(box: Lazy) -> bool:
@@ -40,7 +41,7 @@ def reads_transposed(box: Lazy) -> bool:
     idx = loop_vars(sizes)
     row, col = idx[-2].terms[0][0], idx[-1].terms[0][0]
     e = box.load(idx)
-    return _contiguous_loads(e, row) > _contiguous_loads(e, col)
+    return _contiguous_loads(e, row, col) > _contiguous_loads(e, col, row)
 
 
 def store_for_library(lo, box, origin: str):
