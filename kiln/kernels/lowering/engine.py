@@ -373,7 +373,8 @@ class GraphLowering:
             if n_ops > MAX_INLINE_OPS or (len(node.users) > 1 and n_ops > 0
                                           and not self._reads_little(probe, out.sizes)):
                 if all(u.target in _READS_ANY_LAYOUT for u in node.users):
-                    return store_for_library(self, out, node.name) or self.realize(out, origin=node.name)
+                    return (store_for_library(self, out, node.name)
+                            or self.realize(out, origin=node.name))
                 return self.realize(out, origin=node.name)
         return out
 
@@ -400,7 +401,8 @@ class GraphLowering:
 
         def to_arg(a):
             if is_box(a):
-                v = (reads_any_layout and (self._as_view(a) or store_for_library(self, a, node.name))) \
+                v = (reads_any_layout and (self._as_view(a)
+                                           or store_for_library(self, a, node.name))) \
                     or self.realize(a, origin=node.name)
                 return ir.ExternArg(v.buf, v.sizes, v.strides, v.offset)
             return a
