@@ -105,6 +105,26 @@ def bias_grad(x):
     return (aten.sum.dim_IntList(x, [0], dtype=torch.float32),)
 
 
+def mm_t_operand(x, g):
+    """GPT-2's MLP weight gradient: the fp32 GELU cast to bf16, read transposed by the
+    product (kiln stores the cast in its read order and passes the transposed view)."""
+    h = aten._to_copy.default(aten.gelu.default(x, approximate="tanh"), dtype=torch.bfloat16)
+    return (aten.mm.default(aten.permute.default(h, [1, 0]), g),)
+
+
+def ce_grad_padded(lsm, tgt, w):
+    """GPT-2's LM-head backward (vocabulary 50257, bf16 autocast): cross-entropy's fp32
+    logits gradient, reshaped to [B, S, V], cast to bf16 and multiplied by the tied
+    weight; pad_mm pads V to 50264, and kiln writes the padded bf16 operand in one
+    kernel (no fp32 gradient stored first)."""
+    onehot = aten.scatter.value(aten.zeros_like.default(lsm), 1, aten.unsqueeze.default(tgt, 1), -1.0)
+    g = aten.mul.Tensor(onehot, 1.0 / 4096)
+    s = aten.sum.dim_IntList(g, [1], True)
+    g = aten.sub.Tensor(g, aten.mul.Tensor(aten.exp.default(lsm), s))
+    g = aten._to_copy.default(aten.view.default(g, [8, 512, 50257]), dtype=torch.bfloat16)
+    return (aten.mm.default(aten.view.default(g, [4096, 50257]), w),)
+
+
 def rows():
     r = torch.randn
     big = (256, 512, 1024)
@@ -126,6 +146,12 @@ def rows():
         ("ln_wgrad", ln_wgrad, lambda: [r(8, 512, 768, device="cuda"), r(8, 512, 768, device="cuda")]),
         ("bias_grad_3072", bias_grad,
          lambda: [r(4096, 3072, device="cuda", dtype=torch.bfloat16)]),
+        ("mm_t_operand", mm_t_operand, lambda: [r(4096, 3072, device="cuda"),
+                                                r(4096, 768, device="cuda", dtype=torch.bfloat16)]),
+        ("ce_grad_padded", ce_grad_padded, lambda: [
+            torch.log_softmax(r(4096, 50257, device="cuda"), 1),
+            torch.randint(0, 50257, (4096,), device="cuda"),
+            r(50257, 768, device="cuda", dtype=torch.bfloat16)]),
     ]
 
 

@@ -34,6 +34,7 @@ from ..ops import cast, op
 from ...ops import is_library_call
 from .host_scalars import (device_side, is_host_scalar, lower_stacked,
                            on_device as host_scalars_on_device, takes_host_values)
+from .operand_layout import store_for_library
 from .base import LAZY_LISTS, LOWERINGS, Lazy, STORAGE_OPS, Unsupported, View, is_box, is_dense, returns_a_view
 
 aten = torch.ops.aten
@@ -371,6 +372,9 @@ class GraphLowering:
             n_ops = ir.op_count(probe)
             if n_ops > MAX_INLINE_OPS or (len(node.users) > 1 and n_ops > 0
                                           and not self._reads_little(probe, out.sizes)):
+                if all(u.target in _READS_ANY_LAYOUT for u in node.users):
+                    return (store_for_library(self, out, node.name)
+                            or self.realize(out, origin=node.name))
                 return self.realize(out, origin=node.name)
         return out
 
@@ -397,7 +401,9 @@ class GraphLowering:
 
         def to_arg(a):
             if is_box(a):
-                v = (reads_any_layout and self._as_view(a)) or self.realize(a, origin=node.name)
+                v = (reads_any_layout and (self._as_view(a)
+                                           or store_for_library(self, a, node.name))) \
+                    or self.realize(a, origin=node.name)
                 return ir.ExternArg(v.buf, v.sizes, v.strides, v.offset)
             return a
         if node.target in STORAGE_OPS and args and is_box(args[0]):

@@ -107,6 +107,39 @@ def _split(lo, node, x, split, dim=0):
     return out
 
 
+def _split_remap(in_sizes, out_sizes):
+    """The index map of a reshape that only splits dims (``[B*S, V]`` to ``[B, S, V]``):
+    each input index is an affine sum of the output indices it was split into. A lazy
+    value is then reshaped without being stored (a loss gradient goes on, in the same
+    kernel, into its cast and its padded copy); None for a reshape that merges dims."""
+    ins, outs = [int(s) for s in in_sizes], [int(s) for s in out_sizes]
+    if 0 in ins or 0 in outs:
+        return None
+    groups, j = [], 0
+    for s in ins:
+        group, p = [], 1
+        while p < s and j < len(outs):
+            group.append(j)
+            p *= outs[j]
+            j += 1
+        if p != s:
+            return None
+        groups.append(group)
+    if any(s != 1 for s in outs[j:]):
+        return None
+
+    def remap(idx):
+        out = []
+        for group in groups:
+            e, scale = Affine.c(0), 1
+            for k in reversed(group):
+                e = e + idx[k] * scale
+                scale *= outs[k]
+            out.append(e)
+        return out
+    return remap
+
+
 @register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def _view(lo, node, x, size):
     sizes = tuple(lo.out_meta(node).shape)
@@ -122,6 +155,9 @@ def _view(lo, node, x, size):
                 out[i] = idx[j]
             return out
         return affine_view(x, sizes, remap)
+    split = _split_remap(x.sizes, sizes) if isinstance(x, Lazy) and x.layout is None else None
+    if split is not None:
+        return affine_view(x, sizes, split)
     v = lo.realize(x, origin=node.name)
     base = torch.empty_strided(v.sizes, v.strides, dtype=v.dtype, device="meta")
     try:
