@@ -15,10 +15,15 @@ import bisect
 import re
 from collections import Counter
 
-# an access path: a name followed by .attr and ['key'] / [int] steps (no calls)
+# an access path: a name followed by .attr, ['key'] / [int] and .get(<path>) steps; the
+# last is a tensor-keyed dict's entry (an optimizer's ``state.get(p)``,
+# tensor_keyed_dicts.TensorKeySource), read behind a guard on the dict's exact type, so
+# the call has no side effect and reading it once is reading it each time
+_PLAIN = r"\.[A-Za-z_]\w*|\['[^'\\\]]*'\]|\[-?\d+\]"
+_GET = r"\.get\([A-Za-z_]\w*(?:" + _PLAIN + r")*\)"
 _PATH = re.compile(
-    r"(?<![\w.'\"\]])([A-Za-z_]\w*)((?:\.[A-Za-z_]\w*|\['[^'\\\]]*'\]|\[-?\d+\])+)")
-_STEP = re.compile(r"\.[A-Za-z_]\w*|\['[^'\\\]]*'\]|\[-?\d+\]")
+    r"(?<![\w.'\"\]])([A-Za-z_]\w*)((?:" + _GET + "|" + _PLAIN + r")+)")
+_STEP = re.compile(_GET + "|" + _PLAIN)
 
 
 def _prefixes(m):

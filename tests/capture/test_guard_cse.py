@@ -38,3 +38,33 @@ def test_semantics_match_the_and_chain():
     assert ns["g"](o) == "miss"
     o.k["b"] = 2
     assert ns["g"](o) == "hit"
+
+
+def test_a_tensor_keyed_dict_entry_is_read_once():
+    """An optimizer's ``state.get(p)`` (tensor_keyed_dicts) is one path step: each
+    parameter's entry is looked up once, not once per guard on its moments."""
+    entry = "opt.state.get(opt.param_groups[0]['params'][0])"
+    guards = [f"type({entry}) is D", f"{entry}['step'].dtype is F",
+              f"{entry}['exp_avg'].shape == (3,)", f"{entry}['exp_avg'].stride() == (1,)",
+              "env.get('KILN_X') == '1'", "env.get('KILN_X') is not None"]
+    lines, tail = cse_statements(guards, f"__o = __graph0({entry}['exp_avg'])")
+    text = "\n".join(lines)
+    assert text.count(".get(opt") == 1, text
+    assert tail.startswith("__o = __graph0(__p") and ".get(" not in tail
+    assert text.count("env.get('KILN_X')") == 2      # a call on a literal stays a call
+    import torch
+    state = {}
+    p = torch.zeros(3)
+
+    class Opt:
+        pass
+    opt = Opt()
+    opt.state, opt.param_groups = state, [{"params": [p]}]
+    state[p] = {"step": torch.zeros(()), "exp_avg": torch.zeros(3)}
+    src = ("def g(opt, env):\n  try:\n" + "\n".join("  " + ln for ln in lines) +
+           "\n  except Exception:\n    return 'miss'\n  return 'hit'\n")
+    ns = {"__MISS": "miss", "D": dict, "F": torch.float32}
+    exec(src, ns)
+    assert ns["g"](opt, {"KILN_X": "1"}) == "hit"
+    state[p]["exp_avg"] = torch.zeros(4)
+    assert ns["g"](opt, {"KILN_X": "1"}) == "miss"
