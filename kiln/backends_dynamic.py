@@ -76,5 +76,20 @@ class PerSizeCompiled:
 def wants_concrete_sizes(backend) -> bool:
     """kiln's own backends that trace with plain ints (not the eager one, which runs
     the graph as it is, nor a user's backend, which gets the symbolic graph)."""
+    if getattr(backend, "kiln_symbolic", False):    # aot_eager: traced once symbolically
+        return False
     mod = getattr(backend, "__module__", None) or ""
     return mod.startswith(("kiln.autograd", "kiln.kernels"))
+
+
+def without_symbols(gm):
+    """A copy of ``gm`` whose placeholders carry no symbolic sizes (``kiln_sym``): a
+    backend that would trace them symbolically traces the concrete examples."""
+    if not any("kiln_sym" in n.meta for n in gm.graph.nodes if n.op == "placeholder"):
+        return gm
+    graph = copy.deepcopy(gm.graph)
+    for n in graph.nodes:
+        n.meta.pop("kiln_sym", None)
+    out = fx.GraphModule(gm, graph)
+    out.meta = dict(getattr(gm, "meta", {}))
+    return out

@@ -1,0 +1,55 @@
+"""An aten op's result on plain meta tensors whose sizes are symbolic, computed
+without recording anything: what kiln's autograd tracer needs for the metadata of each
+op it records. Many of PyTorch's C++ meta kernels take only int sizes; as in capture's
+fake dispatch (``fake_ops``), a pointwise op on row-major inputs is computed directly,
+``view`` as kiln's own kernel, other ops as their Python meta kernel or decomposition
+(a C++ kernel of int sizes would fix them; one refusing SymInts is decomposed from then
+on), each step of which comes back here (``_SymbolicMeta``)."""
+from __future__ import annotations
+
+import torch
+
+from kiln.dispatch_mode import KilnDispatchMode
+from kiln.shapes import view_meta
+from kiln.shapes.fake_ops import cpp_refused, is_symbolic, pointwise_result, run_decomposed
+
+aten = torch.ops.aten
+
+_OWN = {aten.view.default: view_meta.view, aten._unsafe_view.default: view_meta.view}
+
+
+def call_meta(func, args, kwargs):
+    """``func(*args, **kwargs)`` on meta tensors, symbolic sizes allowed."""
+    if not (is_symbolic(args) or is_symbolic(kwargs)):
+        return func(*args, **kwargs)
+    own = _OWN.get(func)
+    if own is not None:
+        return own(*args, **kwargs)
+    try:
+        out = pointwise_result(func, args, kwargs)
+    except Exception:  # noqa: BLE001  (a shortcut; the kernel decides)
+        out = None
+    if out is not None:
+        return out
+    # a C++ kernel of int sizes may specialise them silently (guard_int) rather than
+    # refuse: as capture does, the Python kernel goes first, the C++ one where none
+    r = run_decomposed(func, args, kwargs, _SymbolicMeta)
+    if r is not NotImplemented:
+        return r
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError as e:
+        if not cpp_refused(func, str(e)):
+            raise
+        err = e
+    r = run_decomposed(func, args, kwargs, _SymbolicMeta)
+    if r is NotImplemented:
+        raise err
+    return r
+
+
+class _SymbolicMeta(KilnDispatchMode):
+    """The steps of a decomposition run for metadata only."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return call_meta(func, args, kwargs or {})
