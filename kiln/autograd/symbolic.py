@@ -21,6 +21,7 @@ import torch
 from kiln.autograd.sym_nodes import SymbolicUnsupported
 from kiln.debug.logs import log_for
 from kiln.shapes.env import ShapeEnv, canonical
+from kiln.shapes.implied import implied
 from kiln.shapes.node import KilnSymNode
 
 _log = log_for("fallbacks")
@@ -72,9 +73,10 @@ def new_assumptions(env: ShapeEnv, before: Snapshot) -> list[str]:
            if (i.lo, i.hi) != before.ranges.get(s)]
     out += [f"{s} = {e}" for s, e in env.replacements.items()
             if before.replacements.get(s) != e]
+    known = [k for k in before.known if isinstance(k, sympy.Basic)]
     for g, _ in env.guards[before.n_guards:]:
         k = _key(env, g)
-        if k is not sympy.true and k not in before.known and env.static_truth(k) is not True:
+        if k is not sympy.true and k not in before.known and not implied(k, env, known):
             out.append(str(g))
     return out
 
