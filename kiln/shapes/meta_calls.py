@@ -8,20 +8,46 @@ on), each step of which comes back here (``_SymbolicMeta``)."""
 from __future__ import annotations
 
 import torch
+from torch.utils._pytree import tree_map
 
 from kiln.dispatch_mode import KilnDispatchMode
 from kiln.shapes import view_meta
 from kiln.shapes.fake_ops import cpp_refused, is_symbolic, pointwise_result, run_decomposed
 
 aten = torch.ops.aten
+_META = torch.device("meta")
+_device_arg: dict = {}
+
+
+def _on_meta(x):
+    if isinstance(x, torch.Tensor) and x.device.type != "meta":
+        return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=_META)
+    return x
+
+
+def _device_arg_at(func):
+    """The position of ``func``'s ``device`` argument (None: it has none)."""
+    if func not in _device_arg:
+        schema = getattr(func, "_schema", None)
+        _device_arg[func] = next((i for i, a in enumerate(schema.arguments)
+                                  if a.name == "device"), None) if schema is not None else None
+    return _device_arg[func]
 
 _OWN = {aten.view.default: view_meta.view, aten._unsafe_view.default: view_meta.view}
 
 
 def call_meta(func, args, kwargs):
     """``func(*args, **kwargs)`` on meta tensors, symbolic sizes allowed."""
+    at = _device_arg_at(func)
+    if at is not None:                  # a factory inside a decomposition: on meta too
+        if at < len(args):
+            args = (*args[:at], _META, *args[at + 1:])
+        elif kwargs.get("device") != _META:
+            kwargs = {**kwargs, "device": _META}
     if not (is_symbolic(args) or is_symbolic(kwargs)):
         return func(*args, **kwargs)
+    # a real tensor a decomposition made (a 0-d scalar): its metadata, on meta
+    args, kwargs = tree_map(_on_meta, (args, kwargs))
     own = _OWN.get(func)
     if own is not None:
         return own(*args, **kwargs)
