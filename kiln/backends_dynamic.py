@@ -55,7 +55,8 @@ class PerSizeCompiled:
             return hit
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         try:
-            hit = (self.compile_graph(self.backend, _with_ints_folded(self.gm, args), tensors), True)
+            hit = (self.compile_graph(self.backend, without_symbols(_with_ints_folded(self.gm, args)),
+                                      tensors), True)
         except Exception as e:  # noqa: BLE001  (the first size's failure is the compile's own)
             if first or not config.suppress_errors:
                 raise
@@ -73,11 +74,18 @@ class PerSizeCompiled:
         return fn(*[a for a in args if isinstance(a, torch.Tensor)]) if tensors_only else fn(*args)
 
 
+def _is_kiln_backend(backend) -> bool:
+    """The kernel compiler's backend: its autograd stage traces the symbolic graph once
+    and compiles the aten graphs per size (``autograd/specialize.py``)."""
+    return getattr(backend, "__module__", None) == "kiln.kernels.backend" and \
+        getattr(backend, "__name__", None) == "kiln_backend"
+
+
 def wants_concrete_sizes(backend) -> bool:
     """kiln's own backends that trace with plain ints (not the eager one, which runs
     the graph as it is, nor a user's backend, which gets the symbolic graph)."""
-    if getattr(backend, "kiln_symbolic", False):    # aot_eager: traced once symbolically
-        return False
+    if getattr(backend, "kiln_symbolic", False) or _is_kiln_backend(backend):
+        return False    # aot_eager and kiln: autograd traced once symbolically
     mod = getattr(backend, "__module__", None) or ""
     return mod.startswith(("kiln.autograd", "kiln.kernels"))
 

@@ -35,7 +35,9 @@ from kiln.autograd.partition import partition
 from kiln.autograd.eager_saved import Witnesses
 from kiln.autograd.functionalize import AotUnsupported, replay_in_modes
 from kiln.autograd.trace import TraceResult, _meta_copy, trace_joint
-from kiln.autograd.symbolic import refuse_aliased, symbolic_entry, traced_symbolically
+from kiln.autograd.specialize import per_size
+from kiln.autograd.symbolic import (aot_compile_dynamic, capture_env, refuse_aliased,
+                                    symbolic_entry, traced_symbolically)
 from kiln.debug.breaks import describe, tag
 from kiln.debug import trace_dir
 from kiln.debug.logs import enabled, log_for
@@ -328,7 +330,7 @@ class AotFunction:
     """What ``aot_compile`` returns: call it like the torch-level graph."""
 
     def __init__(self, gm, example_inputs, fw_compiler, bw_compiler, inference_compiler,
-                 decompositions=None, devices=None, symbolic=None):
+                 decompositions=None, devices=None, symbolic=None, specialize=False):
         self.gm = gm
         self.ops = op_set(decompositions)
         # Meta stand-ins and devices only: the real examples are not kept alive.
@@ -351,6 +353,11 @@ class AotFunction:
         self.fw_compiler = fw_compiler or _default_compiler
         self.bw_compiler = bw_compiler or _default_compiler
         self.inference_compiler = inference_compiler or self.fw_compiler
+        if specialize and self.shape_env is not None:
+            # compilers of concrete sizes: each graph compiled per size after this trace
+            self.fw_compiler, self.bw_compiler, self.inference_compiler = (
+                per_size(c) for c in (self.fw_compiler, self.bw_compiler,
+                                      self.inference_compiler))
         self._training: dict[tuple, _Training] = {}
         self._inference: _Inference | None = None
         self._inference_trace: TraceResult | None = None
@@ -595,7 +602,8 @@ def _alias_key(args, mutations):
 
 
 def aot_compile(gm: fx.GraphModule, example_inputs, fw_compiler=None, bw_compiler=None,
-                inference_compiler=None, decompositions=None, devices=None, symbolic=None):
+                inference_compiler=None, decompositions=None, devices=None, symbolic=None,
+                specialize=False):
     """Ahead-of-time autograd for a torch-level graph: see the module docstring.
     Each compiler is ``compiler(aten_gm, example_inputs) -> callable`` (default: run
     the aten graph as it is). ``decompositions``: the op set profile, "core" (the
@@ -603,6 +611,14 @@ def aot_compile(gm: fx.GraphModule, example_inputs, fw_compiler=None, bw_compile
     aten kernels kept whole, for running the graphs op by op; ``ops.OpSet``).
     ``devices``: the real device of each input when ``example_inputs`` are meta
     stand-ins (tracing a CUDA program on a machine without a GPU). ``symbolic``:
-    (examples with symbolic sizes, their ShapeEnv) from ``symbolic.symbolic_examples``."""
+    (examples with symbolic sizes, their ShapeEnv) from ``symbolic.symbolic_examples``;
+    without it, a graph whose placeholders carry symbolic sizes (``kiln_sym``) is traced
+    symbolically all the same, its graphs then compiled per concrete size
+    (``specialize``: the compilers take plain int sizes; ``specialize.per_size``)."""
+    if symbolic is None and capture_env(gm) is not None:
+        return aot_compile_dynamic(gm, example_inputs, specialize=True, fw_compiler=fw_compiler,
+                                   bw_compiler=bw_compiler,
+                                   inference_compiler=inference_compiler,
+                                   decompositions=decompositions, devices=devices)
     return AotFunction(gm, example_inputs, fw_compiler, bw_compiler, inference_compiler,
-                       decompositions, devices, symbolic)
+                       decompositions, devices, symbolic, specialize)

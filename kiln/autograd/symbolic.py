@@ -216,19 +216,21 @@ def refuse_aliased(args, key):
     raise SymbolicUnsupported("inputs share storage with an input the graph mutates")
 
 
-def aot_compile_dynamic(gm, example_inputs, **kwargs):
+def aot_compile_dynamic(gm, example_inputs, specialize=False, **kwargs):
     """``aot_compile(gm, example_inputs, **kwargs)``, traced once for every size when
-    ``gm``'s placeholders carry symbolic sizes (``DynamicAot``)."""
+    ``gm``'s placeholders carry symbolic sizes (``DynamicAot``); ``specialize``: the
+    compilers take concrete sizes (each graph compiled per size after the one trace)."""
     from kiln.autograd.runtime import aot_compile
 
     if capture_env(gm) is None:
         return aot_compile(gm, example_inputs, **kwargs)
+    from kiln.backends_dynamic import without_symbols
 
     def make_symbolic():
         sym = symbolic_examples(gm, example_inputs)
         if sym is None:
             raise SymbolicUnsupported("an input is not dense, or its sizes are not the "
                                       "placeholder's")
-        return aot_compile(gm, example_inputs, symbolic=sym, **kwargs)
+        return aot_compile(gm, example_inputs, symbolic=sym, specialize=specialize, **kwargs)
     return DynamicAot(gm, example_inputs, make_symbolic,
-                      lambda g, ins: aot_compile(g, ins, **kwargs))
+                      lambda g, ins: aot_compile(without_symbols(g), ins, **kwargs))
