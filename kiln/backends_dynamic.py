@@ -1,9 +1,10 @@
-"""Backends that compile for concrete sizes (aot_eager, kiln: their autograd stage
-traces with plain ints) given a graph whose sizes are symbolic: the one captured graph
-is compiled once per distinct signature of input sizes, strides and int values, on
-first use, and kept in a small LRU (``config.dynamic_specializations``). Symbolic int
-inputs are folded into the graph as constants for the backend, which then takes the
-tensors alone."""
+"""Which backends take a graph whose sizes are symbolic as it is, and
+``PerSizeCompiled`` for those that need concrete sizes: the one captured graph compiled
+once per distinct signature of input sizes, strides and int values, on first use, kept
+in a small LRU (``config.dynamic_specializations``); symbolic int inputs folded into the
+graph as constants, the backend then taking the tensors alone. aot_eager and kiln trace
+autograd once symbolically (``autograd/symbolic.py``) and come here only for a graph
+that trace cannot serve."""
 from __future__ import annotations
 
 import collections
