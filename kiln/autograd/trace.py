@@ -47,7 +47,7 @@ from kiln.autograd.eager_saved import saved_storages, storage_of
 from kiln.autograd.index_lists import INDEXING, index_tensors
 from ..dispatch_mode import KilnDispatchMode
 from ..fast_meta import host_scalars_arg, meta_result
-from ..shapes.meta_calls import call_meta
+from ..shapes.meta_calls import call_meta, reads_int_sizes, retry_python_composite
 from kiln.autograd.sym_nodes import SymNodes, SymbolicUnsupported
 
 aten = torch.ops.aten
@@ -169,6 +169,7 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         self.grad_set: bool | None = None
         #: the graph's symbolic sizes (``sym_nodes.SymNodes``) when the inputs have some
         self.sym = None
+        self.writes = 0             # mutations recorded so far
 
     # --- bookkeeping ------------------------------------------------------------
     def register(self, t, node, storage=None, chain=(), device=None):
@@ -249,6 +250,7 @@ class _TraceMode(Functionalize, KilnDispatchMode):
             return args[0] if func is aten.lift_fresh.default else self._record(
                 aten.clone.default, args, kwargs)
         if opinfo.is_mutation(func):
+            self.writes += 1
             return self._mutate(func, args, kwargs)
         if func is aten.detach.default:
             # ``alias`` in the graph; replayed as ``detach`` on a real input it aliases,
@@ -433,7 +435,18 @@ class _Runner(fx.Interpreter):
             info = self.mode.infos.get(id(args[0]))
             index = index_tensors(args[1], info.device if info else None)
             args = (args[0], index, *args[2:])
-        return super().call_function(target, args, kwargs)
+        if self.mode.sym is None:
+            return super().call_function(target, args, kwargs)
+        writes = self.mode.writes
+        try:
+            return super().call_function(target, args, kwargs)
+        except RuntimeError as e:
+            # a C++ composite reading int sizes (2.11's 3-d matmul): its Python composite
+            # instead, where the failed attempt wrote nothing (its other records are dead)
+            if self.mode.writes != writes or not reads_int_sizes(str(e)):
+                raise
+        return retry_python_composite(lambda: super(_Runner, self).call_function(
+            target, args, kwargs))
 
     def run_node(self, n):
         self.mode.source = n

@@ -7,12 +7,15 @@ fake dispatch (``fake_ops``), a pointwise op on row-major inputs is computed dir
 on), each step of which comes back here (``_SymbolicMeta``)."""
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch.utils._pytree import tree_map
 
 from kiln.dispatch_mode import KilnDispatchMode
 from kiln.shapes import view_meta
-from kiln.shapes.fake_ops import cpp_refused, is_symbolic, pointwise_result, run_decomposed
+from kiln.shapes.fake_ops import (_COMPOSITE_REFUSALS, _RETRY_FRAMES, _depth, cpp_refused,
+                                  is_symbolic, pointwise_result, run_decomposed)
 
 aten = torch.ops.aten
 _META = torch.device("meta")
@@ -79,3 +82,27 @@ class _SymbolicMeta(KilnDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return call_meta(func, args, kwargs or {})
+
+
+#: what a C++ composite reading a symbolic tensor's int sizes says under a dispatch mode
+#: on plain meta tensors (the size read reaches the mode as ``aten::size``)
+_INT_SIZE_READS = _COMPOSITE_REFUSALS + ("operator aten::size does not exist",)
+
+
+def reads_int_sizes(message: str) -> bool:
+    return any(r in message for r in _INT_SIZE_READS)
+
+
+def retry_python_composite(call):
+    """``call()`` again under PyTorch's Python dispatcher, which takes the op's Python
+    CompositeImplicit kernel (each step an op taking symbolic sizes), under the
+    recursion limit ``fake_ops.call_on_fakes`` uses for the same retry."""
+    import torch._decomp  # noqa: F401  (registers the Python composite kernels)
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(_depth() + _RETRY_FRAMES)
+    try:
+        with torch._C._EnablePythonDispatcher():
+            return call()
+    finally:
+        sys.setrecursionlimit(limit)
