@@ -167,6 +167,23 @@ class DynamicAot:
         self.symbolic = None
         self.per_size = self._per_size_factory()
 
+    def _parts(self) -> list:
+        if self.per_size is None:
+            return [self.symbolic]
+        return [fn for fn, _ in self.per_size.compiled.values()]
+
+    @property
+    def eager_reasons(self) -> list:
+        """Why calls ran eagerly (``AotFunction.eager_reasons``), each reason once."""
+        out = []
+        for f in self._parts():
+            out += [r for r in getattr(f, "eager_reasons", ()) if r not in out]
+        return out
+
+    @property
+    def eager_calls(self) -> int:
+        return sum(getattr(f, "eager_calls", 0) for f in self._parts())
+
     def __call__(self, *args):
         if self.per_size is None:
             try:
