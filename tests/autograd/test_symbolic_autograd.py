@@ -251,3 +251,69 @@ def test_an_assumption_the_capture_did_not_make_traces_per_size(monkeypatch, tra
         logger.setLevel(old)
     assert traces[0] == 1 + 3       # the refused symbolic trace, then one per size
     assert "per size" in caplog.text and "s0 == 5" in caplog.text
+
+
+def test_a_question_the_capture_did_not_ask_traces_per_size(traces, caplog):
+    """Convolution and pooling backwards ask whether output sizes are nonzero, which
+    the capture's guards do not settle (``(s - 1) // 2`` is 0 at s == 2): the graph is
+    traced per size, and every size (2 among them) matches eager."""
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+
+    def f(x):
+        return F.max_pool2d(F.conv2d(x, w, stride=2, padding=1), 2, ceil_mode=True)
+    old, logger, ctx = _logging(caplog, "fallbacks")
+    try:
+        with ctx:
+            stream(f, lambda s: (torch.randn(2, 3, s, s + 1, requires_grad=True),),
+                   [6, 3, 2, 9], "aot_eager", dynamic=True)
+    finally:
+        logger.setLevel(old)
+    assert "per size" in caplog.text
+    assert traces[0] > 1
+
+
+def test_concrete_compilers_get_each_size_once_after_one_trace(traces):
+    """``specialize``: a compiler of plain int sizes (the kernel compiler's contract) gets
+    per size signature a graph with no symbolic size left, int inputs and outputs taken
+    out; kept in an LRU of ``dynamic_specializations``."""
+    from kiln.autograd.runtime import aot_compile
+
+    def f(x, n):
+        b, s = x.shape
+        return (x.view(b * s) * n).view(s, b).exp()
+    captured = []
+
+    def backend(gm, example_inputs):
+        captured.append((gm, example_inputs))
+        return gm.forward
+    kiln.compile(f, backend=backend, dynamic=True)(torch.randn(4, 3), 5)
+    gm, examples = captured[0]
+    compiled = {"fw": [], "bw": []}
+
+    def concrete(kind, g, example_inputs):
+        for node in g.graph.nodes:
+            vals = node.meta.get("val")
+            for v in (vals if isinstance(vals, (tuple, list)) else (vals,)):
+                assert not isinstance(v, torch.SymInt), node
+                if isinstance(v, torch.Tensor):
+                    assert not any(isinstance(d, torch.SymInt) for d in (*v.shape, *v.stride()))
+        assert all(isinstance(e, torch.Tensor) for e in example_inputs)
+        compiled[kind].append(tuple(tuple(e.shape) for e in example_inputs))
+        return g
+    x0 = examples[0].clone().requires_grad_(True)
+    with kiln.config.patch(dynamic_specializations=2):
+        fn = aot_compile(gm, [x0, 5], fw_compiler=lambda g, e: concrete("fw", g, e),
+                         bw_compiler=lambda g, e: concrete("bw", g, e))
+        for k, (b, s, n) in enumerate([(4, 3, 5), (5, 7, 2), (4, 3, 5), (2, 9, 3), (5, 7, 2)]):
+            x = torch.randn(b, s, requires_grad=True)
+            x2 = x.detach().clone().requires_grad_(True)
+            (got,) = fn(x, n)
+            _backward(got, k)
+            ref = f(x2, n)
+            _backward(ref, k)
+            torch.testing.assert_close(got, ref)
+            torch.testing.assert_close(x.grad, x2.grad)
+    assert traces[0] == 1
+    # LRU of 2: (4, 3) hits, (2, 9) drops (5, 7), which is compiled again
+    assert [c[0] for c in compiled["fw"]] == [(4, 3), (5, 7), (2, 9), (5, 7)]
+    assert len(compiled["bw"]) == 4
