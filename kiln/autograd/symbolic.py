@@ -74,9 +74,13 @@ def new_assumptions(env: ShapeEnv, before: Snapshot) -> list[str]:
     out += [f"{s} = {e}" for s, e in env.replacements.items()
             if before.replacements.get(s) != e]
     known = [k for k in before.known if isinstance(k, sympy.Basic)]
+    seen = set(before.known)
     for g, _ in env.guards[before.n_guards:]:
         k = _key(env, g)
-        if k is not sympy.true and k not in before.known and not implied(k, env, known):
+        if k in seen:
+            continue
+        seen.add(k)
+        if k is not sympy.true and not implied(k, env, known):
             out.append(str(g))
     return out
 

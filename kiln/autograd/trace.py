@@ -47,6 +47,7 @@ from kiln.autograd.eager_saved import saved_storages, storage_of
 from kiln.autograd.index_lists import INDEXING, index_tensors
 from ..dispatch_mode import KilnDispatchMode
 from ..fast_meta import host_scalars_arg, meta_result
+from ..shapes.fake_ops import is_symbolic
 from ..shapes.meta_calls import call_meta, reads_int_sizes, retry_python_composite
 from kiln.autograd.sym_nodes import SymNodes, SymbolicUnsupported
 
@@ -687,6 +688,10 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     if mode.sym is not None and _symbolic_steps(specs, mode.meta_mutations):
         raise SymbolicUnsupported("an output view or an in-place geometry change replayed "
                                   "after the graph has symbolic arguments")
+    if mode.sym is not None and any(is_symbolic([n.args, n.kwargs]) for n in graph.nodes):
+        # a size that reached an argument other than through the mode (never a node):
+        # run as it is, it would be the traced size
+        raise SymbolicUnsupported("a symbolic size left as a constant in the graph")
     _order_placeholders(graph)
     graph.output((*fw_nodes, *bw_nodes))
     _drop_aliases(graph)
@@ -700,8 +705,6 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
 def _symbolic_steps(specs, meta_mutations) -> bool:
     """Do the steps the runtime replays on real tensors (output views, geometry
     changes) carry symbolic sizes? Those would be fixed to the traced sizes."""
-    from kiln.shapes.fake_ops import is_symbolic
-
     def steps(chain):
         return [(rest, kw) for _op, rest, kw, *_ in chain]
     for spec in specs:
