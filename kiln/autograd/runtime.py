@@ -36,8 +36,8 @@ from kiln.autograd.eager_saved import Witnesses
 from kiln.autograd.functionalize import AotUnsupported, replay_in_modes
 from kiln.autograd.trace import TraceResult, _meta_copy, trace_joint
 from kiln.autograd.specialize import per_size
-from kiln.autograd.symbolic import (aot_compile_dynamic, capture_env, refuse_aliased,
-                                    symbolic_entry, traced_symbolically)
+from kiln.autograd.symbolic import (aot_compile_dynamic, capture_env, concrete_steps,
+                                    refuse_aliased, symbolic_entry, traced_symbolically)
 from kiln.debug.breaks import describe, tag
 from kiln.debug import trace_dir
 from kiln.debug.logs import enabled, log_for
@@ -471,6 +471,8 @@ class AotFunction:
             _copy_mutations(args, outs, tr.mutations)
         if tr.witnesses and isinstance(entry, _Training):
             entry.unsettled.settle()
+        if tr.symbolic_steps:
+            tr = concrete_steps(tr, args)
         n = tr.plain_outputs
         if n is not None and not tr.meta_mutations:
             # outputs are the graph's first n results, nothing to build

@@ -255,3 +255,33 @@ def aot_compile_dynamic(gm, example_inputs, specialize=False, **kwargs):
         return aot_compile(gm, example_inputs, symbolic=sym, specialize=specialize, **kwargs)
     return DynamicAot(gm, example_inputs, make_symbolic,
                       lambda g, ins: aot_compile(without_symbols(g), ins, **kwargs))
+
+
+def concrete_steps(tr, args):
+    """``tr`` with the symbolic sizes of its output view chains and geometry changes
+    (replayed on the real tensors) made the values they have for ``args``, solved from
+    the inputs' sizes (``specialize.solve``)."""
+    from torch.utils._pytree import tree_map
+
+    from kiln.autograd.specialize import _equations, solve
+
+    phs = [n for n in tr.graph.nodes if n.op == "placeholder"][:tr.num_inputs]
+    wanted = set()
+
+    def symbols(v):
+        if isinstance(v, torch.SymInt):
+            wanted.update(v.node.expr.free_symbols)
+        return v
+    steps = (tr.output_specs, tr.meta_mutations)
+    tree_map(symbols, steps)
+    values = solve(_equations(phs, args), wanted)
+    if values is None:
+        raise RuntimeError("kiln: the inputs' sizes do not give an output view's sizes")
+
+    def concrete(v):
+        if isinstance(v, torch.SymInt):
+            return int(v.node.expr.xreplace(values))
+        return v
+    specs, meta_mutations = tree_map(concrete, steps)
+    return dataclasses.replace(tr, output_specs=specs, meta_mutations=meta_mutations,
+                               symbolic_steps=False)

@@ -113,6 +113,9 @@ class TraceResult:
     #: backward reads the tensor's storage,): tensors whose later in-place writes fail
     #: eager's backward from those outputs (``eager_saved.Witnesses``)
     witnesses: list = field(default_factory=list)
+    #: output view chains or geometry changes carry symbolic sizes, made concrete per
+    #: call from the inputs' sizes (``symbolic.concrete_steps``)
+    symbolic_steps: bool = False
 
     @functools.cached_property
     def plain_outputs(self) -> int | None:
@@ -685,9 +688,6 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     else:
         grad_inputs, grad_deps = [], []
 
-    if mode.sym is not None and _symbolic_steps(specs, mode.meta_mutations):
-        raise SymbolicUnsupported("an output view or an in-place geometry change replayed "
-                                  "after the graph has symbolic arguments")
     if mode.sym is not None and any(is_symbolic([n.args, n.kwargs]) for n in graph.nodes):
         # a size that reached an argument other than through the mode (never a node):
         # run as it is, it would be the traced size
@@ -699,12 +699,13 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     return TraceResult(graph, mode.constants, len(example_inputs), len(fw_nodes), specs,
                        mutations, differentiable, grad_inputs, grad_deps,
                        mode.meta_mutations, sorted(mode.storage_inputs), copied,
-                       witnesses)
+                       witnesses, mode.sym is not None and _symbolic_steps(
+                           specs, mode.meta_mutations))
 
 
 def _symbolic_steps(specs, meta_mutations) -> bool:
     """Do the steps the runtime replays on real tensors (output views, geometry
-    changes) carry symbolic sizes? Those would be fixed to the traced sizes."""
+    changes) carry symbolic sizes (to be made concrete per call)?"""
     def steps(chain):
         return [(rest, kw) for _op, rest, kw, *_ in chain]
     for spec in specs:
