@@ -28,10 +28,6 @@ from kiln.fast_meta import meta_result
 _META = torch.device("meta")
 
 
-def _expr(x):
-    return x.node.expr if isinstance(x, torch.SymInt) else None
-
-
 def _symbols_of(graph: fx.Graph) -> set:
     out = set()
     for n in graph.nodes:

@@ -126,4 +126,5 @@ def _binary(op):
 
 _RULES = {sympy.Add: _add, sympy.Mul: _mul, sympy.Pow: _pow,
           FloorDiv: _binary(operator.floordiv), sympy.Mod: _binary(operator.mod),
-          sympy.Max: _binary(max), sympy.Min: _binary(min)}
+          sympy.Max: lambda nodes, e: nodes._fold(max, list(e.args)),
+          sympy.Min: lambda nodes, e: nodes._fold(min, list(e.args))}
