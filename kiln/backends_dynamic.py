@@ -1,9 +1,10 @@
-"""Backends that compile for concrete sizes (aot_eager, kiln: their autograd stage
-traces with plain ints) given a graph whose sizes are symbolic: the one captured graph
-is compiled once per distinct signature of input sizes, strides and int values, on
-first use, and kept in a small LRU (``config.dynamic_specializations``). Symbolic int
-inputs are folded into the graph as constants for the backend, which then takes the
-tensors alone."""
+"""Which backends take a graph whose sizes are symbolic as it is, and
+``PerSizeCompiled`` for those that need concrete sizes: the one captured graph compiled
+once per distinct signature of input sizes, strides and int values, on first use, kept
+in a small LRU (``config.dynamic_specializations``); symbolic int inputs folded into the
+graph as constants, the backend then taking the tensors alone. aot_eager and kiln trace
+autograd once symbolically (``autograd/symbolic.py``) and come here only for a graph
+that trace cannot serve."""
 from __future__ import annotations
 
 import collections
@@ -55,7 +56,8 @@ class PerSizeCompiled:
             return hit
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         try:
-            hit = (self.compile_graph(self.backend, _with_ints_folded(self.gm, args), tensors), True)
+            hit = (self.compile_graph(self.backend, without_symbols(_with_ints_folded(self.gm, args)),
+                                      tensors), True)
         except Exception as e:  # noqa: BLE001  (the first size's failure is the compile's own)
             if first or not config.suppress_errors:
                 raise
@@ -73,8 +75,30 @@ class PerSizeCompiled:
         return fn(*[a for a in args if isinstance(a, torch.Tensor)]) if tensors_only else fn(*args)
 
 
+def _is_kiln_backend(backend) -> bool:
+    """The kernel compiler's backend: its autograd stage traces the symbolic graph once
+    and compiles the aten graphs per size (``autograd/specialize.py``)."""
+    return getattr(backend, "__module__", None) == "kiln.kernels.backend" and \
+        getattr(backend, "__name__", None) == "kiln_backend"
+
+
 def wants_concrete_sizes(backend) -> bool:
     """kiln's own backends that trace with plain ints (not the eager one, which runs
     the graph as it is, nor a user's backend, which gets the symbolic graph)."""
+    if getattr(backend, "kiln_symbolic", False) or _is_kiln_backend(backend):
+        return False    # aot_eager and kiln: autograd traced once symbolically
     mod = getattr(backend, "__module__", None) or ""
     return mod.startswith(("kiln.autograd", "kiln.kernels"))
+
+
+def without_symbols(gm):
+    """A copy of ``gm`` whose placeholders carry no symbolic sizes (``kiln_sym``): a
+    backend that would trace them symbolically traces the concrete examples."""
+    if not any("kiln_sym" in n.meta for n in gm.graph.nodes if n.op == "placeholder"):
+        return gm
+    graph = copy.deepcopy(gm.graph)
+    for n in graph.nodes:
+        n.meta.pop("kiln_sym", None)
+    out = fx.GraphModule(gm, graph)
+    out.meta = dict(getattr(gm, "meta", {}))
+    return out

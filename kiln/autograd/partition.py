@@ -30,10 +30,15 @@ def nbytes(node: fx.Node) -> float:
     never saved whole: their getitems are)."""
     v = node.meta.get("val")
     if isinstance(v, torch.Tensor):
-        return v.numel() * v.element_size()
-    if v is None or isinstance(v, (int, float, bool)):
-        return 0
+        return _hint(v.numel()) * v.element_size()
+    if v is None or isinstance(v, (int, float, bool, torch.SymInt)):
+        return 0    # a size (an int) saved for the backward costs nothing
     return INF
+
+
+def _hint(n) -> int:
+    """A symbolic count at the traced sizes (what the cut weighs), an int as it is."""
+    return n.node.hint if isinstance(n, torch.SymInt) else n
 
 
 @dataclass

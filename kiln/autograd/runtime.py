@@ -35,6 +35,9 @@ from kiln.autograd.partition import partition
 from kiln.autograd.eager_saved import Witnesses
 from kiln.autograd.functionalize import AotUnsupported, replay_in_modes
 from kiln.autograd.trace import TraceResult, _meta_copy, trace_joint
+from kiln.autograd.specialize import per_size
+from kiln.autograd.symbolic import (aot_compile_dynamic, capture_env, concrete_steps,
+                                    refuse_aliased, symbolic_entry, traced_symbolically)
 from kiln.debug.breaks import describe, tag
 from kiln.debug import trace_dir
 from kiln.debug.logs import enabled, log_for
@@ -240,7 +243,12 @@ class _Node:
             def forward(ctx, produced, *inputs_and_anchors):
                 fw_outs, saved, ctx.witnesses = produced
                 ctx.anchors = inputs_and_anchors[n_inputs:]
-                ctx.save_for_backward(*(saved[k] for k in node.saved))
+                kept = [saved[k] for k in node.saved]
+                # sizes (ints) the backward reads of symbolic graphs stay on the ctx
+                ctx.sizes = {j: v for j, v in enumerate(kept)
+                             if not isinstance(v, torch.Tensor) and v is not None}
+                ctx.save_for_backward(*(None if j in ctx.sizes else v
+                                        for j, v in enumerate(kept)))
                 # autograd would fill a zero gradient for every output the loss does
                 # not reach, which eager never adds (0 * inf is NaN): the backward is
                 # specialised to the gradients that come instead
@@ -260,6 +268,8 @@ class _Node:
                     # read only when used: a second backward through a node that saves
                     # nothing works in eager
                     saved = ctx.saved_tensors if saved_at else ()
+                    if ctx.sizes and saved_at:
+                        saved = [ctx.sizes.get(j, v) for j, v in enumerate(saved)]
                     args = [*(saved[k] for k in saved_at),
                             *(grads[q].contiguous() for q in tangents_at)]
                     del saved
@@ -324,12 +334,17 @@ class AotFunction:
     """What ``aot_compile`` returns: call it like the torch-level graph."""
 
     def __init__(self, gm, example_inputs, fw_compiler, bw_compiler, inference_compiler,
-                 decompositions=None, devices=None):
+                 decompositions=None, devices=None, symbolic=None, specialize=False):
         self.gm = gm
         self.ops = op_set(decompositions)
         # Meta stand-ins and devices only: the real examples are not kept alive.
         self.examples = [_meta_copy(a) if isinstance(a, torch.Tensor) else a
                          for a in example_inputs]
+        #: the ShapeEnv of symbolic examples (``symbolic.py``): the graphs serve every
+        #: size; a path the symbolic trace cannot serve raises SymbolicUnsupported
+        self.shape_env = None
+        if symbolic is not None:
+            self.examples, self.shape_env = symbolic
         self.devices = list(devices) if devices is not None else [
             a.device if isinstance(a, torch.Tensor) else None for a in example_inputs]
         #: calls run eagerly: the tracer cannot express the graph (``_Eager``), or inputs
@@ -342,6 +357,11 @@ class AotFunction:
         self.fw_compiler = fw_compiler or _default_compiler
         self.bw_compiler = bw_compiler or _default_compiler
         self.inference_compiler = inference_compiler or self.fw_compiler
+        if specialize and self.shape_env is not None:
+            # compilers of concrete sizes: each graph compiled per size after this trace
+            self.fw_compiler, self.bw_compiler, self.inference_compiler = (
+                per_size(c) for c in (self.fw_compiler, self.bw_compiler,
+                                      self.inference_compiler))
         self._training: dict[tuple, _Training] = {}
         self._inference: _Inference | None = None
         self._inference_trace: TraceResult | None = None
@@ -353,11 +373,19 @@ class AotFunction:
         #: grad off, it may still need a training path, traced from grad off
         self._enables_grad = any(n.op == "call_function" and n.target is torch._C._set_grad_enabled
                                  and n.args and n.args[0] for n in gm.graph.nodes)
+        if self.shape_env is not None:
+            self._entry = symbolic_entry(self._entry)
+            self._aliased_entry = refuse_aliased
         # Compile the path the example inputs ask for now, so errors surface early.
         self._entry(example_inputs)
 
     def _trace(self, train, pattern=None, aliases=None, grad_at_entry=None):
         """The joint graph of one path, or ``_Eager`` where the tracer cannot express it."""
+        if self.shape_env is not None:
+            return traced_symbolically(lambda: trace_joint(
+                self.gm, self.examples, train=train, requires_grad=pattern,
+                devices=self.devices, ops=self.ops, aliases=aliases,
+                grad_at_entry=grad_at_entry, shape_env=self.shape_env), self.shape_env)
         try:
             with timed("aot_trace"):
                 return trace_joint(self.gm, self.examples, train=train,
@@ -448,6 +476,8 @@ class AotFunction:
             _copy_mutations(args, outs, tr.mutations)
         if tr.witnesses and isinstance(entry, _Training):
             entry.unsettled.settle()
+        if tr.symbolic_steps:
+            tr = concrete_steps(tr, args)
         n = tr.plain_outputs
         if n is not None and not tr.meta_mutations:
             # outputs are the graph's first n results, nothing to build
@@ -594,13 +624,23 @@ def _alias_key(args, mutations):
 
 
 def aot_compile(gm: fx.GraphModule, example_inputs, fw_compiler=None, bw_compiler=None,
-                inference_compiler=None, decompositions=None, devices=None):
+                inference_compiler=None, decompositions=None, devices=None, symbolic=None,
+                specialize=False):
     """Ahead-of-time autograd for a torch-level graph: see the module docstring.
     Each compiler is ``compiler(aten_gm, example_inputs) -> callable`` (default: run
     the aten graph as it is). ``decompositions``: the op set profile, "core" (the
     default: core aten, what the kernel compiler lowers) or "eager" (ops with efficient
     aten kernels kept whole, for running the graphs op by op; ``ops.OpSet``).
     ``devices``: the real device of each input when ``example_inputs`` are meta
-    stand-ins (tracing a CUDA program on a machine without a GPU)."""
+    stand-ins (tracing a CUDA program on a machine without a GPU). ``symbolic``:
+    (examples with symbolic sizes, their ShapeEnv) from ``symbolic.symbolic_examples``;
+    without it, a graph whose placeholders carry symbolic sizes (``kiln_sym``) is traced
+    symbolically all the same, its graphs then compiled per concrete size
+    (``specialize``: the compilers take plain int sizes; ``specialize.per_size``)."""
+    if symbolic is None and capture_env(gm) is not None:
+        return aot_compile_dynamic(gm, example_inputs, specialize=True, fw_compiler=fw_compiler,
+                                   bw_compiler=bw_compiler,
+                                   inference_compiler=inference_compiler,
+                                   decompositions=decompositions, devices=devices)
     return AotFunction(gm, example_inputs, fw_compiler, bw_compiler, inference_compiler,
-                       decompositions, devices)
+                       decompositions, devices, symbolic, specialize)

@@ -306,6 +306,8 @@ def fused_kernel(q, k, v, mask, is_causal, scale, device) -> int | None:
         return None
     if device.type == "cuda" and not torch.cuda.is_available():
         return None                 # graphs for a GPU traced without one: recompute
+    if is_symbolic([q, k, v, mask]):
+        return None     # eager's choice may change with the sizes: kiln.sdpa asks per call
 
     def real(t):
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
@@ -317,6 +319,11 @@ def fused_kernel(q, k, v, mask, is_causal, scale, device) -> int | None:
     if choice == FLASH and device.type == "cuda" and (q.shape[-1] % 8 or v.shape[-1] % 8):
         return None     # eager pads such heads for the CUDA flash kernel first; recompute
     return choice if choice in _FUSED[device.type] else None
+
+
+def is_symbolic(xs) -> bool:
+    return any(isinstance(t, torch.Tensor) and any(isinstance(n, torch.SymInt) for n in t.shape)
+               for t in xs)
 
 
 _SDPA_FUNCTIONS = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}

@@ -47,6 +47,9 @@ from kiln.autograd.eager_saved import saved_storages, storage_of
 from kiln.autograd.index_lists import INDEXING, index_tensors
 from ..dispatch_mode import KilnDispatchMode
 from ..fast_meta import host_scalars_arg, meta_result
+from ..shapes.fake_ops import is_symbolic
+from ..shapes.meta_calls import call_meta, reads_int_sizes, retry_python_composite
+from kiln.autograd.sym_nodes import SymNodes, SymbolicUnsupported
 
 aten = torch.ops.aten
 _META = torch.device("meta")
@@ -110,6 +113,9 @@ class TraceResult:
     #: backward reads the tensor's storage,): tensors whose later in-place writes fail
     #: eager's backward from those outputs (``eager_saved.Witnesses``)
     witnesses: list = field(default_factory=list)
+    #: output view chains or geometry changes carry symbolic sizes, made concrete per
+    #: call from the inputs' sizes (``symbolic.concrete_steps``)
+    symbolic_steps: bool = False
 
     @functools.cached_property
     def plain_outputs(self) -> int | None:
@@ -165,6 +171,9 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         #: the grad mode the graph's own ``_set_grad_enabled`` nodes set last (None: the
         #: mode it was called in, which the trace's own may not be)
         self.grad_set: bool | None = None
+        #: the graph's symbolic sizes (``sym_nodes.SymNodes``) when the inputs have some
+        self.sym = None
+        self.writes = 0             # mutations recorded so far
 
     # --- bookkeeping ------------------------------------------------------------
     def register(self, t, node, storage=None, chain=(), device=None):
@@ -245,6 +254,7 @@ class _TraceMode(Functionalize, KilnDispatchMode):
             return args[0] if func is aten.lift_fresh.default else self._record(
                 aten.clone.default, args, kwargs)
         if opinfo.is_mutation(func):
+            self.writes += 1
             return self._mutate(func, args, kwargs)
         if func is aten.detach.default:
             # ``alias`` in the graph; replayed as ``detach`` on a real input it aliases,
@@ -294,7 +304,9 @@ class _TraceMode(Functionalize, KilnDispatchMode):
             device = self._device_of(func, args, kwargs)
         out = meta_result(func, args, kwargs, device)
         if out is None:
-            out = func(*host_scalars_arg(func, args, self._on_cpu), **kwargs)
+            args_ = host_scalars_arg(func, args, self._on_cpu)
+            out = func(*args_, **kwargs) if self.sym is None else \
+                call_meta(func, args_, kwargs)
         rec_kwargs = dict(kwargs)
         if "device" in rec_kwargs:
             rec_kwargs["device"] = device
@@ -313,6 +325,9 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         return info is not None and info.device.type == "cpu"
 
     def _to_nodes(self, args, kwargs):
+        if self.sym is not None:
+            return tree_map(lambda a: self.value(a) if isinstance(a, torch.Tensor)
+                            else self.sym.value(a), (args, kwargs))
         return tree_map(lambda a: self.value(a) if isinstance(a, torch.Tensor) else a,
                         (args, kwargs))
 
@@ -354,7 +369,7 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         info = self.infos[id(src)]
         if func in STORAGE_VIEWS:
             self._check_storage_views(((func,),), info.storage)
-        out = func(*args, **kwargs)
+        out = func(*args, **kwargs) if self.sym is None else call_meta(func, args, kwargs)
         node = self._node("call_function", func, *self._to_nodes(args, kwargs))
         self._register_outputs(out, node, info.device, view_of=info,
                                step=(step_op or func, tuple(args[1:]), dict(kwargs)))
@@ -424,7 +439,18 @@ class _Runner(fx.Interpreter):
             info = self.mode.infos.get(id(args[0]))
             index = index_tensors(args[1], info.device if info else None)
             args = (args[0], index, *args[2:])
-        return super().call_function(target, args, kwargs)
+        if self.mode.sym is None:
+            return super().call_function(target, args, kwargs)
+        writes = self.mode.writes
+        try:
+            return super().call_function(target, args, kwargs)
+        except RuntimeError as e:
+            # a C++ composite reading int sizes (2.11's 3-d matmul): its Python composite
+            # instead, where the failed attempt wrote nothing (its other records are dead)
+            if self.mode.writes != writes or not reads_int_sizes(str(e)):
+                raise
+        return retry_python_composite(lambda: super(_Runner, self).call_function(
+            target, args, kwargs))
 
     def run_node(self, n):
         self.mode.source = n
@@ -453,7 +479,8 @@ class _StandIn(torch.autograd.Function):
 
 
 def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=None,
-                devices=None, ops=None, aliases=None, grad_at_entry=None) -> TraceResult:
+                devices=None, ops=None, aliases=None, grad_at_entry=None,
+                shape_env=None) -> TraceResult:
     """Trace ``gm`` on meta copies of ``example_inputs``; with ``train``, also the
     backward for every output that requires grad. See the module docstring.
     ``requires_grad`` and ``devices`` (per input) override the examples' own, so that
@@ -465,7 +492,9 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     at storage offset 0, and neither requires grad) — so that a write through either
     is seen through the other (see ``runtime._alias_key``). ``grad_at_entry``: the grad
     mode the graph starts in (default: ``train``); a training trace may start with grad
-    off when the graph turns it on itself (``torch._C._set_grad_enabled`` nodes)."""
+    off when the graph turns it on itself (``torch._C._set_grad_enabled`` nodes).
+    ``shape_env``: the ``ShapeEnv`` of the examples' symbolic sizes (``symbolic.py``),
+    whose sizes the graph then computes from its inputs (``sym_nodes``)."""
     ops = opinfo.op_set(ops)
     if _names_meta_device(gm):
         raise AotUnsupported("K0110", "the graph moves tensors to the meta device, the device "
@@ -484,6 +513,9 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                           tensor_devices[0] if tensor_devices else torch.get_default_device())
     mode = _TraceMode(default_device, ops)
     graph = mode.graph
+    if shape_env is not None:
+        mode.sym = SymNodes(lambda target, args: mode._node("call_function", target, args),
+                            shape_env)
 
     aliases = aliases or {}
     leaves, metas, grad_inputs = [], [], []
@@ -494,6 +526,8 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
         if not isinstance(a, torch.Tensor):
             ph.meta["val"] = a
             metas.append(a)
+            if isinstance(a, torch.SymInt) and mode.sym is not None:
+                mode.sym.define(a.node.expr, ph)
             continue
         if i in aliases:               # made from its base below; this input unused
             ph.meta["val"] = _meta_copy(a)
@@ -512,6 +546,8 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
         info = mode.register(m, ph, device=devices[i])
         info.storage.input_index = i
         mode.input_of[id(m)] = i
+        if mode.sym is not None:
+            mode.sym.of_input(m, ph)
     for i, (base, geometry) in sorted(aliases.items()):
         with mode:
             if geometry is None:
@@ -652,6 +688,10 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     else:
         grad_inputs, grad_deps = [], []
 
+    if mode.sym is not None and any(is_symbolic([n.args, n.kwargs]) for n in graph.nodes):
+        # a size that reached an argument other than through the mode (never a node):
+        # run as it is, it would be the traced size
+        raise SymbolicUnsupported("a symbolic size left as a constant in the graph")
     _order_placeholders(graph)
     graph.output((*fw_nodes, *bw_nodes))
     _drop_aliases(graph)
@@ -659,7 +699,19 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     return TraceResult(graph, mode.constants, len(example_inputs), len(fw_nodes), specs,
                        mutations, differentiable, grad_inputs, grad_deps,
                        mode.meta_mutations, sorted(mode.storage_inputs), copied,
-                       witnesses)
+                       witnesses, mode.sym is not None and _symbolic_steps(
+                           specs, mode.meta_mutations))
+
+
+def _symbolic_steps(specs, meta_mutations) -> bool:
+    """Do the steps the runtime replays on real tensors (output views, geometry
+    changes) carry symbolic sizes (to be made concrete per call)?"""
+    def steps(chain):
+        return [(rest, kw) for _op, rest, kw, *_ in chain]
+    for spec in specs:
+        if spec[0] in ("input_view", "base_view") and is_symbolic(steps(spec[2])):
+            return True
+    return any(is_symbolic(list(m[2])) or is_symbolic(m[3]) for m in meta_mutations)
 
 
 def _user_writable(graph: fx.Graph, metas, fw_values, specs, differentiable):

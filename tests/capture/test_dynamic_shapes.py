@@ -295,8 +295,8 @@ def _train(x, w):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gradients_through_symbolic_graphs(backend):
-    """Backward through the graph of each size (aot_eager and kiln compile the one
-    captured graph per size): values and gradients match eager's."""
+    """Backward through the symbolic graph (aot_eager and kiln trace its autograd once;
+    kiln then compiles it per size): values and gradients match eager's."""
     c = kiln.compile(_train, backend=backend)
     w = torch.randn(8, 4, requires_grad=True)
     for s in (3, 5, 6, 9):

@@ -1,0 +1,230 @@
+"""Compilers that take only concrete sizes, fed from one symbolic autograd trace.
+
+The kernel compiler lowers graphs of plain int sizes. Given the forward, backward or
+inference aten graph of a symbolic trace (``symbolic.py``), ``PerSizeGraph`` compiles,
+per signature of the arguments it is called with (sizes, strides, dtypes, int values;
+``config.dynamic_specializations`` kept, least recently used dropped), a copy of the
+graph specialised to those sizes: the symbols' values read off the arguments (solved
+from each placeholder's symbolic sizes), every size node (``sym_size``, ``operator``)
+folded to its int, int placeholders and int outputs taken out (the compiled graph sees
+tensors only; the wrapper puts the ints back), and each node's ``meta["val"]``
+recomputed on meta tensors of the concrete sizes, as a concrete trace records it. The
+autograd trace, functionalization, decomposition and partition ran once.
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import operator
+
+import sympy
+import torch
+import torch.fx as fx
+
+from kiln import config
+from kiln.autograd.sym_nodes import SymbolicUnsupported
+from kiln.fast_meta import meta_result
+
+_META = torch.device("meta")
+
+
+def _symbols_of(graph: fx.Graph) -> set:
+    out = set()
+    for n in graph.nodes:
+        v = n.meta.get("val")
+        for t in (v if isinstance(v, (tuple, list)) else (v,)):
+            if isinstance(t, torch.Tensor):
+                for s in (*t.shape, *t.stride()):
+                    if isinstance(s, torch.SymInt):
+                        out |= s.node.expr.free_symbols
+            elif isinstance(t, torch.SymInt):
+                out |= t.node.expr.free_symbols
+    return out
+
+
+def _equations(placeholders, values):
+    """(symbolic size, its value) for every size of every placeholder."""
+    eqs = []
+    for ph, a in zip(placeholders, values):
+        v = ph.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            for n, m in zip(v.shape, a.shape if isinstance(a, torch.Tensor) else a):
+                if isinstance(n, torch.SymInt):
+                    eqs.append((n.node.expr, int(m)))
+        elif isinstance(v, torch.SymInt):
+            eqs.append((v.node.expr, int(a)))
+    return eqs
+
+
+def solve(eqs, wanted) -> dict | None:
+    """Values of the ``wanted`` symbols from ``eqs`` [(expression, int)], solving each
+    equation with one unknown left; None when some stay unknown."""
+    bound: dict = {}
+    progress = True
+    while progress and not wanted <= set(bound):
+        progress = False
+        for e, v in eqs:
+            e2 = e.xreplace(bound)
+            free = e2.free_symbols
+            if len(free) != 1:
+                continue
+            (s,) = free
+            if e2 == s:
+                bound[s] = sympy.Integer(v)
+            else:
+                sol = [r for r in sympy.solve(sympy.Eq(e2, v), s) if r.is_Integer and r > 0]
+                if len(sol) != 1:
+                    continue
+                bound[s] = sol[0]
+            progress = True
+    return bound if wanted <= set(bound) else None
+
+
+def _signature(args):
+    return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor)
+                 else ("int", a) for a in args)
+
+
+class PerSizeGraph:
+    """``compiler`` applied to ``gm`` specialised per signature of arguments (see the
+    module docstring). Refuses (``SymbolicUnsupported``) a graph whose symbols its
+    placeholders do not give."""
+
+    def __init__(self, gm: fx.GraphModule, compiler):
+        self.gm = gm
+        self.compiler = compiler
+        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.symbols = _symbols_of(gm.graph)
+        hints = [_hint_value(n.meta.get("val")) for n in self.placeholders]
+        if solve(_equations(self.placeholders, hints), self.symbols) is None:
+            raise SymbolicUnsupported("a backward or forward graph whose sizes its inputs "
+                                      "do not give")
+        self.compiled: collections.OrderedDict = collections.OrderedDict()
+
+    def __call__(self, *args):
+        key = _signature(args)
+        hit = self.compiled.get(key)
+        if hit is None:
+            hit = self.compiled[key] = self._compile(args)
+            while len(self.compiled) > max(1, config.dynamic_specializations):
+                self.compiled.popitem(last=False)
+        else:
+            self.compiled.move_to_end(key)
+        fn, keep, template = hit
+        outs = fn(*[args[i] for i in keep])
+        if template is None:
+            return outs
+        it = iter(outs)
+        return tuple(next(it) if t is _FROM_GRAPH else t for t in template)
+
+    def _compile(self, args):
+        values = solve(_equations(self.placeholders, args), self.symbols)
+        if values is None:
+            raise RuntimeError("kiln: the sizes of a symbolic graph's inputs do not give "
+                               "its symbols")
+        gm, keep, template = specialise(self.gm, values, args)
+        examples = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+        return self.compiler(gm, examples), keep, template
+
+
+_FROM_GRAPH = object()
+
+
+def _hint_value(v):
+    if isinstance(v, torch.Tensor):
+        return [s.node.hint if isinstance(s, torch.SymInt) else s for s in v.shape]
+    if isinstance(v, torch.SymInt):
+        return v.node.hint
+    return v
+
+
+def _concrete(x, values):
+    if isinstance(x, torch.SymInt):
+        e = x.node.expr.xreplace(values)
+        if not e.is_Integer:
+            raise RuntimeError(f"kiln: the size {x} is not an integer at {values}")
+        return int(e)
+    return x
+
+
+def specialise(gm: fx.GraphModule, values: dict, args):
+    """(a copy of ``gm`` at these symbol ``values``, positions of the arguments it
+    takes, a template of its outputs with the ints put back, or None)."""
+    graph = copy.deepcopy(gm.graph)
+    keep = []
+    phs = [n for n in graph.nodes if n.op == "placeholder"]
+    for i, (ph, a) in enumerate(zip(phs, args)):
+        if isinstance(a, torch.Tensor) or a is None:
+            keep.append(i)
+            if isinstance(a, torch.Tensor):
+                ph.meta["val"] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype,
+                                                     device=_META)
+        else:
+            ph.replace_all_uses_with(_concrete(ph.meta.get("val"), values)
+                                     if isinstance(ph.meta.get("val"), torch.SymInt) else a)
+            graph.erase_node(ph)
+    for n in list(graph.nodes):
+        if n.op == "call_function" and isinstance(n.meta.get("val"), torch.SymInt):
+            n.replace_all_uses_with(_concrete(n.meta["val"], values))
+            graph.erase_node(n)
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    results = out.args[0]
+    template = None
+    if any(not isinstance(r, fx.Node) and r is not None for r in results):
+        template = tuple(_FROM_GRAPH if isinstance(r, fx.Node) or r is None else r
+                         for r in results)
+        meta = dict(out.meta)
+        kept = tuple(r for r in results if isinstance(r, fx.Node) or r is None)
+        graph.erase_node(out)
+        out = graph.output(kept)
+        out.meta.update(meta)
+        shift = sum(1 for r in results[:meta.get("kiln_internal_outputs_from", len(results))]
+                    if not (isinstance(r, fx.Node) or r is None))
+        if "kiln_internal_outputs_from" in meta:
+            out.meta["kiln_internal_outputs_from"] = meta["kiln_internal_outputs_from"] - shift
+    _recompute_meta(graph, values)
+    graph.lint()
+    new = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    return new, keep, template
+
+
+def _recompute_meta(graph: fx.Graph, values) -> None:
+    """Each node's ``meta["val"]`` on meta tensors of the concrete sizes: the layouts a
+    concrete trace records (``fast_meta``'s device-aware ones first)."""
+    for n in graph.nodes:
+        if n.op in ("placeholder", "output"):
+            continue
+        old = n.meta.get("val")
+        if n.op == "get_attr":
+            if isinstance(old, torch.Tensor):
+                n.meta["val"] = _concrete_tensor(old, values)
+            continue
+        if n.target is operator.getitem:
+            src = n.args[0].meta.get("val")
+            n.meta["val"] = src[n.args[1]] if isinstance(src, (tuple, list)) else old
+            continue
+        if not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        a, kw = fx.node.map_arg((n.args, n.kwargs), lambda m: m.meta.get("val"))
+        dev = n.meta.get("device")
+        kw = dict(kw)
+        if "device" in kw:
+            kw["device"] = _META
+        try:
+            val = meta_result(n.target, a, kw, dev if dev is not None else torch.device("cpu"))
+            if val is None:
+                val = n.target(*a, **kw)
+        except Exception:  # noqa: BLE001  (kept: the symbolic value, made concrete)
+            val = _concrete_tensor(old, values) if isinstance(old, torch.Tensor) else old
+        n.meta["val"] = val
+
+
+def _concrete_tensor(t, values):
+    return torch.empty_strided([_concrete(s, values) for s in t.shape],
+                               [_concrete(s, values) for s in t.stride()],
+                               dtype=t.dtype, device=_META)
+
+
+def per_size(compiler):
+    """``compiler`` (of concrete sizes) as a compiler of symbolic aten graphs."""
+    return lambda gm, example_inputs: PerSizeGraph(gm, compiler)
