@@ -227,9 +227,10 @@ def test_as_accurate_as_eager_against_float64():
         assert e_kiln <= 2 * e_eager + 1e-7, (what, e_kiln, e_eager)
 
 
-def test_forward_kernels_write_no_log_softmax(monkeypatch):
+def test_kernels_write_no_log_softmax(monkeypatch):
     """The compiled forward computes the loss from per-row max and log-sum: none of its
-    own kernels writes a logits-sized buffer (it wrote the fp32 log-softmax, saved)."""
+    own kernels writes a logits-sized buffer (it wrote the fp32 log-softmax, saved); the
+    backward writes one, the gradient."""
     from kiln.kernels import compile as kcompile
     from kiln.kernels import ir
     built = []
@@ -240,10 +241,14 @@ def test_forward_kernels_write_no_log_softmax(monkeypatch):
     got = _run(kiln.compile(step, backend="kiln"), h, w, y, None)
     want = _run(step, h, w, y, None)
     torch.testing.assert_close(got[0], want[0], rtol=2e-2, atol=2e-3)
-    fw = built[0][0]
-    written = [name for name, b in fw.buffers.items()
-               if isinstance(b, (ir.Pointwise, ir.Reduction)) and ir.numel_of(b.sizes) >= N * V]
-    assert not written, written
+
+    def written(rt):
+        return [name for name, b in rt.buffers.items()
+                if isinstance(b, (ir.Pointwise, ir.Reduction)) and ir.numel_of(b.sizes) >= N * V]
+    assert not written(built[0][0])
+    # the backward's one kernel recomputes the log-softmax where it is read; only the
+    # logits' gradient is stored (nll_loss's zeros, full_like(log_softmax), read no value)
+    assert len(written(built[1][0])) == 1, written(built[1][0])
 
 
 # --- the decompositions themselves ----------------------------------------------------
