@@ -10,7 +10,9 @@ accumulates) the output is pointwise in the logits and two per-row reductions, s
 min-cut (``partition.py``: reductions are saved, pointwise ops and casts recomputed)
 keeps the logits and the [rows, 1] max and log-sum, and the backward recomputes the
 log-softmax inside its one kernel. ``_log_softmax_backward_data`` is already expanded by
-PyTorch's core table.
+PyTorch's core table. nll_loss's ``gather`` from the log-softmax is expanded the same way
+on the gathered logits, so the forward never stores the log-softmax either (the kernel
+compiler stores a gather's source).
 
 Only where autograd will differentiate it (grad mode on, the input requiring grad):
 an inference graph keeps the op whole (the kernel compiler lowers it to the same
