@@ -279,3 +279,21 @@ def test_decomposition_is_eager_exactly_and_declines_what_it_must():
     torch.testing.assert_close(ob, eb, rtol=2 ** -7, atol=2 ** -7)
     ib = torch.randint(0, 50, (64, 2))
     assert torch.equal(gather_of_log_softmax(ob, 1, ib), ob.gather(1, ib))
+
+
+@pytest.mark.slow
+def test_triton_kernels_store_no_log_softmax(tmp_path):
+    """The same through kiln's Triton kernels (interpreter, CPU tensors): values as
+    eager's, the forward stores no logits-sized buffer, the backward one."""
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("triton")
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    env = dict(os.environ, TRITON_INTERPRET="1", KILN_KERNEL_TARGET="triton",
+               KILN_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, os.path.join(here, "cross_entropy_triton_case.py")],
+                       env=env, capture_output=True, text=True, cwd=root, timeout=900)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-4000:] + r.stderr[-3000:]
