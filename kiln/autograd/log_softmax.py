@@ -5,8 +5,8 @@ Whole, ``_log_softmax``'s backward (``grad - exp(out) * sum(grad)``) reads its o
 so the forward saves the full log-softmax: for a causal LM's loss that is an fp32
 [tokens, vocab] tensor written, kept and read back, when the (bf16) logits the matmul
 made are alive anyway. Expanded to ``x - max - log(sum(exp(x - max)))`` (eager's own
-order: the row max subtracted first, bf16/fp16 inputs upcast to fp32 as eager's kernel
-accumulates) the output is pointwise in the logits and two per-row reductions, so the
+order: the row max subtracted first; fp16 with ``half_to_float`` upcast first) the
+output is pointwise in the logits and two per-row reductions, so the
 min-cut (``partition.py``: reductions are saved, pointwise ops and casts recomputed)
 keeps the logits and the [rows, 1] max and log-sum, and the backward recomputes the
 log-softmax inside its one kernel. ``_log_softmax_backward_data`` is already expanded by
@@ -26,16 +26,21 @@ import torch
 
 aten = torch.ops.aten
 
-#: dtypes eager's kernel computes in float32 (its accumulate type), writing the result
-#: in the input's dtype.
+#: dtypes eager's kernel computes in float32 (its accumulate type).
 _UPCAST = (torch.float16, torch.bfloat16)
 
 
 def log_softmax_in_training(x: torch.Tensor, dim: int, half_to_float: bool = False):
     """``aten._log_softmax(x, dim, half_to_float)`` as amax, sub, exp, sum, log, sub
-    when its gradient will be taken; ``NotImplemented`` (recorded whole) otherwise."""
+    when its gradient will be taken; ``NotImplemented`` (recorded whole) otherwise.
+
+    A bf16/fp16 result (no ``half_to_float``) stays whole: eager's kernels round it
+    differently per device (the CPU's rounds the log-sum-exp to the input's dtype, then
+    the result; CUDA's rounds once), and a bf16 unit near zero is far outside the
+    tolerance its callers compare with. Mixed precision's log-softmax (autocast, a
+    ``.float()`` before the loss) takes a float32 input, which this covers."""
     if not (torch.is_grad_enabled() and x.requires_grad) or x.numel() == 0 \
-            or not x.dtype.is_floating_point:
+            or not x.dtype.is_floating_point or (x.dtype in _UPCAST and not half_to_float):
         return NotImplemented
     out_dtype = torch.float32 if half_to_float else x.dtype
     if not x.is_contiguous():       # eager returns a contiguous tensor

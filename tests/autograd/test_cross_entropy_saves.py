@@ -268,17 +268,9 @@ def test_decomposition_is_eager_exactly_and_declines_what_it_must():
     with torch.no_grad():
         out.add_(1)                                                  # written since
     assert gather_of_log_softmax(out, 1, idx) is NotImplemented
-    # bf16 input: computed in fp32 and rounded once (eager's CPU kernel rounds more: one
-    # bf16 unit apart here and there), so no further from float64 than eager
-    xb = (torch.randn(64, 50) * 3).bfloat16().requires_grad_(True)
-    ob = log_softmax_in_training(xb, -1)
-    eb = aten._log_softmax.default(xb, -1, False)
-    assert ob.dtype == torch.bfloat16
-    ref = torch.log_softmax(xb.detach().double(), -1)
-    assert (ob.double() - ref).abs().max() <= (eb.double() - ref).abs().max()
-    torch.testing.assert_close(ob, eb, rtol=2 ** -7, atol=2 ** -7)
-    ib = torch.randint(0, 50, (64, 2))
-    assert torch.equal(gather_of_log_softmax(ob, 1, ib), ob.gather(1, ib))
+    # a bf16 result stays whole (eager's CPU and CUDA kernels round it differently)
+    xb = torch.randn(8, 50).bfloat16().requires_grad_(True)
+    assert log_softmax_in_training(xb, -1) is NotImplemented
 
 
 @pytest.mark.slow
