@@ -45,7 +45,8 @@ def _build_decompositions():
     for op in EXTRA_DECOMPOSE:
         if op in decomposition_table:
             table[op] = decomposition_table[op]
-    for op, fn in _OWN_DECOMPOSITIONS.items():
+    from kiln.autograd.log_softmax import TRAINING_DECOMPOSITIONS
+    for op, fn in {**_OWN_DECOMPOSITIONS, **TRAINING_DECOMPOSITIONS}.items():
         table[op] = fn
     for op in KEEP_WHOLE:
         table.pop(op, None)

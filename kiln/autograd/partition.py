@@ -53,6 +53,20 @@ def _is_backward(n: fx.Node) -> bool:
     return n.meta.get("phase") == "backward"
 
 
+#: Saving a value the forward would otherwise fuse away (a pointwise result) costs a
+#: store of it as well as its bytes: counted as this fraction of its bytes, so that a
+#: tie (a log-softmax vs the logits it is computed from, the logits plus two values per
+#: row) goes to the value the forward stores anyway.
+STORE_COST = 1 / 16
+
+
+def _store_cost(n: fx.Node, recompute: bool) -> float:
+    if not recompute or n.op != "call_function" or not is_recomputable(n.target) \
+            or n.target is operator.getitem or is_view(n.target):
+        return 0
+    return nbytes(n) * STORE_COST
+
+
 def choose_saved(joint: fx.Graph, recompute: bool | None = None,
                  copied=frozenset()) -> list[fx.Node]:
     """The joint-graph nodes to save for the backward: a minimum cut (see module doc).
@@ -76,7 +90,7 @@ def choose_saved(joint: fx.Graph, recompute: bool | None = None,
             # One byte more for computed values: on a tie, save the input itself
             # (alive anyway) rather than a view or copy of it.
             cap = nbytes(n) + (0 if n.op == "placeholder" else 1) + \
-                (2 if n in copied else 0)
+                (2 if n in copied else 0) + _store_cost(n, recompute)
             g.add_edge(f"{n.name}_in", f"{n.name}_out",
                        **({} if cap == INF else {"capacity": cap}))
         for u in n.users:

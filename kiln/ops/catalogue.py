@@ -112,6 +112,9 @@ FAMILIES = [
       "native_dropout.default", "uniform.default", "normal.Tensor_float"),
      dict(allowed=True),
      "random ops kept whole, so each draw happens once, where eager draws it"),
+    (("_log_softmax.default", "gather.default"), dict(allowed=True),
+     "CORE decomposes them only in training, a log-softmax whose gradient is taken and a "
+     "gather from one (autograd/log_softmax.py); otherwise they stay whole"),
     (("empty.memory_format", "empty_strided.default", "new_empty_strided.default",
       "empty_permuted.default", "as_strided_scatter.default", "copy.default",
       "alias.default", "_to_copy.default", "clone.default", "lift_fresh_copy.default",

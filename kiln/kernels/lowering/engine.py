@@ -40,6 +40,11 @@ from .base import LAZY_LISTS, LOWERINGS, Lazy, STORAGE_OPS, Unsupported, View, i
 aten = torch.ops.aten
 _fallback_log = log_for("fallbacks")
 
+#: ops that read only their argument's shape, dtype and device: not a reason to store
+#: a lazy value (nll_loss's backward makes its zeros with full_like(log_softmax))
+_SHAPE_ONLY = frozenset({aten.full_like.default, aten.zeros_like.default,
+                         aten.empty_like.default})
+
 #: library calls whose result's layout does not follow their operands' (a matrix
 #: product's result is contiguous whatever its operands' strides): an operand that is a
 #: window on a stored buffer is passed as that window, not copied first
@@ -370,7 +375,8 @@ class GraphLowering:
         if isinstance(out, Lazy) and node not in self.out_roots:  # (stored in eager's layout)
             probe = out.load(loop_vars(out.sizes))
             n_ops = ir.op_count(probe)
-            if n_ops > MAX_INLINE_OPS or (len(node.users) > 1 and n_ops > 0
+            readers = sum(1 for u in node.users if u.target not in _SHAPE_ONLY)
+            if n_ops > MAX_INLINE_OPS or (readers > 1 and n_ops > 0
                                           and not self._reads_little(probe, out.sizes)):
                 if all(u.target in _READS_ANY_LAYOUT for u in node.users):
                     return (store_for_library(self, out, node.name)
