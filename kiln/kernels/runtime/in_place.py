@@ -22,9 +22,10 @@ Sound by these rules, checked on the schedule:
   ``__restrict__``, which an aliased pair would break);
 - neither the input nor the buffer is another output of the graph.
 The caller passes which outputs are new values of which inputs
-(``gm.meta[MUTATIONS]``); only its inference path does (no autograd history to
-record), and only for inputs that share no storage with another input (checked per
-call before the graph runs).
+(``gm.meta[MUTATIONS]``, positions in that very graph: a pass that drops placeholders
+or outputs builds a new module without the key, as ``autograd.specialize`` does); only
+its inference path does (no autograd history to record), and only for inputs that
+share no storage with another input (checked per call before the graph runs).
 """
 from __future__ import annotations
 
