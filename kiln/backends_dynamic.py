@@ -1,7 +1,8 @@
 """Which backends take a graph whose sizes are symbolic as it is, and
 ``PerSizeCompiled`` for those that need concrete sizes: the one captured graph compiled
 once per distinct signature of input sizes, strides and int values, on first use, kept
-in a small LRU (``config.dynamic_specializations``); symbolic int inputs folded into the
+the first ``config.dynamic_specializations`` of them (later sizes run the captured
+graph as it is); symbolic int inputs folded into the
 graph as constants, the backend then taking the tensors alone. aot_eager and kiln trace
 autograd once symbolically (``autograd/symbolic.py``) and come here only for a graph
 that trace cannot serve."""
@@ -52,8 +53,11 @@ class PerSizeCompiled:
         key = _signature(args)
         hit = self.compiled.get(key)
         if hit is not None:
-            self.compiled.move_to_end(key)
             return hit
+        if len(self.compiled) >= max(1, config.dynamic_specializations):
+            # beyond the bound: the captured graph as it is, not compiled and evicting
+            # nothing (sizes cycling through more than the bound would compile every call)
+            return self.gm.forward, False
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         try:
             hit = (self.compile_graph(self.backend, without_symbols(_with_ints_folded(self.gm, args)),
@@ -66,8 +70,6 @@ class PerSizeCompiled:
                                               "running the captured graph for them: %s", key, e)
             hit = (self.gm.forward, False)
         self.compiled[key] = hit
-        while len(self.compiled) > max(1, config.dynamic_specializations):
-            self.compiled.popitem(last=False)
         return hit
 
     def __call__(self, *args):

@@ -35,8 +35,9 @@ recompile_limit: int = _env_int("KILN_RECOMPILE_LIMIT", 8)
 #: torch's dynamic=None), "true" (every argument size symbolic from the first trace),
 #: "false" (a graph per size). See kiln/shapes/policy.py.
 dynamic_shapes: str = _env_str("KILN_DYNAMIC_SHAPES", "auto")
-#: A graph with symbolic sizes that a backend compiles for concrete sizes (aot_eager,
-#: kiln) keeps this many compiled sizes, least recently used dropped
+#: A graph with symbolic sizes that a backend compiles for concrete sizes (the kiln
+#: kernels) compiles the first this many sizes; later ones run the graph op by op, not
+#: compiled (never one compile per call for a stream cycling through more sizes)
 #: (KILN_DYNAMIC_SPECIALIZATIONS).
 dynamic_specializations: int = _env_int("KILN_DYNAMIC_SPECIALIZATIONS", 16)
 #: On an internal error while compiling, run the frame eagerly (with a warning that

@@ -3,7 +3,8 @@
 The kernel compiler lowers graphs of plain int sizes. Given the forward, backward or
 inference aten graph of a symbolic trace (``symbolic.py``), ``PerSizeGraph`` compiles,
 per signature of the arguments it is called with (sizes, strides, dtypes, int values;
-``config.dynamic_specializations`` kept, least recently used dropped), a copy of the
+the first ``config.dynamic_specializations`` of them, later ones running the symbolic
+graph op by op), a copy of the
 graph specialised to those sizes: the symbols' values read off the arguments (solved
 from each placeholder's symbolic sizes), every size node (``sym_size``, ``operator``)
 folded to its int, int placeholders and int outputs taken out (the compiled graph sees
@@ -23,9 +24,11 @@ import torch.fx as fx
 
 from kiln import config
 from kiln.autograd.sym_nodes import SymbolicUnsupported
+from kiln.debug.logs import log_for
 from kiln.fast_meta import meta_result
 
 _META = torch.device("meta")
+_log = log_for("perf_hints")
 
 
 def _symbols_of(graph: fx.Graph) -> set:
@@ -100,22 +103,37 @@ class PerSizeGraph:
             raise SymbolicUnsupported("a backward or forward graph whose sizes its inputs "
                                       "do not give")
         self.compiled: collections.OrderedDict = collections.OrderedDict()
+        self.uncompiled_calls = 0      # calls beyond the bound (``_uncompiled``)
+        self.logged = False
 
     def __call__(self, *args):
         key = _signature(args)
         hit = self.compiled.get(key)
         if hit is None:
+            if len(self.compiled) >= max(1, config.dynamic_specializations):
+                return self._uncompiled(args)
             hit = self.compiled[key] = self._compile(args)
-            while len(self.compiled) > max(1, config.dynamic_specializations):
-                self.compiled.popitem(last=False)
-        else:
-            self.compiled.move_to_end(key)
         fn, keep, template = hit
         outs = fn(*[args[i] for i in keep])
         if template is None:
             return outs
         it = iter(outs)
         return tuple(next(it) if t is _FROM_GRAPH else t for t in template)
+
+    def _uncompiled(self, args):
+        """A signature beyond the ``config.dynamic_specializations`` compiled ones runs
+        the symbolic graph itself, op by op as aot_eager does. Not compiled and not
+        evicting: a stream cycling through more sizes than the bound (resnet18 over 64
+        batch sizes) would otherwise compile on every call, many times slower than eager."""
+        if not self.logged:
+            self.logged = True
+            _log.info("more input sizes than KILN_DYNAMIC_SPECIALIZATIONS (%d) reach one graph: "
+                      "the others run its aten graph without compiling kernels "
+                      "(kiln.mark_dynamic does not help here: the kernels are per size)",
+                      max(1, config.dynamic_specializations))
+        self.uncompiled_calls += 1
+        out = self.gm(*args)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
     def _compile(self, args):
         values = solve(_equations(self.placeholders, args), self.symbols)
