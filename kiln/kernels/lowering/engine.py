@@ -8,8 +8,9 @@ Values during lowering are *boxes*:
   expression. Pointwise ops compose lazies, which *is* vertical fusion of pointwise
   chains; reductions inline them into their bodies (pointwise-into-reduction fusion).
 
-A lazy is stored (``realize``) when several nodes use it, when it is an output, when it
-grows large, or before a reshape that strides cannot express. Any op without a
+A lazy is stored (``realize``) when several nodes use it (unless each is better off
+computing it again: ``recompute.py``), when it is an output, when it grows large, or
+before a reshape that strides cannot express. Any op without a
 lowering (or with one that declines, by raising ``Unsupported``) becomes an ``Extern``:
 the aten op itself, called at run time — logged under ``fallbacks`` — so every graph
 runs.
@@ -32,6 +33,7 @@ from ..devices import same_device, graph_device
 from ..ir import loop_vars
 from ..ops import cast, op
 from ...ops import is_library_call
+from . import recompute
 from .host_scalars import (device_side, is_host_scalar, lower_stacked,
                            on_device as host_scalars_on_device, takes_host_values)
 from .base import LAZY_LISTS, LOWERINGS, Lazy, STORAGE_OPS, Unsupported, View, is_box, is_dense, returns_a_view
@@ -370,7 +372,8 @@ class GraphLowering:
             probe = out.load(loop_vars(out.sizes))
             n_ops = ir.op_count(probe)
             if n_ops > MAX_INLINE_OPS or (len(node.users) > 1 and n_ops > 0
-                                          and not self._reads_little(probe, out.sizes)):
+                                          and not self._reads_little(probe, out.sizes)
+                                          and recompute.store_reason(self, node, out, probe)):
                 return self.realize(out, origin=node.name)
         return out
 
