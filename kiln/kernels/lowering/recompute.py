@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import logging
 import operator
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -115,27 +117,36 @@ class Candidate:
                    for n in via + ((r,) if _is_pointwise(r) else ()))
 
 
-#: (name, why it is better stored, test); the first test that holds stores the value
+@dataclass(frozen=True)
+class Rule:
+    """A reason to store: ``test(candidate)`` holds. Printed without its test, so that
+    the table keys the graph cache by names, the same in every process."""
+    name: str
+    why: str
+    test: Callable = field(repr=False, compare=False)
+
+
+#: the first rule whose test holds stores the value
 STORE_RULES = (
-    ("off", "recomputing is switched off (KILN_RECOMPUTE_POINTWISE)",
-     lambda c: not config.recompute_pointwise),
-    ("indirect", "it reads through a gather: an index, then the data, per reader",
-     lambda c: any(isinstance(x, ir.Load) and x.gather for x in ir.walk(c.probe))),
-    ("ops", f"more than {RECOMPUTE_MAX_OPS} ops to repeat",
-     lambda c: c.n_ops > RECOMPUTE_MAX_OPS),
-    ("library", "a library call or the output reads it: it is stored for them anyway, "
-                "and the other readers read that copy",
-     lambda c: any(_is_library(r) for r, _ in c.readers)),
-    ("repeats", "a reader reads an element more than once (a window, a product, a "
-                "pass per statistic): each read would compute it again",
-     lambda c: any(not _is_pointwise(r) and r.target not in READS_ONCE
-                   for r, _ in c.readers)),
-    ("broadcast", "a reader covers more elements than it has: each would be computed "
-                  "again per copy", Candidate.broadcast),
-    ("work", f"ops times readers over {RECOMPUTE_MAX_WORK}: each reader repeats them",
-     lambda c: c.n_ops * len(c.readers) > RECOMPUTE_MAX_WORK),
-    ("bytes", "it reads more bytes per element than it stores",
-     lambda c: c.bytes_read() > c.itemsize),
+    Rule("off", "recomputing is switched off (KILN_RECOMPUTE_POINTWISE)",
+         lambda c: not config.recompute_pointwise),
+    Rule("indirect", "it reads through a gather: an index, then the data, per reader",
+         lambda c: any(isinstance(x, ir.Load) and x.gather for x in ir.walk(c.probe))),
+    Rule("ops", f"more than {RECOMPUTE_MAX_OPS} ops to repeat",
+         lambda c: c.n_ops > RECOMPUTE_MAX_OPS),
+    Rule("library", "a library call or the output reads it: it is stored for them "
+                    "anyway, and the other readers read that copy",
+         lambda c: any(_is_library(r) for r, _ in c.readers)),
+    Rule("repeats", "a reader reads an element more than once (a window, a product, a "
+                    "pass per statistic): each read would compute it again",
+         lambda c: any(not _is_pointwise(r) and r.target not in READS_ONCE
+                       for r, _ in c.readers)),
+    Rule("broadcast", "a reader covers more elements than it has: each would be "
+                      "computed again per copy", Candidate.broadcast),
+    Rule("work", f"ops times readers over {RECOMPUTE_MAX_WORK}: each reader repeats them",
+         lambda c: c.n_ops * len(c.readers) > RECOMPUTE_MAX_WORK),
+    Rule("bytes", "it reads more bytes per element than it stores",
+         lambda c: c.bytes_read() > c.itemsize),
 )
 
 
@@ -144,13 +155,13 @@ def store_reason(lo, node, lazy, probe: ir.Expr) -> str | None:
     expression at its own index) should be stored; None: each reader recomputes it.
     Logged under ``KILN_LOGS=passes``."""
     c = Candidate(lo, node, lazy, probe)
-    for name, why, test in STORE_RULES:
-        if test(c):
+    for rule in STORE_RULES:
+        if rule.test(c):
             if _log.isEnabledFor(logging.INFO):
                 _log.info("kernels: store %s [%s] (%s, %d ops, %d readers): %s", node.name,
-                          name, str(c.dtype).replace("torch.", ""), c.n_ops,
-                          len(c.readers), why)
-            return name
+                          rule.name, str(c.dtype).replace("torch.", ""), c.n_ops,
+                          len(c.readers), rule.why)
+            return rule.name
     if _log.isEnabledFor(logging.INFO):
         _log.info("kernels: recompute %s in each of its %d readers (%s, %d ops, "
                   "%.3g bytes read per %d stored)", node.name, len(c.readers),
