@@ -83,6 +83,27 @@ def test_a_cheap_value_is_computed_in_each_reader():
     assert len(_pointwise(lo)) == 2 and any("recompute mul" in s for s in lines), lines
 
 
+def _through_views(x):
+    a = aten.mul.Tensor(x, 0.5)
+    t = aten.t.default(a)
+    return aten.exp.default(t), aten.add.Tensor(aten.view.default(a, [8, 1, 32]), 1.0)
+
+
+def test_readers_through_views_compute_it_too():
+    """Views of a shared value are the value re-indexed: their readers are its readers
+    (each computes ``x * 0.5`` at its own index), and results are eager's."""
+    from kiln.kernels.compile import build
+    x = torch.randn(8, 32)
+    lo, lines = _decisions(_through_views, x)
+    assert len(_pointwise(lo)) == 2 and any("recompute mul_tensor in each of its 2" in s
+                                            for s in lines), lines
+    gm = fx.symbolic_trace(_through_views)
+    rt, _ = build(gm, [x], "cpp")
+    for g, e in zip(rt(x), gm(x)):
+        assert g.shape == e.shape and g.stride() == e.stride()
+        torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
+
+
 def test_switched_off_every_shared_value_is_stored(monkeypatch):
     monkeypatch.setattr(config, "recompute_pointwise", False)
     assert len(_pointwise(_lower(_cheap, torch.randn(8, 32)))) == 3
@@ -120,8 +141,13 @@ def _read_by_softmax(x):
 
 
 def _read_by_matmul(x, w):
-    a = aten.mul.Tensor(x, 0.5)
-    return aten.mm.default(a, w), aten.add.Tensor(a, 1.0)
+    a = aten.mul.Tensor(x, 0.5)                 # the product reads it through a view
+    return aten.mm.default(aten.t.default(a), w), aten.add.Tensor(a, 1.0)
+
+
+def _reshaped(x):
+    a = aten.mul.Tensor(x, 0.5)                 # reshaping a lazy value stores it
+    return aten.exp.default(a), aten.add.Tensor(aten.view.default(a, [4, 64]), 1.0)
 
 
 def _gathered(x, i):
@@ -136,6 +162,7 @@ STORED = [
     ("broadcast", _broadcast, lambda: [torch.randn(8, 1), torch.randn(8, 32)]),
     ("repeats", _read_by_softmax, lambda: [torch.randn(8, 32)]),
     ("library", _read_by_matmul, lambda: [torch.randn(64, 64), torch.randn(64, 64)]),
+    ("library", _reshaped, lambda: [torch.randn(8, 32)]),
     ("indirect", _gathered, lambda: [torch.randn(8, 32), torch.tensor([3, 1, 3, 0])]),
 ]
 

@@ -45,6 +45,9 @@ RECOMPUTE_MAX_WORK = 64
 
 #: views whose schema does not say so
 _VIEWS = frozenset({aten._unsafe_view.default})
+#: views that store a lazy value to reshape it (``shapes._view``), unless only size-1
+#: dims come or go
+_RESHAPES = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
 #: readers besides pointwise-tagged ops that read each element of what they read once
 #: (a multi-pass one — softmax, layer norm, variance — reads it once per pass)
 READS_ONCE = frozenset(ops_named(
@@ -63,6 +66,16 @@ def _is_view(node) -> bool:
         or (isinstance(t, torch._ops.OpOverload) and is_view(t)))
 
 
+def _reshapes(lo, node) -> bool:
+    """A reshape beyond size-1 dims: its lowering stores a lazy value first."""
+    if node.target not in _RESHAPES or not node.args:
+        return False
+    src, dst = lo.meta.get(node.args[0]), lo.meta.get(node)
+    if not (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor)):
+        return True
+    return [s for s in src.shape if s != 1] != [s for s in dst.shape if s != 1]
+
+
 def _is_library(node) -> bool:
     """A reader that needs the value stored: a library call, a fallback, the output."""
     return node.op != "call_function" or node.target not in LOWERINGS \
@@ -74,13 +87,13 @@ def _is_pointwise(node) -> bool:
     return isinstance(t, torch._ops.OpOverload) and torch.Tag.pointwise in t.tags
 
 
-def readers(node) -> list:
+def readers(lo, node) -> list:
     """(reader, the views between) for every node reading ``node``'s value, through
-    views; the graph's output counts as a reader."""
+    views; the graph's output and a reshape that stores the value count as readers."""
     out, todo = [], [(u, ()) for u in node.users]
     while todo:
         u, via = todo.pop()
-        if _is_view(u):
+        if _is_view(u) and not _reshapes(lo, u):
             todo += [(w, via + (u,)) for w in u.users]
         else:
             out.append((u, via))
@@ -96,7 +109,8 @@ class Candidate:
         self.dtype = lazy.dtype
         self.itemsize = lazy.dtype.itemsize
         self.n_ops = ir.op_count(probe)
-        self.readers = readers(node)
+        self.readers = readers(lo, node)
+        self.stores = [r for r, _ in self.readers if _is_library(r) or _reshapes(lo, r)]
 
     def bytes_read(self) -> float:
         """Bytes per element of the value that computing it reads: each buffer it
@@ -134,13 +148,13 @@ STORE_RULES = (
          lambda c: any(isinstance(x, ir.Load) and x.gather for x in ir.walk(c.probe))),
     Rule("ops", f"more than {RECOMPUTE_MAX_OPS} ops to repeat",
          lambda c: c.n_ops > RECOMPUTE_MAX_OPS),
-    Rule("library", "a library call or the output reads it: it is stored for them "
-                    "anyway, and the other readers read that copy",
-         lambda c: any(_is_library(r) for r, _ in c.readers)),
+    Rule("library", "a library call, a reshape or the output reads it: it is stored "
+                    "for them anyway, and the other readers read that copy",
+         lambda c: bool(c.stores)),
     Rule("repeats", "a reader reads an element more than once (a window, a product, a "
                     "pass per statistic): each read would compute it again",
          lambda c: any(not _is_pointwise(r) and r.target not in READS_ONCE
-                       for r, _ in c.readers)),
+                       and r not in c.stores for r, _ in c.readers)),
     Rule("broadcast", "a reader covers more elements than it has: each would be "
                       "computed again per copy", Candidate.broadcast),
     Rule("work", f"ops times readers over {RECOMPUTE_MAX_WORK}: each reader repeats them",
