@@ -19,14 +19,22 @@ B, T, H = 4, 8, 16
 
 
 class NewGELU(torch.nn.Module):
+    """``float_pow``: the cube in float32, as CUDA's autocast computes ``pow`` (CPU's
+    does not): the tanh and ``1 + tanh`` are then float32 pieces of a bf16 input."""
+
+    def __init__(self, float_pow=False):
+        super().__init__()
+        self.float_pow = float_pow
+
     def forward(self, x):
-        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi)
-                                           * (x + 0.044715 * torch.pow(x, 3.0))))
+        cube = torch.pow(x.float() if self.float_pow else x, 3.0)
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * cube)))
 
 
-def model():
+def model(float_pow=False):
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(H, 4 * H), NewGELU(), torch.nn.Linear(4 * H, H))
+    return torch.nn.Sequential(torch.nn.Linear(H, 4 * H), NewGELU(float_pow),
+                               torch.nn.Linear(4 * H, H))
 
 
 def train_step(m, x, autocast_dtype=None, compiled=True):
@@ -94,13 +102,13 @@ def read_by_matmul(plan, name) -> bool:
                for b in plan.lowered.buffers)
 
 
-def check_gelu_step(autocast_dtype, tol, monkeypatch):
+def check_gelu_step(autocast_dtype, tol, monkeypatch, float_pow=False):
     """The step against eager (values and gradients) and against itself with every
     shared value stored: bit for bit in float32 (the same ops in the same dtypes); in
     bfloat16 the stored copies rounded what later kernels read, so close. The plans'
     stores, with and without recomputing."""
     monkeypatch.setattr(config, "small_matmul_macs", 0)     # matmuls are library calls
-    m = model()
+    m = model(float_pow)
     x = torch.randn(B, T, H)
     ref, _ = train_step(m, x, autocast_dtype, compiled=False)
     got, plans = train_step(m, x, autocast_dtype)
@@ -123,6 +131,8 @@ def check_gelu_step(autocast_dtype, tol, monkeypatch):
             assert torch.equal(a, b)
         else:
             torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-4)
+    # 0.5*x, tanh, 1 + tanh and the output; and x in float32 for the float32 cube
+    pieces = 3 + (float_pow and autocast_dtype is not None)
     _, written_off = gelu_kernel(backward_plan(plans_off))
-    assert len(written_off) == 4          # 0.5*x, tanh, 1 + tanh and the output
-    assert len(stored_activations(backward_plan(plans_off))) == len(on_stored) + 3
+    assert len(written_off) == pieces + 1, [(n.name, n.dtype) for n in written_off]
+    assert len(stored_activations(backward_plan(plans_off))) == len(on_stored) + pieces

@@ -14,7 +14,9 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="needs TRITON_INTERPRET=1 (see test_recompute_pointwise.py)")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, None], ids=["bf16_autocast", "fp32"])
-def test_gelu_backward_recomputes_triton(dtype, monkeypatch):
+@pytest.mark.parametrize("dtype,float_pow", [(torch.bfloat16, False), (torch.bfloat16, True),
+                                             (None, False)],
+                         ids=["bf16_autocast", "bf16_autocast_float32_pieces", "fp32"])
+def test_gelu_backward_recomputes_triton(dtype, float_pow, monkeypatch):
     monkeypatch.setattr(config, "kernel_target", "triton")
-    check_gelu_step(dtype, 3e-2 if dtype else 1e-5, monkeypatch)
+    check_gelu_step(dtype, 3e-2 if dtype else 1e-5, monkeypatch, float_pow)
