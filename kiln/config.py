@@ -113,6 +113,11 @@ kernel_size_args: bool = _env_bool("KILN_KERNEL_SIZE_ARGS", True)
 #: Sizes and strides up to this magnitude stay literals in kernels (a small inner dim
 #: the C++ compiler unrolls; a stride of 2) (KILN_KERNEL_SIZE_ARGS_MIN).
 kernel_size_args_min: int = _env_int("KILN_KERNEL_SIZE_ARGS_MIN", 16)
+#: A cheap pointwise value that several ops read, made from no more bytes than it
+#: holds (float32 GELU pieces from a bfloat16 activation), is computed again inside
+#: each reader's kernel instead of stored and read back (``kernels/lowering/recompute.py``)
+#: (KILN_RECOMPUTE_POINTWISE).
+recompute_pointwise: bool = _env_bool("KILN_RECOMPUTE_POINTWISE", True)
 
 #: Large matrix products whose result one pointwise kernel reads become one Triton
 #: kernel (matmul with that kernel as its epilogue; GPUs with TMA): "background"

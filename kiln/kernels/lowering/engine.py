@@ -8,8 +8,9 @@ Values during lowering are *boxes*:
   expression. Pointwise ops compose lazies, which *is* vertical fusion of pointwise
   chains; reductions inline them into their bodies (pointwise-into-reduction fusion).
 
-A lazy is stored (``realize``) when several nodes use it, when it is an output, when it
-grows large, or before a reshape that strides cannot express. Any op without a
+A lazy is stored (``realize``) when several nodes use it (unless each is better off
+computing it again: ``recompute.py``), when it is an output, when it grows large, or
+before a reshape that strides cannot express. Any op without a
 lowering (or with one that declines, by raising ``Unsupported``) becomes an ``Extern``:
 the aten op itself, called at run time — logged under ``fallbacks`` — so every graph
 runs.
@@ -32,6 +33,7 @@ from ..devices import same_device, graph_device
 from ..ir import loop_vars
 from ..ops import cast, op
 from ...ops import is_library_call
+from . import recompute
 from .host_scalars import (device_side, is_host_scalar, lower_stacked,
                            on_device as host_scalars_on_device, takes_host_values)
 from .operand_layout import store_for_library
@@ -42,8 +44,7 @@ _fallback_log = log_for("fallbacks")
 
 #: ops that read only their argument's shape, dtype and device: not a reason to store
 #: a lazy value (nll_loss's backward makes its zeros with full_like(log_softmax))
-_SHAPE_ONLY = frozenset({aten.full_like.default, aten.zeros_like.default,
-                         aten.empty_like.default})
+_SHAPE_ONLY = recompute.SHAPE_ONLY
 
 #: library calls whose result's layout does not follow their operands' (a matrix
 #: product's result is contiguous whatever its operands' strides): an operand that is a
@@ -377,7 +378,8 @@ class GraphLowering:
             n_ops = ir.op_count(probe)
             readers = sum(1 for u in node.users if u.target not in _SHAPE_ONLY)
             if n_ops > MAX_INLINE_OPS or (readers > 1 and n_ops > 0
-                                          and not self._reads_little(probe, out.sizes)):
+                                          and not self._reads_little(probe, out.sizes)
+                                          and recompute.store_reason(self, node, out, probe)):
                 if all(u.target in _READS_ANY_LAYOUT for u in node.users):
                     return (store_for_library(self, out, node.name)
                             or self.realize(out, origin=node.name))

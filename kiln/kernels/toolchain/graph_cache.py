@@ -98,9 +98,9 @@ def _tuned_modules() -> tuple:
     from .. import ir, matmul_fusion, scheduler
     from ..codegen.cpp import source as cpp_source
     from ..codegen.triton import exprs, heuristics, kernel, matmul_epilogue, source as triton_source
-    from ..lowering import engine
+    from ..lowering import engine, recompute
     return (cpp_source, ir, engine, exprs, heuristics, kernel, matmul_epilogue, matmul_fusion,
-            scheduler, triton_source)
+            recompute, scheduler, triton_source)
 
 
 def _module_constants() -> str:
@@ -184,6 +184,7 @@ def key_of(gm, example_inputs, target: str) -> str | None:
                         f"autotune_min_numel={config.autotune_min_numel}",
                         f"kernel_size_args={config.kernel_size_args}",
                         f"kernel_size_args_min={config.kernel_size_args_min}",
+                        f"recompute_pointwise={config.recompute_pointwise}",
                         f"inject_bug={config.inject_bug}")
 
 
