@@ -39,7 +39,7 @@ dynamic_shapes: str = _env_str("KILN_DYNAMIC_SHAPES", "auto")
 #: kernels) compiles the first this many sizes; later ones run the graph op by op, not
 #: compiled (never one compile per call for a stream cycling through more sizes)
 #: (KILN_DYNAMIC_SPECIALIZATIONS).
-dynamic_specializations: int = _env_int("KILN_DYNAMIC_SPECIALIZATIONS", 16)
+dynamic_specializations: int = _env_int("KILN_DYNAMIC_SPECIALIZATIONS", 32)
 #: On an internal error while compiling, run the frame eagerly (with a warning that
 #: says why) instead of raising; a graph whose kernels cannot be built or loaded (a
 #: failing C++ compiler, a failing first launch) runs its aten graph eagerly

@@ -24,6 +24,7 @@ import torch.fx as fx
 
 from kiln import config
 from kiln.autograd.sym_nodes import SymbolicUnsupported
+from kiln.debug import trace_dir
 from kiln.debug.logs import log_for
 from kiln.fast_meta import meta_result
 
@@ -103,6 +104,9 @@ class PerSizeGraph:
             raise SymbolicUnsupported("a backward or forward graph whose sizes its inputs "
                                       "do not give")
         self.compiled: collections.OrderedDict = collections.OrderedDict()
+        #: the frame compile this graph belongs to: each size's kernels are its artefacts
+        #: (KILN_TRACE), though compiled at that size's first call
+        self.trace_owner = trace_dir.current()
         self.uncompiled_calls = 0      # calls beyond the bound (``_uncompiled``)
         self.logged = False
 
@@ -112,7 +116,8 @@ class PerSizeGraph:
         if hit is None:
             if len(self.compiled) >= max(1, config.dynamic_specializations):
                 return self._uncompiled(args)
-            hit = self.compiled[key] = self._compile(args)
+            with trace_dir.within(self.trace_owner):
+                hit = self.compiled[key] = self._compile(args)
         fn, keep, template = hit
         outs = fn(*[args[i] for i in keep])
         if template is None:
