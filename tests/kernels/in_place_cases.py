@@ -20,9 +20,8 @@ def _triton_target(monkeypatch):
     yield
 
 
-@pytest.fixture
-def runtimes(monkeypatch):
-    """Every Runtime built while the test runs."""
+def record_runtimes(monkeypatch) -> list:
+    """Every Runtime built from now on, while ``monkeypatch`` holds."""
     made = []
     orig = runner.Runtime.__init__
 
@@ -31,6 +30,11 @@ def runtimes(monkeypatch):
         made.append(self)
     monkeypatch.setattr(runner.Runtime, "__init__", init)
     return made
+
+
+@pytest.fixture
+def runtimes(monkeypatch):
+    return record_runtimes(monkeypatch)
 
 
 def _momentum_step(ps, gs, ms, lr):

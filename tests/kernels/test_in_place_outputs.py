@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import kiln
-from kiln.kernels.runtime import runner
+
+from .in_place_cases import record_runtimes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -26,24 +27,13 @@ def test_triton_cases_under_the_interpreter(tmp_path):
     assert "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
 
 
-def _runtimes(monkeypatch):
-    made = []
-    orig = runner.Runtime.__init__
-
-    def init(self, *a, **k):
-        orig(self, *a, **k)
-        made.append(self)
-    monkeypatch.setattr(runner.Runtime, "__init__", init)
-    return made
-
-
 def _step(p, g, m):
     m.mul_(0.9).add_(g)
     p.add_(m, alpha=-0.1)
 
 
 def test_cpp_kernels_keep_the_copy(monkeypatch):
-    made = _runtimes(monkeypatch)
+    made = record_runtimes(monkeypatch)
     p, g, m = torch.randn(40, 9), torch.randn(40, 9), torch.zeros(40, 9)
     p2, m2 = p.clone(), m.clone()
     f = kiln.compile(_step, backend="kiln")
@@ -61,7 +51,7 @@ def test_replayed_graph_writes_moving_and_static_inputs(monkeypatch):
     recorded graph's static buffer, written there, and copied back."""
     from kiln import config
     monkeypatch.setattr(config, "cudagraphs", "1")     # replay however few its kernels
-    made = _runtimes(monkeypatch)
+    made = record_runtimes(monkeypatch)
     torch.manual_seed(0)
     ps = [torch.randn(256, 128, device="cuda") for _ in range(6)]
     ms = [torch.zeros_like(p) for p in ps]
