@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.autograd import runtime
 
 BACKENDS = ["aot_eager", pytest.param("kiln", marks=pytest.mark.slow)]
 
@@ -18,19 +17,6 @@ def _strict():
     with kiln.config.patch(suppress_errors=False):
         yield
     kiln.reset()
-
-
-@pytest.fixture
-def traces(monkeypatch):
-    """The number of autograd traces (``trace_joint`` calls) so far."""
-    n = [0]
-    orig = runtime.trace_joint
-
-    def counting(*a, **k):
-        n[0] += 1
-        return orig(*a, **k)
-    monkeypatch.setattr(runtime, "trace_joint", counting)
-    return n
 
 
 def _leaves(args):

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 import kiln
-from kiln.autograd import runtime
 
 transformers = pytest.importorskip("transformers")
 
@@ -21,14 +20,7 @@ def _model():
 
 
 @pytest.mark.slow
-def test_llama_training_step_one_autograd_trace_once_dynamic(monkeypatch):
-    n = [0]
-    orig = runtime.trace_joint
-
-    def counting(*a, **k):
-        n[0] += 1
-        return orig(*a, **k)
-    monkeypatch.setattr(runtime, "trace_joint", counting)
+def test_llama_training_step_one_autograd_trace_once_dynamic(traces):
     model = _model()
 
     def step(ids):
@@ -52,6 +44,6 @@ def test_llama_training_step_one_autograd_trace_once_dynamic(monkeypatch):
                 model.zero_grad(set_to_none=True)
         assert c.skip is None
         graphs = sum(len(e.graphs) for e in c.entries)
-        assert n[0] == graphs == 2, (n[0], graphs)
+        assert traces[0] == graphs == 2, (traces[0], graphs)
     finally:
         kiln.reset()
