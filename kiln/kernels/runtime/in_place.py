@@ -29,6 +29,8 @@ share no storage with another input (checked per call before the graph runs).
 """
 from __future__ import annotations
 
+import collections
+
 from .. import ir
 
 #: ``aten_gm.meta[MUTATIONS] = [(input position, output position), ...]``: output k is
@@ -43,10 +45,14 @@ def outputs(rt, mutations) -> dict:
         return {}
     sched = rt.sched
     input_of = {pos: name for pos, name in rt.inputs}
-    group_of = {}
+    group_of, readers_of = {}, {}       # buffer -> its group; buffer -> groups reading it
     for gi, g in enumerate(sched.groups):
         for n in g.nodes:
             group_of[n.name] = gi
+        for m in _members(g):
+            for r in m.reads():
+                readers_of.setdefault(r, set()).add(gi)
+    slot_users = collections.Counter(sched.slots.values())
     used = {}                  # buffer name -> how many outputs name it
     for kind, v in rt.out_plan:
         if kind != "const":
@@ -60,12 +66,21 @@ def outputs(rt, mutations) -> dict:
         kind, b_name = rt.out_plan[k]
         if kind != "buf" or used.get(b_name) != 1 or used.get(p_name) or p_name in found.values():
             continue
-        if _writable_into(rt, group_of, rt.buffers[p_name], rt.buffers[b_name]):
+        if _writable_into(rt, group_of, sorted(readers_of.get(p_name, ())), slot_users,
+                          rt.buffers[p_name], rt.buffers[b_name]):
             found[k] = p_name
     return found
 
 
-def _writable_into(rt, group_of, p, b) -> bool:
+def _members(g) -> list:
+    """The buffers a group's kernel or library call computes."""
+    members = [g.extern] if g.extern is not None else list(g.nodes)
+    if g.alone is not None and g.alone not in members:
+        members.append(g.alone)
+    return members
+
+
+def _writable_into(rt, group_of, reader_groups, slot_users, p, b) -> bool:
     if not isinstance(p, ir.Input) or not isinstance(b, ir.Pointwise):
         return False
     slot = rt.sched.slots.get(b.name)
@@ -77,17 +92,12 @@ def _writable_into(rt, group_of, p, b) -> bool:
         return False
     if ir.numel_of(p.sizes) == 0 or ir.span(p.sizes, p.strides) != ir.numel_of(p.sizes):
         return False
-    if sum(1 for _, s in rt.sched.slots.items() if s == slot) != 1:
+    if slot_users[slot] != 1:
         return False
     gb = group_of[b.name]
     want = b.store_index(ir.loop_vars(b.sizes))
-    for gi, g in enumerate(rt.sched.groups):
-        members = [g.extern] if g.extern is not None else list(g.nodes)
-        if g.alone is not None and g.alone not in members:
-            members.append(g.alone)
-        readers = [n for n in members if p.name in n.reads()]
-        if not readers:
-            continue
+    for gi in reader_groups:
+        g = rt.sched.groups[gi]
         if gi > gb:
             return False
         if gi < gb:
