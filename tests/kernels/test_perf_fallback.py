@@ -376,3 +376,58 @@ def test_a_replayed_graph_is_timed_only_on_replays(monkeypatch):
     assert trial.samples["compiled"] == [1e-3] * 6 and len(trial.samples["eager"]) == 6
     assert owner.variants[sig] is rt and trial.decided == "compiled"
     assert owner.perf_choices[(((2, 3), torch.float32, x.device),)]["choice"] == "compiled"
+
+
+def _stream_fn(x):
+    return torch.sin(x) * 2 + 1
+
+
+def test_a_call_that_compiles_is_no_sample(monkeypatch, eager_runs, choices_made):
+    """A stream of new sizes: every compiled call lowers its size anew, so none is a
+    sample, and 100 ms of injected compiled time never reaches the decision (which
+    chose eager on the old code, timing the compiles)."""
+    timings(monkeypatch, compiled_ms=100.0, eager_ms=1.0)
+    f = kiln.compile(_stream_fn, dynamic=True)
+    with torch.no_grad():
+        for n in range(16, 16 + pf.MAX_CALLS + 4):
+            x = torch.randn(n, 3)
+            torch.testing.assert_close(f(x), _stream_fn(x))
+    choices = [rec for c in choices_made for rec in c.perf_choices.values()]
+    assert [c["choice"] for c in choices] == ["compiled"], choices
+    assert choices[0]["samples"][0] == 0 and "no timed samples" in choices[0]["reason"]
+
+
+def test_a_stream_of_sizes_is_compared_per_element(monkeypatch, eager_runs, choices_made):
+    """The compiled variant's timed calls draw the big size and eager's the small one:
+    per call eager looks faster (4 * 1.5 ms against 64 * 1 ms), per element the
+    compiled variant is (1 against 1.5 ms per row), and that is what decides."""
+    cur = [0]
+    monkeypatch.setattr(pf, "adjust", lambda which, s: (1.0 if which == "compiled" else 1.5)
+                        * cur[0] / 1e3)
+    f = kiln.compile(_stream_fn, dynamic=True)
+    big, small = torch.randn(64, 3), torch.randn(4, 3)
+    with torch.no_grad():
+        for x in (big, small):      # each size compiled before the trial's blocks
+            cur[0] = x.shape[0]
+            f(x)
+        trial = choices_made[-1].inference
+        for _ in range(40):
+            if trial.decided is not None:
+                break
+            x = big if trial.upcoming() == "compiled" else small
+            cur[0] = x.shape[0]
+            torch.testing.assert_close(f(x), _stream_fn(x))
+    assert trial.decided == "compiled", trial.samples
+
+
+@pytest.fixture
+def choices_made(monkeypatch):
+    """The InferenceChoice objects the kiln backend makes, in order."""
+    made = []
+    init = pf.InferenceChoice.__init__
+
+    def recorded(self, *a, **k):
+        init(self, *a, **k)
+        made.append(self)
+    monkeypatch.setattr(pf.InferenceChoice, "__init__", recorded)
+    return made

@@ -137,6 +137,11 @@ def _seq(entry) -> int:
 _POOLS: dict[int, _Pool] = {}
 
 
+#: CUDA graphs recorded in this process (``perf_fallback.one_off_work``: a timed call
+#: that recorded is no sample)
+recordings = 0
+
+
 def _pool(device) -> _Pool:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _POOLS:
@@ -307,6 +312,8 @@ class GraphReplay:
         return rt.package(out)
 
     def _record(self, rt, args, ptrs, host=None):
+        global recordings
+        recordings += 1
         self.records += 1
         old = self.graph                 # holds the pool until the new one does
         self._release()

@@ -35,6 +35,19 @@ slower than every compiled sample — and at most ``MAX_CALLS`` calls in all.
 Eager wins only when its median beats the compiled median by more than ``MARGIN``:
 noise (a replayed graph against eager on a busy host) keeps the compiled graph.
 
+One-off work is no sample: a timed call during which kiln compiled anything (a stage
+under ``timing.timed``: a new size's lowering, kernels, the autograd stage) or recorded
+a CUDA graph (``graph_replay.recordings``) says nothing about the steady state, so it is
+dropped; ``one_off_work()`` counts both.
+
+A stream of sizes. The torch-level graph of a function whose sizes are symbolic is one
+callable for every size (``InferenceChoice``), so its samples come from calls at
+different sizes: each is divided by the numel of the arguments with symbolic sizes at
+that call (``dynamic_scale``), so that the two variants are compared per element
+rather than by which sizes each happened to draw. Without that, and with the one-off
+rule, a stream's first pass timed the compiled variant on its per-size compiles and
+chose eager for every size.
+
 If an aten graph's eager variant raises where the graph can be run again (no input
 written, no random draw), the compiled one is run on the same inputs: a success means
 kiln's eager alternative is at fault, and the compiled graph is kept for good; otherwise
@@ -54,7 +67,7 @@ import weakref
 import torch
 
 from ... import config
-from ...debug import trace_dir
+from ...debug import timing, trace_dir
 from ...debug.logs import log_for
 from ...ops import is_mutation, is_random
 
@@ -75,6 +88,41 @@ MAX_CALLS = 40
 #: test hook: ``adjust(which, seconds) -> seconds`` for each timed sample ("compiled" or
 #: "eager"), so a test can give the decision fixed timings; None in normal use
 adjust = None
+
+
+def one_off_work() -> int:
+    """A count that grows whenever kiln compiles something (any ``timing.timed`` stage)
+    or records a CUDA graph: a timed call that changed it is no sample."""
+    from . import graph_replay
+    return sum(timing._counts.values()) + graph_replay.recordings
+
+
+def dynamic_scale(gm):
+    """``args -> float`` for a graph some of whose placeholders have symbolic sizes
+    (``meta["kiln_sym"]``, set by capture): the total numel of those arguments, and the
+    value of symbolic int arguments; None for a graph of static sizes (every call the
+    same size, nothing to divide by)."""
+    picks = []
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, ph in enumerate(phs):
+        sym = ph.meta.get("kiln_sym")
+        if isinstance(sym, tuple) and any(isinstance(d, torch.SymInt) for d in sym):
+            picks.append(i)
+        elif isinstance(sym, torch.SymInt):
+            picks.append(i)
+    if not picks:
+        return None
+
+    def scale(args) -> float:
+        total = 0
+        for i in picks:
+            a = args[i] if i < len(args) else None
+            if isinstance(a, torch.Tensor):
+                total += a.numel()
+            elif isinstance(a, int):
+                total += a
+        return float(max(total, 1))
+    return scale
 
 
 def shape_class(sig) -> tuple:
@@ -149,8 +197,10 @@ class Trial:
     followed by the compiled one on the same inputs (see the module doc)."""
 
     def __init__(self, compiled, eager, settle, name, key, repeatable, trace_owner=None,
-                 warm_calls=1):
+                 warm_calls=1, scale=None):
         self.compiled = compiled
+        #: args -> the size a sample is divided by (``dynamic_scale``); None: 1
+        self.scale = scale
         self.eager = eager
         self.settle = settle
         self.name, self.key, self.repeatable = name, key, repeatable
@@ -199,6 +249,14 @@ class Trial:
         self.block_left -= 1
         return self.block, timed
 
+    def upcoming(self) -> str:
+        """The variant the next call runs ("compiled" or "eager"), without making it."""
+        if not self._compiled_warm() or self.block is None:
+            return "compiled"
+        if self.block_left == 0:
+            return "eager" if self.block == "compiled" else "compiled"
+        return self.block
+
     def _compiled_warm(self) -> bool:
         """Has the compiled variant had its first call and, when replayed from a CUDA
         graph, its recording?"""
@@ -212,18 +270,27 @@ class Trial:
         records = g.records if g is not None else 0
         self.compiled_calls += 1
         sync = _sync_for(args) if timed else None
+        per = self._per(args) if timed else 1.0
+        work = one_off_work() if timed else 0
         t0 = _start(sync)
         out = self.compiled.call_boxed(args) if boxed else self.compiled(*args)
         if timed:
             seconds = _stop(sync, t0)
-            if g is None or g.records == records:   # a call that recorded is no sample
-                self._sample("compiled", seconds)
+            # a call that recorded or compiled is no sample
+            if (g is None or g.records == records) and one_off_work() == work:
+                self._sample("compiled", seconds, per)
+            elif self.calls >= MAX_CALLS:
+                self._give_up()
         return out
+
+    def _per(self, args) -> float:
+        return 1.0 if self.scale is None else self.scale(args)
 
     def _run_eager(self, args, boxed, timed):
         keep = list(args) if self.repeatable else None
         first = self.eager_first is None
         sync = _sync_for(args) if timed or first else None
+        per = self._per(args) if timed or first else 1.0
         t0 = _start(sync)
         try:
             out = self.eager.call_boxed(args) if boxed else self.eager(*args)
@@ -234,26 +301,30 @@ class Trial:
             self._decide("compiled", f"the eager graph raised {type(e).__name__}: {e}")
             return out
         if timed:
-            self._sample("eager", _stop(sync, t0))
+            self._sample("eager", _stop(sync, t0), per)
         elif first:
-            self._first_eager(_stop(sync, t0))
+            self._first_eager(_stop(sync, t0), per)
         return out
 
-    def _first_eager(self, seconds):
+    def _first_eager(self, seconds, per=1.0):
         """A first eager call already ``FIRST_CLEAR`` times slower than every compiled
         sample ends the trial: more calls of a variant that slow cost more than the
         answer is worth (an eager aten graph of decomposed batch norms, say)."""
         if adjust is not None:
             seconds = adjust("eager", seconds)
+        seconds /= per
         self.eager_first = seconds
         c = self.samples["compiled"]
         if c and seconds > FIRST_CLEAR * max(c):
             self._decide("compiled", f"eager's first call took {seconds * 1e3:.3f} ms")
 
     # -- the decision ------------------------------------------------------------------
-    def _sample(self, which, seconds):
+    def _sample(self, which, seconds, per=1.0):
+        """A timed call of ``which``: ``seconds`` on the host clock, divided by ``per``
+        (the call's size, for a graph of symbolic sizes)."""
         if adjust is not None:
             seconds = adjust(which, seconds)
+        seconds /= per
         self.samples[which].append(seconds)
         c, e = self.samples["compiled"], self.samples["eager"]
         if len(c) >= 2 and len(e) >= 2:
@@ -264,8 +335,14 @@ class Trial:
         if len(c) >= self.rounds and len(e) >= self.rounds:
             return self._decide(self._faster())
         if self.calls >= MAX_CALLS:
-            self._decide(self._faster() if c and e else "compiled",
-                         "" if c and e else f"no timed samples in {MAX_CALLS} calls")
+            self._give_up()
+
+    def _give_up(self):
+        """``MAX_CALLS`` made: decide on the samples there are (none of one variant:
+        the compiled one, whose calls were all one-off work)."""
+        c, e = self.samples["compiled"], self.samples["eager"]
+        self._decide(self._faster() if c and e else "compiled",
+                     "" if c and e else f"no timed samples of both in {MAX_CALLS} calls")
 
     def _faster(self) -> str:
         c = statistics.median(self.samples["compiled"])
@@ -366,7 +443,7 @@ class InferenceChoice:
         # on CUDA the inference graph records its CUDA graph on its second call
         self.inference = Trial(aot, TorchLevelEager(gm), self._settle, graph_name(gm), key,
                                repeatable=False, trace_owner=trace_owner,
-                               warm_calls=2 if on_cuda else 1)
+                               warm_calls=2 if on_cuda else 1, scale=dynamic_scale(gm))
 
     def _settle(self, trial, winner, record):
         self.inference = winner
