@@ -13,7 +13,7 @@ from ... import ir
 from ...ir import Affine, Const, Index, Load
 from ...ops import OPS
 from ...reductions import KINDS
-from ..size_args import constant, size
+from ..size_args import constant, is_lifted, size
 
 
 TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -187,19 +187,55 @@ def store_value(v: str, dtype) -> str:
     return f"{v}.to({TL[dtype]})" if compute_dtype(dtype) != dtype else v
 
 
-def decompose(vars_, sizes, flat: str) -> list:
-    """Lines recovering each dim's index from a flat one (contiguous order)."""
+#: the flat indices ``decompose`` divides with ``kiln_udiv`` stay below this (int32
+#: lanes; the sum inside the prelude's helper must not wrap 32 bits)
+FAST_DIV_LIMIT = 1 << 31
+
+
+def magic(d: int) -> tuple[int, int]:
+    """(m, s) with ``x // d == (umulhi(x, m) + x) >> s`` for 0 <= x < 2**31 (32-bit
+    unsigned arithmetic): s = ceil(log2 d), m = floor(2**32 * (2**s - d) / d) + 1, the
+    round-up method of Granlund and Montgomery. The prelude's ``kiln_udiv`` computes
+    them in the kernel from the divisor (so the text holds only the size argument and
+    a new size changes no text); this is the same arithmetic, tested against ``//`` in
+    tests/kernels/test_fast_division.py."""
+    s = (d - 1).bit_length()
+    return (((1 << 32) * ((1 << s) - d)) // d + 1) & 0xFFFFFFFF, s
+
+
+def _div(x: str, d: int, fast: bool) -> str:
+    """``x // d`` as text: by multiply and shift when ``d`` is a size argument (a
+    run-time value the compiler cannot strength-reduce) and ``fast``."""
+    text = size(d)
+    if not (fast and is_lifted(text) and d > 1):
+        return f"({x} // {text})"
+    return f"kiln_udiv({x}, {text})"
+
+
+def _mod(x: str, d: int, fast: bool) -> str:
+    text = size(d)
+    if not (fast and is_lifted(text) and d > 1):
+        return f"{x} % {text}"
+    return f"({x} - {_div(x, d, fast)} * {text})"
+
+
+def decompose(vars_, sizes, flat: str, bound: int | None = None) -> list:
+    """Lines recovering each dim's index from a flat one (contiguous order). ``bound``:
+    the flat index stays below it (the block's last lane included); below
+    ``FAST_DIV_LIMIT``, divisions by size arguments are multiplies and shifts."""
     lines, stride = [], 1
     strides = []
     for s in reversed(sizes):
         strides.append(stride)
         stride *= int(s)
     strides.reverse()
+    fast = bound is not None and bound < FAST_DIV_LIMIT
     for i, (v, s, st) in enumerate(zip(vars_, sizes, strides)):
         if v.terms:
-            q = flat if st == 1 else f"({flat} // {size(st)})"
-            lines.append(f"{v.terms[0][0]} = {q}" if i == 0 else
-                         f"{v.terms[0][0]} = {q} % {size(s)}")
+            q = flat if st == 1 else _div(flat, int(st), fast)
+            if i:
+                q = _mod(q, int(s), fast)
+            lines.append(f"{v.terms[0][0]} = {q}")
     return lines
 
 

@@ -104,7 +104,8 @@ class TritonKernel:
         vars_ = ir.loop_vars(sizes)
         perm = memory_order(g, sizes, writes)
         out += ["    " + l for l in decompose([vars_[i] for i in perm],
-                                               [sizes[i] for i in perm], "xindex")]
+                                               [sizes[i] for i in perm], "xindex",
+                                               bound=-(-numel // xb) * xb)]
         body = TBody({}, "    ", self.counter, mask,
                      {f"x{i}" for i in range(len(sizes))}, "xzero")
         out.append("    xzero = xindex * 0")
@@ -140,7 +141,8 @@ class TritonKernel:
             out.append(f"{ind}xmask = xindex < {size(onum)}")
             xmask = "xmask"
         all_vars = g.all_vars()
-        out += [ind + l for l in decompose(all_vars[:k], outer, "xindex")]
+        out += [ind + l for l in decompose(all_vars[:k], outer, "xindex",
+                                           bound=-(-onum // p.xb) * p.xb)]
         out.append(f"{ind}xzero = xindex * 0")
         out.append(f"{ind}rbase = tl.arange(0, RBLOCK){rs}")
         out.append(f"{ind}xrzero = xzero + rbase * 0")

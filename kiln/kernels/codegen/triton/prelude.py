@@ -42,6 +42,22 @@ def kiln_remainder(a, b):
 
 
 @triton.jit
+def kiln_udiv(x, d):
+    # x // d for 0 <= x < 2**31 and 1 < d < 2**31, d a size argument: a division by a
+    # value known only at run time is a ~30-instruction sequence per element; this is a
+    # multiply-high, an add and a shift, by d's magic number (Granlund and Montgomery's
+    # round-up method, ``exprs.magic``), computed from d once per program (scalars)
+    dd = d.to(tl.int64)
+    dm1 = (dd - 1).to(tl.uint32)
+    s = (dm1 != 0).to(tl.int32)
+    for k in tl.static_range(1, 32):
+        s += ((dm1 >> k) != 0).to(tl.int32)
+    m = (((1 << s).to(tl.int64) - dd) * 4294967296 // dd + 1).to(tl.uint32)
+    xu = x.to(tl.uint32)
+    return ((tl.umulhi(xu, m) + xu) >> s.to(tl.uint32)).to(tl.int32)
+
+
+@triton.jit
 def kiln_truncdiv(a, b):
     if a.dtype.is_floating():
         return kiln_trunc(a / b)
