@@ -125,6 +125,20 @@ def ce_grad_padded(lsm, tgt, w):
     return (aten.mm.default(aten.view.default(g, [4096, 50257]), w),)
 
 
+def gelu_fp32_flat_bf16(x):
+    """GPT-2's MLP activation under bf16 autocast: the tanh GELU of the bf16 product in
+    fp32 (autocast's ``pow``), flattened to [tokens, 3072] and cast to bf16 for the next
+    product (a merge of dims and a flat index divided by sizes)."""
+    h = aten.gelu.default(aten._to_copy.default(x, dtype=torch.float32), approximate="tanh")
+    return (aten._to_copy.default(aten.view.default(h, [4096, 3072]), dtype=torch.bfloat16),)
+
+
+def permute_copy(x):
+    """A transpose made contiguous: the flat index divided by both inner sizes."""
+    return (aten.clone.default(aten.permute.default(x, [0, 2, 1]),
+                               memory_format=torch.contiguous_format),)
+
+
 def rows():
     r = torch.randn
     big = (256, 512, 1024)
@@ -148,6 +162,9 @@ def rows():
          lambda: [r(4096, 3072, device="cuda", dtype=torch.bfloat16)]),
         ("mm_t_operand", mm_t_operand, lambda: [r(4096, 3072, device="cuda"),
                                                 r(4096, 768, device="cuda", dtype=torch.bfloat16)]),
+        ("gelu_flat_bf16", gelu_fp32_flat_bf16,
+         lambda: [r(8, 512, 3072, device="cuda", dtype=torch.bfloat16)]),
+        ("permute_copy", permute_copy, lambda: [r(64, 1000, 500, device="cuda")]),
         ("ce_grad_padded", ce_grad_padded, lambda: [
             torch.log_softmax(r(4096, 50257, device="cuda"), 1),
             torch.randint(0, 50257, (4096,), device="cuda"),
@@ -168,7 +185,7 @@ def bench(fn, args, n=50):
     return ts[n // 2]
 
 
-def kernel_rows(only):
+def kernel_rows(only, with_tc=True):
     print(f"{'row':14s} {'eager':>8s} {'t.compile':>9s} {'kiln':>8s} {'ratio':>6s} {'GB/s':>7s}  err")
     for name, f, make in rows():
         if only and name not in only:
@@ -190,7 +207,7 @@ def kernel_rows(only):
             continue
         te = bench(gm, args)
         try:
-            tc = bench(torch.compile(gm), args)
+            tc = bench(torch.compile(gm), args) if with_tc else float("nan")
         except Exception:        # noqa: BLE001
             tc = float("nan")
         nbytes = sum(a.numel() * a.element_size() for a in args) + sum(
@@ -289,13 +306,13 @@ def main():
     p.add_argument("--only", default="")
     p.add_argument("--profile", default="")
     p.add_argument("--calls", type=int, default=50)
-    p.add_argument("--no-tc", action="store_true", help="--profile: skip torch.compile")
+    p.add_argument("--no-tc", action="store_true", help="skip torch.compile")
     a = p.parse_args()
     if a.profile:
         for m in a.profile.split(","):
             profile_model(m, a.calls, not a.no_tc)
     else:
-        kernel_rows([s for s in a.only.split(",") if s])
+        kernel_rows([s for s in a.only.split(",") if s], not a.no_tc)
 
 
 if __name__ == "__main__":

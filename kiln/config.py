@@ -109,6 +109,10 @@ cudagraphs: str = _env_str("KILN_CUDAGRAPHS", "auto")
 #: 2.0 ms), so a serving stream of up to this many sizes replays every one
 #: (KILN_CUDAGRAPH_MAX_RECORDINGS).
 cudagraph_max_recordings: int = _env_int("KILN_CUDAGRAPH_MAX_RECORDINGS", 64)
+#: Triton kernels divide a flat index by a size argument with a multiply and shift by
+#: its magic number rather than a run-time integer division per element
+#: (``codegen/triton/exprs.py``) (KILN_TRITON_FAST_DIVISION).
+triton_fast_division: bool = _env_bool("KILN_TRITON_FAST_DIVISION", True)
 #: Kernels take the integers that come from sizes and strides (loop bounds, index
 #: coefficients, element counts) as arguments instead of literals, so graphs that differ
 #: only in sizes share one compiled C++ library or Triton module

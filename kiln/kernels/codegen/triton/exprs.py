@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from .... import config
 from ... import ir
 from ...ir import Affine, Const, Index, Load
 from ...ops import OPS
@@ -229,7 +230,7 @@ def decompose(vars_, sizes, flat: str, bound: int | None = None) -> list:
         strides.append(stride)
         stride *= int(s)
     strides.reverse()
-    fast = bound is not None and bound < FAST_DIV_LIMIT
+    fast = config.triton_fast_division and bound is not None and bound < FAST_DIV_LIMIT
     for i, (v, s, st) in enumerate(zip(vars_, sizes, strides)):
         if v.terms:
             q = flat if st == 1 else _div(flat, int(st), fast)
