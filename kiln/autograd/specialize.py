@@ -3,8 +3,8 @@
 The kernel compiler lowers graphs of plain int sizes. Given the forward, backward or
 inference aten graph of a symbolic trace (``symbolic.py``), ``PerSizeGraph`` compiles,
 per signature of the arguments it is called with (sizes, strides, dtypes, int values;
-the first ``config.dynamic_specializations`` of them, later ones running the symbolic
-graph op by op), a copy of the
+every size of a stream, the variants kept in ``shapes/variants.SizeVariants``: least
+recently used dropped beyond ``config.dynamic_specializations``), a copy of the
 graph specialised to those sizes: the symbols' values read off the arguments (solved
 from each placeholder's symbolic sizes), every size node (``sym_size``, ``operator``)
 folded to its int, int placeholders and int outputs taken out (the compiled graph sees
@@ -14,7 +14,6 @@ autograd trace, functionalization, decomposition and partition ran once.
 """
 from __future__ import annotations
 
-import collections
 import copy
 import operator
 
@@ -27,6 +26,7 @@ from kiln.autograd.sym_nodes import SymbolicUnsupported
 from kiln.debug import trace_dir
 from kiln.debug.logs import log_for
 from kiln.fast_meta import meta_result
+from kiln.shapes.variants import SizeVariants
 
 _META = torch.device("meta")
 _log = log_for("perf_hints")
@@ -103,21 +103,30 @@ class PerSizeGraph:
         if solve(_equations(self.placeholders, hints), self.symbols) is None:
             raise SymbolicUnsupported("a backward or forward graph whose sizes its inputs "
                                       "do not give")
-        self.compiled: collections.OrderedDict = collections.OrderedDict()
+        #: signature -> (compiled callable, kept argument positions, output template)
+        self.variants = SizeVariants()
         #: the frame compile this graph belongs to: each size's kernels are its artefacts
         #: (KILN_TRACE), though compiled at that size's first call
         self.trace_owner = trace_dir.current()
-        self.uncompiled_calls = 0      # calls beyond the bound (``_uncompiled``)
         self.logged = False
+
+    @property
+    def compiled(self):
+        """The variants kept, by signature (an OrderedDict, least recently used first)."""
+        return self.variants.table
+
+    @property
+    def uncompiled_calls(self) -> int:
+        return self.variants.uncompiled_calls
 
     def __call__(self, *args):
         key = _signature(args)
-        hit = self.compiled.get(key)
+        hit = self.variants.get(key)
         if hit is None:
-            if len(self.compiled) >= max(1, config.dynamic_specializations):
+            if not self.variants.admit():
                 return self._uncompiled(args)
             with trace_dir.within(self.trace_owner):
-                hit = self.compiled[key] = self._compile(args)
+                hit = self.variants.put(key, self._compile(args))
         fn, keep, template = hit
         outs = fn(*[args[i] for i in keep])
         if template is None:
@@ -126,17 +135,15 @@ class PerSizeGraph:
         return tuple(next(it) if t is _FROM_GRAPH else t for t in template)
 
     def _uncompiled(self, args):
-        """A signature beyond the ``config.dynamic_specializations`` compiled ones runs
-        the symbolic graph itself, op by op as aot_eager does. Not compiled and not
-        evicting: a stream cycling through more sizes than the bound (resnet18 over 64
-        batch sizes) would otherwise compile on every call, many times slower than eager."""
+        """A new signature once the stream has cycled past the bound (``SizeVariants``)
+        runs the symbolic graph itself, op by op as aot_eager does: compiling it would
+        drop a variant the stream comes back to, a compile on every call."""
         if not self.logged:
             self.logged = True
-            _log.info("more input sizes than KILN_DYNAMIC_SPECIALIZATIONS (%d) reach one graph: "
-                      "the others run its aten graph without compiling kernels "
-                      "(kiln.mark_dynamic does not help here: the kernels are per size)",
-                      max(1, config.dynamic_specializations))
-        self.uncompiled_calls += 1
+            _log.info("more input sizes than KILN_DYNAMIC_SPECIALIZATIONS (%d) keep reaching "
+                      "one graph: new sizes run its aten graph without compiling kernels",
+                      SizeVariants.bound())
+        self.variants.uncompiled_calls += 1
         out = self.gm(*args)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 

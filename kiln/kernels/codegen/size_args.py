@@ -99,6 +99,19 @@ def used(text: str, vals: list) -> list:
     return sorted({index[int(m.group(1))] for m in _MARK.finditer(text)})
 
 
+def each_own(text: str, start: int, spell=lambda i: f"ks{i}") -> tuple[str, list]:
+    """``text`` with every mark its own argument, numbered from ``start``, and their
+    values in order: unlike ``substitute``, values that happen to be equal at these sizes
+    (a batch of 17 and a padded row's offset of 17) get separate names, so the text is
+    the same at sizes where they differ."""
+    vals = []
+
+    def name(m):
+        vals.append(int(m.group(1)))
+        return spell(start + len(vals) - 1)
+    return _MARK.sub(name, text), vals
+
+
 def concrete(text: str) -> str:
     """``text`` with every mark replaced by its value: what the lifted text means at the
     values of this compile."""

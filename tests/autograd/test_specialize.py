@@ -1,0 +1,113 @@
+"""``autograd/specialize.py`` and ``shapes/variants.py``: every size of a stream runs
+compiled kernels (a stream of more sizes than the old bound of 32), the variants kept
+bounded (least recently used dropped), a stream cycling past the bound not compiling on
+every call; each call compared with eager (values, dtypes, strides)."""
+import pytest
+import torch
+
+import kiln
+from kiln.shapes import variants as variants_mod
+from kiln.shapes.variants import SizeVariants
+
+
+@pytest.fixture
+def tables(monkeypatch):
+    """The SizeVariants tables made while the test runs (one per symbolic aten graph
+    a per-size compiler serves)."""
+    made = []
+    init = SizeVariants.__init__
+
+    def kept(self):
+        init(self)
+        made.append(self)
+    monkeypatch.setattr(variants_mod.SizeVariants, "__init__", kept)
+    with kiln.config.patch(suppress_errors=False, perf_fallback=False):
+        yield made
+    kiln.reset()
+
+
+def _graphs(c) -> int:
+    return sum(len(e.graphs) for e in c.entries)
+
+
+def _same(got, ref):
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    for g, r in zip(got if isinstance(got, tuple) else (got,), ref if isinstance(ref, tuple) else (ref,)):
+        assert g.dtype == r.dtype and g.shape == r.shape and g.stride() == r.stride()
+
+
+def test_lru_drops_the_least_recently_used_and_stops_when_the_stream_cycles():
+    t = SizeVariants()
+    with kiln.config.patch(dynamic_specializations=3):
+        for k in "abc":
+            assert t.get(k) is None and t.admit()
+            t.put(k, k.upper())
+        assert t.get("a") == "A"                  # a is now the most recent
+        assert t.admit() and "b" not in t         # full: b (least recent) dropped
+        t.put("d", "D")
+        assert list(t.table) == ["c", "a", "d"]
+        for k in "be":                            # two more dropped: three in all
+            assert t.admit()
+            t.put(k, k.upper())
+        assert t.evictions == 3 and len(t) == 3
+        assert not t.admit() and t.thrashing      # a stream past the bound: no compile
+        assert list(t.table) == ["d", "b", "e"]
+        assert t.get("e") == "E"                  # the kept ones still serve
+    assert (t.compiles, t.compiled_calls) == (6, 8)
+
+
+def _pointwise_reduce(x):
+    y = torch.sin(x) * 2 + x.exp()
+    return y, y.sum(-1), x.amax(0)
+
+
+def test_a_stream_of_forty_sizes_all_compiled(tables):
+    """40 sizes (more than the old bound of 32): one symbolic graph after the first
+    size, every size compiled (no call runs op by op), each equal to eager."""
+    c = kiln.compile(_pointwise_reduce, backend="kiln")
+    sizes = list(range(17, 57))
+    for s in sizes + sizes[:5]:
+        x = torch.randn(s, 24)
+        _same(c(x), _pointwise_reduce(x))
+    assert _graphs(c) == 2                       # static at 17, dynamic from 18
+    (t,) = [t for t in tables if t.compiles]
+    assert t.uncompiled_calls == 0
+    assert t.compiles == len(sizes) - 1          # the first size had its static graph
+    assert t.compiled_calls == len(sizes) - 1 + 4   # 17 again: its static graph
+
+
+def test_a_stream_past_the_bound_runs_new_sizes_uncompiled(tables):
+    c = kiln.compile(_pointwise_reduce, backend="kiln")
+    with kiln.config.patch(dynamic_specializations=2):
+        for s in (17, 18, 19, 20, 21, 18, 22, 21):
+            x = torch.randn(s, 8)
+            _same(c(x), _pointwise_reduce(x))
+    (t,) = [t for t in tables if t.compiles]
+    # 18, 19 kept; 20 drops 18, 21 drops 19: the bound's worth dropped, so 18 (gone)
+    # and 22 run op by op; 21 is still kept
+    assert (t.compiles, t.evictions, t.uncompiled_calls) == (4, 2, 2)
+    assert len(t) == 2
+
+
+@pytest.mark.slow
+def test_resnet18_over_a_stream_of_batch_sizes(tables):
+    """torchvision's resnet18 (inference, 32 px) over batch sizes in a shuffled order:
+    two graphs (batch 5 static, then dynamic), every later size compiled, each equal to
+    eager."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval()
+
+    def run(x):
+        return model(x)
+    c = kiln.compile(run)
+    sizes = [5, 17, 3, 33, 18, 40, 2, 17]
+    with torch.no_grad():
+        for b in sizes:
+            x = torch.randn(b, 3, 32, 32)
+            got, ref = c(x), model(x)
+            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+            assert got.dtype == ref.dtype and got.stride() == ref.stride()
+    assert _graphs(c) == 2
+    (t,) = [t for t in tables if t.compiles]
+    assert t.uncompiled_calls == 0 and t.compiles == len(set(sizes)) - 1
