@@ -215,6 +215,9 @@ def specialise(gm: fx.GraphModule, values: dict, args):
     _recompute_meta(graph, values)
     graph.lint()
     new = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    # the kernel compiler lifts these into arguments however small (a batch of 3 and one
+    # of 20 make one kernel text; ``kernels/codegen/size_args.lifting``)
+    new.meta["kiln_symbol_values"] = sorted({int(v) for v in values.values()})
     return new, keep, template
 
 

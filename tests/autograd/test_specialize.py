@@ -111,3 +111,30 @@ def test_resnet18_over_a_stream_of_batch_sizes(tables):
     assert _graphs(c) == 2
     (t,) = [t for t in tables if t.compiles]
     assert t.uncompiled_calls == 0 and t.compiles == len(set(sizes)) - 1
+
+
+def test_one_cpp_library_for_a_stream_of_batch_sizes(tables, tmp_path, monkeypatch):
+    """The sizes of a dynamic graph's variants make one C++ text: the batch lifted
+    however small (``size_args.lifting``), OpenMP's parallel region decided at run
+    time (work below and above ``PARALLEL_WORK``), each size's arguments its own
+    (``size_args.each_own``): one compiler run for the static graph, one for the rest."""
+    import torch.nn.functional as F
+    from kiln.kernels.toolchain import cxx_build
+    monkeypatch.setattr(kiln.config, "cache_dir", str(tmp_path))     # a cold disk cache
+    runs = []
+    real = cxx_build._run_compiler
+    monkeypatch.setattr(cxx_build, "_run_compiler", lambda cmd: (runs.append(cmd), real(cmd))[1])
+    w = torch.randn(8, 4, 3, 3)
+
+    def f(x):
+        y = F.relu(F.conv2d(x, w, padding=1))
+        return y * 2, y.mean((2, 3))
+    c = kiln.compile(f, backend="kiln")
+    with torch.no_grad():
+        for b in (3, 5, 9, 17, 33, 7):       # conv output b*4608: 5 below 32768, 9 above
+            x = torch.randn(b, 4, 24, 24)
+            _same(c(x), f(x))
+    assert _graphs(c) == 2
+    (t,) = [t for t in tables if t.compiles]
+    assert t.compiles == 5 and t.uncompiled_calls == 0
+    assert len(runs) == 2, len(runs)

@@ -23,6 +23,7 @@ stands for one value).
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field
 
@@ -34,11 +35,28 @@ _OPEN, _CLOSE = "\x01", "\x02"
 _MARK = re.compile("\x01(-?[0-9]+)\x02")
 
 
+#: values lifted however small (``lifting``)
+_ALWAYS: frozenset = frozenset()
+
+
+@contextlib.contextmanager
+def lifting(values):
+    """Lift ``values`` however small while generating: the values of a symbolic graph's
+    size symbols at this compile, so that a batch of 3 and one of 20 make one text."""
+    global _ALWAYS
+    old, _ALWAYS = _ALWAYS, frozenset(int(v) for v in values)
+    try:
+        yield
+    finally:
+        _ALWAYS = old
+
+
 def size(v) -> str:
     """``v`` (an integer from sizes or strides) as generated text: a mark to lift, or the
-    literal when lifting is off or ``v`` is small."""
+    literal when lifting is off or ``v`` is small (and not a symbol's value: ``lifting``)."""
     v = int(v)
-    if not config.kernel_size_args or abs(v) <= config.kernel_size_args_min:
+    if not config.kernel_size_args or (abs(v) <= config.kernel_size_args_min
+                                       and v not in _ALWAYS):
         return str(v)
     return f"{_OPEN}{v}{_CLOSE}"
 

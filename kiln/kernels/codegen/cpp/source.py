@@ -231,6 +231,16 @@ def _has_masks(nodes) -> bool:
     return any(isinstance(e, Load) and e.mask is not None for n in nodes for e in ir.walk(n.body))
 
 
+def _parallel(work: int) -> tuple[bool, str]:
+    """(open a parallel region over ``work`` elements?, its ``if`` clause): a lifted work
+    size decides at run time (OpenMP's ``if``), so sizes either side of PARALLEL_WORK
+    share one text (one library for a stream of sizes)."""
+    w = size(work)
+    if is_lifted(w):
+        return True, f" if({w} >= {PARALLEL_WORK})"
+    return work >= PARALLEL_WORK, ""
+
+
 def _open_loops(out: list, dims: list, parallel: bool, ind: str = "  ") -> str:
     """``for`` headers over ``dims`` [(variable number, size)], OpenMP-parallel over all
     of them when ``parallel``; returns the body's indent."""
@@ -286,9 +296,9 @@ class CppKernel:
         k = len(g.outer)
         work = numel_of(tuple(g.outer) + tuple(g.red))
         ind = "  "
-        outer_par = k > 0 and work >= PARALLEL_WORK
-        if outer_par:
-            out.append(f"{ind}#pragma omp parallel for collapse({k})")
+        outer_par, clause = _parallel(work)
+        if k > 0 and outer_par:
+            out.append(f"{ind}#pragma omp parallel for collapse({k}){clause}")
         for i, s in enumerate(g.outer):
             out.append(f"{ind}for (int64_t x{i} = 0; x{i} < {size(s)}; ++x{i}) {{")
             ind += "  "
