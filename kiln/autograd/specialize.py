@@ -2,9 +2,10 @@
 
 The kernel compiler lowers graphs of plain int sizes. Given the forward, backward or
 inference aten graph of a symbolic trace (``symbolic.py``), ``PerSizeGraph`` compiles,
-per signature of the arguments it is called with (sizes, strides, dtypes, int values;
-every size of a stream, the variants kept in ``shapes/variants.SizeVariants``: least
-recently used dropped beyond ``config.dynamic_specializations``), a copy of the
+per sizes and strides of the arguments whose sizes are symbolic (and the values of
+symbolic ints; every size of a stream, the variants kept in
+``shapes/variants.SizeVariants``: least recently used dropped beyond
+``config.dynamic_specializations``), a copy of the
 graph specialised to those sizes: the symbols' values read off the arguments (solved
 from each placeholder's symbolic sizes), every size node (``sym_size``, ``operator``)
 folded to its int, int placeholders and int outputs taken out (the compiled graph sees
@@ -84,9 +85,11 @@ def solve(eqs, wanted) -> dict | None:
     return bound if wanted <= set(bound) else None
 
 
-def _signature(args):
-    return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor)
-                 else ("int", a) for a in args)
+def _is_symbolic(v) -> bool:
+    if isinstance(v, torch.SymInt):
+        return True
+    return isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt)
+                                               for s in (*v.shape, *v.stride()))
 
 
 class PerSizeGraph:
@@ -103,7 +106,12 @@ class PerSizeGraph:
         if solve(_equations(self.placeholders, hints), self.symbols) is None:
             raise SymbolicUnsupported("a backward or forward graph whose sizes its inputs "
                                       "do not give")
-        #: signature -> (compiled callable, kept argument positions, output template)
+        #: the arguments whose sizes are symbolic: their sizes and strides (an int's value)
+        #: key the variants. The others' shapes, dtypes and layouts are the capture's
+        #: guards' to keep; a layout the guards leave free (a tangent's strides) the
+        #: compiled graph tells apart itself (``CompiledGraph``: one build per signature)
+        self.dynamic = [i for i, n in enumerate(self.placeholders) if _is_symbolic(n.meta.get("val"))]
+        #: key -> (compiled callable, kept argument positions, output template)
         self.variants = SizeVariants()
         #: the frame compile this graph belongs to: each size's kernels are its artefacts
         #: (KILN_TRACE), though compiled at that size's first call
@@ -119,8 +127,12 @@ class PerSizeGraph:
     def uncompiled_calls(self) -> int:
         return self.variants.uncompiled_calls
 
+    def _key(self, args):
+        return tuple((a.shape, a.stride()) if isinstance(a, torch.Tensor) else a
+                     for a in [args[i] for i in self.dynamic])
+
     def __call__(self, *args):
-        key = _signature(args)
+        key = self._key(args)
         hit = self.variants.get(key)
         if hit is None:
             if not self.variants.admit():
