@@ -138,3 +138,21 @@ def test_one_cpp_library_for_a_stream_of_batch_sizes(tables, tmp_path, monkeypat
     (t,) = [t for t in tables if t.compiles]
     assert t.compiles == 5 and t.uncompiled_calls == 0
     assert len(runs) == 2, len(runs)
+
+
+@pytest.mark.slow
+def test_one_triton_module_for_a_stream_of_batch_sizes(tmp_path):
+    """The same through the Triton code generator (interpreted, in a child process:
+    ``specialize_triton_case.py``): the static graph's module, then one module for
+    batches 5, 9, 17 and 7 of the dynamic graph, each call equal to eager."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    env = dict(os.environ, TRITON_INTERPRET="1", KILN_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, os.path.join(here, "specialize_triton_case.py")],
+                       env=env, capture_output=True, text=True, cwd=root, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "OK [1, 1, 0, 0, 0]", r.stdout[-2000:]
