@@ -2,14 +2,16 @@
 
     python -m benchmarks.dynamic_shapes --workload llama [--device cuda] \\
         [--backends eager,torch.compile,kiln] [--json FILE]
-    python -m benchmarks.dynamic_shapes --workload resnet18 [--device cuda]
+    python -m benchmarks.dynamic_shapes --workload resnet18 [--device cuda] \\
+        [--order shuffled|ascending]
 
 Workloads (issue 23's rows):
 - ``llama``: serving a LLaMA-style model (transformers ``LlamaForCausalLM``, 4 layers,
   512 wide, 8 heads; bf16 on a GPU) with batch 4 and 24 random sequence lengths in
   33..512 (seeded), inference under ``torch.no_grad()``.
 - ``resnet18``: torchvision resnet18 inference (eval, 224 px; bf16 on a GPU) over batch
-  sizes 1..64 in a shuffled order.
+  sizes 1..64, shuffled (``--order shuffled``, the default) or ascending (a sweep: batch 1
+  compiled static, batch 2 makes the dim dynamic — 2 compiles).
 On the CPU both shrink (``--small`` is implied) so the run stays short.
 
 Per backend, in one process: ``compiles`` (graphs captured: kiln's tracer handing a
@@ -40,12 +42,16 @@ def parse(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--backends", default="eager,torch.compile,kiln")
     p.add_argument("--passes", type=int, default=3, help="steady-state passes after the first")
+    p.add_argument("--order", choices=["shuffled", "ascending"], default="shuffled",
+                   help="the order of the sizes in a pass")
+    p.add_argument("--batches", type=int, default=0,
+                   help="resnet18: batch sizes 1..N (default 64, 8 with --small)")
     p.add_argument("--small", action="store_true", help="tiny sizes (the default on the CPU)")
     p.add_argument("--json", default="")
     return p.parse_args(argv)
 
 
-def llama(device, small):
+def llama(device, small, order="shuffled", batches=0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -57,6 +63,8 @@ def llama(device, small):
         cfg = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
                           num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=1024)
         lengths, batch, dtype = [random.Random(0).randint(33, 512) for _ in range(24)], 4, torch.bfloat16
+    if order == "ascending":
+        lengths = sorted(lengths)
     cfg.use_cache = False
     model = LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
     g = torch.Generator().manual_seed(1)
@@ -67,14 +75,15 @@ def llama(device, small):
     return model, inputs, run, [f"len {n}" for n in lengths]
 
 
-def resnet18(device, small):
+def resnet18(device, small, order="shuffled", batches=0):
     import torchvision
 
     torch.manual_seed(0)
     dtype = torch.float32 if small or device == "cpu" else torch.bfloat16
     model = torchvision.models.resnet18().to(device=device, dtype=dtype).eval()
-    sizes = list(range(1, 9 if small else 65))
-    random.Random(0).shuffle(sizes)
+    sizes = list(range(1, (batches or (8 if small else 64)) + 1))
+    if order == "shuffled":
+        random.Random(0).shuffle(sizes)
     px = 32 if small else 224
     g = torch.Generator().manual_seed(1)
     inputs = [torch.randn(b, 3, px, px, generator=g).to(device=device, dtype=dtype) for b in sizes]
@@ -86,24 +95,39 @@ def resnet18(device, small):
 
 class KilnGraphs:
     """Counts the graphs kiln's tracer captures (not the per-size compiles a backend
-    then makes of one captured graph)."""
+    then makes of one captured graph), and keeps the per-size variant tables
+    (``kiln/shapes/variants.py``) made meanwhile: how many sizes were compiled and how
+    many calls ran op by op instead."""
 
     def __init__(self):
         self.n = 0
+        self.tables = []
 
     def __enter__(self):
         from kiln.capture import tracer
+        from kiln.shapes import variants
         self.mod, self.orig = tracer, tracer._compile_graph
+        self.vmod, self.vinit = variants.SizeVariants, variants.SizeVariants.__init__
 
         def counted(*a, **k):
             out = self.orig(*a, **k)
             self.n += bool(out)
             return out
+
+        def kept(table):
+            self.vinit(table)
+            self.tables.append(table)
         tracer._compile_graph = counted
+        variants.SizeVariants.__init__ = kept
         return self
 
     def __exit__(self, *exc):
         self.mod._compile_graph = self.orig
+        self.vmod.__init__ = self.vinit
+
+    def sizes(self) -> dict:
+        return {"size_compiles": sum(t.compiles for t in self.tables),
+                "uncompiled_calls": sum(t.uncompiled_calls for t in self.tables)}
 
 
 def sync(device):
@@ -112,7 +136,7 @@ def sync(device):
 
 
 def one_backend(name, a, make):
-    model, inputs, run, labels = make(a.device, a.small or a.device == "cpu")
+    model, inputs, run, labels = make(a.device, a.small or a.device == "cpu", a.order, a.batches)
     counter = None
     if name == "eager":
         fn = model
@@ -127,6 +151,7 @@ def one_backend(name, a, make):
     else:
         raise ValueError(name)
     before = _tc_graphs()
+    extra = {}
     outs = []
     with torch.no_grad():
         sync(a.device)
@@ -145,12 +170,13 @@ def one_backend(name, a, make):
     if counter is not None:
         counter.__exit__()
         compiles = counter.n
+        extra = counter.sizes()
     elif name == "torch.compile":
         compiles = _tc_graphs() - before
     else:
         compiles = 0
     return {"backend": name, "compiles": compiles, "first_pass_s": first,
-            "steady_pass_ms": 1e3 * statistics.median(passes), "calls": len(inputs), "labels": labels}, outs
+            "steady_pass_ms": 1e3 * statistics.median(passes), "calls": len(inputs), **extra, "labels": labels}, outs
 
 
 def _tc_graphs() -> int:
@@ -180,7 +206,8 @@ def main(argv=None) -> int:
     eager = next((r for r in rows if r["backend"] == "eager" and "error" not in r), None)
     tc = next((r for r in rows if r["backend"] == "torch.compile" and "error" not in r), None)
     dev = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
-    print(f"{a.workload} on {dev}, torch {torch.__version__}, {rows[0].get('calls', '?')} sizes per pass")
+    print(f"{a.workload} on {dev}, torch {torch.__version__}, {rows[0].get('calls', '?')} sizes per pass "
+          f"({a.order})")
     print(f"{'backend':<14} {'compiles':>8} {'first pass s':>13} {'steady ms':>10} {'vs eager':>9} {'vs tc':>7} {'max err':>9}")
     for r in rows:
         if "error" in r:
@@ -192,7 +219,7 @@ def main(argv=None) -> int:
               f"{ve:>8.2f}x {vt:>6.2f}x {r.get('max_err', 0.0):>9.1e}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"workload": a.workload, "device": dev, "torch": torch.__version__, "rows": rows}, f, indent=1)
+            json.dump({"workload": a.workload, "order": a.order, "device": dev, "torch": torch.__version__, "rows": rows}, f, indent=1)
     return 0
 
 

@@ -1,14 +1,14 @@
 """Which backends take a graph whose sizes are symbolic as it is, and
 ``PerSizeCompiled`` for those that need concrete sizes: the one captured graph compiled
-once per distinct signature of input sizes, strides and int values, on first use, kept
-the first ``config.dynamic_specializations`` of them (later sizes run the captured
-graph as it is); symbolic int inputs folded into the
+once per distinct signature of input sizes, strides and int values, on first use (the
+variants in ``shapes/variants.SizeVariants``: least recently used dropped beyond
+``config.dynamic_specializations``; a stream cycling past that runs the captured graph
+as it is for new sizes); symbolic int inputs folded into the
 graph as constants, the backend then taking the tensors alone. aot_eager and kiln trace
 autograd once symbolically (``autograd/symbolic.py``) and come here only for a graph
 that trace cannot serve."""
 from __future__ import annotations
 
-import collections
 import copy
 import logging
 
@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 
 from kiln import config
+from kiln.shapes.variants import SizeVariants
 
 
 def _signature(args):
@@ -45,18 +46,24 @@ class PerSizeCompiled:
         self.backend = backend
         self.gm = gm
         self.compile_graph = compile_graph    # backend_call.compile_graph, errors named
-        self.compiled = collections.OrderedDict()
+        self.variants = SizeVariants()
+
+    @property
+    def compiled(self):
+        """The variants kept, by signature (least recently used first)."""
+        return self.variants.table
 
     def _for(self, args, first=False):
         """The callable for these arguments' signature and whether it takes the tensors
         only (a compiled one) or every argument (the graph itself)."""
         key = _signature(args)
-        hit = self.compiled.get(key)
+        hit = self.variants.get(key)
         if hit is not None:
             return hit
-        if len(self.compiled) >= max(1, config.dynamic_specializations):
-            # beyond the bound: the captured graph as it is, not compiled and evicting
-            # nothing (sizes cycling through more than the bound would compile every call)
+        if not self.variants.admit():
+            # the stream cycles past the bound: the captured graph as it is, not compiled
+            # (compiling would drop a variant it comes back to: a compile every call)
+            self.variants.uncompiled_calls += 1
             return self.gm.forward, False
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         try:
@@ -69,8 +76,7 @@ class PerSizeCompiled:
             logging.getLogger("kiln").warning("kiln: the backend failed on new sizes %s; "
                                               "running the captured graph for them: %s", key, e)
             hit = (self.gm.forward, False)
-        self.compiled[key] = hit
-        return hit
+        return self.variants.put(key, hit)
 
     def __call__(self, *args):
         fn, tensors_only = self._for(args)

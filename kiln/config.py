@@ -36,10 +36,10 @@ recompile_limit: int = _env_int("KILN_RECOMPILE_LIMIT", 8)
 #: "false" (a graph per size). See kiln/shapes/policy.py.
 dynamic_shapes: str = _env_str("KILN_DYNAMIC_SHAPES", "auto")
 #: A graph with symbolic sizes that a backend compiles for concrete sizes (the kiln
-#: kernels) compiles the first this many sizes; later ones run the graph op by op, not
-#: compiled (never one compile per call for a stream cycling through more sizes)
-#: (KILN_DYNAMIC_SPECIALIZATIONS).
-dynamic_specializations: int = _env_int("KILN_DYNAMIC_SPECIALIZATIONS", 32)
+#: kernels) compiles every size it meets and keeps this many, the least recently used
+#: dropped; a stream that has cycled past it runs new sizes op by op, not compiled
+#: (never one compile per call) (KILN_DYNAMIC_SPECIALIZATIONS; kiln/shapes/variants.py).
+dynamic_specializations: int = _env_int("KILN_DYNAMIC_SPECIALIZATIONS", 128)
 #: On an internal error while compiling, run the frame eagerly (with a warning that
 #: says why) instead of raising; a graph whose kernels cannot be built or loaded (a
 #: failing C++ compiler, a failing first launch) runs its aten graph eagerly

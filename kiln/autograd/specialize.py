@@ -2,9 +2,10 @@
 
 The kernel compiler lowers graphs of plain int sizes. Given the forward, backward or
 inference aten graph of a symbolic trace (``symbolic.py``), ``PerSizeGraph`` compiles,
-per signature of the arguments it is called with (sizes, strides, dtypes, int values;
-the first ``config.dynamic_specializations`` of them, later ones running the symbolic
-graph op by op), a copy of the
+per sizes and strides of the arguments whose sizes are symbolic (and the values of
+symbolic ints; every size of a stream, the variants kept in
+``shapes/variants.SizeVariants``: least recently used dropped beyond
+``config.dynamic_specializations``), a copy of the
 graph specialised to those sizes: the symbols' values read off the arguments (solved
 from each placeholder's symbolic sizes), every size node (``sym_size``, ``operator``)
 folded to its int, int placeholders and int outputs taken out (the compiled graph sees
@@ -14,7 +15,6 @@ autograd trace, functionalization, decomposition and partition ran once.
 """
 from __future__ import annotations
 
-import collections
 import copy
 import operator
 
@@ -27,6 +27,7 @@ from kiln.autograd.sym_nodes import SymbolicUnsupported
 from kiln.debug import trace_dir
 from kiln.debug.logs import log_for
 from kiln.fast_meta import meta_result
+from kiln.shapes.variants import SizeVariants
 
 _META = torch.device("meta")
 _log = log_for("perf_hints")
@@ -84,9 +85,11 @@ def solve(eqs, wanted) -> dict | None:
     return bound if wanted <= set(bound) else None
 
 
-def _signature(args):
-    return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor)
-                 else ("int", a) for a in args)
+def _is_symbolic(v) -> bool:
+    if isinstance(v, torch.SymInt):
+        return True
+    return isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt)
+                                               for s in (*v.shape, *v.stride()))
 
 
 class PerSizeGraph:
@@ -103,21 +106,39 @@ class PerSizeGraph:
         if solve(_equations(self.placeholders, hints), self.symbols) is None:
             raise SymbolicUnsupported("a backward or forward graph whose sizes its inputs "
                                       "do not give")
-        self.compiled: collections.OrderedDict = collections.OrderedDict()
+        #: the arguments whose sizes are symbolic: their sizes and strides (an int's value)
+        #: key the variants. The others' shapes, dtypes and layouts are the capture's
+        #: guards' to keep; a layout the guards leave free (a tangent's strides) the
+        #: compiled graph tells apart itself (``CompiledGraph``: one build per signature)
+        self.dynamic = [i for i, n in enumerate(self.placeholders) if _is_symbolic(n.meta.get("val"))]
+        #: key -> (compiled callable, kept argument positions, output template)
+        self.variants = SizeVariants()
         #: the frame compile this graph belongs to: each size's kernels are its artefacts
         #: (KILN_TRACE), though compiled at that size's first call
         self.trace_owner = trace_dir.current()
-        self.uncompiled_calls = 0      # calls beyond the bound (``_uncompiled``)
         self.logged = False
 
+    @property
+    def compiled(self):
+        """The variants kept, by signature (an OrderedDict, least recently used first)."""
+        return self.variants.table
+
+    @property
+    def uncompiled_calls(self) -> int:
+        return self.variants.uncompiled_calls
+
+    def _key(self, args):
+        return tuple((a.shape, a.stride()) if isinstance(a, torch.Tensor) else a
+                     for a in [args[i] for i in self.dynamic])
+
     def __call__(self, *args):
-        key = _signature(args)
-        hit = self.compiled.get(key)
+        key = self._key(args)
+        hit = self.variants.get(key)
         if hit is None:
-            if len(self.compiled) >= max(1, config.dynamic_specializations):
+            if not self.variants.admit():
                 return self._uncompiled(args)
             with trace_dir.within(self.trace_owner):
-                hit = self.compiled[key] = self._compile(args)
+                hit = self.variants.put(key, self._compile(args))
         fn, keep, template = hit
         outs = fn(*[args[i] for i in keep])
         if template is None:
@@ -126,17 +147,15 @@ class PerSizeGraph:
         return tuple(next(it) if t is _FROM_GRAPH else t for t in template)
 
     def _uncompiled(self, args):
-        """A signature beyond the ``config.dynamic_specializations`` compiled ones runs
-        the symbolic graph itself, op by op as aot_eager does. Not compiled and not
-        evicting: a stream cycling through more sizes than the bound (resnet18 over 64
-        batch sizes) would otherwise compile on every call, many times slower than eager."""
+        """A new signature once the stream has cycled past the bound (``SizeVariants``)
+        runs the symbolic graph itself, op by op as aot_eager does: compiling it would
+        drop a variant the stream comes back to, a compile on every call."""
         if not self.logged:
             self.logged = True
-            _log.info("more input sizes than KILN_DYNAMIC_SPECIALIZATIONS (%d) reach one graph: "
-                      "the others run its aten graph without compiling kernels "
-                      "(kiln.mark_dynamic does not help here: the kernels are per size)",
-                      max(1, config.dynamic_specializations))
-        self.uncompiled_calls += 1
+            _log.info("more input sizes than KILN_DYNAMIC_SPECIALIZATIONS (%d) keep reaching "
+                      "one graph: new sizes run its aten graph without compiling kernels",
+                      SizeVariants.bound())
+        self.variants.uncompiled_calls += 1
         out = self.gm(*args)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
@@ -208,6 +227,9 @@ def specialise(gm: fx.GraphModule, values: dict, args):
     _recompute_meta(graph, values)
     graph.lint()
     new = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    # the kernel compiler lifts these into arguments however small (a batch of 3 and one
+    # of 20 make one kernel text; ``kernels/codegen/size_args.lifting``)
+    new.meta["kiln_symbol_values"] = sorted({int(v) for v in values.values()})
     return new, keep, template
 
 

@@ -24,7 +24,7 @@ from ..debug.logs import log_for
 from ..debug.timing import timed
 from . import ir, pad_mm, provenance
 from .codegen.cpp import source as cpp_source
-from .codegen.size_args import SizeArgs
+from .codegen.size_args import SizeArgs, lifting
 from .lowering import GraphLowering, View
 from .runtime import in_place, perf_fallback
 from .runtime.replay_lru import Recordings
@@ -78,15 +78,17 @@ def pick_target(example_inputs, target=None) -> str:
 
 def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache.Plan:
     """Lower, schedule and generate source — or find all of it in the graph cache."""
+    lift = gm.meta.get(SYMBOL_VALUES, ())
     gm, notes = _passes(gm, example_inputs)
-    key, p = _cached(gm, example_inputs, target)
+    key, p = _cached(gm, example_inputs, target, lift)
     if p is not None:
         return p
     lo = _lower(gm, example_inputs, target)
     sched = _schedule(lo, target)
     arte = {"ir": ir.format_program(lo.buffers), "schedule": format_schedule(sched),
             "fallbacks": list(lo.fallbacks), "target": target, "passes": notes}
-    source, entries, kinfo, sizes = _generate(sched, lo, target)
+    with lifting(lift):
+        source, entries, kinfo, sizes = _generate(sched, lo, target)
     arte["source"] = source
     arte["kinfo"] = kinfo
     arte["size_args"] = sizes.values
@@ -99,6 +101,11 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
         with timed("kernels.graph_cache"):
             graph_cache.store(key, p)
     return p
+
+
+#: ``gm.meta`` key: the values of the size symbols of the symbolic graph ``gm`` was
+#: specialised from (``autograd/specialize``), lifted however small (``size_args.lifting``)
+SYMBOL_VALUES = "kiln_symbol_values"
 
 
 def _sizes_shown(sizes) -> str:
@@ -135,10 +142,13 @@ def _passes(gm, example_inputs):
         return pad_mm.pad_matmuls(gm, example_inputs)
 
 
-def _cached(gm, example_inputs, target):
-    """(key, plan found in the graph cache or None); key None: not cacheable."""
+def _cached(gm, example_inputs, target, lift=()):
+    """(key, plan found in the graph cache or None); key None: not cacheable. ``lift``:
+    the values lifted however small (they change the source)."""
     with timed("kernels.graph_cache"):
         key = graph_cache.key_of(gm, example_inputs, target)
+        if key is not None and lift:
+            key = cxx_build.key_of(key, f"lift={sorted(lift)}")
         p = graph_cache.load(key)
     _cache_log.info("kernels: graph cache %s (%s source)", "hit" if p is not None else "miss" if key else "off",
                     target)

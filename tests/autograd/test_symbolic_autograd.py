@@ -261,8 +261,9 @@ def test_a_question_the_capture_did_not_ask_traces_per_size(traces, caplog):
 def test_concrete_compilers_get_each_size_once_after_one_trace(traces):
     """``specialize``: a compiler of plain int sizes (the kernel compiler's contract) gets
     per size signature a graph with no symbolic size left, int inputs and outputs taken
-    out; the first ``dynamic_specializations`` sizes compiled, later ones run the
-    symbolic graph itself (and still match eager)."""
+    out; every size compiled, ``dynamic_specializations`` of them kept (least recently
+    used dropped); once the stream has cycled past the bound, new sizes run the symbolic
+    graph itself (and still match eager)."""
     from kiln.autograd.runtime import aot_compile
 
     def f(x, n):
@@ -291,7 +292,8 @@ def test_concrete_compilers_get_each_size_once_after_one_trace(traces):
     with kiln.config.patch(dynamic_specializations=2):
         fn = aot_compile(gm, [x0, 5], fw_compiler=lambda g, e: concrete("fw", g, e),
                          bw_compiler=lambda g, e: concrete("bw", g, e))
-        for k, (b, s, n) in enumerate([(4, 3, 5), (5, 7, 2), (4, 3, 5), (2, 9, 3), (5, 7, 2)]):
+        stream = [(4, 3, 5), (5, 7, 2), (4, 3, 5), (2, 9, 3), (5, 7, 2), (3, 4, 1), (4, 3, 5)]
+        for k, (b, s, n) in enumerate(stream):
             x = torch.randn(b, s, requires_grad=True)
             x2 = x.detach().clone().requires_grad_(True)
             (got,) = fn(x, n)
@@ -301,9 +303,11 @@ def test_concrete_compilers_get_each_size_once_after_one_trace(traces):
             torch.testing.assert_close(got, ref)
             torch.testing.assert_close(x.grad, x2.grad)
     assert traces[0] == 1
-    # a bound of 2: (4, 3) and (5, 7) compiled and hit again; (2, 9) runs uncompiled
-    assert [c[0] for c in compiled["fw"]] == [(4, 3), (5, 7)]
-    assert len(compiled["bw"]) == 2
+    # a bound of 2: (4, 3) and (5, 7) compiled, (4, 3) hit; (2, 9) drops (5, 7), which
+    # comes back and drops (4, 3); two dropped: the stream cycles, (3, 4) and (4, 3)
+    # run uncompiled
+    assert [c[0] for c in compiled["fw"]] == [(4, 3), (5, 7), (2, 9), (5, 7)]
+    assert len(compiled["bw"]) == 4
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

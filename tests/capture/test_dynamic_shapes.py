@@ -325,7 +325,10 @@ def test_per_size_compiles_are_bounded():
         p = PerSizeCompiled(backend, g, lambda b, gm, ins: b(gm, ins))
         for s in (2, 3, 2, 4, 2, 3, 4):
             torch.testing.assert_close(p(torch.ones(s)), torch.ones(s) * 2)
-    assert calls == [(2,), (3,)]      # (4,) is beyond the bound: the graph as it is
+    # bound 2: (4,) drops (3,), which comes back and drops (4,); two dropped, so the
+    # stream cycles: (4,) runs the graph as it is
+    assert calls == [(2,), (3,), (4,), (3,)]
+    assert (p.variants.compiled_calls, p.variants.uncompiled_calls) == (6, 1)
 
 
 def test_mark_dynamic_range_is_guarded():

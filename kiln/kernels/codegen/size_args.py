@@ -23,6 +23,7 @@ stands for one value).
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field
 
@@ -34,11 +35,28 @@ _OPEN, _CLOSE = "\x01", "\x02"
 _MARK = re.compile("\x01(-?[0-9]+)\x02")
 
 
+#: values lifted however small (``lifting``)
+_ALWAYS: frozenset = frozenset()
+
+
+@contextlib.contextmanager
+def lifting(values):
+    """Lift ``values`` however small while generating: the values of a symbolic graph's
+    size symbols at this compile, so that a batch of 3 and one of 20 make one text."""
+    global _ALWAYS
+    old, _ALWAYS = _ALWAYS, frozenset(int(v) for v in values)
+    try:
+        yield
+    finally:
+        _ALWAYS = old
+
+
 def size(v) -> str:
     """``v`` (an integer from sizes or strides) as generated text: a mark to lift, or the
-    literal when lifting is off or ``v`` is small."""
+    literal when lifting is off or ``v`` is small (and not a symbol's value: ``lifting``)."""
     v = int(v)
-    if not config.kernel_size_args or abs(v) <= config.kernel_size_args_min:
+    if not config.kernel_size_args or (abs(v) <= config.kernel_size_args_min
+                                       and v not in _ALWAYS):
         return str(v)
     return f"{_OPEN}{v}{_CLOSE}"
 
@@ -97,6 +115,19 @@ def used(text: str, vals: list) -> list:
     """Indices into ``vals`` of the values ``text`` marks, ascending."""
     index = {v: i for i, v in enumerate(vals)}
     return sorted({index[int(m.group(1))] for m in _MARK.finditer(text)})
+
+
+def each_own(text: str, start: int, spell=lambda i: f"ks{i}") -> tuple[str, list]:
+    """``text`` with every mark its own argument, numbered from ``start``, and their
+    values in order: unlike ``substitute``, values that happen to be equal at these sizes
+    (a batch of 17 and a padded row's offset of 17) get separate names, so the text is
+    the same at sizes where they differ."""
+    vals = []
+
+    def name(m):
+        vals.append(int(m.group(1)))
+        return spell(start + len(vals) - 1)
+    return _MARK.sub(name, text), vals
 
 
 def concrete(text: str) -> str:

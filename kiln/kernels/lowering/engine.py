@@ -310,22 +310,20 @@ class GraphLowering:
         return View(name, tuple(val.shape), tuple(val.stride()), 0, val.dtype)
 
     def _args(self, node):
-        return pytree.tree_map(lambda a: self.env[a] if isinstance(a, fx.Node) else a,
-                               (node.args, node.kwargs))
+        return _map_nodes((node.args, node.kwargs), self.env)
 
     def _dtypes_ok(self, node) -> bool:
         ok = SUPPORTED_DTYPES[self.target]
         vals = [self.meta[node]] + [self.meta[a] for a in node.all_input_nodes]
-        for t in pytree.tree_leaves(vals):
+        for t in _leaves(vals):
             if isinstance(t, torch.Tensor) and t.dtype not in ok:
                 return False
         if node not in self.device_side and not all(same_device(d, self.device) for d in
-                                                    pytree.tree_leaves(self.meta[node, "device"])
+                                                    _leaves(self.meta[node, "device"])
                                                     if d is not None):
             return False
         for a in node.all_input_nodes:        # a CPU scalar is copied over (host_scalars)
-            for d, t in zip(pytree.tree_leaves(self.meta[a, "device"]),
-                            pytree.tree_leaves(self.meta[a])):
+            for d, t in zip(_leaves(self.meta[a, "device"]), _leaves(self.meta[a])):
                 if d is not None and not same_device(d, self.device) \
                         and not is_host_scalar(self, d, t, node, a):
                     return False
@@ -501,3 +499,36 @@ class GraphLowering:
     # --- helpers for lowerings ---
     def out_meta(self, node) -> torch.Tensor:
         return self.meta[node]
+
+
+def _map_nodes(x, env):
+    """``x`` with every fx.Node replaced by its value in ``env``: pytree's ``tree_map``
+    for the tuples, lists and dicts a node's arguments are made of, without its
+    per-leaf type dispatch (a lowering maps every node's arguments); other containers
+    go through pytree."""
+    t = type(x)
+    if t is tuple:
+        return tuple(_map_nodes(a, env) for a in x)
+    if t is list:
+        return [_map_nodes(a, env) for a in x]
+    if t is dict:
+        return {k: _map_nodes(v, env) for k, v in x.items()}
+    if isinstance(x, fx.Node):
+        return env[x]
+    if isinstance(x, (tuple, list, dict)):
+        return pytree.tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, x)
+    return x
+
+
+def _leaves(x) -> list:
+    """pytree's ``tree_leaves`` of a meta value (a tensor, a number, None, or tuples
+    and lists of them), with the same fast path as ``_map_nodes``."""
+    t = type(x)
+    if t is tuple or t is list:
+        out = []
+        for a in x:
+            out += _leaves(a)
+        return out
+    if isinstance(x, (tuple, list, dict)):
+        return pytree.tree_leaves(x)
+    return [x]

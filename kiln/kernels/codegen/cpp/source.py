@@ -22,7 +22,7 @@ from ...ir import Affine, Const, Index, Load, Op, numel_of
 from ...ops import OPS
 from ...reductions import KINDS
 from ...scheduler import Group, Schedule
-from ..size_args import constant, is_lifted, size, substitute, used, values
+from ..size_args import constant, each_own, is_lifted, size
 
 CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
           torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
@@ -231,6 +231,16 @@ def _has_masks(nodes) -> bool:
     return any(isinstance(e, Load) and e.mask is not None for n in nodes for e in ir.walk(n.body))
 
 
+def _parallel(work: int) -> tuple[bool, str]:
+    """(open a parallel region over ``work`` elements?, its ``if`` clause): a lifted work
+    size decides at run time (OpenMP's ``if``), so sizes either side of PARALLEL_WORK
+    share one text (one library for a stream of sizes)."""
+    w = size(work)
+    if is_lifted(w):
+        return True, f" if({w} >= {PARALLEL_WORK})"
+    return work >= PARALLEL_WORK, ""
+
+
 def _open_loops(out: list, dims: list, parallel: bool, ind: str = "  ") -> str:
     """``for`` headers over ``dims`` [(variable number, size)], OpenMP-parallel over all
     of them when ``parallel``; returns the body's indent."""
@@ -286,9 +296,9 @@ class CppKernel:
         k = len(g.outer)
         work = numel_of(tuple(g.outer) + tuple(g.red))
         ind = "  "
-        outer_par = k > 0 and work >= PARALLEL_WORK
-        if outer_par:
-            out.append(f"{ind}#pragma omp parallel for collapse({k})")
+        outer_par, clause = _parallel(work)
+        if k > 0 and outer_par:
+            out.append(f"{ind}#pragma omp parallel for collapse({k}){clause}")
         for i, s in enumerate(g.outer):
             out.append(f"{ind}for (int64_t x{i} = 0; x{i} < {size(s)}; ++x{i}) {{")
             ind += "  "
@@ -733,22 +743,28 @@ def generate(sched: Schedule, buffers: list) -> tuple[str, list, list]:
             + ");" for gi, ps in kernels)
         entry_src.append(f'extern "C" void {name}({sig}) {{\n{"".join(big)}{calls}\n}}')
         entries.append((name, params))
-    vals = []
-    for text in kernels_src + entry_src:
-        vals = values(text, vals)
-    parts = [PRELUDE] + [_take_sizes(src, vals) for src in kernels_src]
-    parts += [substitute(src, vals, lambda i: f"kiln_ks[{i}]") for src in entry_src]
+    # every marked size its own argument (``size_args.each_own``): equal values at these
+    # sizes need not be equal at others, and a name shared would make the text differ
+    vals, parts = [], [PRELUDE]
+    for src in kernels_src:
+        text, vs = each_own(src, len(vals))
+        parts.append(_take_sizes(text, range(len(vals), len(vals) + len(vs))))
+        vals += vs
+    for src in entry_src:
+        text, vs = each_own(src, len(vals), lambda i: f"kiln_ks[{i}]")
+        parts.append(text)
+        vals += vs
     return "\n\n".join(parts) + "\n", entries, vals
 
 
-def _take_sizes(src: str, vals: list) -> str:
-    """A kernel's source taking the size arguments: ``kiln_ks`` its first parameter, the
-    values it uses named ``ksN`` at its top (constants to the loops and indices)."""
-    lines = substitute(src, vals).split("\n")
+def _take_sizes(src: str, mine) -> str:
+    """A kernel's source (its sizes named ``ksN``) taking the size arguments: ``kiln_ks``
+    its first parameter, the indices ``mine`` it uses read at its top (constants to the
+    loops and indices)."""
+    lines = src.split("\n")
     at = next(i for i, l in enumerate(lines) if l.startswith("static void kernel"))
     head = "(const int64_t* __restrict__ kiln_ks" + (")" if "()" in lines[at] else ", ")
     lines[at] = lines[at].replace("()" if "()" in lines[at] else "(", head, 1)
-    mine = used(src, vals)
     decl = [f"  const int64_t ks{i} = kiln_ks[{i}];" for i in mine]
     if mine:
         # each thread its own copy: a shared one is read through memory in the loops
