@@ -107,7 +107,13 @@ def concrete(text: str) -> str:
 
 @dataclass
 class SizeArgs:
-    """What a plan's launches pass besides tensors: the lifted values (``ks0``…), and
-    for Triton each launch's grid (computed from this compile's sizes)."""
+    """What a plan's launches pass besides tensors: the lifted values (C++: ``ks0``…,
+    every kernel indexing them; Triton: ``S``, the segment launchers' host values,
+    first), and for Triton each launch's grid (computed from this compile's sizes) and
+    where its kernel's sizes lie in the device array (``device``: each launch's values
+    in its kernel's own order, ``ks0`` first; ``slots``: per launch (offset, length) or
+    None). A new size of the same text changes these values, never the text."""
     values: list = field(default_factory=list)
     grids: list = field(default_factory=list)
+    device: list = field(default_factory=list)
+    slots: list = field(default_factory=list)
