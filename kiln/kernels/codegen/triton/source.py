@@ -91,9 +91,11 @@ def generate_sized(sched: Schedule, buffers: list, interpret: bool | None = None
             segments.append(cur)
         for kern, allocs in kernels:
             src, params, grid, consts, nw, tune = kern.source()
-            mine = values(src)            # this kernel's sizes, in order of first use
             old = f"def {kern.name}({', '.join(params)}"
             assert old in src, old
+            # this kernel's sizes in the order its code first uses them (then any only
+            # its header comment names)
+            mine = values(src, values(src[src.index(old):]))
             params = _by_first_use(src, old, params) + ([KS] if mine else [])
             src = src.replace(old, f"def {kern.name}({', '.join(params)}", 1)
             if mine:
