@@ -41,3 +41,21 @@ def inputs(numels, seed=0):
 
 def graph(numels):
     return make_fx(adam_update(len(numels)))(*inputs(numels))
+
+
+def column_sums(a, b, c):
+    """Two column sums of one class (their accumulators are named after their
+    buffers: the dedupe key renames those with the parameters) and a row sum."""
+    return (a * 2).sum(0), (b * 2).sum(0), (c * 2).sum(-1)
+
+
+SUM_SHAPES = [(64, 1040), (96, 1072), (33, 700)]
+
+
+def sum_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g) for s in SUM_SHAPES]
+
+
+def sum_graph():
+    return make_fx(column_sums)(*sum_inputs())

@@ -9,7 +9,7 @@ import torch
 from kiln.kernels.codegen.triton import launcher
 from kiln.kernels.compile import build
 
-from .size_dedupe_cases import FIVE, graph, inputs
+from .size_dedupe_cases import FIVE, graph, inputs, sum_graph, sum_inputs
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="needs TRITON_INTERPRET=1 (see test_size_args_dedupe.py)")
@@ -51,3 +51,13 @@ def test_dedupe_classes_stay_apart():
     another class: its own kernel, still run with its own values."""
     rt, art = _run([528, 530, 640, 531])
     assert len(art["kinfo"]) == 3, [k[0] for k in art["kinfo"]]
+
+
+def test_dedupe_reductions_with_named_accumulators():
+    """Two column sums of different sizes, one kernel (its accumulators renamed with
+    its parameters in the dedupe key), each launch summing its own columns."""
+    gm, args = sum_graph(), sum_inputs()
+    rt, art = build(gm, args, "triton")
+    for g, e in zip(rt(*args), gm(*args)):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    assert len(art["kinfo"]) == 2, [k[0] for k in art["kinfo"]]

@@ -11,7 +11,7 @@ import sys
 from kiln.kernels import compile as kc
 from kiln.kernels.codegen.triton.source import layout
 
-from .size_dedupe_cases import FIVE, graph, inputs
+from .size_dedupe_cases import FIVE, graph, inputs, sum_graph, sum_inputs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -52,6 +52,14 @@ def _text(source, name):
     return source[source.index(f"def {name}("):].split("\n\n\n")[0]
 
 
+def test_reductions_named_after_their_buffers_dedupe():
+    """Two column sums of one class over different buffers: one kernel, though each
+    names its accumulator after its own output (``acc_bufN``)."""
+    p = kc.plan(sum_graph(), sum_inputs(), "triton")
+    assert len(p.kinfo) == 2, [k[0] for k in p.kinfo]
+    assert re.search(r"acc_buf\d+ = ", p.source)
+
+
 def test_layout_aligns_every_slot():
     """Every launch's sizes start 16 bytes apart from the array's start (Triton
     specialises pointers on 16-byte alignment: one binary for all launches), and
@@ -69,4 +77,4 @@ def test_dedupe_under_the_interpreter(tmp_path):
            os.path.join(HERE, "size_dedupe_triton_cases.py"), "--rootdir", ROOT]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
-    assert "3 passed" in r.stdout.splitlines()[-1], r.stdout[-2000:]
+    assert "4 passed" in r.stdout.splitlines()[-1], r.stdout[-2000:]

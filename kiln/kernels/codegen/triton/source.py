@@ -30,9 +30,11 @@ from ..size_args import SizeArgs, concrete, is_lifted, size, substitute, values
 def _canonical(src: str, name: str, params: list) -> str:
     """A kernel's text with its name and parameter names made positional and comments
     dropped: kernels equal under this (the same block of a network repeated) are
-    compiled once."""
+    compiled once. A name is replaced inside the identifiers made from it too (a
+    reduction's accumulator ``acc_buf7``): ``_`` separates, letters and digits do not."""
     names = {name: "KERNEL", **{p: f"P{i}" for i, p in enumerate(params)}}
-    pat = re.compile(r"\b(" + "|".join(re.escape(n) for n in names) + r")\b")
+    pat = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(re.escape(n) for n in names)
+                     + r")(?![A-Za-z0-9])")
     body = "\n".join(l for l in src.splitlines() if not l.lstrip().startswith("#"))
     return pat.sub(lambda m: names[m.group(1)], body)
 
