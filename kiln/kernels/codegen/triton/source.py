@@ -24,7 +24,7 @@ from .prelude import INTERPRETER_SHIMS, PRELUDE
 from .exprs import interpreting
 from .heuristics import plan_reduction
 from .kernel import TritonKernel, split_group
-from ..size_args import SizeArgs, concrete, is_lifted, size, substitute, values
+from ..size_args import SizeArgs, concrete, size, substitute, values
 
 
 def _canonical(src: str, name: str, params: list) -> str:
