@@ -2,11 +2,13 @@
 
 A code generator prints each integer that comes from a size or a stride (a loop bound, an
 element count, an index coefficient or offset) through ``size(v)``, which writes a *mark*
-holding the value. ``lift`` then gives each distinct marked value a name (``ks0``,
-``ks1``… in order of first appearance) and lists the values: the source text names the
-arguments, and the launch passes this compile's values. Two compiles whose lifted texts
-are equal share one compiled binary (the caches are keyed by the text), each with its
-own values.
+holding the value. Each distinct marked value then gets a name (``ks0``, ``ks1``… in
+order of first appearance: ``values``, ``substitute``) and the values are listed: the
+source text names the arguments, and the launch passes this compile's values. Two
+compiles whose lifted texts are equal share one compiled binary (the caches are keyed by
+the text), each with its own values. C++ names them across its module; a Triton kernel
+names its own (``codegen/triton/source.py``), so kernels of one graph differing only in
+sizes are one kernel too, each launch reading its own values.
 
 This is sound without reasoning about sizes: a lifted text with its values substituted
 back is, character for character, the text the generator would have written with
@@ -138,7 +140,13 @@ def concrete(text: str) -> str:
 
 @dataclass
 class SizeArgs:
-    """What a plan's launches pass besides tensors: the lifted values (``ks0``…), and
-    for Triton each launch's grid (computed from this compile's sizes)."""
+    """What a plan's launches pass besides tensors: the lifted values (C++: ``ks0``…,
+    every kernel indexing them; Triton: ``S``, the segment launchers' host values,
+    first), and for Triton each launch's grid (computed from this compile's sizes) and
+    where its kernel's sizes lie in the device array (``device``: each launch's values
+    in its kernel's own order, ``ks0`` first; ``slots``: per launch (offset, length) or
+    None). A new size of the same text changes these values, never the text."""
     values: list = field(default_factory=list)
     grids: list = field(default_factory=list)
+    device: list = field(default_factory=list)
+    slots: list = field(default_factory=list)

@@ -255,17 +255,31 @@ def load(source: str, entries, kinfo=None, sizes=None, device=None):
                        ", ".join(f"ks{i}={v}" for i, v in enumerate(sizes.values)) or "none")
     mod, launch = m.mod, m.launch
     grids, host = tuple(sizes.grids), tuple(sizes.values)
-    ks = torch.tensor(list(sizes.values) or [0], dtype=torch.int64, device=device)
+    views = device_sizes(sizes, device)
     steps = []
     for name, params in entries:
         fn = getattr(mod, name)
 
         def step(rt, tensors, fn=fn, params=params):
-            fn(rt, launch, grids, host, ks, *[tensors[p] for p in params])
+            fn(rt, launch, grids, host, views, *[tensors[p] for p in params])
         step.params = params
         step.module = m           # keeps the module loaded while this step lives
+        step.size_views = views   # (tests: the device array each launch reads)
         steps.append(step)
     return steps
+
+
+def device_sizes(sizes, device) -> tuple:
+    """Per launch (``K[j]``) a view of one int64 device array at that launch's sizes
+    (``SizeArgs.slots``), None for a kernel without sizes. Made once per load: a
+    launch passes its view's pointer like any tensor's, and a CUDA graph captured
+    over the launches keeps reading the same addresses."""
+    ks = torch.tensor(list(sizes.device) or [0], dtype=torch.int64, device=device)
+    views = {}
+    for slot in sizes.slots:
+        if slot is not None and slot not in views:
+            views[slot] = ks[slot[0]:slot[0] + slot[1]]
+    return tuple(None if slot is None else views[slot] for slot in sizes.slots)
 
 
 def _load_module(source: str, kinfo):

@@ -24,15 +24,17 @@ from .prelude import INTERPRETER_SHIMS, PRELUDE
 from .exprs import interpreting
 from .heuristics import plan_reduction
 from .kernel import TritonKernel, split_group
-from ..size_args import SizeArgs, concrete, is_lifted, size, substitute, used, values
+from ..size_args import SizeArgs, concrete, size, substitute, values
 
 
 def _canonical(src: str, name: str, params: list) -> str:
     """A kernel's text with its name and parameter names made positional and comments
     dropped: kernels equal under this (the same block of a network repeated) are
-    compiled once."""
+    compiled once. A name is replaced inside the identifiers made from it too (a
+    reduction's accumulator ``acc_buf7``): ``_`` separates, letters and digits do not."""
     names = {name: "KERNEL", **{p: f"P{i}" for i, p in enumerate(params)}}
-    pat = re.compile(r"\b(" + "|".join(re.escape(n) for n in names) + r")\b")
+    pat = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(re.escape(n) for n in names)
+                     + r")(?![A-Za-z0-9])")
     body = "\n".join(l for l in src.splitlines() if not l.lstrip().startswith("#"))
     return pat.sub(lambda m: names[m.group(1)], body)
 
@@ -49,21 +51,27 @@ def generate_detailed(sched: Schedule, buffers: list, interpret: bool | None = N
     return generate_sized(sched, buffers, interpret)[:3]
 
 
-#: The parameter through which kernels read their size arguments: an int64 tensor on
-#: the device (every kernel parameter stays a pointer, as ``triton_build`` and
+#: The parameter through which kernels read their size arguments: a pointer into an int64
+#: tensor on the device (every kernel parameter stays a pointer, as ``triton_build`` and
 #: ``cuda_launch`` launch them), loaded once at the top of each kernel.
 KS = "kiln_ks"
 
 
 def generate_sized(sched: Schedule, buffers: list, interpret: bool | None = None):
     """``generate_detailed`` plus the size arguments (``size_args.SizeArgs``): the
-    lifted values and each launch's grid. Segment launchers are
-    ``kiln_segN(rt, launch, G, S, kiln_ks, *tensors)``: ``G`` the grids, ``S`` the
-    values on the host (workspace sizes), ``kiln_ks`` the same on the device."""
+    lifted values, each launch's grid and the device layout of its sizes. Segment
+    launchers are ``kiln_segN(rt, launch, G, S, K, *tensors)``: ``G`` the grids, ``S``
+    the values on the host (workspace sizes), ``K`` per launch a view of the device
+    array at that launch's sizes (``K[j]`` beside ``G[j]``).
+
+    Each kernel names its sizes locally (``ks0``, ``ks1``… in order of first use) and
+    kernels are deduplicated on that text: an optimizer's per-parameter updates, which
+    differ only in their element counts, are one kernel (one binary) launched with
+    different ``K[j]``."""
     interpret = interpreting() if interpret is None else interpret
     dtypes = {b.name: b.dtype for b in buffers}
     parts = [PRELUDE] + ([INTERPRETER_SHIMS] if interpret else [])
-    segments, cur, kinfo, grids = [], None, [], []
+    segments, cur, kinfo, grids, local_sizes = [], None, [], [], []
     seen = {}        # canonical text -> the kernel that has it (repeated layers share one)
     for gi, g in enumerate(sched.groups):
         if g.extern is not None:
@@ -85,11 +93,15 @@ def generate_sized(sched: Schedule, buffers: list, interpret: bool | None = None
             segments.append(cur)
         for kern, allocs in kernels:
             src, params, grid, consts, nw, tune = kern.source()
-            if is_lifted(src):
-                old = f"def {kern.name}({', '.join(params)}"
-                params = params + [KS]
-                assert old in src, old
-                src = src.replace(old, f"def {kern.name}({', '.join(params)}", 1)
+            old = f"def {kern.name}({', '.join(params)}"
+            assert old in src, old
+            # this kernel's sizes in the order its code first uses them (then any only
+            # its header comment names)
+            mine = values(src, values(src[src.index(old):]))
+            params = _by_first_use(src, old, params) + ([KS] if mine else [])
+            src = src.replace(old, f"def {kern.name}({', '.join(params)}", 1)
+            if mine:
+                src = _take_sizes(src, kern.name, mine)
             pd = dict(dtypes)
             pd[KS] = torch.int64
             pd.update({ws: dt for ws, _, dt in allocs})
@@ -105,9 +117,11 @@ def generate_sized(sched: Schedule, buffers: list, interpret: bool | None = None
             fused = _fused(gi, g, sched, kern, dtypes, interpret, parts, seen) \
                 if g.matmul is not None else None
             grids.append(ast.literal_eval(grid))
-            cur[1].append((name, params, f"G[{len(grids) - 1}]", consts, nw, tune, allocs,
-                           fused))
-    entries = []
+            local_sizes.append(mine)
+            j = len(grids) - 1
+            args = [f"K[{j}]" if q == KS else q for q in params]
+            cur[1].append((name, params, args, f"G[{j}]", consts, nw, tune, allocs, fused))
+    entries, launchers = [], []
     for name, kernels in segments:
         params = []
         local = {ws for *_, allocs, _ in kernels for ws, _, _ in allocs}
@@ -115,23 +129,49 @@ def generate_sized(sched: Schedule, buffers: list, interpret: bool | None = None
             ps = ps if fused is None else fused[1]
             params += [q for q in ps if q not in params and q not in local and q != KS]
         lines = []
-        for kname, ps, grid, consts, nw, tune, allocs, fused in kernels:
+        for kname, ps, args, grid, consts, nw, tune, allocs, fused in kernels:
             for ws, numel, dt in allocs:
                 lines.append(f"    {ws} = torch.empty({size(numel)}, dtype={dt}, "
                              f"device={params[0]}.device)")
             kw = ", ".join(f"{k}={v}" for k, v in consts.items())
             if not tune:
                 kw += f", num_warps={nw}"
-            call = f"    launch(rt, {kname}, {grid}, ({', '.join(ps)},), dict({kw}))"
+            call = f"    launch(rt, {kname}, {grid}, ({', '.join(args)},), dict({kw}))"
             lines += [call] if fused is None else fused[0](call)
-        parts.append(f"def {name}(rt, launch, G, S, {', '.join([KS] + params)}):\n"
-                     + "\n".join(lines))
+        launchers.append(f"def {name}(rt, launch, G, S, {', '.join(['K'] + params)}):\n"
+                         + "\n".join(lines))
         entries.append((name, params))
-    vals = []
-    for part in parts:
-        vals = values(part, vals)
-    parts = [_take_sizes(part, vals) for part in parts]
-    return "\n\n\n".join(parts) + "\n", entries, kinfo, SizeArgs(vals, grids)
+    host = []
+    for part in launchers:
+        host = values(part, host)
+    parts += [substitute(part, host, lambda i: f"S[{i}]") for part in launchers]
+    everything = host + sorted({v for mine in local_sizes for v in mine} - set(host))
+    device, slots = layout(local_sizes)
+    return "\n\n\n".join(parts) + "\n", entries, kinfo, \
+        SizeArgs(everything, grids, device, slots)
+
+
+#: a launch's sizes start at a multiple of this many values in the device array: 16
+#: bytes, the alignment Triton specialises pointers on (every ``K[j]`` has it, so one
+#: binary serves all of a kernel's launches)
+_ALIGN = 2
+
+
+def layout(local_sizes: list) -> tuple:
+    """The device array of the launches' sizes (``local_sizes``: per launch its values in
+    its kernel's order, empty for a kernel without sizes) and per launch its slot
+    (offset, length) in it, None for none. Launches with equal values share a slot."""
+    device, slots, at = [], [], {}
+    for mine in local_sizes:
+        if not mine:
+            slots.append(None)
+            continue
+        key = tuple(mine)
+        if key not in at:
+            at[key] = len(device)
+            device += list(mine) + [0] * (-len(mine) % _ALIGN)
+        slots.append((at[key], len(mine)))
+    return device, slots
 
 
 #: Triton's own specialisation of integer arguments: a multiple of this is declared so
@@ -147,17 +187,26 @@ def _read(i: int, v: int) -> str:
     return f"tl.multiple_of({r}, {DIVISIBILITY})" if v % DIVISIBILITY == 0 else r
 
 
-def _take_sizes(part: str, vals: list) -> str:
-    """A kernel's text reading the size arguments it uses from ``kiln_ks`` at its top
-    (as int32 where the value fits, the type Triton gives such a literal); a
-    launcher's reading them from ``S``."""
-    if not is_lifted(part):
-        return part
-    lines = substitute(part, vals).split("\n")
-    at = next(i for i, l in enumerate(lines) if l.startswith("def "))
-    if lines[at].startswith("def kiln_seg"):
-        return substitute(part, vals, lambda i: f"S[{i}]")
-    decl = [f"    ks{i} = {_read(i, vals[i])}" for i in used(part, vals)]
+def _by_first_use(src: str, head: str, params: list) -> list:
+    """``params`` in the order the kernel's body first names them (those it never names
+    last): the generator lists them by name, so two kernels of one structure over
+    differently numbered buffers would otherwise differ in order, hence in text."""
+    body = src[src.index(head) + len(head):]
+    body = body[body.index("\n"):]
+    first = {}
+    for m in re.finditer(r"\b[A-Za-z_]\w*\b", body):
+        first.setdefault(m.group(0), m.start())
+    return sorted(params, key=lambda q: first.get(q, len(body)))
+
+
+def _take_sizes(src: str, name: str, mine: list) -> str:
+    """Kernel ``name``'s text reading its sizes (``mine``: their values, in order of
+    first use) from ``kiln_ks`` at its top, as ``ks0``, ``ks1``…: the names are the
+    kernel's own, so kernels differing only in sizes have one text. Each read keeps the
+    class of its value (int32 or not, a multiple of DIVISIBILITY or not)."""
+    lines = substitute(src, mine).split("\n")
+    at = next(i for i, l in enumerate(lines) if l.startswith(f"def {name}("))
+    decl = [f"    ks{i} = {_read(i, v)}" for i, v in enumerate(mine)]
     return "\n".join(lines[:at + 1] + decl + lines[at + 1:])
 
 
