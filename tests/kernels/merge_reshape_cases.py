@@ -236,6 +236,34 @@ def logits_sized(plan, n, dtype=None) -> list:
             and b.name not in plan.sched.locals and (dtype is None or b.dtype == dtype)]
 
 
+def gpt2(v=257, s=16):
+    """transformers' GPT2LMHeadModel, 2 layers, no dropout; its loss is
+    ForCausalLMLoss (``logits.float()``, flattened, cross-entropy ignoring -100)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=24, n_head=2, vocab_size=v, n_positions=s,
+                     bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
+                     attn_pdrop=0.0)
+    m = GPT2LMHeadModel(cfg)
+
+    class Loss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids, labels):
+            return self.m(input_ids=ids, labels=labels).loss
+    return Loss()
+
+
+def gpt2_inputs(b=2, s=16, v=257):
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, v, (b, s), generator=g)
+    labels = ids.clone()
+    labels[0, :4] = -100
+    return lambda: (ids, labels)
+
+
 # --- the Triton path (under the interpreter, in a child pytest) --------------------------
 @triton_only
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -252,3 +280,14 @@ def test_lm_head_stores_no_fp32_logits_triton(monkeypatch):
     assert logits_sized(bw, 16 * 300, torch.float32) == [], bw.artefacts["ir"]
     # the backward stores the bf16 gradient alone, for the weight's product
     assert logits_sized(bw, 16 * 300) == [(logits_sized(bw, 16 * 300)[0][0], torch.bfloat16)]
+
+
+@triton_only
+def test_gpt2_stores_no_fp32_logits_triton(monkeypatch):
+    """The whole model under bf16 autocast: its loss's fp32 logits are stored in
+    neither graph (the backward stores the bf16 logits' gradient, for the products)."""
+    n = 2 * 16 * 257
+    fw, bw = lm_plans("triton", monkeypatch, gpt2(), gpt2_inputs(),
+                      dict(rtol=3e-2, atol=3e-3))
+    assert logits_sized(fw, n, torch.float32) == [], fw.artefacts["ir"]
+    assert logits_sized(bw, n, torch.float32) == [], bw.artefacts["ir"]

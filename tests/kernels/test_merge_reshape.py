@@ -17,7 +17,8 @@ from kiln.kernels import ir
 from kiln.kernels.lowering import reindex
 from kiln.kernels.lowering.base import Lazy
 
-from .merge_reshape_cases import CASES, Head, check_case, head_inputs, lm_plans, logits_sized
+from .merge_reshape_cases import (CASES, Head, check_case, gpt2, gpt2_inputs, head_inputs,
+                                  lm_plans, logits_sized)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -118,12 +119,31 @@ def test_lm_head_stores_no_fp32_logits_cpp(monkeypatch):
     assert logits_sized(bw, 16 * 300, torch.float64) == [], bw.artefacts["ir"]
 
 
-def test_triton_interpreter_cases(tmp_path):
+@pytest.mark.slow
+def test_gpt2_cpp(monkeypatch):
+    """The whole model in float32 (the C++ path has no bf16): loss and gradients as
+    eager's; the forward stores nothing of the logits' size but the product's result."""
+    fw, bw = lm_plans("cpp", monkeypatch, gpt2(), gpt2_inputs(), dict(rtol=1e-4, atol=1e-5),
+                      autocast=None)
+    assert logits_sized(fw, 2 * 16 * 257) == [], fw.artefacts["ir"]
+
+
+def _child_pytest(tmp_path, select):
     env = dict(os.environ, TRITON_INTERPRET="1", KILN_TEST_CACHE_DIR=str(tmp_path),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", select,
            os.path.join(HERE, "merge_reshape_cases.py"), "--rootdir", ROOT]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
     last = r.stdout.splitlines()[-1]
     assert "passed" in last and "skipped" not in last and "failed" not in last, r.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_triton_interpreter_cases(tmp_path):
+    _child_pytest(tmp_path, "not gpt2")
+
+
+@pytest.mark.slow
+def test_gpt2_triton_interpreter(tmp_path):
+    _child_pytest(tmp_path, "gpt2")
