@@ -30,7 +30,7 @@ from .. import ir
 from .base import (Lazy, Unsupported, View, as_expr, norm_dim, add_mask, affine_view,
                        is_box, register)
 from ..ops import cast, const, op, within
-from .reindex import gather_lazy
+from .reindex import concrete, gather_lazy
 
 aten = torch.ops.aten
 _I64 = torch.int64
@@ -410,16 +410,17 @@ def _gather_from_lazy(lo, node, x, dim, index):
     unstored (a loss picking each row's target from fp32 logits cast from bf16);
     None: ``x`` is stored first."""
     m = lo.out_meta(node)
-    if not isinstance(x, Lazy) or not x.sizes or m.numel() > ir.numel_of(x.sizes):
+    sizes = concrete(x.sizes) if isinstance(x, Lazy) else None
+    if not sizes or m.numel() > ir.numel_of(sizes):
         return None
-    d = norm_dim(dim, len(x.sizes))
-    n = int(x.sizes[d])
+    d = norm_dim(dim, len(sizes))
+    n = sizes[d]
     read = gather_lazy(x, d, lambda e: within(e, 0, n))
     if read is None:
         return None
     ix = _checked(lo, node, index, n, False)
     return Lazy(tuple(m.shape), x.dtype,
-                lambda idx: read(list(idx), cast(ix.load(list(idx)), _I64)))
+                lambda idx: cast(read(list(idx), cast(ix.load(list(idx)), _I64)), x.dtype))
 
 
 @register(aten.slice_scatter.default)

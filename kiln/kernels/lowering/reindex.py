@@ -29,12 +29,21 @@ from .base import Lazy, View
 _PLACEHOLDER = "_p"
 
 
+def concrete(sizes) -> list | None:
+    """The sizes as ints; None when one is symbolic (its index map is not known here)."""
+    try:
+        return [int(s) for s in sizes]
+    except TypeError:
+        return None
+
+
 def reshape_runs(in_sizes, out_sizes):
     """The runs of a reshape: ``[(input dims, output dims)]``, each a stretch of dims
     on both sides with the same product, size-1 dims left out (their index is 0). None
     when a size is 0 or the element counts differ."""
-    ins, outs = [int(s) for s in in_sizes], [int(s) for s in out_sizes]
-    if 0 in ins or 0 in outs or ir.numel_of(ins) != ir.numel_of(outs):
+    ins, outs = concrete(in_sizes), concrete(out_sizes)
+    if ins is None or outs is None or 0 in ins or 0 in outs \
+            or ir.numel_of(ins) != ir.numel_of(outs):
         return None
     a = [k for k, s in enumerate(ins) if s != 1]
     b = [k for k, s in enumerate(outs) if s != 1]
