@@ -95,6 +95,12 @@ def gather_lazy(x, y):
     return (aten.gather.default(aten.mul.Tensor(x, 2.0), 1, y),)
 
 
+def gather_masked(x, z, y):
+    """A gather along dim 1 from a cat along dim 0: the cat's masked loads take the
+    gather's bounds mask beside their own."""
+    return (aten.gather.default(aten.cat.default([aten.exp.default(x), z], 0), 1, y),)
+
+
 def gather_larger(x, y):
     """A gather of more elements than the value has: stored, then gathered."""
     return (aten.gather.default(aten.exp.default(x), 1, y),)
@@ -135,6 +141,7 @@ CASES = {
     "merge_to_output": (merge_to_output, [_randn(2, 16, 37)], 0),
     "gather_merged": (gather_merged, [_randn(2, 16, 37), _targets(32, 37)], 0),
     "gather_lazy": (gather_lazy, [_randn(4, 7), _targets(4, 7, 2)], 0),
+    "gather_masked": (gather_masked, [_randn(3, 5), _randn(2, 5), _targets(5, 5, 2)], 0),
     "gather_larger": (gather_larger, [_randn(4, 3), _targets(4, 3, 6)], 1),
     "gather_cat": (gather_cat, [_randn(4, 3), _randn(4, 2), _targets(4, 5, 1)], 1),
 }

@@ -104,6 +104,28 @@ def test_a_merged_value_stored_after_all_keeps_its_own_shape():
     assert [tuple(b.sizes) for b in relu] == [(2, 16, 37)], art["ir"]
 
 
+def _shared_by_gather(x, y):
+    v = aten.mul.Tensor(x, 3.0)
+    return (aten.amax.default(v, [1]), aten.gather.default(v, 1, y))
+
+
+@pytest.mark.parametrize("k,stored", [(2, 0), (9, 1)])
+def test_a_gather_reader_counts_as_reading_once_when_it_picks_fewer(k, stored):
+    """A value read by a reduction and a gather: computed again in both when the
+    gather picks no more elements than the value has (recompute's READS_PER_RESULT);
+    stored when it picks more (each pick would compute it again)."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4, 7, generator=g), torch.randint(0, 7, (4, k), generator=g)
+    with config.patch(graph_cache=False):
+        rt, art = kcompile.build(fx.symbolic_trace(_shared_by_gather), [x, y], "cpp")
+        p = kcompile.plan(fx.symbolic_trace(_shared_by_gather), [x, y], "cpp")
+    for a, b in zip(rt(x, y), _shared_by_gather(x, y)):
+        torch.testing.assert_close(a, b)
+    outs = {v.buf for v in p.lowered.outputs}
+    mids = [b for b in p.lowered.buffers if isinstance(b, ir.Pointwise) and b.name not in outs]
+    assert len(mids) == stored, art["ir"]
+
+
 def test_lm_head_stores_no_fp32_logits_cpp(monkeypatch):
     """The C++ path has no bf16: the same loss on fp64 logits cast from fp32 — the cast
     is stored in neither graph (the backward stores the fp32 gradient for the weight's
