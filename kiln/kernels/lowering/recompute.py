@@ -45,8 +45,10 @@ RECOMPUTE_MAX_WORK = 64
 
 #: views whose schema does not say so
 _VIEWS = frozenset({aten._unsafe_view.default})
-#: views that store a lazy value to reshape it (``shapes._view``), unless only size-1
-#: dims come or go
+#: views that may store a lazy value to reshape it (``shapes._view``), unless only size-1
+#: dims come or go; a split, or a merge whose reads stay affine (``reindex``), keeps it
+#: lazy, but a reader that reshapes still counts as one that stores (the reshape's own
+#: readers are not known here)
 _RESHAPES = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
 #: readers besides pointwise-tagged ops that read each element of what they read once
 #: (a multi-pass one — softmax, layer norm, variance — reads it once per pass)
