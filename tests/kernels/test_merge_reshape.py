@@ -150,6 +150,34 @@ def test_gpt2_cpp(monkeypatch):
     assert logits_sized(fw, 2 * 16 * 257) == [], fw.artefacts["ir"]
 
 
+def _loss_on_merged(x, y):
+    """An LM loss on [B, S, V] logits cast up and flattened: amax and the target's pick."""
+    b, s, v = x.shape
+    lg = aten.view.default(aten._to_copy.default(x, dtype=torch.float64), [b * s, v])
+    picked = aten.gather.default(lg, 1, aten.unsqueeze.default(y, 1))
+    return (aten.sum.default(aten.sub.Tensor(picked, aten.amax.default(lg, [1], True))),)
+
+
+def _loss_inputs(b, s):
+    g = torch.Generator().manual_seed(b * 100 + s)
+    return torch.randn(b, s, 37, generator=g), torch.randint(0, 37, (b * s,), generator=g)
+
+
+def test_merged_kernels_are_reused_across_sizes(tmp_path, monkeypatch):
+    """The merged index's sizes are kernel arguments like any other (``size_args``): a
+    second and third batch size of one size class run no compiler, and match eager."""
+    from kiln.kernels.toolchain import cxx_build
+
+    from .size_generic_cases import run_sizes
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
+    runs = []
+    real = cxx_build._run_compiler
+    monkeypatch.setattr(cxx_build, "_run_compiler", lambda cmd: (runs.append(cmd), real(cmd)))
+    costs, _ = run_sizes(_loss_on_merged, _loss_inputs, [(2, 40), (3, 40), (2, 44)], "cpp",
+                         lambda: len(runs))
+    assert costs[0] >= 1 and costs[1:] == [0, 0], costs
+
+
 def _child_pytest(tmp_path, select):
     env = dict(os.environ, TRITON_INTERPRET="1", KILN_TEST_CACHE_DIR=str(tmp_path),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
