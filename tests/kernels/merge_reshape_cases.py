@@ -279,14 +279,19 @@ def test_case_triton(name):
 
 
 @triton_only
-def test_lm_head_stores_no_fp32_logits_triton(monkeypatch):
+@pytest.mark.parametrize("pad", ["0", "always"])
+def test_lm_head_stores_no_fp32_logits_triton(monkeypatch, pad):
+    """``pad="always"``: the products padded to aligned sizes as on a GPU (V = 300 is
+    not): the gradient then goes from the saved logits into its padded bf16 copy."""
+    monkeypatch.setattr(config, "pad_mm", pad)
+    monkeypatch.setattr(config, "pad_mm_min_flops", 0)
     plans = lm_plans("triton", monkeypatch, Head(), head_inputs(),
                      dict(rtol=2e-2, atol=2e-3))
     fw, bw = plans
     assert logits_sized(fw, 16 * 300, torch.float32) == [], fw.artefacts["ir"]
     assert logits_sized(bw, 16 * 300, torch.float32) == [], bw.artefacts["ir"]
-    # the backward stores the bf16 gradient alone, for the weight's product
-    assert logits_sized(bw, 16 * 300) == [(logits_sized(bw, 16 * 300)[0][0], torch.bfloat16)]
+    # the backward stores the bf16 gradient alone (padded or not), for the product
+    assert [d for _, d in logits_sized(bw, 16 * 300)] == [torch.bfloat16], bw.artefacts["ir"]
 
 
 @triton_only
