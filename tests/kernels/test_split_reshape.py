@@ -1,7 +1,7 @@
 """A reshape that only splits dims keeps a lazy value lazy (``shapes._split_remap``):
 its index map is affine, so the value is computed where it is read instead of stored
 first (the loss gradient of an LM head goes on into its cast and padded copy in one
-kernel: ``mm_operand_layout_cases.py``). A reshape that merges dims still stores it."""
+kernel: ``mm_operand_layout_cases.py``). Merges: ``test_merge_reshape.py``."""
 import pytest
 import torch
 import torch.fx as fx
@@ -34,11 +34,6 @@ def split_with_ones(x):
     return (aten.add.Tensor(y, 1.0),)
 
 
-def merge_then_sum(x):
-    y = aten.view.default(aten.relu.default(x), [32, 37])
-    return (aten.sum.dim_IntList(y, [1]),)
-
-
 def test_split_reshape_of_a_lazy_value_stores_nothing_before_its_reader():
     bufs, art = _build(split_then_sum, [torch.randn(32, 37)])
     assert [type(b).__name__ for b in bufs] == ["Reduction"], art["ir"]
@@ -47,11 +42,6 @@ def test_split_reshape_of_a_lazy_value_stores_nothing_before_its_reader():
 def test_split_reshape_with_size_one_dims():
     bufs, art = _build(split_with_ones, [torch.randn(32, 37)])
     assert len(bufs) == 1 and bufs[0].numel == 32 * 37, art["ir"]
-
-
-def test_merge_reshape_of_a_lazy_value_is_stored_first():
-    bufs, art = _build(merge_then_sum, [torch.randn(2, 16, 37)])
-    assert [type(b).__name__ for b in bufs] == ["Pointwise", "Reduction"], art["ir"]
 
 
 @pytest.mark.parametrize("src,dst,split", [

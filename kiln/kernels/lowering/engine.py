@@ -37,6 +37,7 @@ from . import recompute
 from .host_scalars import (device_side, is_host_scalar, lower_stacked,
                            on_device as host_scalars_on_device, takes_host_values)
 from .operand_layout import store_for_library
+from .reindex import Reshaped
 from .base import LAZY_LISTS, LOWERINGS, Lazy, STORAGE_OPS, Unsupported, View, is_box, is_dense, returns_a_view
 
 aten = torch.ops.aten
@@ -232,6 +233,8 @@ class GraphLowering:
     def realize(self, box, strides=None, origin="") -> View:
         if isinstance(box, View):
             return box
+        if strides is None and isinstance(box, Reshaped):
+            return box.view_of(self.realize(box.source, origin=origin))
         sizes = tuple(box.sizes)
         if strides is None and box.layout is not None:
             strides = box.layout

@@ -30,6 +30,7 @@ from .. import ir
 from .base import (Lazy, Unsupported, View, as_expr, norm_dim, add_mask, affine_view,
                        is_box, register)
 from ..ops import cast, const, op, within
+from .reindex import concrete, gather_lazy
 
 aten = torch.ops.aten
 _I64 = torch.int64
@@ -387,6 +388,9 @@ def _index_dim(lo, node, x, d, index, allow_negative, error_dim=None):
 
 @register(aten.gather.default)
 def _gather(lo, node, x, dim, index, sparse_grad=False):
+    lazy = _gather_from_lazy(lo, node, x, dim, index)
+    if lazy is not None:
+        return lazy
     xv = stored(lo, node, x)
     if not xv.sizes:
         raise Unsupported("K0205", "gather from a 0-d tensor")
@@ -399,6 +403,24 @@ def _gather(lo, node, x, dim, index, sparse_grad=False):
         e = cast(ix.load(list(idx)), _I64)
         return _gather_load(xv, list(idx), d, e, n)
     return Lazy(tuple(m.shape), xv.dtype, body)
+
+
+def _gather_from_lazy(lo, node, x, dim, index):
+    """A gather of no more elements than a lazy ``x`` has reads ``x`` where it picks,
+    unstored (a loss picking each row's target from fp32 logits cast from bf16);
+    None: ``x`` is stored first."""
+    m = lo.out_meta(node)
+    sizes = concrete(x.sizes) if isinstance(x, Lazy) else None
+    if not sizes or m.numel() > ir.numel_of(sizes):
+        return None
+    d = norm_dim(dim, len(sizes))
+    n = sizes[d]
+    read = gather_lazy(x, d, lambda e: within(e, 0, n))
+    if read is None:
+        return None
+    ix = _checked(lo, node, index, n, False)
+    return Lazy(tuple(m.shape), x.dtype,
+                lambda idx: cast(read(list(idx), cast(ix.load(list(idx)), _I64)), x.dtype))
 
 
 @register(aten.slice_scatter.default)

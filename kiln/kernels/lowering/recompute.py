@@ -45,8 +45,10 @@ RECOMPUTE_MAX_WORK = 64
 
 #: views whose schema does not say so
 _VIEWS = frozenset({aten._unsafe_view.default})
-#: views that store a lazy value to reshape it (``shapes._view``), unless only size-1
-#: dims come or go
+#: views that may store a lazy value to reshape it (``shapes._view``), unless only size-1
+#: dims come or go; a split, or a merge whose reads stay affine (``reindex``), keeps it
+#: lazy, but a reader that reshapes still counts as one that stores (the reshape's own
+#: readers are not known here)
 _RESHAPES = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
 #: readers besides pointwise-tagged ops that read each element of what they read once
 #: (a multi-pass one — softmax, layer norm, variance — reads it once per pass)
@@ -56,6 +58,10 @@ READS_ONCE = frozenset(ops_named(
     "all.default", "max.default", "min.default", "max.dim", "min.dim", "argmax.default",
     "argmin.default", "cat.default", "constant_pad_nd.default", "_to_copy.default",
     "clone.default"))
+#: readers that read one element of the value per element of their result: when the
+#: result is no larger than the value, no more reads than reading it once (a loss's
+#: gather of each row's target, ``index.gather_lazy``)
+READS_PER_RESULT = frozenset(ops_named("gather.default"))
 
 
 def _is_view(node) -> bool:
@@ -108,6 +114,13 @@ def readers(lo, node) -> list:
     return out
 
 
+def only_stored_readers(lo, node) -> bool:
+    """Do only library calls (or the output) read ``node``'s value? It is stored for
+    them anyway: a reshape then stores it at once, in the kernel that computes it."""
+    found = readers(lo, node)
+    return bool(found) and all(_is_library(r) for r, _ in found)
+
+
 class Candidate:
     """What the rules look at: the value's expression at its own index, its readers."""
 
@@ -128,6 +141,13 @@ class Candidate:
             buf = self.lo.by_name[b]
             total += buf.dtype.itemsize * min(1.0, buf.numel / self.numel)
         return total
+
+    def reads_less(self, reader) -> bool:
+        """Does ``reader`` read one element per element of a result no larger than the
+        value?"""
+        m = self.lo.meta.get(reader)
+        return reader.target in READS_PER_RESULT and isinstance(m, torch.Tensor) \
+            and m.numel() <= self.numel
 
     def broadcast(self) -> bool:
         """Does a pointwise reader, or a view on the way to one, cover more elements
@@ -162,7 +182,7 @@ STORE_RULES = (
     Rule("repeats", "a reader reads an element more than once (a window, a product, a "
                     "pass per statistic): each read would compute it again",
          lambda c: any(not _is_pointwise(r) and r.target not in READS_ONCE
-                       and r not in c.stores for r, _ in c.readers)),
+                       and r not in c.stores and not c.reads_less(r) for r, _ in c.readers)),
     Rule("broadcast", "a reader covers more elements than it has: each would be "
                       "computed again per copy", Candidate.broadcast),
     Rule("work", f"ops times readers over {RECOMPUTE_MAX_WORK}: each reader repeats them",

@@ -7,6 +7,8 @@ import torch
 
 from ..ir import Affine, Index
 from ..ops import cast, const, op
+from .recompute import only_stored_readers
+from .reindex import reshape_lazy
 from .base import Lazy, Unsupported, View, add_mask, affine_view, is_box, norm_dim, register, squeeze
 
 aten = torch.ops.aten
@@ -111,7 +113,8 @@ def _split_remap(in_sizes, out_sizes):
     """The index map of a reshape that only splits dims (``[B*S, V]`` to ``[B, S, V]``):
     each input index is an affine sum of the output indices it was split into. A lazy
     value is then reshaped without being stored (a loss gradient goes on, in the same
-    kernel, into its cast and its padded copy); None for a reshape that merges dims."""
+    kernel, into its cast and its padded copy); None for a reshape that merges dims
+    (``reindex.reshape_lazy`` then tries the value's own reads)."""
     ins, outs = [int(s) for s in in_sizes], [int(s) for s in out_sizes]
     if 0 in ins or 0 in outs:
         return None
@@ -155,9 +158,13 @@ def _view(lo, node, x, size):
                 out[i] = idx[j]
             return out
         return affine_view(x, sizes, remap)
-    split = _split_remap(x.sizes, sizes) if isinstance(x, Lazy) and x.layout is None else None
-    if split is not None:
-        return affine_view(x, sizes, split)
+    if isinstance(x, Lazy) and x.layout is None:
+        split = _split_remap(x.sizes, sizes)
+        if split is not None:
+            return affine_view(x, sizes, split)
+        merged = None if only_stored_readers(lo, node) else reshape_lazy(x, sizes)
+        if merged is not None:           # merged dims whose reads stay affine
+            return merged
     v = lo.realize(x, origin=node.name)
     base = torch.empty_strided(v.sizes, v.strides, dtype=v.dtype, device="meta")
     try:
