@@ -68,6 +68,29 @@ def test_an_update_step_writes_its_inputs_in_place(runtimes):
     assert len(written) == 6, written       # three parameters, three momentum buffers
 
 
+def test_a_plan_from_the_graph_cache_keeps_the_copy(runtimes, monkeypatch, tmp_path):
+    """The second compile of the step loads its plan from the graph cache (no loop
+    bodies): it copies the new values back instead of writing in place, and is right
+    (it raised AttributeError on the H100 before)."""
+    monkeypatch.setattr(config, "graph_cache", True)
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
+    results = []
+    for _ in range(2):
+        kiln.reset()
+        ps, gs, ms = _state()
+        ps2, ms2 = [p.clone() for p in ps], [m.clone() for m in ms]
+        f = kiln.compile(_momentum_step, backend="kiln")
+        with torch.no_grad():
+            for _ in range(2):
+                f(ps, gs, ms, 0.1)
+                _momentum_step(ps2, gs, ms2, 0.1)
+        for a, b in zip(ps + ms, ps2 + ms2):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        results.append(set().union(*(rt.in_place_inputs for rt in runtimes)))
+        runtimes.clear()
+    assert len(results[0]) == 6 and results[1] == set(), results
+
+
 def test_the_version_counter_catches_a_saved_tensor_written_in_place():
     x = torch.randn(5)
     w = torch.randn(5, requires_grad=True)

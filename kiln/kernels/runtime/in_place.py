@@ -20,7 +20,8 @@ Sound by these rules, checked on the schedule:
   overwritten, by the same thread;
 - the kernel is a Triton kernel (the caller's choice: C++ kernels take their buffers
   ``__restrict__``, which an aliased pair would break);
-- neither the input nor the buffer is another output of the graph.
+- neither the input nor the buffer is another output of the graph;
+- the plan is not one loaded from the graph cache (its loop bodies are not kept).
 The caller passes which outputs are new values of which inputs
 (``gm.meta[MUTATIONS]``, positions in that very graph: a pass that drops placeholders
 or outputs builds a new module without the key, as ``autograd.specialize`` does); only
@@ -44,6 +45,8 @@ def outputs(rt, mutations) -> dict:
     if not mutations or not rt.plain_tuple:
         return {}
     sched = rt.sched
+    if _bodies_dropped(sched):
+        return {}
     input_of = {pos: name for pos, name in rt.inputs}
     group_of, readers_of = {}, {}       # buffer -> its group; buffer -> groups reading it
     for gi, g in enumerate(sched.groups):
@@ -70,6 +73,14 @@ def outputs(rt, mutations) -> dict:
                           rt.buffers[p_name], rt.buffers[b_name]):
             found[k] = p_name
     return found
+
+
+def _bodies_dropped(sched) -> bool:
+    """A plan loaded from the graph cache keeps no loop bodies (``graph_cache`` drops
+    them: they went into the generated source), so nothing here can be checked: such a
+    graph keeps the copy after the call."""
+    return any(isinstance(m, (ir.Pointwise, ir.Reduction)) and m.body is None
+               for g in sched.groups for m in _members(g))
 
 
 def _members(g) -> list:
