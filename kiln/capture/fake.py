@@ -16,7 +16,7 @@ from ..dispatch_mode import KilnDispatchMode
 from .errors import InternalError
 from ..fast_meta import _is_pointwise, host_scalars_arg, meta_result
 from ..shapes.fake_ops import (cpp_refused, inside as decomposing, is_symbolic, pointwise_result,
-                               run_decomposed)
+                               run_decomposed, META)
 
 aten = torch.ops.aten
 
@@ -124,6 +124,15 @@ def fake_dispatch(func, args, kwargs):
         raise InternalError(f"fake propagation of {func}: {type(e).__name__}: {e}") from e
 
 
+def _meta_call(func, u_args, u_kwargs, symbolic: bool):
+    """``func`` on meta tensors; with symbolic sizes, kiln's own result where it has one
+    (``fake_ops.META``: ``addmm``, whose Python meta kernel reads int sizes)."""
+    own = META.get(func) if symbolic else None
+    if own is not None:
+        return own(*u_args, **u_kwargs)
+    return func(*u_args, **u_kwargs)
+
+
 def _dispatch(func, args, kwargs):
     if func in _DATA_DEPENDENT:
         raise DataDependent(f"{func} needs the tensor's values")
@@ -167,7 +176,7 @@ def _dispatch(func, args, kwargs):
         out = None
     try:
         if out is None:
-            out = func(*u_args, **u_kwargs)
+            out = _meta_call(func, u_args, u_kwargs, symbolic)
     except NotImplementedError as e:
         raise NoMetaKernel(f"{func} has no meta kernel ({e})") from None
     except RuntimeError as e:

@@ -86,6 +86,26 @@ def _depth() -> int:
     return n
 
 
+def _addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    """``addmm``'s result on meta tensors of symbolic sizes: ``mm``'s (whose C++ meta
+    kernel takes SymInts), after addmm's own checks. PyTorch's Python meta for it (its
+    decomposition) upcasts a bf16 operand with ``Tensor.to``, whose C++ side reads int
+    sizes: the batch size of a bf16 ``Linear`` became a constant."""
+    out = aten.mm.default(mat1, mat2)
+    if self.dtype != out.dtype:
+        raise RuntimeError(f"self and mat2 must have the same dtype, but got {self.dtype} "
+                           f"and {out.dtype}")
+    if self.dim() > 2 or any(not (a == 1 or a == b) for a, b in
+                             zip(reversed(self.shape), reversed(out.shape))):
+        raise RuntimeError(f"The expanded size of the tensor must match the existing size "
+                           f"(self {tuple(self.shape)}, result {tuple(out.shape)})")
+    return out
+
+
+#: ops kiln computes itself on meta tensors of symbolic sizes (``capture.fake``)
+META = {aten.addmm.default: _addmm}
+
+
 def cpp_refused(func, message: str) -> bool:
     """Whether ``message`` is ``func``'s C++ kernel refusing symbolic sizes (then
     remembered: ``run_decomposed`` decomposes ``func`` from now on)."""

@@ -426,3 +426,38 @@ def test_a_backend_failing_on_a_later_size_runs_the_graph_for_it(caplog):
     assert "backend failed on new sizes" in caplog.text
     with kiln.config.patch(suppress_errors=False), pytest.raises(RuntimeError, match="no kernel"):
         PerSizeCompiled(backend, g, lambda b, gm, ins: b(gm, ins))(torch.ones(3))
+
+
+def _bf16_linear(x, w, b):
+    return F.linear(x, w, b)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bf16_linear_stream_compiles_twice(backend):
+    """``addmm`` on bf16 with a symbolic batch: PyTorch's Python meta kernel for it
+    upcasts with ``Tensor.to``, whose C++ side read the batch size as an int, so every
+    size recompiled (``fake_ops.META`` computes the result itself)."""
+    w, b = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(4, dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    c = kiln.compile(_bf16_linear, backend=backend)
+    for s in [3, 5, 7, 9]:
+        x = torch.randn(s, 8, dtype=torch.bfloat16)
+        got, ref = c(x, w, b), _bf16_linear(x, w, b)
+        assert got.dtype == ref.dtype and got.shape == ref.shape and got.stride() == ref.stride()
+        torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+    assert graphs(c) == 2
+
+
+def test_addmm_meta_checks_as_addmm_does():
+    from kiln.shapes.fake_ops import META
+    addmm = META[torch.ops.aten.addmm.default]
+    m = torch.empty(5, 8, device="meta")
+    w = torch.empty(8, 4, device="meta")
+    assert addmm(torch.empty(4, device="meta"), m, w).shape == (5, 4)
+    assert addmm(torch.empty(5, 4, device="meta"), m, w).is_contiguous()
+    with pytest.raises(RuntimeError):
+        addmm(torch.empty(3, device="meta"), m, w)
+    with pytest.raises(RuntimeError):
+        addmm(torch.empty(4, device="meta", dtype=torch.bfloat16), m, w)
+    with pytest.raises(RuntimeError):
+        addmm(torch.empty(4, device="meta"), m, torch.empty(7, 4, device="meta"))
