@@ -16,7 +16,7 @@ On the CPU both shrink (``--small`` is implied) so the run stays short.
 
 Per backend, in one process: ``compiles`` (graphs captured: kiln's tracer handing a
 graph to its backend, torch.compile's unique graphs), the first pass over all sizes
-(compiles included), the steady state (median of ``--passes`` later passes over the
+(compiles included), the steady state (median of ``--passes`` later passes, after ``--settle`` untimed ones, over the
 same sizes, in the same order) and the largest error of the last pass's outputs against
 eager's (relative to eager's largest value; a slice of each output so it fits in memory).
 """
@@ -42,6 +42,10 @@ def parse(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--backends", default="eager,torch.compile,kiln")
     p.add_argument("--passes", type=int, default=3, help="steady-state passes after the first")
+    p.add_argument("--settle", type=int, default=2,
+                   help="untimed passes between the first and the steady ones: work a backend "
+                        "leaves to a size's second or third call (kiln: a CUDA-graph recording, "
+                        "sizes its perf trial ran eagerly) is not steady state")
     p.add_argument("--order", choices=["shuffled", "ascending"], default="shuffled",
                    help="the order of the sizes in a pass")
     p.add_argument("--batches", type=int, default=0,
@@ -160,6 +164,13 @@ def one_backend(name, a, make):
             run(fn, x)
         sync(a.device)
         first = time.perf_counter() - t0
+        settle = []
+        for p in range(a.settle):
+            t0 = time.perf_counter()
+            for x in inputs:
+                run(fn, x)
+            sync(a.device)
+            settle.append(time.perf_counter() - t0)
         passes = []
         for p in range(a.passes):
             t0 = time.perf_counter()
@@ -176,7 +187,9 @@ def one_backend(name, a, make):
     else:
         compiles = 0
     return {"backend": name, "compiles": compiles, "first_pass_s": first,
-            "steady_pass_ms": 1e3 * statistics.median(passes), "calls": len(inputs), **extra, "labels": labels}, outs
+            "steady_pass_ms": 1e3 * statistics.median(passes), "calls": len(inputs),
+            "settle_pass_ms": [1e3 * t for t in settle], "steady_passes_ms": [1e3 * t for t in passes],
+            **extra, "labels": labels}, outs
 
 
 def _tc_graphs() -> int:
