@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.utils._pytree import tree_flatten, tree_map
+from kiln.fast_tree import leaves, tree_map
 
 from kiln.autograd import ops as opinfo
 from kiln.autograd.functionalize import (STORAGE_VIEWS, AotUnsupported, Functionalize,
@@ -231,7 +231,7 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         CPU tensor argument is 0-d, an accelerator argument's (eager: ``cuda_t *
         torch.tensor(2.0)`` is on CUDA); ``copy`` writes into its first argument."""
         found = [(self.infos[id(a)].device, a.dim() == 0)
-                 for a in tree_flatten((args, kwargs))[0]
+                 for a in leaves((args, kwargs))
                  if isinstance(a, torch.Tensor) and id(a) in self.infos]
         if not found:
             return torch.get_default_device()
@@ -295,7 +295,7 @@ class _TraceMode(Functionalize, KilnDispatchMode):
             if given is not None and torch.device(given) != _META:
                 device = torch.device(given)
             elif given is not None or not any(isinstance(a, torch.Tensor)
-                                              for a in tree_flatten(args)[0]):
+                                              for a in leaves(args)):
                 device = self.default_device if given is not None else \
                     torch.get_default_device()
             if device is not None:
@@ -791,7 +791,7 @@ def _names_meta_device(gm: fx.GraphModule) -> bool:
     """Does an op of ``gm`` name the meta device (``x.to("meta")``)? Tracing reads a
     ``device=meta`` argument as its own, so such a graph is not traced."""
     for n in gm.graph.nodes:
-        for a in tree_flatten((n.args, n.kwargs))[0]:
+        for a in leaves((n.args, n.kwargs)):
             if (isinstance(a, torch.device) and a.type == "meta") or (
                     isinstance(a, str) and a.startswith("meta")):
                 return True

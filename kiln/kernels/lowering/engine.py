@@ -25,6 +25,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from ... import fast_tree
 from ...debug.breaks import tag
 from ...debug.logs import log_for
 from .. import ir
@@ -93,7 +94,7 @@ def _device_of(node: fx.Node, meta: dict) -> torch.device:
             d = torch.device("cuda", torch.cuda.current_device())
         return d
     for a in node.all_input_nodes:
-        for d in pytree.tree_leaves(meta.get((a, "device"))):
+        for d in fast_tree.leaves(meta.get((a, "device"))):
             if isinstance(d, torch.device) and d.type != "cpu":
                 return d
     return torch.device("cpu")
@@ -166,10 +167,10 @@ class GraphLowering:
                 return False
             v = n.meta["val"]
             if not all(isinstance(t, (torch.Tensor, int, float, bool, type(None)))
-                       for t in pytree.tree_leaves(v)):
+                       for t in fast_tree.leaves(v)):
                 return False
             if any(isinstance(t, torch.Tensor) and t.device.type != "meta"
-                   for t in pytree.tree_leaves(v)):
+                   for t in fast_tree.leaves(v)):
                 return False
             vals[n] = v
         inputs = iter(example_inputs)
@@ -318,15 +319,15 @@ class GraphLowering:
     def _dtypes_ok(self, node) -> bool:
         ok = SUPPORTED_DTYPES[self.target]
         vals = [self.meta[node]] + [self.meta[a] for a in node.all_input_nodes]
-        for t in _leaves(vals):
+        for t in fast_tree.leaves(vals):
             if isinstance(t, torch.Tensor) and t.dtype not in ok:
                 return False
         if node not in self.device_side and not all(same_device(d, self.device) for d in
-                                                    _leaves(self.meta[node, "device"])
+                                                    fast_tree.leaves(self.meta[node, "device"])
                                                     if d is not None):
             return False
         for a in node.all_input_nodes:        # a CPU scalar is copied over (host_scalars)
-            for d, t in zip(_leaves(self.meta[a, "device"]), _leaves(self.meta[a])):
+            for d, t in zip(fast_tree.leaves(self.meta[a, "device"]), fast_tree.leaves(self.meta[a])):
                 if d is not None and not same_device(d, self.device) \
                         and not is_host_scalar(self, d, t, node, a):
                     return False
@@ -421,12 +422,12 @@ class GraphLowering:
         if returns_a_view(node.target):
             # the result shares its argument's memory: that buffer must not be handed
             # to another buffer once its last direct reader is done
-            for a in pytree.tree_leaves((args, kwargs)):
+            for a in fast_tree.leaves((args, kwargs)):
                 if isinstance(a, ir.ExternArg) and isinstance(
                         self.by_name.get(a.buf), (ir.Pointwise, ir.Reduction)):
                     self.pinned.add(a.buf)
         m = self.meta[node]
-        relaid = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, ir.ExternArg)
+        relaid = [a for a in fast_tree.leaves((args, kwargs)) if isinstance(a, ir.ExternArg)
                   and a.buf in self.relaid]
         if relaid and isinstance(m, torch.Tensor):
             m2 = self._meta_run(node.target, args, kwargs)
@@ -505,33 +506,5 @@ class GraphLowering:
 
 
 def _map_nodes(x, env):
-    """``x`` with every fx.Node replaced by its value in ``env``: pytree's ``tree_map``
-    for the tuples, lists and dicts a node's arguments are made of, without its
-    per-leaf type dispatch (a lowering maps every node's arguments); other containers
-    go through pytree."""
-    t = type(x)
-    if t is tuple:
-        return tuple(_map_nodes(a, env) for a in x)
-    if t is list:
-        return [_map_nodes(a, env) for a in x]
-    if t is dict:
-        return {k: _map_nodes(v, env) for k, v in x.items()}
-    if isinstance(x, fx.Node):
-        return env[x]
-    if isinstance(x, (tuple, list, dict)):
-        return pytree.tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, x)
-    return x
-
-
-def _leaves(x) -> list:
-    """pytree's ``tree_leaves`` of a meta value (a tensor, a number, None, or tuples
-    and lists of them), with the same fast path as ``_map_nodes``."""
-    t = type(x)
-    if t is tuple or t is list:
-        out = []
-        for a in x:
-            out += _leaves(a)
-        return out
-    if isinstance(x, (tuple, list, dict)):
-        return pytree.tree_leaves(x)
-    return [x]
+    """``x`` with every fx.Node replaced by its value in ``env``."""
+    return fast_tree.tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, x)
