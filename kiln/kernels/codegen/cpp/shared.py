@@ -19,10 +19,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-#: buffer names the lowering makes (``buf12``, ``in3``): a name of another form leaves
-#: its kernel unshared rather than risk renaming a part of some other identifier
+#: a buffer name the lowering makes (``buf12``, ``in3``), alone or as a part of a local
+#: name between underscores (``acc_buf28_c``); a name of another form leaves its kernel
+#: unshared rather than risk renaming a part of some other identifier
 _NAME = re.compile(r"[A-Za-z]+[0-9]+")
+_PART = re.compile(r"(?<![A-Za-z0-9])[A-Za-z]+[0-9]+(?![A-Za-z0-9])")
 
 
 @dataclass(frozen=True)
@@ -44,15 +45,16 @@ def _canonical(src: str, params: list, names: set) -> tuple[str, list] | None:
     at = next(i for i, l in enumerate(lines) if l.startswith("static void kernel"))
     head, body = lines[at], "\n".join(lines[at + 1:])
     order: dict = {}
-    for m in _IDENT.finditer(body):
-        for part in m.group(0).split("_"):
-            if part in names and part not in order:
-                order[part] = len(order)
+    for m in _PART.finditer(body):
+        p = m.group(0)
+        if p in names and p not in order:
+            order[p] = len(order)
     for p in params:
         order.setdefault(p, len(order))
 
     def rename(m):
-        return "_".join(f"kiln_b{order[p]}" if p in order else p for p in m.group(0).split("_"))
+        p = m.group(0)
+        return f"kiln_b{order[p]}" if p in order else p
 
     inside = head[head.index("(") + 1:head.rindex(")")]
     decls = [d for d in inside.split(", ") if d]
@@ -63,7 +65,7 @@ def _canonical(src: str, params: list, names: set) -> tuple[str, list] | None:
     if set(typed) != set(params):
         return None
     sig = ", ".join(typed[p] + f"kiln_b{order[p]}" for p in sorted(params, key=order.get))
-    text = f"static void KERNEL({sig}) {{\n" + _IDENT.sub(rename, body)
+    text = f"static void KERNEL({sig}) {{\n" + _PART.sub(rename, body)
     return text, sorted(order, key=order.get)
 
 
