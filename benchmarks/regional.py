@@ -18,6 +18,12 @@ wall time: on a shared machine it varies less.
 
 ``kiln:noregional`` is kiln with ``KILN_REGIONAL=0``. With ``--repeat`` > 1, each cell is
 the minimum over that many processes (the machine may be shared).
+
+    python -m benchmarks.regional --steps [--layers 4] [--modes infer,train]
+
+times the compiled calls instead (the runtime cost of sharing kernels): in one process,
+two compiles of the same model, with and without ``KILN_REGIONAL``, called in
+alternating rounds; the median per call of each.
 """
 from __future__ import annotations
 
@@ -162,13 +168,79 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
+STEPS = r"""
+import statistics, sys, time, warnings
+warnings.filterwarnings("ignore")
+import torch
+import kiln
+from kiln import config
+layers, mode, rounds = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.utils import logging as hf_logging
+hf_logging.set_verbosity_error()
+torch.manual_seed(0)
+cfg = GPT2Config(vocab_size=1000, n_positions=1024, n_embd=128, n_layer=layers, n_head=4,
+                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+m = GPT2LMHeadModel(cfg)
+x = torch.randint(0, 1000, (2, 64))
+
+
+def call(f):
+    if mode == "train":
+        m.zero_grad(set_to_none=True)
+        f(x).sum().backward()
+    else:
+        with torch.no_grad():
+            f(x)
+
+
+fns = {}
+for on in (True, False):
+    with config.patch(regional=on):
+        fns[on] = kiln.compile(lambda i: m(input_ids=i).logits)
+        for _ in range(3):
+            call(fns[on])
+times = {True: [], False: []}
+for _ in range(rounds):
+    for on in (True, False):
+        t = time.perf_counter()
+        for _ in range(5):
+            call(fns[on])
+        times[on].append((time.perf_counter() - t) / 5)
+on, off = (1e3 * statistics.median(times[k]) for k in (True, False))
+print(f"| {mode} | {layers} | {off:.2f} | {on:.2f} | {on / off:.3f} |")
+"""
+
+
+def steps(layers: list, modes: list, rounds: int = 20) -> str:
+    lines = ["| mode | layers | KILN_REGIONAL=0 ms | KILN_REGIONAL=1 ms | ratio |",
+             "|---|---|---|---|---|"]
+    for mode in modes:
+        for n in layers:
+            with tempfile.TemporaryDirectory(prefix="kiln-regional-") as d:
+                here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+                env = dict(os.environ, KILN_CACHE_DIR=d, KILN_PERF_FALLBACK="0",
+                           PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
+                r = subprocess.run([sys.executable, "-c", STEPS, str(n), mode, str(rounds)],
+                                   capture_output=True, text=True, env=env)
+            out = [l for l in r.stdout.splitlines() if l.startswith("|")]
+            lines.append(out[0] if out else f"| {mode} | {n} | error: "
+                         + " ".join((r.stderr or "").strip().splitlines()[-2:])[:200] + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="2,6,12,24")
     ap.add_argument("--modes", default="infer,train")
     ap.add_argument("--backends", default="kiln,kiln:noregional,torch.compile")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--steps", action="store_true", help="time compiled calls, regional on/off")
     a = ap.parse_args(argv)
+    if a.steps:
+        layers = [4] if a.layers == ap.get_default("layers") else [int(v) for v in a.layers.split(",")]
+        print(steps(layers, a.modes.split(",")))
+        return 0
     rows = []
     for mode in a.modes.split(","):
         for backend in a.backends.split(","):
