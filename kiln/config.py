@@ -65,6 +65,11 @@ trace_numpy: bool = _env_bool("KILN_TRACE_NUMPY", True)
 #: as its own graph, so a bucket's all-reduce overlaps the rest of the backward; off,
 #: one graph (KILN_DDP_SPLIT).
 ddp_split: bool = _env_bool("KILN_DDP_SPLIT", True)
+#: Regional compilation without annotation: the copies of a repeated block (transformer
+#: layers) in one graph are compiled once — C++ kernels that are the same function up
+#: to buffer names share one function (``kernels/codegen/cpp/shared.py``) — so a deep
+#: model's cold compile stays near a shallow one's (KILN_REGIONAL).
+regional: bool = _env_bool("KILN_REGIONAL", True)
 
 # --- autograd ------------------------------------------------------------------
 #: Recompute cheap pointwise ops in the backward rather than saving them

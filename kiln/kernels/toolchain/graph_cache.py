@@ -186,6 +186,7 @@ def key_of(gm, example_inputs, target: str) -> str | None:
                         f"kernel_size_args_min={config.kernel_size_args_min}",
                         f"recompute_pointwise={config.recompute_pointwise}",
                         f"triton_fast_division={config.triton_fast_division}",
+                        f"regional={config.regional}",
                         f"inject_bug={config.inject_bug}")
 
 

@@ -17,12 +17,14 @@ import os
 
 import torch
 
+from .... import config
 from ... import ir
 from ...ir import Affine, Const, Index, Load, Op, numel_of
 from ...ops import OPS
 from ...reductions import KINDS
 from ...scheduler import Group, Schedule
 from ..size_args import constant, each_own, is_lifted, size
+from . import shared
 
 CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
           torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
@@ -712,17 +714,22 @@ def generate(sched: Schedule, buffers: list) -> tuple[str, list, list]:
     dtypes = {b.name: b.dtype for b in buffers}
     kernels_src = []
     segments, cur = [], None
+    made = []
     for gi, g in enumerate(sched.groups):
         if g.extern is not None:
             cur = None
             continue
         src, params = CppKernel(gi, g, sched).source(dtypes)
-        kernels_src.append(src)
+        made.append((gi, src, params, [n.name for n in g.nodes]))
         if cur is None:
             cur = (f"kiln_seg{len(segments)}", [], [])
             segments.append(cur)
         cur[1].append((gi, params))
         cur[2].extend(n.name for n in g.nodes if n.name not in sched.locals)
+    calls_to = shared.share(made) if config.regional else {}
+    called = shared.callees(calls_to)
+    kernels_src = [shared.not_inlined(src) if gi in called else src
+                   for gi, src, _, _ in made if gi not in calls_to]
     by_name = {b.name: b for b in buffers}
     entries, entry_src = [], []
     for name, kernels, written in segments:
@@ -740,7 +747,7 @@ def generate(sched: Schedule, buffers: list) -> tuple[str, list, list]:
                 big.append(f"  kiln_hugepages({p}, {size(nbytes)});\n")
         calls = "\n".join(
             f"  kernel{gi}(" + ", ".join(["kiln_ks"] + [f"({ctype(dtypes[p])}*){p}" for p in ps])
-            + ");" for gi, ps in kernels)
+            + ");" for gi, ps in (_callee(gi, ps, calls_to) for gi, ps in kernels))
         entry_src.append(f'extern "C" void {name}({sig}) {{\n{"".join(big)}{calls}\n}}')
         entries.append((name, params))
     # every marked size its own argument (``size_args.each_own``): equal values at these
@@ -755,6 +762,13 @@ def generate(sched: Schedule, buffers: list) -> tuple[str, list, list]:
         parts.append(text)
         vals += vs
     return "\n\n".join(parts) + "\n", entries, vals
+
+
+def _callee(gi: int, params: list, calls_to: dict) -> tuple:
+    """The function a kernel's call runs and its arguments: its own, or the earlier
+    kernel it shares (``shared.py``) with its buffers in that one's parameter order."""
+    s = calls_to.get(gi)
+    return (gi, params) if s is None else (s.gi, list(s.args))
 
 
 def _take_sizes(src: str, mine) -> str:
