@@ -20,6 +20,8 @@ from kiln.kernels import compile as kcompile
 from kiln.kernels import ir
 from kiln.kernels.lowering.base import View
 
+from .plan_spy import record_plans
+
 aten = torch.ops.aten
 
 triton_only = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -183,14 +185,7 @@ def lm_plans(target, monkeypatch, model, make_inputs, tol, autocast=torch.bfloat
     """One training step of ``model`` (returning its loss) compiled by kiln for
     ``target`` against eager: loss and every gradient. Returns the plans made
     (forward, backward)."""
-    plans = []
-    real = kcompile.plan
-
-    def spy(*a, **kw):
-        p = real(*a, **kw)
-        plans.append(p)
-        return p
-    monkeypatch.setattr(kcompile, "plan", spy)
+    plans = record_plans(monkeypatch)
     monkeypatch.setattr(config, "kernel_target", target)
     kiln.reset()
     inputs = make_inputs()

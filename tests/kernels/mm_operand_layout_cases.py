@@ -16,6 +16,8 @@ from kiln import config
 from kiln.kernels import compile as kcompile
 from kiln.kernels import ir
 
+from .plan_spy import record_plans
+
 aten = torch.ops.aten
 MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
 
@@ -175,14 +177,7 @@ class MLP(torch.nn.Module):
 def train_and_check(monkeypatch, autocast, k, target):
     """One training step compiled against eager: loss and every gradient; returns the
     plans the kernel compiler made (forward and backward)."""
-    plans = []
-    real = kcompile.plan
-
-    def spy(*a, **kw):
-        p = real(*a, **kw)
-        plans.append(p)
-        return p
-    monkeypatch.setattr(kcompile, "plan", spy)
+    plans = record_plans(monkeypatch)
     torch.manual_seed(0)
     eager = MLP()
     model = copy.deepcopy(eager)
