@@ -46,6 +46,12 @@ def timed(stage: str):
             observer(stage, dt)
 
 
+def events() -> int:
+    """How many stage runs this process has timed: a count that grows whenever kiln
+    compiles anything (``perf_fallback.one_off_work``)."""
+    return sum(_counts.values())
+
+
 def totals() -> dict[str, float]:
     return dict(_totals)
 

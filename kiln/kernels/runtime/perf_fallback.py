@@ -94,7 +94,7 @@ def one_off_work() -> int:
     """A count that grows whenever kiln compiles something (any ``timing.timed`` stage)
     or records a CUDA graph: a timed call that changed it is no sample."""
     from . import graph_replay
-    return sum(timing._counts.values()) + graph_replay.recordings
+    return timing.events() + graph_replay.recordings
 
 
 def dynamic_scale(gm):
