@@ -16,12 +16,10 @@ import types
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# Compatibility read only: kiln checks whether PyTorch's compiler module has been loaded
-# (by the user's own torch.compile) so that PyTorch's wrappers behave as PyTorch's from
-# then on; it never imports, calls or reads anything from that module (DESIGN.md).
-# compatibility read, to stay compatible with a user's torch.compile (DESIGN.md allows it):
-# only this name, looked up as a sys.modules key; kiln never imports that module
-_TORCH_COMPILER_MODULE = "torch._dynamo"  # compatibility read (a name, not an import)
+# Whether the user's own torch.compile has loaded PyTorch's compiler: from then on
+# PyTorch's wrappers run as PyTorch's. Only this name is used, as a sys.modules key;
+# kiln never imports, calls or reads anything from that module.
+_TORCH_COMPILER_MODULE = "torch._dynamo"  # compatibility read of a name, allowed by DESIGN.md
 # Compatibility names: the attribute PyTorch's "do not trace" wrapper caches its
 # wrapped function under (``torch._compile``, a small helper module, not the compiler).
 _WRAPPER_CACHE_ATTR = "__dynamo_disable"
