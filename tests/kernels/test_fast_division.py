@@ -1,5 +1,5 @@
 """Divisions by size arguments in Triton kernels as multiply and shift
-(``codegen/triton/exprs.py``: ``magic``, ``kiln_udiv``): the arithmetic against ``//`` over
+(``codegen/triton/exprs.py``, the prelude's ``kiln_udiv``): the arithmetic against ``//`` over
 divisors and dividends at the edges, and kernels that use it against eager under the
 Triton interpreter."""
 import random
@@ -10,9 +10,16 @@ import torch
 from kiln.kernels.codegen.triton import exprs
 
 
+def magic(d: int) -> tuple[int, int]:
+    """(m, s) as the prelude's ``kiln_udiv`` computes them: s = ceil(log2 d),
+    m = floor(2**32 * (2**s - d) / d) + 1 (Granlund and Montgomery's round-up method)."""
+    s = (d - 1).bit_length()
+    return (((1 << 32) * ((1 << s) - d)) // d + 1) & 0xFFFFFFFF, s
+
+
 def _udiv(x: int, d: int) -> int:
     """``kiln_udiv`` in Python's integers, with its 32-bit wraps."""
-    m, s = exprs.magic(d)
+    m, s = magic(d)
     hi = (x * m) >> 32
     return ((hi + x) & 0xFFFFFFFF) >> s
 
@@ -40,7 +47,7 @@ def test_magic_division_equals_floor_division():
 
 def test_magic_numbers_fit_32_bits():
     for d in _divisors():
-        m, s = exprs.magic(d)
+        m, s = magic(d)
         assert 0 <= m < 2 ** 32 and 0 <= s <= 31
 
 

@@ -102,14 +102,9 @@ def dynamic_scale(gm):
     (``meta["kiln_sym"]``, set by capture): the total numel of those arguments, and the
     value of symbolic int arguments; None for a graph of static sizes (every call the
     same size, nothing to divide by)."""
-    picks = []
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for i, ph in enumerate(phs):
-        sym = ph.meta.get("kiln_sym")
-        if isinstance(sym, tuple) and any(isinstance(d, torch.SymInt) for d in sym):
-            picks.append(i)
-        elif isinstance(sym, torch.SymInt):
-            picks.append(i)
+    picks = [i for i, ph in enumerate(phs)
+             if any(isinstance(d, torch.SymInt) for d in _as_tuple(ph.meta.get("kiln_sym")))]
     if not picks:
         return None
 
@@ -123,6 +118,10 @@ def dynamic_scale(gm):
                 total += a
         return float(max(total, 1))
     return scale
+
+
+def _as_tuple(sym) -> tuple:
+    return sym if isinstance(sym, tuple) else (sym,)
 
 
 def shape_class(sig) -> tuple:
@@ -266,8 +265,6 @@ class Trial:
         return g is None or g.disabled or g.graph is not None
 
     def _run_compiled(self, args, boxed, timed):
-        g = getattr(self.compiled, "graphs", None)
-        records = g.records if g is not None else 0
         self.compiled_calls += 1
         sync = _sync_for(args) if timed else None
         per = self._per(args) if timed else 1.0
@@ -276,8 +273,7 @@ class Trial:
         out = self.compiled.call_boxed(args) if boxed else self.compiled(*args)
         if timed:
             seconds = _stop(sync, t0)
-            # a call that recorded or compiled is no sample
-            if (g is None or g.records == records) and one_off_work() == work:
+            if one_off_work() == work:       # a call that recorded or compiled is no sample
                 self._sample("compiled", seconds, per)
             elif self.calls >= MAX_CALLS:
                 self._give_up()

@@ -193,20 +193,11 @@ def store_value(v: str, dtype) -> str:
 FAST_DIV_LIMIT = 1 << 31
 
 
-def magic(d: int) -> tuple[int, int]:
-    """(m, s) with ``x // d == (umulhi(x, m) + x) >> s`` for 0 <= x < 2**31 (32-bit
-    unsigned arithmetic): s = ceil(log2 d), m = floor(2**32 * (2**s - d) / d) + 1, the
-    round-up method of Granlund and Montgomery. The prelude's ``kiln_udiv`` computes
-    them in the kernel from the divisor (so the text holds only the size argument and
-    a new size changes no text); this is the same arithmetic, tested against ``//`` in
-    tests/kernels/test_fast_division.py."""
-    s = (d - 1).bit_length()
-    return (((1 << 32) * ((1 << s) - d)) // d + 1) & 0xFFFFFFFF, s
-
-
 def _div(x: str, d: int, fast: bool) -> str:
     """``x // d`` as text: by multiply and shift when ``d`` is a size argument (a
-    run-time value the compiler cannot strength-reduce) and ``fast``."""
+    run-time value the compiler cannot strength-reduce) and ``fast``: the prelude's
+    ``kiln_udiv``, which computes the divisor's magic number in the kernel, so the text
+    holds only the size argument and a new size changes no text."""
     text = size(d)
     if not (fast and is_lifted(text) and d > 1):
         return f"({x} // {text})"

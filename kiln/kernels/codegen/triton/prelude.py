@@ -46,7 +46,8 @@ def kiln_udiv(x, d):
     # x // d for 0 <= x < 2**31 and 1 < d < 2**31, d a size argument: a division by a
     # value known only at run time is a ~30-instruction sequence per element; this is a
     # multiply-high, an add and a shift, by d's magic number (Granlund and Montgomery's
-    # round-up method, ``exprs.magic``), computed from d once per program (scalars)
+    # round-up method; tests/kernels/test_fast_division.py), computed from d once per
+    # program (scalars)
     dd = d.to(tl.int64)
     dm1 = (dd - 1).to(tl.uint32)
     s = (dm1 != 0).to(tl.int32)
