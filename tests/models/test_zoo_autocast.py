@@ -140,3 +140,34 @@ def test_the_check_runs_kiln_strict(monkeypatch):
     [row] = zoo_autocast.run(_specs(["hf.gpt2"]), a, log=lambda *x, **k: None)
     assert row["ok"] and seen and set(seen) == {(False, False)}
     assert kiln.config.perf_fallback and kiln.config.suppress_errors
+
+
+def _rule(eager, comp, ref):
+    return zoo_autocast.compare(eager, comp, ref, factor=2.0, floor=2.0 ** -8, tensor_factor=8.0)
+
+
+def test_a_gradient_zero_up_to_float64_rounding_is_measured_against_its_group():
+    """A bias before a batch norm over two values: float64 computes its zero gradient as
+    ~1e-17; bf16 rounding noise there passes, a real value there fails."""
+    big = torch.full((100,), 3.0, dtype=torch.float64)
+    ref = {"grad w": big, "grad b": torch.full((4,), 1e-17, dtype=torch.float64)}
+    eager = {"grad w": big * (1 + 2 ** -9), "grad b": torch.zeros(4)}
+    noise = _rule(eager, {"grad w": big * (1 + 2 ** -9), "grad b": torch.full((4,), 1e-6)}, ref)
+    assert noise["score"] <= 1, noise
+    wrong = _rule(eager, {"grad w": big * (1 + 2 ** -9), "grad b": torch.full((4,), 0.5)}, ref)
+    assert wrong["score"] > 1 and wrong["worst"] == "grad b", wrong
+
+
+def test_where_eager_is_noise_the_floor_is_the_groups():
+    """A squeeze-excitation weight behind a batch norm over two values: eager's value has
+    no correct digit, a compiled one rounding elsewhere differs from it by far more than
+    tensor_factor allows while both are far below the group's bf16 resolution; a value
+    off at the group's scale still fails."""
+    big = torch.full((100,), 300.0, dtype=torch.float64)
+    ref = {"grad w": big, "grad se": torch.full((4,), 0.01, dtype=torch.float64)}
+    eager = {"grad w": big * (1 + 2 ** -9), "grad se": torch.full((4,), 0.03)}
+    cancel = {"grad w": big * (1 + 2 ** -9), "grad se": torch.full((4,), 5.0)}
+    assert _rule(eager, cancel, ref)["score"] <= 1
+    wrong = {"grad w": big * (1 + 2 ** -9), "grad se": torch.full((4,), 200.0)}
+    r = _rule(eager, wrong, ref)
+    assert r["score"] > 1 and r["worst"] == "grad se", r

@@ -20,7 +20,12 @@ The rules, with ``err_e`` eager's error and ``err_c`` the compiled step's:
   gradient as one vector): ``err_c <= factor * err_e + floor``;
 * each tensor alone (each output, each gradient, each floating buffer after the step:
   batch-norm running statistics): ``err_c <= tensor_factor * err_e + floor`` (a tensor
-  exactly zero in float64 is measured against its group's norm);
+  zero in float64 up to float64's rounding — a bias before a batch norm — is measured
+  against its group's norm). Where eager's own value of a tensor is noise
+  (``err_e >= 1``: no correct digit, as for a squeeze-excitation layer's weights behind
+  a batch norm over two values), two roundings of a cancellation differ by far more
+  than their errors' ratio allows, so there the floor is taken at the group's scale:
+  ``||c - t64|| <= tensor_factor * ||e - t64|| + floor * ||group64||``;
 * dtypes, layouts and presence: the loss, every output and every gradient has eager's
   dtype, every output eager's strides, and a gradient exists compiled exactly where it
   exists in eager.
@@ -148,13 +153,24 @@ def _step(call, model, args, kwargs, device, dtype, autocast):
     return dtypes, tensors
 
 
+#: a float64 tensor this small against its group's norm is zero up to float64's rounding
+_ZERO64 = 2.0 ** -40
+
+
 def _err(t, ref, zero_scale=0.0):
-    """||t - ref|| / ||ref||; where ``ref`` is exactly zero (a bias before a batch norm
-    over two values), over ``zero_scale`` instead: the norm of its group (all outputs or
-    all gradients), so that rounding noise is small and a real value is not."""
+    """||t - ref|| / ||ref||; where ``ref`` is zero up to float64's rounding (a bias
+    before a batch norm over two values: its gradient is zero, computed as ~1e-17),
+    over ``zero_scale`` instead: the norm of its group (all outputs or all gradients),
+    so that rounding noise is small and a real value is not."""
     num = torch.linalg.vector_norm(t.double() - ref.double()).item()
-    den = torch.linalg.vector_norm(ref.double()).item() or zero_scale
+    den = _den(ref, zero_scale)
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
+
+
+def _den(ref, zero_scale) -> float:
+    """What ``_err`` divides by."""
+    den = torch.linalg.vector_norm(ref.double()).item()
+    return zero_scale if den <= _ZERO64 * zero_scale else den
 
 
 def _norm(tensors: dict, prefix: str) -> float:
@@ -213,7 +229,11 @@ def compare(eager: dict, comp: dict, ref: dict, factor: float, floor: float,
             continue
         zero_scale = scales[name.split(" ")[0] + " "]
         ee, ec = _err(eager[name], r, zero_scale), _err(comp[name], r, zero_scale)
-        score = ec / (tensor_factor * ee + floor)
+        if ee >= 1 and zero_scale > 0:     # eager's value is noise: the floor at the group's scale
+            den = _den(r, zero_scale)
+            score = ec * den / (tensor_factor * ee * den + floor * zero_scale)
+        else:
+            score = ec / (tensor_factor * ee + floor)
         if not score <= res["tensor_score"]:      # NaN counts as worse
             res.update(tensor_score=score, tensor=name, tensor_eager=ee, tensor_compiled=ec)
     for rule in ("outputs", "grads", "tensor"):
