@@ -43,9 +43,11 @@ def parse(argv=None):
     p.add_argument("--backends", default="eager,torch.compile,kiln")
     p.add_argument("--passes", type=int, default=3, help="steady-state passes after the first")
     p.add_argument("--settle", type=int, default=2,
-                   help="untimed passes between the first and the steady ones: work a backend "
-                        "leaves to a size's second or third call (kiln: a CUDA-graph recording, "
-                        "sizes its perf trial ran eagerly) is not steady state")
+                   help="untimed passes between the first and the steady ones, each the same "
+                        "loop as a timed one (its outputs held until the next pass ends): work a "
+                        "backend leaves to a size's second or third call (kiln: a CUDA-graph "
+                        "recording, sizes its perf trial ran eagerly, recording again around "
+                        "outputs the caller holds) is not steady state")
     p.add_argument("--order", choices=["shuffled", "ascending"], default="shuffled",
                    help="the order of the sizes in a pass")
     p.add_argument("--batches", type=int, default=0,
@@ -165,10 +167,10 @@ def one_backend(name, a, make):
         sync(a.device)
         first = time.perf_counter() - t0
         settle = []
+        last = None
         for p in range(a.settle):
             t0 = time.perf_counter()
-            for x in inputs:
-                run(fn, x)
+            last = [run(fn, x) for x in inputs]     # held as the timed passes hold them
             sync(a.device)
             settle.append(time.perf_counter() - t0)
         passes = []
