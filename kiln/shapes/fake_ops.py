@@ -102,7 +102,8 @@ def _addmm(self, mat1, mat2, *, beta=1, alpha=1):
     return out
 
 
-#: ops kiln computes itself on meta tensors of symbolic sizes (``capture.fake``)
+#: ops kiln computes itself on meta tensors of symbolic sizes (capture's ``capture.fake``
+#: and the autograd trace's ``meta_calls``)
 META = {aten.addmm.default: _addmm}
 
 

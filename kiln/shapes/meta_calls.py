@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_map
 
 from kiln.dispatch_mode import KilnDispatchMode
 from kiln.shapes import view_meta
-from kiln.shapes.fake_ops import (_COMPOSITE_REFUSALS, _RETRY_FRAMES, _depth, cpp_refused,
+from kiln.shapes.fake_ops import (_COMPOSITE_REFUSALS, _RETRY_FRAMES, META, _depth, cpp_refused,
                                   is_symbolic, pointwise_result, run_decomposed)
 
 aten = torch.ops.aten
@@ -51,7 +51,8 @@ def call_meta(func, args, kwargs):
         return func(*args, **kwargs)
     # a real tensor a decomposition made (a 0-d scalar): its metadata, on meta
     args, kwargs = tree_map(_on_meta, (args, kwargs))
-    own = _OWN.get(func)
+    # kiln's own results: ``view``, and ops whose Python meta reads int sizes (``META``)
+    own = _OWN.get(func) or META.get(func)
     if own is not None:
         return own(*args, **kwargs)
     try:

@@ -448,6 +448,24 @@ def test_bf16_linear_stream_compiles_twice(backend):
     assert graphs(c) == 2
 
 
+def test_bf16_linear_traced_once_by_autograd(caplog):
+    """The autograd stage's symbolic trace computes ``addmm``'s metadata too
+    (``shapes/meta_calls``): a bf16 ``Linear`` with a batch marked dynamic is traced
+    once for every size, not per size (PyTorch's Python meta fixed the batch to 3)."""
+    w, b = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(4, dtype=torch.bfloat16)
+    c = kiln.compile(_bf16_linear)
+    with caplog.at_level(logging.INFO, logger="kiln.fallbacks"):
+        for s in [3, 5, 7]:
+            x = torch.randn(s, 8, dtype=torch.bfloat16)
+            if s == 3:
+                kiln.mark_dynamic(x, 0)
+            with torch.no_grad():
+                got, ref = c(x, w, b), _bf16_linear(x, w, b)
+            torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+    assert "traces this graph per size" not in caplog.text
+    assert graphs(c) == 1
+
+
 def test_addmm_meta_checks_as_addmm_does():
     from kiln.shapes.fake_ops import META
     addmm = META[torch.ops.aten.addmm.default]
