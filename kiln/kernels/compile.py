@@ -87,7 +87,7 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
     sched = _schedule(lo, target)
     arte = {"ir": ir.format_program(lo.buffers), "schedule": format_schedule(sched),
             "fallbacks": list(lo.fallbacks), "target": target, "passes": notes}
-    with lifting(lift):
+    with lifting(lift, every=bool(lift) and target == "triton"):
         source, entries, kinfo, sizes = _generate(sched, lo, target)
     arte["source"] = source
     arte["kinfo"] = kinfo

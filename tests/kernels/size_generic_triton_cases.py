@@ -62,3 +62,28 @@ def test_looped_reductions_share_across_lengths():
     costs, _ = run_sizes(f, lambda r, c: (torch.randn(r, c),), [(3, 9001), (3, 10007), (3, 12011)],
                          "triton", loads)
     assert costs == [1, 0, 0], costs
+
+
+def test_small_batches_share_one_module_with_large_ones():
+    """A conv net over a batch marked dynamic: a batch of 3 equals the image's 3
+    channels and its 3x3 kernel, a batch of 2 the pooling stride. Its Triton kernels
+    name every lifted size on its own (``size_args.lifting(..., every=True)``), so
+    those coincidences make no text of their own: batches 3, 2, 5 and 9 load one module
+    (before, 2 and 3 each loaded theirs)."""
+    import kiln
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.MaxPool2d(3, 2, 1), torch.nn.Flatten(),
+                              torch.nn.Linear(4 * 5 * 5, 6)).eval()
+    compiled = kiln.compile(net)
+    costs = []
+    with kiln.config.patch(perf_fallback=False, kernel_target="triton"), torch.no_grad():
+        for b in (3, 2, 5, 9):
+            x = torch.randn(b, 3, 10, 10)
+            if b == 3:
+                kiln.mark_dynamic(x, 0)
+            before = loads()
+            got = compiled(x)
+            costs.append(loads() - before)
+            torch.testing.assert_close(got, net(x), rtol=1e-5, atol=1e-5)
+    assert costs == [1, 0, 0, 0], costs

@@ -23,7 +23,7 @@ def _run(tmp_path, select=None):
 
 
 def test_size_generic_triton_quick(tmp_path):
-    _run(tmp_path, "pointwise or multiple_of_16")
+    _run(tmp_path, "pointwise or multiple_of_16 or small_batches")
 
 
 @pytest.mark.slow

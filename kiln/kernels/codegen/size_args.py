@@ -39,26 +39,45 @@ _MARK = re.compile("\x01(-?[0-9]+)\x02")
 
 #: values lifted however small (``lifting``)
 _ALWAYS: frozenset = frozenset()
+#: every value but -1, 0 and 1 lifted (``lifting(..., every=True)``)
+_EVERY = False
 
 
 @contextlib.contextmanager
-def lifting(values):
+def lifting(values, every: bool = False):
     """Lift ``values`` however small while generating: the values of a symbolic graph's
-    size symbols at this compile, so that a batch of 3 and one of 20 make one text."""
-    global _ALWAYS
-    old, _ALWAYS = _ALWAYS, frozenset(int(v) for v in values)
+    size symbols at this compile, so that a batch of 3 and one of 20 make one text.
+
+    ``every``: lift every value but -1, 0 and 1, for a generator that names each mark
+    on its own (``each_own``; Triton's kernels of a symbolic graph). Lifting a symbol's
+    small value lifts every size equal to it by chance (a batch of 3 and an image's 3
+    channels, a batch of 2 and a pooling stride), so with the other small sizes kept
+    literal, each small batch made a text of its own (resnet18 over batches 2..64: 18
+    texts, 6 of them batches 2..7). Lifted all, and named each on its own, the text no
+    longer depends on which sizes happen to be equal."""
+    global _ALWAYS, _EVERY
+    old = _ALWAYS, _EVERY
+    _ALWAYS, _EVERY = frozenset(int(v) for v in values), every
     try:
         yield
     finally:
-        _ALWAYS = old
+        _ALWAYS, _EVERY = old
+
+
+def names_each_own() -> bool:
+    """Is a generator to name each mark on its own (``lifting(..., every=True)``)?"""
+    return _EVERY
 
 
 def size(v) -> str:
     """``v`` (an integer from sizes or strides) as generated text: a mark to lift, or the
     literal when lifting is off or ``v`` is small (and not a symbol's value: ``lifting``)."""
     v = int(v)
-    if not config.kernel_size_args or (abs(v) <= config.kernel_size_args_min
-                                       and v not in _ALWAYS):
+    if not config.kernel_size_args:
+        return str(v)
+    if _EVERY:
+        return str(v) if -1 <= v <= 1 else f"{_OPEN}{v}{_CLOSE}"
+    if abs(v) <= config.kernel_size_args_min and v not in _ALWAYS:
         return str(v)
     return f"{_OPEN}{v}{_CLOSE}"
 

@@ -13,7 +13,7 @@ from ...scheduler import Group, Schedule
 from .exprs import (TL, TBody, acc_dtype, compute_dtype, decompose, memory_order, pow2,
                     store_value, tindex)
 from .heuristics import Plan, plan_reduction
-from ..size_args import is_lifted, size
+from ..size_args import is_lifted, names_each_own, size
 
 
 XBLOCK = 1024
@@ -94,7 +94,11 @@ class TritonKernel:
         g = self.g
         sizes = tuple(g.outer)
         numel = numel_of(sizes)
-        xb = min(self._xblock(numel, writes), pow2(max(numel, 16)))
+        xb = self._xblock(numel, writes)
+        if not names_each_own():
+            # a small kernel's block shrinks to it; not in a symbolic graph's kernels,
+            # whose sizes vary: each power of two would be a text and a binary of its own
+            xb = min(xb, pow2(max(numel, 16)))
         out = [f"def {self.name}({', '.join(params)}, XBLOCK: tl.constexpr):",
                "    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)"]
         mask = None

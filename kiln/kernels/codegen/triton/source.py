@@ -24,7 +24,7 @@ from .prelude import INTERPRETER_SHIMS, PRELUDE
 from .exprs import interpreting
 from .heuristics import plan_reduction
 from .kernel import TritonKernel, split_group
-from ..size_args import SizeArgs, concrete, size, substitute, values
+from ..size_args import SizeArgs, concrete, each_own, names_each_own, size, substitute, values
 
 
 def _canonical(src: str, name: str, params: list) -> str:
@@ -97,7 +97,13 @@ def generate_sized(sched: Schedule, buffers: list, interpret: bool | None = None
             assert old in src, old
             # this kernel's sizes in the order its code first uses them (then any only
             # its header comment names)
-            mine = values(src, values(src[src.index(old):]))
+            if names_each_own():      # every mark its own argument, in order of use
+                at = src.index(old)
+                body, mine = each_own(src[at:], 0)
+                head, more = each_own(src[:at], len(mine))
+                src, mine = head + body, mine + more
+            else:
+                mine = values(src, values(src[src.index(old):]))
             params = _by_first_use(src, old, params) + ([KS] if mine else [])
             src = src.replace(old, f"def {kern.name}({', '.join(params)}", 1)
             if mine:
