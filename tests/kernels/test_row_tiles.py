@@ -1,0 +1,20 @@
+"""Row-tiled pointwise kernels on the Triton path, on the CPU: runs ``row_tile_cases.py``
+in a child pytest with TRITON_INTERPRET=1 and KILN_KERNEL_TARGET=triton (set before
+triton is first imported)."""
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def test_row_tiles(tmp_path):
+    env = dict(os.environ, TRITON_INTERPRET="1", KILN_KERNEL_TARGET="triton",
+               KILN_TEST_CACHE_DIR=str(tmp_path), KILN_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           os.path.join(HERE, "row_tile_cases.py"), "--rootdir", ROOT]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=1200)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+    assert "passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
