@@ -18,3 +18,21 @@ def test_row_tiles(tmp_path):
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=1200)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
     assert "passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
+
+
+def test_setting_is_in_the_graph_cache_key(monkeypatch):
+    """A plan made with row tiles is not one made without: the setting keys the cache."""
+    import torch
+    import torch.fx as fx
+
+    from kiln import config
+    from kiln.kernels.toolchain import graph_cache
+
+    monkeypatch.setattr(config, "graph_cache", True)
+    gm = fx.symbolic_trace(lambda x: (torch.ops.aten.sin.default(x),))
+    x = torch.randn(4, 2048)
+    keys = set()
+    for on in (True, False):
+        monkeypatch.setattr(config, "triton_row_tiles", on)
+        keys.add(graph_cache.key_of(gm, [x], "triton"))
+    assert len(keys) == 2 and None not in keys
