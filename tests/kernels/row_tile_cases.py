@@ -88,6 +88,18 @@ def test_row_broadcast_matches_eager(shape, dtype):
     assert len(loads) == 2 and not any("colmask" in l or "xmask" in l for l in loads), k
 
 
+def test_rows_of_a_multiple_of_8_are_declared_so():
+    """A row of 1032 bf16 elements (a multiple of 8, not of 16: a padded vocabulary) is
+    declared a multiple of 8, so its column blocks and their mask are 16-byte aligned
+    on a GPU; the values are eager's."""
+    torch.manual_seed(0)
+    x, m, s, w = torch.randn(3, 1032).bfloat16(), torch.randn(3), torch.rand(3) + 0.5, \
+        torch.randn(1032)
+    src = _check(_centre, [x, m, s, w], 1e-2)
+    k = _row_kernels(src)[0]
+    assert re.search(r"ks\d+ = tl\.multiple_of\(tl\.load\(kiln_ks \+ \d+\)\.to\(tl\.int32\), 8\)", k), k
+
+
 def test_row_tiles_off_keeps_the_flat_form(monkeypatch):
     """KILN_TRITON_ROW_TILES=0: the same graph, one flat kernel dividing its flat index
     by the row length (what the row form removes), the same values."""

@@ -176,15 +176,24 @@ def layout(local_sizes: list) -> tuple:
 
 #: Triton's own specialisation of integer arguments: a multiple of this is declared so
 #: (``tl.multiple_of``), which lets loads under a mask against it, or along rows of a
-#: stride of it, be vector loads. A size class is a multiple or not.
+#: stride of it, be vector loads. A size class is a multiple or not. A size that is no
+#: multiple of 16 but one of ``ROW_DIVISIBILITY`` is declared so: rows of that many
+#: bf16/fp16 elements are 16-byte aligned (a padded vocabulary, 50264), so a row-tiled
+#: kernel's contiguous columns (``row_tiles.py``) are 16-byte vectors under a mask
+#: against it; a class of its own.
 DIVISIBILITY = 16
+ROW_DIVISIBILITY = 8
 
 
 def _read(i: int, v: int) -> str:
     """A kernel's read of size argument ``i`` (value ``v``): int32 where it fits (the
-    type Triton gives such a literal), declared a multiple of DIVISIBILITY when it is."""
+    type Triton gives such a literal), declared a multiple of DIVISIBILITY (else of
+    ROW_DIVISIBILITY) when it is."""
     r = f"tl.load({KS} + {i})" + (".to(tl.int32)" if -2**31 <= v < 2**31 else "")
-    return f"tl.multiple_of({r}, {DIVISIBILITY})" if v % DIVISIBILITY == 0 else r
+    for d in (DIVISIBILITY, ROW_DIVISIBILITY):
+        if v % d == 0:
+            return f"tl.multiple_of({r}, {d})"
+    return r
 
 
 def _by_first_use(src: str, head: str, params: list) -> list:
@@ -203,7 +212,7 @@ def _take_sizes(src: str, name: str, mine: list) -> str:
     """Kernel ``name``'s text reading its sizes (``mine``: their values, in order of
     first use) from ``kiln_ks`` at its top, as ``ks0``, ``ks1``…: the names are the
     kernel's own, so kernels differing only in sizes have one text. Each read keeps the
-    class of its value (int32 or not, a multiple of DIVISIBILITY or not)."""
+    class of its value (int32 or not, the multiple it is declared)."""
     lines = substitute(src, mine).split("\n")
     at = next(i for i, l in enumerate(lines) if l.startswith(f"def {name}("))
     decl = [f"    ks{i} = {_read(i, v)}" for i, v in enumerate(mine)]
