@@ -5,7 +5,9 @@ rstd) runs on a 2-D grid — rows on axis 0, column blocks on axis 1 — over a
 [ROWS, XBLOCK] block. A row's values are then one [ROWS, 1] load per program, not a
 gather per element, and columns are ``program_id(1) * XBLOCK + arange``: no element
 divides its flat index by the row length. The row index alone is split into the outer
-dims (ROWS divisions a program). Other kernels keep the flat form of ``kernel.py``."""
+dims (ROWS divisions a program). With one row a program (long rows) the row index and
+its values are scalars and the columns a 1-D block. Other kernels keep the flat form of
+``kernel.py``."""
 
 from __future__ import annotations
 
@@ -60,9 +62,15 @@ def source(k, params, writes, shape: RowShape):
     g, t = k.g, shape.tiles
     sizes = tuple(g.outer)
     vars_ = ir.loop_vars(sizes)
-    out = [f"def {k.name}({', '.join(params)}, ROWS: tl.constexpr, XBLOCK: tl.constexpr):",
-           "    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]",
-           "    cols = tl.program_id(1) * XBLOCK + tl.arange(0, XBLOCK)[None, :]"]
+    out = [f"def {k.name}({', '.join(params)}, ROWS: tl.constexpr, XBLOCK: tl.constexpr):"]
+    if t.rows == 1:
+        # one row a program: its values are scalars (a [1, 1] block is loaded again for
+        # each element a thread holds)
+        out += ["    rows = tl.program_id(0)",
+                "    cols = tl.program_id(1) * XBLOCK + tl.arange(0, XBLOCK)"]
+    else:
+        out += ["    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]",
+                "    cols = tl.program_id(1) * XBLOCK + tl.arange(0, XBLOCK)[None, :]"]
     # a lifted size is masked in every size class (another size shares the text), except
     # rows one a program: any number of rows fills those
     rowmask = colmask = None
