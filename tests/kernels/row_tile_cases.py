@@ -128,6 +128,20 @@ def test_non_contiguous_input_and_outer_dims():
     assert "kiln_udiv(rows" in rows[0] or "rows //" in rows[0], rows[0]
 
 
+def test_scalar_rows_over_two_dims():
+    """Long rows ([2, 20, 2048]: one row a program) over two row dims: the scalar row
+    index split into both (a division a program), the per-row value a scalar load."""
+    torch.manual_seed(0)
+    x, m = torch.randn(2, 20, 2048).bfloat16(), torch.randn(2, 20)
+
+    def f(x, m):
+        return (aten.mul.Tensor(x, aten.unsqueeze.default(m, -1)),)
+    src = _check(f, [x, m], 1e-2)
+    k = _row_kernels(src)[0]
+    assert "rows = tl.program_id(0)\n" in k and "(rows // ks" in k, k
+    assert "udiv(cols" not in k and "cols //" not in k, k
+
+
 def test_single_row_reads_scalars():
     """R=1: one row is no row form (nothing varies per row), and its per-row value, a
     constant index, is one unmasked scalar load."""

@@ -222,3 +222,18 @@ def test_row_tiled_loss_gradient_is_vector_and_division_free(tmp_path):
     sizes = len(re.findall(r"ks\d+ = tl", text))
     scalars = re.findall(r"^\s*ld\.global\.b(?:32|64) ", ptx, re.M)
     assert len(scalars) <= 4 + sizes, scalars     # target, max, sum, scale: once each
+    # rows over [batch, sequence]: the scalar row index divided once a program
+    args3 = [args[0].view(4, 16, c), args[1].view(4, 16), args[2].view(4, 16),
+             args[3].view(4, 16), args[4]]
+
+    def grad3(logits, target, m, lse, g):
+        x = aten._to_copy.default(logits, dtype=torch.float32)
+        p = aten.exp.default(aten.sub.Tensor(x, aten.unsqueeze.default(m, 2)))
+        return (aten._to_copy.default(aten.div.Tensor(aten.mul.Tensor(p, g),
+                                                      aten.unsqueeze.default(lse, 2)),
+                                      dtype=torch.bfloat16),)
+    source, _, kinfo = generated(grad3, args3)
+    rows = [k for k in kinfo if "ROWS" in k[3]]
+    assert len(rows) == 1, kinfo
+    ptx = compile_all(source, rows, tmp_path)[rows[0][0]].asm["ptx"]
+    assert re.search(r"ld\.global(?:\.\w+)*\.v4\.b32", ptx) and "mul.hi" not in ptx

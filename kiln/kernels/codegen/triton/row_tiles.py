@@ -85,8 +85,11 @@ def source(k, params, writes, shape: RowShape):
         out.append("    xmask = rowmask & colmask")
         full = "xmask"
     rdims = shape.row_dims
+    # a scalar row index divides once a program: plainly, not by a magic number that
+    # costs more to compute than that one division (``bound`` None)
+    bound = None if t.rows == 1 else -(-shape.rows // t.rows) * t.rows
     out += ["    " + l for l in decompose([vars_[i] for i in rdims], [sizes[i] for i in rdims],
-                                          "rows", bound=-(-shape.rows // t.rows) * t.rows)]
+                                          "rows", bound=bound)]
     out.append(f"    x{shape.col} = cols")
     out.append("    xzero = rows * 0 + cols * 0")
     row_vars = {f"x{i}" for i in rdims}
