@@ -64,14 +64,15 @@ def _centre(x, m, s, w):
     return (aten._to_copy.default(y, dtype=x.dtype),)
 
 
-SHAPES = [(3, 1500), (7, 1024), (2, 4100), (5, 1031)]
+SHAPES = [(3, 1032), (7, 1024), (2, 4104), (5, 1096)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 def test_row_broadcast_matches_eager(shape, dtype):
-    """Rows of odd lengths (a column block's tail masked) and lengths that fill their
-    blocks; each narrow dtype rounded once at the store as eager does. The kernel is
+    """Rows whose length is no multiple of the column block (the tail masked), rows a
+    program (rows masked), lengths that fill their blocks, one row a program or several;
+    each narrow dtype rounded once at the store as eager does. The kernel is
     row-tiled: the per-row mean and rstd are loaded without the column mask (one per
     row of the block), and nothing divides by the row length."""
     torch.manual_seed(0)
@@ -105,18 +106,31 @@ def test_row_tiles_off_keeps_the_flat_form(monkeypatch):
     by the row length (what the row form removes), the same values."""
     monkeypatch.setattr(config, "triton_row_tiles", False)
     torch.manual_seed(0)
-    x, m, s, w = torch.randn(3, 1500), torch.randn(3), torch.rand(3) + 0.5, torch.randn(1500)
+    x, m, s, w = torch.randn(3, 1032), torch.randn(3), torch.rand(3) + 0.5, torch.randn(1032)
     src = _check(_centre, [x, m, s, w], 1e-5)
     assert not _row_kernels(src) and "kiln_udiv(xindex" in src, src
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_unaligned_rows_keep_the_flat_form(dtype):
+    """Rows of 1500 bf16 (or 1100 fp32, a multiple of 4 but not declared one) start
+    off 16-byte boundaries: as row tiles their columns would be narrow accesses, so the
+    flat form stays (its contiguous flat index keeps vectors)."""
+    c = 1500 if dtype == "bf16" else 1100
+    torch.manual_seed(0)
+    x, m, s, w = torch.randn(3, c).to(DTYPES[dtype]), torch.randn(3), torch.rand(3) + 0.5, \
+        torch.randn(c)
+    src = _check(_centre, [x, m, s, w], 1e-2)
+    assert not _row_kernels(src), src
+
+
 def test_non_contiguous_input_and_outer_dims():
-    """Rows over two dims ([4, 3, 1100]: the row index split per row, not per element)
+    """Rows over two dims ([4, 3, 1104]: the row index split per row, not per element)
     of a sliced input, a transposed input (strided columns) into a contiguous result,
     the per-row value indexed by both row dims."""
     torch.manual_seed(0)
-    x = torch.randn(4, 3, 1200)[:, :, 50:1150]
-    y = torch.randn(1100, 3, 4).permute(2, 1, 0)
+    x = torch.randn(4, 3, 1120)[:, :, 8:1112]
+    y = torch.randn(1104, 3, 4).permute(2, 1, 0)
     m = torch.randn(4, 3)
 
     def f(x, y, m):
@@ -170,7 +184,7 @@ def test_gathered_rows_with_row_weights():
     """A gather (rows picked by an index, ``index_select``) beside a per-row weight: the
     gathered load takes the full mask, the weight the row's."""
     torch.manual_seed(0)
-    table, idx, wt = torch.randn(10, 1300), torch.tensor([3, 0, 9, 3, 7]), torch.randn(5)
+    table, idx, wt = torch.randn(10, 1304), torch.tensor([3, 0, 9, 3, 7]), torch.randn(5)
 
     def f(t, i, w):
         return (aten.mul.Tensor(aten.index_select.default(t, 0, i),
@@ -180,12 +194,12 @@ def test_gathered_rows_with_row_weights():
 
 
 def test_sizes_share_one_module():
-    """Row lengths of one size class (not multiples of 16, the same blocks): one module
-    text, loaded once, each launch with its own sizes and grid."""
+    """Row lengths of one size class (multiples of 8 but not 16, the same blocks): one
+    module text, loaded once, each launch with its own sizes and grid."""
     torch.manual_seed(0)
     srcs = []
     before = None
-    for c in (1500, 1510):
+    for c in (1512, 1528):
         x, m, s, w = torch.randn(4, c), torch.randn(4), torch.rand(4) + 0.5, torch.randn(c)
         srcs.append(_check(_centre, [x, m, s, w], 1e-5))
         if before is None:
@@ -195,7 +209,7 @@ def test_sizes_share_one_module():
 
 
 def test_cross_entropy_forward_backward():
-    """The loss gradient of a cross-entropy over a tiny vocabulary (1500 > the row
+    """The loss gradient of a cross-entropy over a tiny vocabulary (1504 > the row
     threshold) — fp32 logits, and bf16 logits of an autocast product as GPT-2's —
     compiled by kiln against eager (loss, the weight's gradient); under autocast the
     backward's gradient kernel is row-tiled (a row's max, sum and target read once per
@@ -207,14 +221,14 @@ def test_cross_entropy_forward_backward():
         plans = record_plans(mp)
         for autocast, tol in ((False, 1e-5), (True, 2e-2)):
             torch.manual_seed(0)
-            h, w = torch.randn(2, 3, 32), torch.randn(32, 1500) / 4
-            target = torch.randint(0, 1500, (2, 3))
+            h, w = torch.randn(2, 3, 32), torch.randn(32, 1504) / 4
+            target = torch.randint(0, 1504, (2, 3))
             target[1, 1] = -100                   # an ignored row
 
             def f(h, w, t):      # as transformers' causal-LM loss: float logits, flattened
                 with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
                     logits = (h @ w).float()
-                    return torch.nn.functional.cross_entropy(logits.view(-1, 1500), t.view(-1))
+                    return torch.nn.functional.cross_entropy(logits.view(-1, 1504), t.view(-1))
             a, b = w.clone().requires_grad_(), w.clone().requires_grad_()
             got = kiln.compile(f)(h, a, target)
             want = f(h, b, target)

@@ -260,6 +260,27 @@ def memory_order(g, sizes, writes) -> list:
     return list(range(n))
 
 
+#: Triton's own specialisation of integer arguments (read by ``source._read``): a multiple of this is declared so
+#: (``tl.multiple_of``), which lets loads under a mask against it, or along rows of a
+#: stride of it, be vector loads. A size class is a multiple or not. A size that is no
+#: multiple of 16 but one of ``ROW_DIVISIBILITY`` is declared so: rows of that many
+#: bf16/fp16 elements are 16-byte aligned (a padded vocabulary, 50264), so a row-tiled
+#: kernel's contiguous columns (``row_tiles.py``) are 16-byte vectors under a mask
+#: against it; a class of its own.
+DIVISIBILITY = 16
+ROW_DIVISIBILITY = 8
+
+
+def declared_multiple(v: int, lifted: bool = True) -> int:
+    """The multiple a size argument of value ``v`` is declared to be in a kernel's text
+    (``source._read``: ``tl.multiple_of``), 1 for none. Not ``lifted`` (a literal),
+    Triton knows it whole: its own largest power-of-two factor."""
+    v = int(v)
+    if not lifted:
+        return (v & -v) or (1 << 30)
+    return next((d for d in (DIVISIBILITY, ROW_DIVISIBILITY) if v % d == 0), 1)
+
+
 def pow2(n: int) -> int:
     p = 1
     while p < n:

@@ -98,7 +98,8 @@ class TritonKernel:
         sizes = tuple(g.outer)
         numel = numel_of(sizes)
         perm = memory_order(g, sizes, writes)
-        rows = row_tiles.shape_of(g, sizes, perm, lambda ls: self._xblock(numel, writes, ls))
+        rows = row_tiles.shape_of(g, sizes, perm, writes,
+                                   lambda ls: self._xblock(numel, writes, ls))
         if rows is not None:
             return row_tiles.source(self, params, writes, rows)
         xb = min(self._xblock(numel, writes), pow2(max(numel, 16)))

@@ -17,7 +17,7 @@ from .... import config
 from ... import ir
 from ...ir import Load, numel_of
 from ..size_args import is_lifted, size
-from .exprs import FAST_DIV_LIMIT, TBody, decompose, store_value, tindex
+from .exprs import FAST_DIV_LIMIT, TBody, declared_multiple, decompose, store_value, tindex
 from .heuristics import ROW_TILE_MIN_COLS, RowTiles, plan_row_tiles
 
 
@@ -31,11 +31,12 @@ class RowShape:
     tiles: RowTiles
 
 
-def shape_of(g, sizes, perm, xblock) -> RowShape | None:
+def shape_of(g, sizes, perm, writes, xblock) -> RowShape | None:
     """The row form of pointwise group ``g`` (``perm``: its dims outermost to innermost
-    in memory; ``xblock(loads)``: the flat kernel's XBLOCK counting those loads), or
+    in memory; ``writes``: the buffers it stores; ``xblock(loads)``: the flat kernel's XBLOCK counting those loads), or
     None where the flat form stays: row tiles off, one dim, a short row, no load
-    indexed by the row alone, or indices the int32 lanes cannot hold."""
+    indexed by the row alone, rows not 16-byte aligned, or indices the int32 lanes
+    cannot hold."""
     if not config.triton_row_tiles:
         return None
     vars_ = ir.loop_vars(sizes)
@@ -50,11 +51,39 @@ def shape_of(g, sizes, perm, xblock) -> RowShape | None:
     loads = [e for n in g.nodes for e in ir.walk(n.body) if isinstance(e, Load)]
     if not any(e.index.vars() and cv not in e.index.vars() for e in loads):
         return None
+    if not _rows_aligned(g, vars_, cv, c, loads, writes):
+        return None
     streamed = [e for e in loads if cv in e.index.vars() or e.gather]
     tiles = plan_row_tiles(numel // c, c, xblock(streamed))
     if tiles is None:
         return None
     return RowShape(live[:-1], col, numel // c, c, tiles)
+
+
+#: Bytes of the vector accesses a row's columns should make (Triton's widest).
+VECTOR_BYTES = 16
+
+
+def _rows_aligned(g, vars_, cv: str, c: int, loads, writes) -> bool:
+    """Does every access that walks the row contiguously (column coefficient 1) start
+    each row on a ``VECTOR_BYTES`` boundary, as Triton sees the sizes (a literal whole,
+    a size argument by its declared multiple)? Otherwise its columns in row form are
+    narrow accesses, where the flat form's contiguous flat index (which Triton's
+    folding recovers through the divisions) keeps vectors: the flat form stays. The row
+    length is checked too (the column mask against it)."""
+    def ok(v, itemsize):
+        v = int(v)
+        return v == 0 or declared_multiple(v, is_lifted(size(v))) * itemsize % VECTOR_BYTES == 0
+
+    accesses = [(e.index, [st for _, st in e.gather], e.dtype) for e in loads]
+    accesses += [(n.store_index(vars_), [], n.dtype) for n in g.nodes if n.name in writes]
+    for index, strides, dtype in accesses:
+        if index.coef(cv) != 1:
+            continue
+        steps = [k for v, k in index.terms if v != cv] + strides + [index.const, c]
+        if not all(ok(v, dtype.itemsize) for v in steps):
+            return False
+    return True
 
 
 def source(k, params, writes, shape: RowShape):

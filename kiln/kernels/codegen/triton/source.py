@@ -21,7 +21,7 @@ import torch
 from ... import ir
 from ...scheduler import Schedule
 from .prelude import INTERPRETER_SHIMS, PRELUDE
-from .exprs import interpreting
+from .exprs import declared_multiple, interpreting
 from .heuristics import plan_reduction
 from .kernel import TritonKernel, split_group
 from ..size_args import SizeArgs, concrete, size, substitute, values
@@ -174,26 +174,13 @@ def layout(local_sizes: list) -> tuple:
     return device, slots
 
 
-#: Triton's own specialisation of integer arguments: a multiple of this is declared so
-#: (``tl.multiple_of``), which lets loads under a mask against it, or along rows of a
-#: stride of it, be vector loads. A size class is a multiple or not. A size that is no
-#: multiple of 16 but one of ``ROW_DIVISIBILITY`` is declared so: rows of that many
-#: bf16/fp16 elements are 16-byte aligned (a padded vocabulary, 50264), so a row-tiled
-#: kernel's contiguous columns (``row_tiles.py``) are 16-byte vectors under a mask
-#: against it; a class of its own.
-DIVISIBILITY = 16
-ROW_DIVISIBILITY = 8
-
-
 def _read(i: int, v: int) -> str:
     """A kernel's read of size argument ``i`` (value ``v``): int32 where it fits (the
-    type Triton gives such a literal), declared a multiple of DIVISIBILITY (else of
-    ROW_DIVISIBILITY) when it is."""
+    type Triton gives such a literal), declared the multiple it is
+    (``exprs.declared_multiple``)."""
     r = f"tl.load({KS} + {i})" + (".to(tl.int32)" if -2**31 <= v < 2**31 else "")
-    for d in (DIVISIBILITY, ROW_DIVISIBILITY):
-        if v % d == 0:
-            return f"tl.multiple_of({r}, {d})"
-    return r
+    d = declared_multiple(v)
+    return f"tl.multiple_of({r}, {d})" if d > 1 else r
 
 
 def _by_first_use(src: str, head: str, params: list) -> list:
