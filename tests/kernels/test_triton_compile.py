@@ -237,3 +237,20 @@ def test_row_tiled_loss_gradient_is_vector_and_division_free(tmp_path):
     assert len(rows) == 1, kinfo
     ptx = compile_all(source, rows, tmp_path)[rows[0][0]].asm["ptx"]
     assert re.search(r"ld\.global(?:\.\w+)*\.v4\.b32", ptx) and "mul.hi" not in ptx
+
+
+def _scaled(x, a):
+    return (aten.sum.dim_IntList(aten.mul.Tensor(x, a), [1]),
+            aten.amax.default(aten.add.Tensor(x, a), [1]),
+            aten.argmax.default(aten.mul.Tensor(x, a), 1),
+            aten.mul.Tensor(aten.sum.dim_IntList(x, [0]), a))
+
+
+def test_zero_dim_inputs_are_scalar_loads_and_compile(tmp_path):
+    """A 0-d tensor read in looped and persistent reductions and a pointwise kernel: one
+    unmasked scalar load each (no per-lane pointers), which the real compiler takes."""
+    for r in (12000, 300):
+        source, _, kinfo = generated(_scaled, [torch.randn(4, r), torch.tensor(0.5)])
+        assert re.search(r"tl\.load\(in1 \+ \(0\)\)\n", source), source
+        assert "in1 + (0) + xzero" not in source
+        compile_all(source, kinfo, tmp_path)
