@@ -98,7 +98,8 @@ def test_rows_of_a_multiple_of_8_are_declared_so():
         torch.randn(1032)
     src = _check(_centre, [x, m, s, w], 1e-2)
     k = _row_kernels(src)[0]
-    assert re.search(r"ks\d+ = tl\.multiple_of\(tl\.load\(kiln_ks \+ \d+\)\.to\(tl\.int32\), 8\)", k), k
+    declared = r"ks\d+ = tl\.multiple_of\(tl\.load\(kiln_ks \+ \d+\)\.to\(tl\.int32\), 8\)"
+    assert re.search(declared, k), k
 
 
 def test_row_tiles_off_keeps_the_flat_form(monkeypatch):

@@ -260,13 +260,13 @@ def memory_order(g, sizes, writes) -> list:
     return list(range(n))
 
 
-#: Triton's own specialisation of integer arguments (read by ``source._read``): a multiple of this is declared so
-#: (``tl.multiple_of``), which lets loads under a mask against it, or along rows of a
-#: stride of it, be vector loads. A size class is a multiple or not. A size that is no
-#: multiple of 16 but one of ``ROW_DIVISIBILITY`` is declared so: rows of that many
+#: Triton's own specialisation of integer arguments (read by ``source._read``): a
+#: multiple of this is declared so (``tl.multiple_of``), which lets loads under a mask
+#: against it, or along rows of a stride of it, be vector loads. A size that is no
+#: multiple of 16 but one of ``ROW_DIVISIBILITY`` is declared that: rows of that many
 #: bf16/fp16 elements are 16-byte aligned (a padded vocabulary, 50264), so a row-tiled
 #: kernel's contiguous columns (``row_tiles.py``) are 16-byte vectors under a mask
-#: against it; a class of its own.
+#: against it. Each declaration (or none) is a size class of its own.
 DIVISIBILITY = 16
 ROW_DIVISIBILITY = 8
 

@@ -1,6 +1,6 @@
 """One fused group as a ``@triton.jit`` kernel (``TritonKernel``): pointwise groups
-flattened over ``XBLOCK`` elements (or over rows: ``row_tiles``), reduction groups as the plan of ``heuristics``
-says, and split reductions as two kernels (``split_group``)."""
+flattened over ``XBLOCK`` elements (or over rows: ``row_tiles``), reduction groups as
+the plan of ``heuristics`` says, and split reductions as two kernels (``split_group``)."""
 
 from __future__ import annotations
 

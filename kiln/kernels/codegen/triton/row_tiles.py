@@ -33,10 +33,10 @@ class RowShape:
 
 def shape_of(g, sizes, perm, writes, xblock) -> RowShape | None:
     """The row form of pointwise group ``g`` (``perm``: its dims outermost to innermost
-    in memory; ``writes``: the buffers it stores; ``xblock(loads)``: the flat kernel's XBLOCK counting those loads), or
-    None where the flat form stays: row tiles off, one dim, a short row, no load
-    indexed by the row alone, rows not 16-byte aligned, or indices the int32 lanes
-    cannot hold."""
+    in memory; ``writes``: the buffers it stores; ``xblock(loads)``: the flat kernel's
+    XBLOCK counting those loads), or None where the flat form stays: row tiles off, one
+    dim, a short row, no load indexed by the row alone, rows not 16-byte aligned, or
+    indices the int32 lanes cannot hold."""
     if not config.triton_row_tiles:
         return None
     vars_ = ir.loop_vars(sizes)
