@@ -118,6 +118,11 @@ cudagraph_max_recordings: int = _env_int("KILN_CUDAGRAPH_MAX_RECORDINGS", 64)
 #: its magic number rather than a run-time integer division per element
 #: (``codegen/triton/exprs.py``) (KILN_TRITON_FAST_DIVISION).
 triton_fast_division: bool = _env_bool("KILN_TRITON_FAST_DIVISION", True)
+#: Pointwise Triton kernels over [rows, long contiguous rows] that read values per row
+#: (a row's max, its target, a 0-d scalar) run on a 2-D grid of rows by column blocks:
+#: those values are loaded once per row of a program and no element recovers its row
+#: and column by division (``codegen/triton/row_tiles.py``) (KILN_TRITON_ROW_TILES).
+triton_row_tiles: bool = _env_bool("KILN_TRITON_ROW_TILES", True)
 #: Kernels take the integers that come from sizes and strides (loop bounds, index
 #: coefficients, element counts) as arguments instead of literals, so graphs that differ
 #: only in sizes share one compiled C++ library or Triton module

@@ -188,3 +188,69 @@ def test_split_column_reduction_loads_16_byte_vectors(tmp_path):
         ptx = ck.asm["ptx"]
         assert re.search(r"ld\.global(?:\.\w+)*\.v4\.b32", ptx), name
         assert "sizePerThread = [1, 4]" in ck.asm["ttgir"], name     # 4 fp32 along x
+
+
+def _loss_grad(logits, target, m, lse, g):
+    """A cross-entropy's logit gradient over [rows, a padded vocabulary]: per-row max,
+    sum and target, a 0-d scale, bf16 logits in and out."""
+    x = aten._to_copy.default(logits, dtype=torch.float32)
+    p = aten.exp.default(aten.sub.Tensor(aten.sub.Tensor(x, aten.unsqueeze.default(m, 1)),
+                                         aten.log.default(aten.unsqueeze.default(lse, 1))))
+    keep = aten._to_copy.default(aten.unsqueeze.default(aten.ne.Scalar(target, -100), 1),
+                                 dtype=torch.float32)
+    return (aten._to_copy.default(aten.mul.Tensor(aten.mul.Tensor(p, keep), g),
+                                  dtype=torch.bfloat16),)
+
+
+def test_row_tiled_loss_gradient_is_vector_and_division_free(tmp_path):
+    """GPT-2's loss gradient (rows of 50264 bf16 logits, a multiple of 8: 16-byte rows)
+    row-tiled for sm_90: the logits loaded and the gradient stored as 16-byte vectors,
+    each per-row value and the 0-d scale one scalar load a program, no division."""
+    r, c = 64, 50264
+    args = [torch.randn(r, c).bfloat16(), torch.randint(0, c, (r,)), torch.randn(r),
+            torch.rand(r) + 1, torch.tensor(0.5)]
+    source, _, kinfo = generated(_loss_grad, args)
+    rows = [k for k in kinfo if "ROWS" in k[3]]
+    assert len(rows) == 1, kinfo
+    ck = compile_all(source, [rows[0]], tmp_path)[rows[0][0]]
+    ptx = ck.asm["ptx"]
+    assert re.search(r"ld\.global(?:\.\w+)*\.v4\.b32", ptx)
+    assert re.search(r"st\.global(?:\.\w+)*\.v4\.b32", ptx)
+    assert not re.search(r"ld\.global(?:\.\w+)*\.b16", ptx)
+    assert not re.search(r"\b(div|rem)\.|mul\.hi", ptx)
+    text = source[source.index(f"def {rows[0][0]}("):].split("\n\n\n")[0]
+    sizes = len(re.findall(r"ks\d+ = tl", text))
+    scalars = re.findall(r"^\s*ld\.global\.b(?:32|64) ", ptx, re.M)
+    assert len(scalars) <= 4 + sizes, scalars     # target, max, sum, scale: once each
+    # rows over [batch, sequence]: the scalar row index divided once a program
+    args3 = [args[0].view(4, 16, c), args[1].view(4, 16), args[2].view(4, 16),
+             args[3].view(4, 16), args[4]]
+
+    def grad3(logits, target, m, lse, g):
+        x = aten._to_copy.default(logits, dtype=torch.float32)
+        p = aten.exp.default(aten.sub.Tensor(x, aten.unsqueeze.default(m, 2)))
+        return (aten._to_copy.default(aten.div.Tensor(aten.mul.Tensor(p, g),
+                                                      aten.unsqueeze.default(lse, 2)),
+                                      dtype=torch.bfloat16),)
+    source, _, kinfo = generated(grad3, args3)
+    rows = [k for k in kinfo if "ROWS" in k[3]]
+    assert len(rows) == 1, kinfo
+    ptx = compile_all(source, rows, tmp_path)[rows[0][0]].asm["ptx"]
+    assert re.search(r"ld\.global(?:\.\w+)*\.v4\.b32", ptx) and "mul.hi" not in ptx
+
+
+def _scaled(x, a):
+    return (aten.sum.dim_IntList(aten.mul.Tensor(x, a), [1]),
+            aten.amax.default(aten.add.Tensor(x, a), [1]),
+            aten.argmax.default(aten.mul.Tensor(x, a), 1),
+            aten.mul.Tensor(aten.sum.dim_IntList(x, [0]), a))
+
+
+def test_zero_dim_inputs_are_scalar_loads_and_compile(tmp_path):
+    """A 0-d tensor read in looped and persistent reductions and a pointwise kernel: one
+    unmasked scalar load each (no per-lane pointers), which the real compiler takes."""
+    for r in (12000, 300):
+        source, _, kinfo = generated(_scaled, [torch.randn(4, r), torch.tensor(0.5)])
+        assert re.search(r"tl\.load\(in1 \+ \(0\)\)\n", source), source
+        assert "in1 + (0) + xzero" not in source
+        compile_all(source, kinfo, tmp_path)

@@ -97,10 +97,11 @@ def _tuned_modules() -> tuple:
     """The modules whose constants shape a plan (lowering, scheduling, code generation)."""
     from .. import ir, matmul_fusion, scheduler
     from ..codegen.cpp import source as cpp_source
-    from ..codegen.triton import exprs, heuristics, kernel, matmul_epilogue, source as triton_source
+    from ..codegen.triton import (exprs, heuristics, kernel, matmul_epilogue, row_tiles,
+                                   source as triton_source)
     from ..lowering import engine, recompute
     return (cpp_source, ir, engine, exprs, heuristics, kernel, matmul_epilogue, matmul_fusion,
-            recompute, scheduler, triton_source)
+            recompute, row_tiles, scheduler, triton_source)
 
 
 def _module_constants() -> str:
@@ -186,6 +187,7 @@ def key_of(gm, example_inputs, target: str) -> str | None:
                         f"kernel_size_args_min={config.kernel_size_args_min}",
                         f"recompute_pointwise={config.recompute_pointwise}",
                         f"triton_fast_division={config.triton_fast_division}",
+                        f"triton_row_tiles={config.triton_row_tiles}",
                         f"regional={config.regional}",
                         f"inject_bug={config.inject_bug}")
 

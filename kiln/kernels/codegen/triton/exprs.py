@@ -92,14 +92,19 @@ def acc_dtype(n) -> torch.dtype:
 
 class TBody:
     """One scope's lines. ``two_d``: a reduction kernel's [XBLOCK, RBLOCK] block, where
-    loads broadcast naturally (an index without reduced variables loads [XBLOCK, 1])."""
+    loads broadcast naturally (an index without reduced variables loads [XBLOCK, 1]).
+    ``mask_of``: the mask of a load by the variables of its index (a row-tiled kernel's
+    [ROWS, 1] row values need only the row mask), else ``mask`` guards every load.
+    A load at a constant index (a 0-d input) is one scalar load, unmasked: every
+    element reads that same address, so it is in bounds wherever any element is."""
 
     def __init__(self, values, indent, counter, mask, block_vars=(), zero="", two_d=None,
-                 memo=None):
+                 memo=None, mask_of=None):
         self.lines, self.memo = [], dict(memo or {})
         self.values, self.indent, self.counter, self.mask = values, indent, counter, mask
         self.block_vars, self.zero = set(block_vars), zero
         self.two_d = two_d          # None, or (xmask, full mask, reduced var names)
+        self.mask_of = mask_of
 
     def ptr(self, buf, index: Affine) -> str:
         """``buf + index``, broadcast to the block when the index is the same for all lanes."""
@@ -115,6 +120,8 @@ class TBody:
         return name
 
     def load_mask(self, index: Affine):
+        if self.mask_of is not None:
+            return self.mask_of(index.vars())
         if self.two_d is None:
             return self.mask
         xmask, full, rvars = self.two_d
@@ -125,7 +132,7 @@ class TBody:
         indirect terms (an int64 value times a stride each)."""
         if self.two_d:
             # a reduction kernel's loads broadcast through their index; a constant one
-            # (a 0-d input) is made a block so that the row mask can guard it
+            # under a mask of its own is made a block so that the row mask can guard it
             p = f"{e.buf} + {tindex(e.index)}" + ("" if e.index.vars() or e.gather else " + xzero")
         else:
             p = self.ptr(e.buf, e.index)
@@ -156,10 +163,13 @@ class TBody:
             if e.buf in self.values and e.mask is None and not e.gather:
                 s = self.values[e.buf]
             else:
-                masks = [m for m in (self.load_mask(e.index),
-                                     self.render(e.mask) if e.mask is not None else None) if m]
+                # gathered terms vary per element: the full mask
+                lm = self.mask if e.gather and self.mask_of else self.load_mask(e.index)
+                masks = [m for m in (lm, self.render(e.mask) if e.mask is not None else None)
+                         if m]
                 mk = f", mask={' & '.join(masks)}, other=0" if masks else ""
-                s = self.tmp(f"tl.load({self.address(e)}{mk})")
+                p = f"{e.buf} + {tindex(e.index)}" if scalar_load(e) else self.address(e)
+                s = self.tmp(f"tl.load({p}{'' if scalar_load(e) else mk})")
                 if e.dtype == torch.bool:
                     s = self.tmp(f"{s} != 0")
                 elif cdt != e.dtype:
@@ -182,6 +192,12 @@ class TBody:
                 s = self.tmp(tpl.format(*args, t=TL[cdt]))
         self.memo[e] = s
         return s
+
+
+def scalar_load(e: Load) -> bool:
+    """A load every element makes at one address: a constant index, no gathered terms,
+    no mask of its own."""
+    return not e.index.vars() and not e.gather and e.mask is None
 
 
 def store_value(v: str, dtype) -> str:
@@ -242,6 +258,27 @@ def memory_order(g, sizes, writes) -> list:
                 break
             return sorted(range(n), key=lambda i: (-st[i] if int(sizes[i]) != 1 else 0, i))
     return list(range(n))
+
+
+#: Triton's own specialisation of integer arguments (read by ``source._read``): a
+#: multiple of this is declared so (``tl.multiple_of``), which lets loads under a mask
+#: against it, or along rows of a stride of it, be vector loads. A size that is no
+#: multiple of 16 but one of ``ROW_DIVISIBILITY`` is declared that: rows of that many
+#: bf16/fp16 elements are 16-byte aligned (a padded vocabulary, 50264), so a row-tiled
+#: kernel's contiguous columns (``row_tiles.py``) are 16-byte vectors under a mask
+#: against it. Each declaration (or none) is a size class of its own.
+DIVISIBILITY = 16
+ROW_DIVISIBILITY = 8
+
+
+def declared_multiple(v: int, lifted: bool = True) -> int:
+    """The multiple a size argument of value ``v`` is declared to be in a kernel's text
+    (``source._read``: ``tl.multiple_of``), 1 for none. Not ``lifted`` (a literal),
+    Triton knows it whole: its own largest power-of-two factor."""
+    v = int(v)
+    if not lifted:
+        return (v & -v) or (1 << 30)
+    return next((d for d in (DIVISIBILITY, ROW_DIVISIBILITY) if v % d == 0), 1)
 
 
 def pow2(n: int) -> int:

@@ -119,3 +119,37 @@ def _split(p: Plan, rnum: int, nprog: int, min_steps: int):
     s = min(s, max(2, rnum // (min_steps * p.rb)))
     chunk = -(-(-(-rnum // s)) // p.rb) * p.rb
     p.split, p.chunk = -(-rnum // chunk), chunk
+
+
+# --- pointwise kernels over rows (row_tiles.py) ----------------------------------------
+#: A pointwise kernel runs as row tiles when its innermost dim has at least this many
+#: elements: each row then spans whole column blocks, and the values it reads once per
+#: row are few against the elements it streams.
+ROW_TILE_MIN_COLS = 1024
+#: The narrowest column block (elements a program covers along a row)...
+ROW_TILE_MIN_CBLOCK = 128
+#: ...halved from the pointwise XBLOCK while the blocks of a row would leave more than
+#: this share of its columns masked off (a row of 1025 in blocks of 1024 wastes half).
+ROW_TILE_MAX_WASTE = 0.125
+#: CUDA's limit on grid axis 1, where the column blocks go (rows go on axis 0: 2**31-1).
+GRID_Y_MAX = 65535
+
+
+@dataclass
+class RowTiles:
+    rows: int                # rows per program (ROWS), a power of two
+    cblock: int              # columns per program (XBLOCK), a power of two
+
+
+def plan_row_tiles(rows: int, cols: int, xb: int) -> RowTiles | None:
+    """The [ROWS, XBLOCK] block of a row-tiled kernel over ``rows`` x ``cols`` whose
+    flat form would take ``xb`` elements a program: the widest column block leaving
+    at most ``ROW_TILE_MAX_WASTE`` of a row masked, and as many rows as keep the block
+    at ``xb`` elements (no more than there are). None: too many column blocks for the
+    grid."""
+    cb = xb
+    while cb > ROW_TILE_MIN_CBLOCK and (-(-cols // cb) * cb - cols) > ROW_TILE_MAX_WASTE * cols:
+        cb //= 2
+    if -(-cols // cb) > GRID_Y_MAX:
+        return None
+    return RowTiles(max(1, min(xb // cb, pow2(rows))), cb)

@@ -1,6 +1,6 @@
 """One fused group as a ``@triton.jit`` kernel (``TritonKernel``): pointwise groups
-flattened over ``XBLOCK`` elements, reduction groups as the plan of ``heuristics``
-says, and split reductions as two kernels (``split_group``)."""
+flattened over ``XBLOCK`` elements (or over rows: ``row_tiles``), reduction groups as
+the plan of ``heuristics`` says, and split reductions as two kernels (``split_group``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ...scheduler import Group, Schedule
 from .exprs import (TL, TBody, acc_dtype, compute_dtype, decompose, memory_order, pow2,
                     store_value, tindex)
 from .heuristics import Plan, plan_reduction
+from . import row_tiles
 from ..size_args import is_lifted, names_each_own, size
 
 
@@ -79,14 +80,16 @@ class TritonKernel:
         ops = sum(ir.op_count(n.body) for n in self.g.nodes)
         return 8 if ops > HEAVY_OPS else 4
 
-    def _xblock(self, numel: int, writes) -> int:
+    def _xblock(self, numel: int, writes, loads=None) -> int:
         """XBLOCK of a pointwise kernel: 1024, or for a large one over narrow types as
-        many elements a thread (4 warps) as make ``THREAD_BYTES`` of its widest tensor."""
+        many elements a thread (4 warps) as make ``THREAD_BYTES`` of its widest tensor
+        (of its stores and ``loads``, all of its loads by default)."""
         if numel < WIDE_MIN_NUMEL or self._pointwise_warps() != 4:
             return XBLOCK
+        if loads is None:
+            loads = [e for n in self.g.nodes for e in ir.walk(n.body) if isinstance(e, Load)]
         widths = [n.dtype.itemsize for n in self.g.nodes if n.name in writes]
-        widths += [e.dtype.itemsize for n in self.g.nodes for e in ir.walk(n.body)
-                   if isinstance(e, Load)]
+        widths += [e.dtype.itemsize for e in loads]
         per_thread = THREAD_BYTES // max(widths, default=4)
         return max(XBLOCK, min(4 * XBLOCK, 128 * per_thread))
 
@@ -94,6 +97,11 @@ class TritonKernel:
         g = self.g
         sizes = tuple(g.outer)
         numel = numel_of(sizes)
+        perm = memory_order(g, sizes, writes)
+        rows = row_tiles.shape_of(g, sizes, perm, writes,
+                                   lambda ls: self._xblock(numel, writes, ls))
+        if rows is not None:
+            return row_tiles.source(self, params, writes, rows)
         xb = self._xblock(numel, writes)
         if not names_each_own():
             # a small kernel's block shrinks to it; not in a symbolic graph's kernels,
@@ -106,7 +114,6 @@ class TritonKernel:
             out.append(f"    xmask = xindex < {size(numel)}")
             mask = "xmask"
         vars_ = ir.loop_vars(sizes)
-        perm = memory_order(g, sizes, writes)
         out += ["    " + l for l in decompose([vars_[i] for i in perm],
                                                [sizes[i] for i in perm], "xindex",
                                                bound=-(-numel // xb) * xb)]

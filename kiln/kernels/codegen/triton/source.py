@@ -21,7 +21,7 @@ import torch
 from ... import ir
 from ...scheduler import Schedule
 from .prelude import INTERPRETER_SHIMS, PRELUDE
-from .exprs import interpreting
+from .exprs import declared_multiple, interpreting
 from .heuristics import plan_reduction
 from .kernel import TritonKernel, split_group
 from ..size_args import SizeArgs, concrete, each_own, names_each_own, size, substitute, values
@@ -180,17 +180,13 @@ def layout(local_sizes: list) -> tuple:
     return device, slots
 
 
-#: Triton's own specialisation of integer arguments: a multiple of this is declared so
-#: (``tl.multiple_of``), which lets loads under a mask against it, or along rows of a
-#: stride of it, be vector loads. A size class is a multiple or not.
-DIVISIBILITY = 16
-
-
 def _read(i: int, v: int) -> str:
     """A kernel's read of size argument ``i`` (value ``v``): int32 where it fits (the
-    type Triton gives such a literal), declared a multiple of DIVISIBILITY when it is."""
+    type Triton gives such a literal), declared the multiple it is
+    (``exprs.declared_multiple``)."""
     r = f"tl.load({KS} + {i})" + (".to(tl.int32)" if -2**31 <= v < 2**31 else "")
-    return f"tl.multiple_of({r}, {DIVISIBILITY})" if v % DIVISIBILITY == 0 else r
+    d = declared_multiple(v)
+    return f"tl.multiple_of({r}, {d})" if d > 1 else r
 
 
 def _by_first_use(src: str, head: str, params: list) -> list:
@@ -209,7 +205,7 @@ def _take_sizes(src: str, name: str, mine: list) -> str:
     """Kernel ``name``'s text reading its sizes (``mine``: their values, in order of
     first use) from ``kiln_ks`` at its top, as ``ks0``, ``ks1``…: the names are the
     kernel's own, so kernels differing only in sizes have one text. Each read keeps the
-    class of its value (int32 or not, a multiple of DIVISIBILITY or not)."""
+    class of its value (int32 or not, the multiple it is declared)."""
     lines = substitute(src, mine).split("\n")
     at = next(i for i, l in enumerate(lines) if l.startswith(f"def {name}("))
     decl = [f"    ks{i} = {_read(i, v)}" for i, v in enumerate(mine)]
