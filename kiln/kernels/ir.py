@@ -68,10 +68,17 @@ class Affine:
 
 
 def linear_index(idx: list, strides) -> Affine:
-    out = Affine()
+    """``sum(idx[d] * strides[d])``, summed in one pass (an ``Affine`` made per term
+    was the lowering's busiest function: every load of every size variant)."""
+    coefs, const = {}, 0
     for i, s in zip(idx, strides):
-        out = out + i * s
-    return out
+        s = int(s)
+        if s == 0:
+            continue
+        const += i.const * s
+        for v, k in i.terms:
+            coefs[v] = coefs.get(v, 0) + k * s
+    return Affine(tuple(sorted((v, k) for v, k in coefs.items() if k != 0)), const)
 
 
 def numel_of(sizes) -> int:
