@@ -1,0 +1,57 @@
+"""The cyclic garbage collector is off while a frame compiles (capture/gc_pause.py) and
+on again afterwards — after a failed compile too — unless it was off before or
+``config.pause_gc`` is unset; results are eager's."""
+import gc
+
+import pytest
+import torch
+
+import kiln
+from kiln import config
+
+
+def _compile_seeing_gc(fn, *args, backend_error=None):
+    """Compile and run ``fn``; whether the collector was on in each backend call."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(gc.isenabled())
+        if backend_error is not None:
+            raise backend_error
+        return gm.forward
+
+    return kiln.compile(fn, backend=backend)(*args), seen
+
+
+def f(x):
+    return torch.sin(x) * 2 + x.cos()
+
+
+def test_paused_during_the_compile_only():
+    assert gc.isenabled()
+    x = torch.randn(8)
+    out, seen = _compile_seeing_gc(f, x)
+    assert seen == [False]
+    assert gc.isenabled()
+    torch.testing.assert_close(out, f(x))
+
+
+def test_setting_off_leaves_the_collector_on():
+    with config.patch(pause_gc=False):
+        _, seen = _compile_seeing_gc(f, torch.randn(8))
+    assert seen == [True] and gc.isenabled()
+
+
+def test_a_collector_already_off_stays_off():
+    gc.disable()
+    try:
+        _, seen = _compile_seeing_gc(f, torch.randn(8))
+        assert seen == [False] and not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_on_again_after_a_failed_compile():
+    with config.patch(suppress_errors=False), pytest.raises(Exception):
+        _compile_seeing_gc(f, torch.randn(8), backend_error=ValueError("no"))
+    assert gc.isenabled()
