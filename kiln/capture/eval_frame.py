@@ -18,7 +18,8 @@ import weakref
 from kiln import config
 from kiln.capture.codegen import MISS
 from kiln.capture.errors import BackendCompilerFailed, InternalError, SkipFrame, Unsupported
-from kiln.capture import autocast_state, gc_pause, global_state, guard_failures, marks
+from kiln import gc_pause
+from kiln.capture import autocast_state, global_state, guard_failures, marks
 from kiln.capture.guards import Guard, first_failure
 from kiln.capture.tracer import Entry, TraceContext, trace_frame
 from kiln.shapes.env import SpecializedMarkedDim
