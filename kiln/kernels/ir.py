@@ -131,8 +131,9 @@ class Expr:
                    for f in dataclasses.fields(self))
 
     def __getstate__(self):
-        # string hashes differ between processes: never pickle the cached one
-        return {k: v for k, v in self.__dict__.items() if k != "_h"}
+        # string hashes differ between processes: never pickle the cached one (nor the
+        # cached reads, ``loaded_buffers``)
+        return {k: v for k, v in self.__dict__.items() if k not in _CACHED}
 
 
 @dataclass(frozen=True)
@@ -243,8 +244,35 @@ def format_expr(e: Expr) -> str:
     return body if not lets else f"let {'; '.join(lets)}; in {body}"
 
 
-def op_count(e: Expr) -> int:
-    return sum(1 for x in walk(e) if isinstance(x, Op))
+def op_count(e: Expr, limit: int | None = None) -> int:
+    """The distinct operations in ``e``; with ``limit``, counting stops at ``limit + 1``
+    (all a threshold needs to know, without walking the rest of a large DAG)."""
+    seen, todo, n = set(), [e], 0
+    while todo:
+        x = todo.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if isinstance(x, Op):
+            n += 1
+            if limit is not None and n > limit:
+                return n
+        todo.extend(x.children())
+    return n
+
+
+#: what an expression caches on itself (never pickled)
+_CACHED = ("_h", "_reads")
+
+
+def loaded_buffers(e: Expr) -> frozenset:
+    """The names of the buffers ``e`` loads from. Cached on ``e`` (expressions are
+    immutable): the scheduler and the code generators ask each kernel body many times."""
+    r = e.__dict__.get("_reads")
+    if r is None:
+        r = frozenset(x.buf for x in walk(e) if isinstance(x, Load))
+        object.__setattr__(e, "_reads", r)
+    return r
 
 
 # --- buffers --------------------------------------------------------------------------
@@ -277,7 +305,7 @@ class Pointwise(Buffer):
     origin: str = ""           # the fx node(s) it came from, for comments
 
     def reads(self):
-        return {x.buf for x in walk(self.body) if isinstance(x, Load)}
+        return set(loaded_buffers(self.body))
 
 
 REDUCTIONS = tuple(KINDS)           # the kinds of reductions.py's table
@@ -291,7 +319,7 @@ class Reduction(Buffer):
     origin: str = ""
 
     def reads(self):
-        return {x.buf for x in walk(self.body) if isinstance(x, Load)}
+        return set(loaded_buffers(self.body))
 
 
 @dataclass
@@ -322,7 +350,7 @@ class Scatter(Buffer):
         return out
 
     def reads(self):
-        return {x.buf for e in self.exprs() for x in walk(e) if isinstance(x, Load)}
+        return {b for e in self.exprs() for b in loaded_buffers(e)}
 
 
 SCANS = ("sum",)
@@ -342,7 +370,7 @@ class Scan(Buffer):
     origin: str = ""
 
     def reads(self):
-        return {x.buf for x in walk(self.body) if isinstance(x, Load)}
+        return set(loaded_buffers(self.body))
 
 
 @dataclass
