@@ -104,6 +104,18 @@ def loop_vars(sizes, start: int = 0) -> list:
 
 
 # --- scalar expressions -------------------------------------------------------------
+_FIELD_NAMES: dict = {}
+
+
+def _field_names(cls) -> tuple:
+    """``dataclasses.fields(cls)``'s names, looked up once per class (hashing and
+    comparing expressions asks for them on every node)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
 class Expr:
     """A scalar expression. Expressions are immutable and shared: a pooling window's
     running max is reused by every later tap, so an expression is a DAG whose tree form
@@ -118,7 +130,7 @@ class Expr:
         h = self.__dict__.get("_h")
         if h is None:
             h = hash((type(self).__name__,)
-                     + tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+                     + tuple(getattr(self, f) for f in _field_names(type(self))))
             object.__setattr__(self, "_h", h)
         return h
 
@@ -127,8 +139,7 @@ class Expr:
             return True
         if type(self) is not type(other) or hash(self) != hash(other):
             return False
-        return all(getattr(self, f.name) == getattr(other, f.name)
-                   for f in dataclasses.fields(self))
+        return all(getattr(self, f) == getattr(other, f) for f in _field_names(type(self)))
 
     def __getstate__(self):
         # string hashes differ between processes: never pickle the cached one (nor the
