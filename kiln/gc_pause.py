@@ -3,11 +3,11 @@ its backend), and a graph's kernels built at its first call (``kernels/compile.p
 
 A compile allocates hundreds of thousands of objects (FX nodes, meta tensors, loop IR),
 so the collector runs often, and each full collection walks the whole heap: the user's
-model included. On a 24-layer GPT-2's training compile that was 0.5 s (a tenth of the
-compile, growing with the depth). Paused, garbage made during the compile waits for the
-first collection after it (the collector's normal thresholds: a young collection scans
-what the compile left, not the old heap; reference counting still frees everything
-acyclic at once). Nested compiles leave the pause to the outermost one.
+model included. Paused, the compile runs no collection; what it leaves is seen by the
+collector's next runs (its normal thresholds; reference counting still frees everything
+acyclic at once). On a GPT-2's training first call the collector's time went from 0.18
+to 0.02 s at 2 layers and from 0.44 to 0.35 s at 24 (one full collection still follows
+that compile). Nested compiles leave the pause to the outermost one.
 ``config.pause_gc`` (``KILN_PAUSE_GC``) turns it off.
 """
 from __future__ import annotations
