@@ -17,7 +17,9 @@ wall time: on a shared machine it varies less.
                                   [--backends kiln,kiln:noregional,torch.compile] [--repeat 1]
 
 ``kiln:noregional`` is kiln with ``KILN_REGIONAL=0``. With ``--repeat`` > 1, each cell is
-the minimum over that many processes (the machine may be shared).
+the minimum (``--stat median``: the median) over that many processes, figure by figure
+(the machine may be shared); the processes run in rounds, each
+round every cell once.
 
     python -m benchmarks.regional --steps [--layers 4] [--modes infer,train]
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -111,6 +114,7 @@ if backend.startswith("kiln"):
     named = {k for ks in groups.values() for k in ks}
     rec["stages"] = {g: sum(own.get(k, 0.0) for k in ks) for g, ks in groups.items()}
     rec["stages"]["load"] = sum(v for k, v in own.items() if k not in named)
+    rec["own"] = own
 print("RESULT " + json.dumps(rec))
 """
 
@@ -135,15 +139,17 @@ def measure(backend: str, layers: int, mode: str) -> dict:
     return {"backend": backend, "layers": layers, "mode": mode, "error": " | ".join(tail)}
 
 
-def best(recs: list) -> dict:
+def best(recs: list, stat=min) -> dict:
+    """One record for a cell: ``stat`` (min or statistics.median) of each figure."""
     ok = [r for r in recs if "error" not in r]
     if not ok:
         return recs[0]
-    out = min(ok, key=lambda r: r["first_s"])
+    out = dict(ok[0])
+    for k in ("first_s", "step_ms", "cpu_s", "eager_first_s"):
+        out[k] = stat([r[k] for r in ok])
     if "stages" in out:
-        out["stages"] = {s: min(r["stages"][s] for r in ok) for s in STAGES}
-    out["step_ms"] = min(r["step_ms"] for r in ok)
-    out["cpu_s"] = min(r["cpu_s"] for r in ok)
+        out["stages"] = {s: stat([r["stages"][s] for r in ok]) for s in STAGES}
+    out["max_err"] = max(r["max_err"] for r in ok)
     return out
 
 
@@ -235,20 +241,26 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="infer,train")
     ap.add_argument("--backends", default="kiln,kiln:noregional,torch.compile")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--stat", choices=("min", "median"), default="min",
+                    help="of the --repeat processes, each figure's minimum or median")
     ap.add_argument("--steps", action="store_true", help="time compiled calls, regional on/off")
     a = ap.parse_args(argv)
     if a.steps:
         layers = [4] if a.layers == ap.get_default("layers") else [int(v) for v in a.layers.split(",")]
         print(steps(layers, a.modes.split(",")))
         return 0
-    rows = []
-    for mode in a.modes.split(","):
-        for backend in a.backends.split(","):
-            for n in (int(v) for v in a.layers.split(",")):
-                rec = best([measure(backend, n, mode) for _ in range(a.repeat)])
-                print(json.dumps(rec), file=sys.stderr, flush=True)
-                rows.append(rec)
-    print(table(rows))
+    # rounds outermost: each round measures every cell once, in the same order, so a
+    # change of the machine's load falls on all cells alike
+    cells = [(mode, backend, int(n)) for mode in a.modes.split(",")
+             for backend in a.backends.split(",") for n in a.layers.split(",")]
+    recs: dict = {c: [] for c in cells}
+    for _ in range(a.repeat):
+        for mode, backend, n in cells:
+            rec = measure(backend, n, mode)
+            print(json.dumps(rec), file=sys.stderr, flush=True)
+            recs[mode, backend, n].append(rec)
+    stat = statistics.median if a.stat == "median" else min
+    print(table([best(recs[c], stat) for c in cells]))
     return 0
 
 

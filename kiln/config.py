@@ -70,6 +70,9 @@ ddp_split: bool = _env_bool("KILN_DDP_SPLIT", True)
 #: to buffer names share one function (``kernels/codegen/cpp/shared.py``) — so a deep
 #: model's cold compile stays near a shallow one's (KILN_REGIONAL).
 regional: bool = _env_bool("KILN_REGIONAL", True)
+#: Pause Python's cyclic garbage collector while a frame compiles: its full collections
+#: walk the whole heap, the user's model included (capture/gc_pause.py) (KILN_PAUSE_GC).
+pause_gc: bool = _env_bool("KILN_PAUSE_GC", True)
 
 # --- autograd ------------------------------------------------------------------
 #: Recompute cheap pointwise ops in the backward rather than saving them

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from kiln import fast_tree
 
@@ -24,6 +25,8 @@ CASES = [
     collections.OrderedDict(x=1, y=[2]), collections.defaultdict(list, {"k": [1, 2]}),
     torch.return_types.max((torch.ones(1), torch.zeros(1, dtype=torch.long))),
     ((), [], {}), [[[[1]]]], {"n": _node()},
+    immutable_list([1, (2, immutable_dict(a=3, b=[4]))]), immutable_list(),
+    immutable_dict(k=immutable_list([None, 5]), j=2), (immutable_list([_node()]),),
 ]
 
 

@@ -18,6 +18,7 @@ import weakref
 from kiln import config
 from kiln.capture.codegen import MISS
 from kiln.capture.errors import BackendCompilerFailed, InternalError, SkipFrame, Unsupported
+from kiln import gc_pause
 from kiln.capture import autocast_state, global_state, guard_failures, marks
 from kiln.capture.guards import Guard, first_failure
 from kiln.capture.tracer import Entry, TraceContext, trace_frame
@@ -119,7 +120,7 @@ class CompiledFunction:
             if prepare is not None:  # a backend's one-time set-up, overlapping the capture
                 prepare(list(args) + list(kwargs.values()))
             with progress.compiling(self.code.co_name), timed("capture (incl. backend)"), \
-                    autocast_state.tracing():
+                    autocast_state.tracing(), gc_pause.paused():
                 entry = trace_frame(self.fn, self.code, bound, self._ctx())
         except SkipFrame as s:
             if self.fullgraph:

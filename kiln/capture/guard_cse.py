@@ -57,6 +57,9 @@ def _string_spans(code):
 
 
 def _matches(code, _memo={}):
+    """The access paths of ``code`` outside string literals, in order: (start, end,
+    text, prefixes) each. Memoized per guard text: a guard is read several times here
+    and the same guard texts recur across a model's layers."""
     found = _memo.get(code)
     if found is None:
         starts, ends = _string_spans(code)
@@ -65,7 +68,7 @@ def _matches(code, _memo={}):
             k = bisect.bisect_right(starts, m.start()) - 1
             if k >= 0 and m.start() < ends[k]:
                 continue  # inside a string literal
-            found.append(m)
+            found.append((m.start(), m.end(), m.group(0), tuple(_prefixes(m))))
         if len(_memo) > 20000:
             _memo.clear()
         _memo[code] = found
@@ -74,8 +77,8 @@ def _matches(code, _memo={}):
 
 def _paths(code):
     found = []
-    for m in _matches(code):
-        found.extend(_prefixes(m))
+    for _, _, _, prefixes in _matches(code):
+        found.extend(prefixes)
     return found
 
 
@@ -93,25 +96,26 @@ def cse_statements(guard_codes: list[str], tail: str | None = None, indent: str 
     lines: list[str] = []
 
     def rewrite(code):
-        # longest shared prefixes first, so a deeper local wins over a shallower one
-        valid = {m.start() for m in _matches(code)}
-
-        def sub(m):
-            full = m.group(0)
-            if m.start() not in valid:
-                return full
+        # each path from its longest prefix that has a local, so a deeper local wins
+        # over a shallower one; the text between paths is kept as it is
+        out, at = [], 0
+        for start, end, full, prefixes in _matches(code):
             best = None
-            for p in _prefixes(m):
+            for p in prefixes:
                 if p in names:
                     best = p
-            if best is None:
-                return full
-            return names[best] + full[len(best):]
-        return _PATH.sub(sub, code)
+            if best is not None:
+                out.append(code[at:start])
+                out.append(names[best] + full[len(best):])
+                at = end
+        if not out:
+            return code
+        out.append(code[at:])
+        return "".join(out)
 
     def define(code):
-        for m in _matches(code):
-            for p in _prefixes(m):
+        for _, _, _, prefixes in _matches(code):
+            for p in prefixes:
                 if p in shared and p not in names:
                     expr = rewrite(p)
                     name = f"__p{len(names)}"

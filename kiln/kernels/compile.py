@@ -17,7 +17,7 @@ import weakref
 import torch
 import torch.fx as fx
 
-from .. import config
+from .. import config, gc_pause
 from ..debug.breaks import describe, tag
 from ..debug import trace_dir
 from ..debug.logs import log_for
@@ -388,7 +388,7 @@ class CompiledGraph:
         sig = _signature(args)
         rt = self.variants.get(sig)
         if rt is None:
-            with timed("kernels"), trace_dir.within(self._trace_owner):
+            with timed("kernels"), trace_dir.within(self._trace_owner), gc_pause.paused():
                 rt = self._build(args)
         check = self._checks.get(sig)
         if check is None:

@@ -111,6 +111,18 @@ def loop_vars(sizes, start: int = 0) -> list:
 
 
 # --- scalar expressions -------------------------------------------------------------
+_FIELD_NAMES: dict = {}
+
+
+def _field_names(cls) -> tuple:
+    """``dataclasses.fields(cls)``'s names, looked up once per class (hashing and
+    comparing expressions asks for them on every node)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
 class Expr:
     """A scalar expression. Expressions are immutable and shared: a pooling window's
     running max is reused by every later tap, so an expression is a DAG whose tree form
@@ -125,7 +137,7 @@ class Expr:
         h = self.__dict__.get("_h")
         if h is None:
             h = hash((type(self).__name__,)
-                     + tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+                     + tuple(getattr(self, f) for f in _field_names(type(self))))
             object.__setattr__(self, "_h", h)
         return h
 
@@ -134,12 +146,12 @@ class Expr:
             return True
         if type(self) is not type(other) or hash(self) != hash(other):
             return False
-        return all(getattr(self, f.name) == getattr(other, f.name)
-                   for f in dataclasses.fields(self))
+        return all(getattr(self, f) == getattr(other, f) for f in _field_names(type(self)))
 
     def __getstate__(self):
-        # string hashes differ between processes: never pickle the cached one
-        return {k: v for k, v in self.__dict__.items() if k != "_h"}
+        # string hashes differ between processes: never pickle the cached one (nor the
+        # cached reads, ``loaded_buffers``)
+        return {k: v for k, v in self.__dict__.items() if k not in _CACHED}
 
 
 @dataclass(frozen=True)
@@ -250,8 +262,35 @@ def format_expr(e: Expr) -> str:
     return body if not lets else f"let {'; '.join(lets)}; in {body}"
 
 
-def op_count(e: Expr) -> int:
-    return sum(1 for x in walk(e) if isinstance(x, Op))
+def op_count(e: Expr, limit: int | None = None) -> int:
+    """The distinct operations in ``e``; with ``limit``, counting stops at ``limit + 1``
+    (all a threshold needs to know, without walking the rest of a large DAG)."""
+    seen, todo, n = set(), [e], 0
+    while todo:
+        x = todo.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if isinstance(x, Op):
+            n += 1
+            if limit is not None and n > limit:
+                return n
+        todo.extend(x.children())
+    return n
+
+
+#: what an expression caches on itself (never pickled)
+_CACHED = ("_h", "_reads")
+
+
+def loaded_buffers(e: Expr) -> frozenset:
+    """The names of the buffers ``e`` loads from. Cached on ``e`` (expressions are
+    immutable): the scheduler and the code generators ask each kernel body many times."""
+    r = e.__dict__.get("_reads")
+    if r is None:
+        r = frozenset(x.buf for x in walk(e) if isinstance(x, Load))
+        object.__setattr__(e, "_reads", r)
+    return r
 
 
 # --- buffers --------------------------------------------------------------------------
@@ -284,7 +323,7 @@ class Pointwise(Buffer):
     origin: str = ""           # the fx node(s) it came from, for comments
 
     def reads(self):
-        return {x.buf for x in walk(self.body) if isinstance(x, Load)}
+        return set(loaded_buffers(self.body))
 
 
 REDUCTIONS = tuple(KINDS)           # the kinds of reductions.py's table
@@ -298,7 +337,7 @@ class Reduction(Buffer):
     origin: str = ""
 
     def reads(self):
-        return {x.buf for x in walk(self.body) if isinstance(x, Load)}
+        return set(loaded_buffers(self.body))
 
 
 @dataclass
@@ -329,7 +368,7 @@ class Scatter(Buffer):
         return out
 
     def reads(self):
-        return {x.buf for e in self.exprs() for x in walk(e) if isinstance(x, Load)}
+        return {b for e in self.exprs() for b in loaded_buffers(e)}
 
 
 SCANS = ("sum",)
@@ -349,7 +388,7 @@ class Scan(Buffer):
     origin: str = ""
 
     def reads(self):
-        return {x.buf for x in walk(self.body) if isinstance(x, Load)}
+        return set(loaded_buffers(self.body))
 
 
 @dataclass

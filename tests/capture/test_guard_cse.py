@@ -68,3 +68,69 @@ def test_a_tensor_keyed_dict_entry_is_read_once():
     assert ns["g"](opt, {"KILN_X": "1"}) == "hit"
     state[p]["exp_avg"] = torch.zeros(4)
     assert ns["g"](opt, {"KILN_X": "1"}) == "miss"
+
+
+def _reference(guard_codes, tail=None, indent="        "):
+    """The pass written plainly: every guard's paths found and rewritten by regex
+    substitution (what cse_statements computes from its memoized matches)."""
+    import bisect
+    from collections import Counter
+    from kiln.capture import guard_cse as G
+
+    def valid(code):
+        starts, ends = G._string_spans(code)
+        out = []
+        for m in G._PATH.finditer(code):
+            k = bisect.bisect_right(starts, m.start()) - 1
+            if not (k >= 0 and m.start() < ends[k]):
+                out.append(m)
+        return out
+
+    uses = Counter()
+    for code in guard_codes + ([tail] if tail else []):
+        for p in {p for m in valid(code) for p in G._prefixes(m)}:
+            uses[p] += 1
+    shared = {p for p, n in uses.items() if n > 1}
+    names, lines = {}, []
+
+    def rewrite(code):
+        ok = {m.start() for m in valid(code)}
+
+        def sub(m):
+            best = None
+            for p in G._prefixes(m):
+                if p in names:
+                    best = p
+            if m.start() not in ok or best is None:
+                return m.group(0)
+            return names[best] + m.group(0)[len(best):]
+        return G._PATH.sub(sub, code)
+
+    for code in guard_codes:
+        for m in valid(code):
+            for p in G._prefixes(m):
+                if p in shared and p not in names:
+                    expr = rewrite(p)
+                    names[p] = f"__p{len(names)}"
+                    lines.append(f"{indent}{names[p]} = {expr}")
+        lines += [f"{indent}if not ({rewrite(code)}):", f"{indent}    return __MISS"]
+    return lines, (rewrite(tail) if tail else None)
+
+
+def test_same_statements_as_the_plain_pass():
+    guards = []
+    for layer in range(4):
+        m = f"__G['m']._modules['h']._modules['{layer}']"
+        for p in ("weight", "bias"):
+            t = f"{m}._parameters['{p}']"
+            guards += [f"type({t}) is __T1", f"{t}.dtype is __dt2", f"{t}.shape == (4,)",
+                       f"{t}.stride() == (1,)", f"{t}.requires_grad is True"]
+        guards += [f"not {m}._forward_hooks and not {m}._forward_pre_hooks",
+                   f"{m}.eps == 1e-05 and {m}.name == 'x {m}.eps'",
+                   f"opt.state.get({m}._parameters['weight'])['step'] == 3",
+                   f"{m}.training is True"]
+    tail = "__o = __graph0(" + ", ".join(
+        f"__G['m']._modules['h']._modules['{i}']._parameters['weight']" for i in range(4)) + ")"
+    assert cse_statements(guards, tail) == _reference(guards, tail)
+    lines, _ = cse_statements(guards, tail)
+    assert sum("__G['m']._modules['h']" in ln for ln in lines) < len(guards) // 4

@@ -172,3 +172,19 @@ def test_gpt2_layers_share_kernels(monkeypatch):
             torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-5)
         counts.append([_functions(s) for s in made])
     assert counts[0] == counts[1], counts
+
+
+def test_entry_points_alone_are_compiled_without_optimisation(monkeypatch):
+    # the -O0 region holds every entry point and no kernel; results are eager's (_run)
+    torch.manual_seed(0)
+    src = _sources(monkeypatch)
+    _run(Stack([64] * 3), monkeypatch)
+    for s in src:
+        begin, end = s.index('#pragma GCC optimize ("O0")'), s.index("#pragma GCC pop_options")
+        plain = s[begin:end]
+        assert 'extern "C" void kiln_seg' in plain and "static void kernel" not in plain
+        assert 'extern "C" void kiln_seg' not in s[:begin] + s[end:]
+    # KILN_REGIONAL=0 keeps them optimised
+    off = _sources(monkeypatch)
+    _run(Stack([64] * 3), monkeypatch, regional=False)
+    assert off and all("#pragma GCC optimize" not in s for s in off)

@@ -190,7 +190,7 @@ class GraphLowering:
         for n, v in vals.items():
             dev = n.meta["device"]
             self.meta[n] = v
-            self.meta[n, "device"] = pytree.tree_map(
+            self.meta[n, "device"] = fast_tree.tree_map(
                 lambda t: dev if isinstance(t, torch.Tensor) else None, v)
         return True
 
@@ -202,9 +202,9 @@ class GraphLowering:
         class Recorder(fx.Interpreter):
             def run_node(self, n):
                 r = super().run_node(n)
-                meta[n] = pytree.tree_map(_to_meta, r)
+                meta[n] = fast_tree.tree_map(_to_meta, r)
                 if devices is None or n.op == "get_attr":   # a module constant is real
-                    dev = pytree.tree_map(
+                    dev = fast_tree.tree_map(
                         lambda t: t.device if isinstance(t, torch.Tensor) else None, r)
                 elif n.op == "placeholder":
                     d = devices[self._n_in]
@@ -212,7 +212,7 @@ class GraphLowering:
                     dev = d
                 else:
                     d = _device_of(n, meta)
-                    dev = pytree.tree_map(lambda t: d if isinstance(t, torch.Tensor) else None, r)
+                    dev = fast_tree.tree_map(lambda t: d if isinstance(t, torch.Tensor) else None, r)
                 meta[n, "device"] = dev
                 return r
 
@@ -377,7 +377,7 @@ class GraphLowering:
                              for o in out)
         if isinstance(out, Lazy) and node not in self.out_roots:  # (stored in eager's layout)
             probe = out.load(loop_vars(out.sizes))
-            n_ops = ir.op_count(probe)
+            n_ops = ir.op_count(probe, MAX_INLINE_OPS)
             readers = sum(1 for u in node.users if u.target not in _SHAPE_ONLY)
             if n_ops > MAX_INLINE_OPS or (readers > 1 and n_ops > 0
                                           and not self._reads_little(probe, out.sizes)

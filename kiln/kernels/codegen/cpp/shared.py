@@ -13,6 +13,13 @@ renaming of its parameters, and the call binds each parameter to the buffer the
 duplicate would have used. A shared function is marked ``noinline``: inlined into each
 of its N call sites, g++ would optimise it N times again (the 24-layer backward's
 compile took 1.6x as long). ``config.regional`` (``KILN_REGIONAL``) turns it off.
+
+With sharing on, the entry points (``kiln_segN``: one call per kernel of the graph, so
+their text grows with the depth where the kernels' no longer do) are compiled without
+optimisation (``entry_points``): optimised, they were most of a 24-layer backward's
+compile time left (0.3 of 1.2 s), for calls that run once per segment. The kernels they
+call keep every optimisation; a kernel called from one entry point is then a call
+rather than inlined there, which costs a few nanoseconds per call.
 """
 from __future__ import annotations
 
@@ -96,3 +103,14 @@ def callees(calls_to: dict) -> set:
 def not_inlined(src: str) -> str:
     """A kernel's text with its function marked ``noinline``."""
     return src.replace("\nstatic void kernel", "\n__attribute__((noinline))\nstatic void kernel", 1)
+
+
+#: around the entry points: g++ compiles them at -O0 (other compilers ignore it)
+_PLAIN_BEGIN = ('#if defined(__GNUC__) && !defined(__clang__)\n#pragma GCC push_options\n'
+                '#pragma GCC optimize ("O0")\n#endif')
+_PLAIN_END = '#if defined(__GNUC__) && !defined(__clang__)\n#pragma GCC pop_options\n#endif'
+
+
+def entry_points(parts: list) -> list:
+    """The entry points' texts, to be compiled without optimisation (module doc)."""
+    return [_PLAIN_BEGIN, *parts, _PLAIN_END] if parts else []

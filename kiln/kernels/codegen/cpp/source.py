@@ -757,10 +757,12 @@ def generate(sched: Schedule, buffers: list) -> tuple[str, list, list]:
         text, vs = each_own(src, len(vals))
         parts.append(_take_sizes(text, range(len(vals), len(vals) + len(vs))))
         vals += vs
+    entries_text = []
     for src in entry_src:
         text, vs = each_own(src, len(vals), lambda i: f"kiln_ks[{i}]")
-        parts.append(text)
+        entries_text.append(text)
         vals += vs
+    parts += shared.entry_points(entries_text) if config.regional else entries_text
     return "\n\n".join(parts) + "\n", entries, vals
 
 
