@@ -254,3 +254,20 @@ def test_block_plan():
     assert p(3, 1025, 1024).rows == 4
     assert p(100, 1536, 1024).cblock == 512
     assert p(1, 1024 * 70000, 1024) is None
+
+
+def _padded_rows(x, m):
+    """Per-row values padded along the row (a load of ``m[row]`` under a column mask of
+    its own) subtracted from the rows: the padded vocabulary of a loss gradient."""
+    aten = torch.ops.aten
+    mv = aten.expand.default(aten.unsqueeze.default(m, 1), [x.shape[0], x.shape[1] - 7])
+    return (aten.sub.Tensor(x, aten.constant_pad_nd.default(mv, [0, 7])),)
+
+
+@pytest.mark.parametrize("cols", [20008, 1032])
+def test_row_values_under_a_mask_of_their_own(cols):
+    """The padded columns read 0, the others the row's value (the load is a block under
+    its own mask: ``test_triton_compile`` compiles it for sm_90)."""
+    torch.manual_seed(0)
+    src = _check(_padded_rows, [torch.randn(6, cols), torch.randn(6)], 1e-6)
+    assert _row_kernels(src), src

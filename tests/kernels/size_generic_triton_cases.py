@@ -50,8 +50,11 @@ def test_odd_sizes_and_layouts(case):
 
 
 def test_mlp_training_step_through_kiln_compile():
+    """Batch 34 compiles static; 41 makes the batch dynamic, whose Triton kernels lift
+    every size (``size_args.lifting(..., every=True)``: texts of their own, once); 47
+    loads nothing."""
     costs = mlp_training_step_costs(loads, kernel_target="triton")
-    assert costs[0] >= 1 and costs[1:] == [0, 0], costs
+    assert costs[0] >= 1 and costs[1] <= costs[0] and costs[2] == 0, costs
 
 
 def test_looped_reductions_share_across_lengths():
@@ -88,4 +91,6 @@ def test_small_batches_share_one_module_with_large_ones(batches):
             got = compiled(x)
             costs.append(loads() - before)
             torch.testing.assert_close(got, net(x), rtol=1e-5, atol=1e-5)
-    assert costs == [1, 0, 0, 0], costs
+    # the first batch's module may be loaded already (the other stream's, when the
+    # divisibility of its sizes is the same)
+    assert costs[0] <= 1 and costs[1:] == [0, 0, 0], costs

@@ -254,3 +254,25 @@ def test_zero_dim_inputs_are_scalar_loads_and_compile(tmp_path):
         assert re.search(r"tl\.load\(in1 \+ \(0\)\)\n", source), source
         assert "in1 + (0) + xzero" not in source
         compile_all(source, kinfo, tmp_path)
+
+
+def _padded_row_values(logits, m):
+    """Per-row values padded along the row (``constant_pad_nd``: a load of ``m[row]``
+    under a mask of its own, ``col < 50257``) subtracted from padded-vocabulary logits."""
+    mv = aten.expand.default(aten.unsqueeze.default(m, 1), [logits.shape[0], logits.shape[1] - 7])
+    y = aten.constant_pad_nd.default(mv, [0, 7])
+    return (aten._to_copy.default(aten.sub.Tensor(aten._to_copy.default(logits, dtype=torch.float32), y),
+                                  dtype=torch.bfloat16),)
+
+
+@pytest.mark.parametrize("cols", [50264, 1032], ids=["one_row_a_program", "rows_a_program"])
+def test_row_loads_under_a_mask_of_their_own_compile(cols, tmp_path):
+    """A row-tiled kernel's per-row load under a column mask of its own (padding) is a
+    block load: Triton rejects a block mask on a scalar (or [ROWS, 1]) pointer, which the
+    interpreter let through (GPT-2's padded loss gradient ran eagerly on the H100)."""
+    r = 64
+    args = [torch.randn(r, cols).bfloat16(), torch.randn(r)]
+    source, _, kinfo = generated(_padded_row_values, args)
+    rows = [k for k in kinfo if "ROWS" in k[3]]
+    assert len(rows) == 1, kinfo
+    compile_all(source, rows, tmp_path)

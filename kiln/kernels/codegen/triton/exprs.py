@@ -169,6 +169,10 @@ class TBody:
                          if m]
                 mk = f", mask={' & '.join(masks)}, other=0" if masks else ""
                 p = f"{e.buf} + {tindex(e.index)}" if scalar_load(e) else self.address(e)
+                if self.mask_of is not None and e.mask is not None and self.zero not in p:
+                    # a row-tiled kernel's load under a mask of its own (padding along the
+                    # row): Triton takes a block mask only with a block of pointers
+                    p += f" + {self.zero}"
                 s = self.tmp(f"tl.load({p}{'' if scalar_load(e) else mk})")
                 if e.dtype == torch.bool:
                     s = self.tmp(f"{s} != 0")
@@ -271,14 +275,17 @@ DIVISIBILITY = 16
 ROW_DIVISIBILITY = 8
 
 
-def declared_multiple(v: int, lifted: bool = True) -> int:
+def declared_multiple(v: int, lifted: bool = True, rows: bool = True) -> int:
     """The multiple a size argument of value ``v`` is declared to be in a kernel's text
     (``source._read``: ``tl.multiple_of``), 1 for none. Not ``lifted`` (a literal),
-    Triton knows it whole: its own largest power-of-two factor."""
+    Triton knows it whole: its own largest power-of-two factor. ``ROW_DIVISIBILITY``
+    only in a row-tiled kernel (``rows``), where it makes rows vectors; elsewhere it
+    would only split kernels into more size classes."""
     v = int(v)
     if not lifted:
         return (v & -v) or (1 << 30)
-    return next((d for d in (DIVISIBILITY, ROW_DIVISIBILITY) if v % d == 0), 1)
+    return next((d for d in (DIVISIBILITY, ROW_DIVISIBILITY)
+                 if v % d == 0 and (rows or d == DIVISIBILITY)), 1)
 
 
 def pow2(n: int) -> int:

@@ -180,12 +180,12 @@ def layout(local_sizes: list) -> tuple:
     return device, slots
 
 
-def _read(i: int, v: int) -> str:
+def _read(i: int, v: int, rows: bool) -> str:
     """A kernel's read of size argument ``i`` (value ``v``): int32 where it fits (the
     type Triton gives such a literal), declared the multiple it is
-    (``exprs.declared_multiple``)."""
+    (``exprs.declared_multiple``; ``rows``: a row-tiled kernel)."""
     r = f"tl.load({KS} + {i})" + (".to(tl.int32)" if -2**31 <= v < 2**31 else "")
-    d = declared_multiple(v)
+    d = declared_multiple(v, rows=rows)
     return f"tl.multiple_of({r}, {d})" if d > 1 else r
 
 
@@ -208,7 +208,8 @@ def _take_sizes(src: str, name: str, mine: list) -> str:
     class of its value (int32 or not, the multiple it is declared)."""
     lines = substitute(src, mine).split("\n")
     at = next(i for i, l in enumerate(lines) if l.startswith(f"def {name}("))
-    decl = [f"    ks{i} = {_read(i, v)}" for i, v in enumerate(mine)]
+    rows = "ROWS: tl.constexpr" in lines[at]
+    decl = [f"    ks{i} = {_read(i, v, rows)}" for i, v in enumerate(mine)]
     return "\n".join(lines[:at + 1] + decl + lines[at + 1:])
 
 
