@@ -68,7 +68,8 @@ def llama(device, small, order="shuffled", batches=0):
     else:
         cfg = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
                           num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=1024)
-        lengths, batch, dtype = [random.Random(0).randint(33, 512) for _ in range(24)], 4, torch.bfloat16
+        rng = random.Random(0)
+        lengths, batch, dtype = [rng.randint(33, 512) for _ in range(24)], 4, torch.bfloat16
     if order == "ascending":
         lengths = sorted(lengths)
     cfg.use_cache = False
