@@ -11,16 +11,12 @@ a compiler kiln never uses (DESIGN.md).
 from __future__ import annotations
 
 import gc
-import sys
 import types
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# Whether the user's own torch.compile has loaded PyTorch's compiler: from then on
-# PyTorch's wrappers run as PyTorch's. Only this name is used, as a sys.modules key;
-# kiln never imports, calls or reads anything from that module.
-_TORCH_COMPILER_MODULE = "torch._dynamo"  # compatibility read of a name, allowed by DESIGN.md
-# Compatibility names: the attribute PyTorch's "do not trace" wrapper caches its
+# Compatibility name: the attribute PyTorch's "do not trace" wrapper caches its
 # wrapped function under (``torch._compile``, a small helper module, not the compiler).
 _WRAPPER_CACHE_ATTR = "__dynamo_disable"
 
@@ -41,9 +37,10 @@ class KilnDispatchMode(TorchDispatchMode):
 
 class _UntilCompilerLoaded:
     """What a wrapped function runs instead of the wrapper's import: the function
-    itself while PyTorch's compiler is not loaded (then no frame can be under its
-    tracing, and "disable tracing" changes nothing); once something else has loaded
-    it, PyTorch's own wrapper again, so behaviour is PyTorch's from then on."""
+    itself while no torch.compile is tracing it ("disable tracing" changes nothing
+    then), read through the public ``torch.compiler.is_compiling()``, which PyTorch's
+    compiler reads as True while it traces; under that tracing, PyTorch's own wrapper
+    again, so behaviour is PyTorch's from then on."""
 
     __slots__ = ("fn", "wrapper")
 
@@ -51,7 +48,7 @@ class _UntilCompilerLoaded:
         self.fn, self.wrapper = fn, wrapper
 
     def __call__(self, *args, **kwargs):
-        if _TORCH_COMPILER_MODULE not in sys.modules:      # a compatibility read
+        if not torch.compiler.is_compiling():
             return self.fn(*args, **kwargs)
         try:
             delattr(self.fn, _WRAPPER_CACHE_ATTR)
@@ -73,7 +70,7 @@ def spare_compiler_import() -> None:
     Wrappers are found as the functions that share the wrapper's code object; anything
     unexpected (another PyTorch) leaves PyTorch's behaviour in place."""
     global _installed
-    if _installed or _TORCH_COMPILER_MODULE in sys.modules:    # a compatibility read
+    if _installed:
         return
     _installed = True
     try:
