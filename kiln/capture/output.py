@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_map
 
 from kiln.capture import global_state
 from kiln.capture.autocast import AmpTracker
+from kiln.capture import autocast_composites
 from kiln.capture import values as V
 from kiln.capture.errors import InternalError, Unsupported, UserException
 from kiln.shapes.env import ShapeEnv
@@ -184,7 +185,14 @@ class OutputGraph:
             raise Unsupported("K0039", f"{_target_name(target)}(requires_grad=...) inside a compiled region")
         amp = self.autocast
         if amp.state.any_enabled and not amp.bypass:  # autocast's casts as nodes of their own
-            args, kwargs = amp.explicit_call(self, kind, target, args, kwargs)
+            try:
+                args, kwargs = amp.explicit_call(self, kind, target, args, kwargs)
+            except Unsupported as e:    # a cast inside a composite: its parts, if known
+                parts = autocast_composites.rewrite(self, kind, target, args, kwargs) \
+                    if e.break_id == "K0034" else None
+                if parts is None:
+                    raise
+                return parts
         fake_args = [_to_fake(a) for a in args]
         fake_kwargs = {k: _to_fake(v) for k, v in kwargs.items()}
         try:

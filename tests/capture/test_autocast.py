@@ -376,3 +376,64 @@ def test_default_dtype_is_guarded(backend):
             torch.set_default_dtype(torch.float32)
     run_both(sets, [torch.randn(3)], backend)
     assert torch.get_default_dtype() == torch.float32
+
+
+def _cross_entropies(y, t, wt):
+    return (F.cross_entropy(y, t), F.cross_entropy(y, t, reduction="none", ignore_index=2),
+            F.cross_entropy(y, t, weight=wt, reduction="sum"),
+            F.cross_entropy(y.unsqueeze(-1).expand(4, 4, 3), t.unsqueeze(-1).expand(4, 3)))
+
+
+def _refuse_cross_entropy(monkeypatch):
+    """explicit_call refusing cross_entropy, as CUDA's autocast makes it (on the CPU the
+    call is a cast of its arguments, which explicit_call would record)."""
+    from kiln.capture import autocast as AC
+    plain = AC.AmpTracker.explicit_call
+
+    def refuse(self, out, kind, target, args, kwargs):
+        if target is F.cross_entropy:
+            raise AC.Unsupported("K0034", "cross_entropy (refused by the test)")
+        return plain(self, out, kind, target, args, kwargs)
+    monkeypatch.setattr(AC.AmpTracker, "explicit_call", refuse)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cross_entropy_whose_cast_is_inside_it(backend, device, monkeypatch):
+    """CUDA autocast casts cross_entropy's log-probabilities (inside the composite, before
+    nll_loss), not its arguments: recorded as log_softmax in the input's dtype then
+    nll_loss, each under autocast, no graph break — where those parts reach the
+    dispatcher as the whole call does. On the CPU the parts are checked with the call
+    refused: float32 logits (the same dispatches: rewritten) and bfloat16 ones (CPU
+    autocast casts the input itself: not rewritten, a break, eager's values)."""
+    if device == "cpu":
+        _refuse_cross_entropy(monkeypatch)
+    calls = []
+    from kiln.capture import autocast_composites
+    real = autocast_composites.REWRITES[F.cross_entropy]
+    monkeypatch.setitem(autocast_composites.REWRITES, F.cross_entropy,
+                        lambda *a: calls.append(a) or real(*a))
+    for wide in (True, False):
+        def fn(x, w, t, wt):
+            with torch.autocast(device, torch.bfloat16):
+                y = x @ w
+                return _cross_entropies(y.float() if wide else y, t, wt)
+        torch.manual_seed(0)
+        args = [torch.randn(4, 4, device=device), torch.randn(4, 4, device=device, requires_grad=True),
+                torch.tensor([0, 1, 2, 3], device=device), torch.rand(4, device=device)]
+        info = run_both(fn, args, backend)
+        rewritten = device == "cuda" or wide
+        assert (info.graph_break_count == 0) == rewritten, info.break_reasons
+        assert calls
+
+
+def test_cross_entropy_smoothing_still_breaks(monkeypatch):
+    """A form the rewrite does not know (label smoothing) keeps the break and its reason."""
+    _refuse_cross_entropy(monkeypatch)
+
+    def fn(x, w, t):
+        with torch.autocast("cpu", torch.bfloat16):
+            return F.cross_entropy((x @ w).float(), t, label_smoothing=0.1)
+    info = run_both(fn, [torch.randn(4, 4), torch.randn(4, 4, requires_grad=True),
+                         torch.tensor([0, 1, 2, 3])], "aot_eager")
+    assert info.graph_break_count == 1 and "refused by the test" in info.break_reasons[0].reason
