@@ -24,6 +24,7 @@ from ..debug.logs import log_for
 from ..debug.timing import timed
 from . import ir, pad_mm, provenance
 from .codegen.cpp import source as cpp_source
+from .codegen.triton import heuristics as triton_heuristics
 from .codegen.size_args import SizeArgs, lifting
 from .lowering import GraphLowering, View
 from .runtime import in_place, perf_fallback
@@ -172,8 +173,10 @@ def _schedule(lo, target):
     """Loop IR → fused groups in order (``scheduler``)."""
     out_names = {v.buf for v in _leaf_views(lo.outputs)} | lo.pinned
     with timed("kernels.scheduling"):
+        triton = target == "triton"
         return schedule(lo.buffers, out_names,
-                        matmul_epilogues=target == "triton" and config.matmul_epilogue != "off")
+                        matmul_epilogues=triton and config.matmul_epilogue != "off",
+                        loops_apart=triton_heuristics.loops_apart if triton else None)
 
 
 def _generate(sched, lo, target):

@@ -179,9 +179,11 @@ def live_buffers(buffers: list, output_names: set) -> list:
     return [b for b in buffers if b.name in live]
 
 
-def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -> Schedule:
+def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False,
+             loops_apart=None) -> Schedule:
     """``matmul_epilogues``: fuse large library products into their pointwise reader
-    (Triton only; ``matmul_fusion``)."""
+    (Triton only; ``matmul_fusion``). ``loops_apart(group) -> bool``: a group of several
+    reduction loops it holds is cut into one group per loop (``_loops_apart``)."""
     buffers = hoist_scalars(live_buffers(buffers, output_names))
     squeeze_unit_dims(buffers)
     groups: list[Group] = []
@@ -225,6 +227,8 @@ def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False) -
         groups.append(cur)
     if matmul_epilogues:
         groups = fuse(groups, buffers, set(output_names))
+    if loops_apart is not None:
+        groups = _loops_apart(groups, loops_apart)
 
     # who reads what: by group, and by reading node
     readers, node_readers = {}, {}
@@ -314,6 +318,33 @@ def _split_loops(g: Group) -> None:
         elif cur_inner is first:
             avail0.add(n.name)
     g.loops = loops
+
+
+def _loops_apart(groups: list, wanted) -> list:
+    """Each group of several inner loops that ``wanted`` says so of, cut into one group
+    per inner loop (with the per-output code after it). A group's loops run in sequence
+    per outer index, so groups run in the same sequence compute the same; what a later
+    loop read from an earlier one's reductions (a batch norm's mean, in its variance
+    loop) it now loads from memory. Why: the Triton generator splits one loop of
+    reductions over many programs, not several in sequence; a batch norm's statistics
+    over 64 channels of 400k values each, kept in one group, run on 64 programs (or one,
+    channels-last) walking all their values twice."""
+    out = []
+    for g in groups:
+        if g.extern is not None or g.alone is not None or g.matmul is not None or not g.red:
+            out.append(g)
+            continue
+        _split_loops(g)
+        cuts = [i for i, (kind, _) in enumerate(g.loops) if kind == "inner"][1:]
+        if not cuts or not wanted(g):
+            out.append(g)
+            continue
+        bounds = [0] + cuts + [len(g.loops)]
+        for a, b in zip(bounds, bounds[1:]):
+            part = Group(g.outer, g.red, [n for _, ns in g.loops[a:b] for n in ns])
+            part.loops = [(kind, list(ns)) for kind, ns in g.loops[a:b]]
+            out.append(part)
+    return out
 
 
 def format_schedule(s: Schedule) -> str:

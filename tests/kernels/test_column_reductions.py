@@ -28,7 +28,7 @@ def test_column_reductions_quick(tmp_path):
     """The [4096, 768] form, fused sums, size classes, precision, arg kinds, LayerNorm's
     backward; the shape/dtype/op grid is the slow test."""
     _run(tmp_path, "4096x768 or fused_and_split or soundly or precision or not_split "
-                   "or layer_norm or row_statistics")
+                   "or layer_norm or row_statistics or loops_apart")
 
 
 @pytest.mark.slow

@@ -85,31 +85,51 @@ def plan_reduction(g, interpret: bool = False, allow_split: bool = True) -> Plan
     shows in the kernel text (block sizes are constexprs, a split is a second kernel and
     a program axis), so a size class has its own text; the chunk and split counts are
     printed as sizes. ``allow_split=False``: the plan of a split's second stage."""
-    onum, rnum = numel_of(g.outer), numel_of(g.red)
-    r2 = pow2(max(rnum, 1))
-    if _column(g):
-        xb = min(pow2(onum), COLUMN_XBLOCK)
-        rb = max(1, min(r2, COLUMN_RBLOCK * COLUMN_XBLOCK // xb))
-        p = Plan(xb, rb, rb >= rnum, True)
-    else:
-        persistent = r2 <= PERSISTENT_MAX
-        rb = r2 if persistent else LOOP_RBLOCK
-        xb = 1
-        if rb < 1024:
-            xb = max(1, min(pow2(onum), 1024 // rb, 64))
-        p = Plan(xb, rb, persistent, False)
+    p, onum, rnum = _blocks(g)
     nprog = -(-onum // p.xb)
-    if allow_split and not p.persistent and nprog < SPLIT_MAX_PROGRAMS and _splittable(g):
-        if p.column and rnum >= COLUMN_SPLIT_MIN_RNUM:
-            _split(p, rnum, nprog, COLUMN_SPLIT_MIN_STEPS)
-        elif not p.column and rnum >= SPLIT_MIN_RNUM:
-            _split(p, rnum, nprog, 4)
+    if allow_split and _split_wanted(p, rnum, nprog) and _splittable(g):
+        _split(p, rnum, nprog, COLUMN_SPLIT_MIN_STEPS if p.column else 4)
     elems = p.xb * p.rb
     p.num_warps = max(2, min(16, elems // 256))
     if not interpret and onum * rnum >= min(AUTOTUNE_MIN_NUMEL, config.autotune_min_numel) \
             and p.split == 1:
         p.tune = (4, 8, 16) if elems >= 2048 else (2, 4, 8)
     return p
+
+
+def _blocks(g):
+    """(the unsplit Plan, outputs, reduced elements) of group ``g``."""
+    onum, rnum = numel_of(g.outer), numel_of(g.red)
+    r2 = pow2(max(rnum, 1))
+    if _column(g):
+        xb = min(pow2(onum), COLUMN_XBLOCK)
+        rb = max(1, min(r2, COLUMN_RBLOCK * COLUMN_XBLOCK // xb))
+        return Plan(xb, rb, rb >= rnum, True), onum, rnum
+    persistent = r2 <= PERSISTENT_MAX
+    rb = r2 if persistent else LOOP_RBLOCK
+    xb = 1
+    if rb < 1024:
+        xb = max(1, min(pow2(onum), 1024 // rb, 64))
+    return Plan(xb, rb, persistent, False), onum, rnum
+
+
+def _split_wanted(p: Plan, rnum: int, nprog: int) -> bool:
+    """Few programs, each looping over a long reduction."""
+    return (not p.persistent and nprog < SPLIT_MAX_PROGRAMS
+            and rnum >= (COLUMN_SPLIT_MIN_RNUM if p.column else SPLIT_MIN_RNUM))
+
+
+def loops_apart(g) -> bool:
+    """Should the scheduler cut group ``g`` (several inner loops in sequence) into a
+    group per loop? When a split is wanted (few programs over long reductions) but the
+    group, of several loops, is not splittable: a batch norm's mean and variance over
+    few channels. A reduction kept whole in registers (persistent) reads memory once
+    however many loops there are: those stay together."""
+    p, onum, rnum = _blocks(g)
+    if not _split_wanted(p, rnum, -(-onum // p.xb)):
+        return False
+    reds = [n for n in g.nodes if isinstance(n, ir.Reduction)]
+    return bool(reds) and all(KINDS[n.red_type].combine for n in reds)
 
 
 def _split(p: Plan, rnum: int, nprog: int, min_steps: int):
