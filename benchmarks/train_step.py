@@ -182,6 +182,17 @@ def make_step(model, opt, device, dtype, scaler=None):
     return train_step if scaler is None else scaled_train_step
 
 
+def _new_step_each_call(step):
+    """torch.compile's reduce-overhead mode told that each call is a new training step
+    (``cudagraph_mark_step_begin``): its CUDA graphs may then reuse the last step's
+    memory. Without it, resnet18's SGD step reads a momentum buffer that a later graph
+    overwrote and raises."""
+    def marked(*args):
+        torch.compiler.cudagraph_mark_step_begin()
+        return step(*args)
+    return marked
+
+
 def _params(model):
     return [p.detach().clone() for p in model.parameters()]
 
@@ -201,6 +212,8 @@ def run_backend(name, a, ref=None):
     model, opt, inputs = build(a)
     scaler = make_scaler(a)
     step = be.compile(make_step(model, opt, a.device, _AUTOCAST[a.autocast], scaler))
+    if getattr(be, "mode", None) == "reduce-overhead":
+        step = _new_step_each_call(step)
     row = {"backend": name, "_p0": _params(model)}
     try:
         losses, scales = [], []

@@ -384,19 +384,26 @@ def _stream_fn(x):
     return torch.sin(x) * 2 + 1
 
 
-def test_a_call_that_compiles_is_no_sample(monkeypatch, eager_runs, choices_made):
-    """A stream of new sizes: every compiled call lowers its size anew, so none is a
-    sample, and 100 ms of injected compiled time never reaches the decision (which
-    chose eager on the old code, timing the compiles)."""
+def test_a_new_size_runs_compiled_and_is_no_sample(monkeypatch, eager_runs, choices_made):
+    """A stream of new sizes: each size's first call runs the compiled variant (its
+    compile), outside the trial's blocks and call count — run eagerly instead, a size
+    would compile only at its next call, a whole pass later. So nothing runs eagerly in
+    the first pass, and 100 ms of injected compiled time there reaches no decision (the
+    old code timed the compiles and chose eager); the blocks begin on sizes seen before."""
     timings(monkeypatch, compiled_ms=100.0, eager_ms=1.0)
     f = kiln.compile(_stream_fn, dynamic=True)
+    sizes = range(16, 16 + pf.MAX_CALLS + 4)
     with torch.no_grad():
-        for n in range(16, 16 + pf.MAX_CALLS + 4):
+        for n in sizes:
             x = torch.randn(n, 3)
             torch.testing.assert_close(f(x), _stream_fn(x))
-    choices = [rec for c in choices_made for rec in c.perf_choices.values()]
-    assert [c["choice"] for c in choices] == ["compiled"], choices
-    assert choices[0]["samples"][0] == 0 and "no timed samples" in choices[0]["reason"]
+        trial = choices_made[-1].inference
+        assert not eager_runs and trial.decided is None and trial.calls == 0
+        assert trial.samples == {"compiled": [], "eager": []}
+        for n in sizes:             # the second pass: the blocks, on compiled sizes
+            x = torch.randn(n, 3)
+            torch.testing.assert_close(f(x), _stream_fn(x))
+    assert eager_runs and trial.decided == "eager", trial.samples
 
 
 def test_a_stream_of_sizes_is_compared_per_element(monkeypatch, eager_runs, choices_made):

@@ -30,9 +30,22 @@ on (the caller keeps it across calls: ``loss = step(x)`` holds the last loss whi
 next call runs; copies are the caller's own), and G is recorded again, allocating
 around what is held. After ``RECORD_LIMIT`` recordings G makes plain calls.
 
+Held outputs seen first make a plain call: the graph's outputs that something holds are
+copied out from then on and this call runs the steps unrecorded (allocating around what
+is held); only a storage still held at a later call records the graph again. A caller
+keeping a whole pass of a size stream's outputs (one per size) while the next pass runs
+costs each size one plain call, not one recording.
+
 Sizes. Each input-size signature is its own Runtime, each with its own recording; the
 variants of one graph share a ``replay_lru.Recordings``, which keeps at most
-``config.cudagraph_max_recordings`` of them (least recently used dropped).
+``config.cudagraph_max_recordings`` of them (least recently used dropped) and what
+they learned. A new variant of a graph whose other variants have recorded records at
+its first call (after one plain run, the warm-up, whose outputs it drops): inputs at
+another address than at the family's latest call (this size's batch) are copied in,
+the others (parameters) read in place, and outputs the others copy out are copied out.
+So a size stream replays every size from its second call, not its third, and a size
+seen once per pass settles in one pass. Not for a graph writing an input in place (the
+warm-up would write it twice) nor one with a host prologue.
 """
 from __future__ import annotations
 
@@ -171,10 +184,13 @@ class GraphReplay:
         self.outs = None               # per output: (storage, offset, sizes, strides, dtype)
         self.pool = _pool(rt.device)
         self.position = {name: pos for pos, name in rt.inputs}
+        self.positions = tuple(pos for pos, _ in rt.inputs)
         #: the recordings of this graph's size variants (``replay_lru``); set by the
         #: compiled graph that owns this Runtime, else this variant's own
         self.family = Recordings()
         self.dropped = 0               # times the family dropped this recording
+        self.seen_held = set()         # held storages met since the last recording
+        self.plain_for_held = 0        # calls run plainly on meeting held outputs
 
     @staticmethod
     def maybe(rt):
@@ -199,7 +215,11 @@ class GraphReplay:
         self.calls += 1
         if self.calls == 1:                      # warm-up: compiles, library plans
             if not host_prologue.wanted(rt, args):
-                self.ptrs = [args[pos].data_ptr() for pos, _ in rt.inputs]
+                ptrs = [args[pos].data_ptr() for pos, _ in rt.inputs]
+                if self._records_at_once(rt):
+                    return self._first_recording(rt, args, ptrs)
+                self.ptrs = ptrs
+                self._learn_ptrs(rt, ptrs)
                 return rt.run(args)
             # CPU values: split off a host prologue, or replay nothing (the reason)
             out, plan = host_prologue.first_call(rt, args)
@@ -231,20 +251,56 @@ class GraphReplay:
             for i in moved:
                 if i in self.moved_once and not self.pool.owns(args[rt.inputs[i][0]]):
                     self.moving.add(i)
+                    self.family.moving.add(rt.inputs[i][0])
             self.moved_once.update(moved)
             return self._record(rt, args, ptrs, host)
         held = self.pool.held_after(self.seq)
         if held:
             self._copy_held(held, args)
+            met = {cdata for _, _, cdata in held}
+            if host is None and not met & self.seen_held:
+                # first met: this call runs unrecorded (allocating around them); held
+                # still at a later call, the graph records again around them
+                self.seen_held |= met
+                self.plain_for_held += 1
+                self._learn_ptrs(rt, ptrs)
+                return rt.run(args)
             return self._record(rt, args, ptrs, host)
         if self.copies:              # one launch sequence for every moving input
             torch._foreach_copy_([st for _, st in self.copies],
                                  [args[rt.inputs[i][0]] for i, _ in self.copies])
         self.family.touch(self)
+        self._learn_ptrs(rt, ptrs)
         self.graph.replay()
         self._write_back(args)
         self.replays += 1
         return self._outputs(rt, args, host)
+
+    def _records_at_once(self, rt) -> bool:
+        """May this variant record at its first call? When another variant of its graph
+        has recorded (the family's knowledge is there) and a second run of the steps
+        changes nothing (no input written in place)."""
+        return self.family.recorded and not rt.in_place_inputs
+
+    def _first_recording(self, rt, args, ptrs):
+        """The first call of a new size variant: a plain run (the warm-up: kernels and
+        library plans first used outside a capture), then recorded as the family
+        learned (``_record``), replayed for this call's outputs."""
+        rt.run(args)
+        fam = self.family
+        positions, at = fam.last_ptrs
+        last = dict(zip(positions, at))
+        for i, (pos, _) in enumerate(rt.inputs):
+            if self.pool.owns(args[pos]):
+                continue        # another graph's output: recorded again if it moves
+            if pos in fam.moving or last.get(pos) != ptrs[i]:
+                self.moving.add(i)
+        self.copied |= {i for i in fam.copied if i < len(rt.out_plan)}
+        return self._record(rt, args, ptrs)
+
+    def _learn_ptrs(self, rt, ptrs):
+        """The family's record of each input's address at its latest call."""
+        self.family.last_ptrs = (self.positions, ptrs)
 
     def _write_back(self, args):
         """Moving inputs the graph writes in place (``in_place``) were written in their
@@ -262,6 +318,7 @@ class GraphReplay:
             if g is None or g.copied.issuperset(outputs) or (g is not self and cdata in inputs):
                 continue
             g.copied.update(outputs)
+            g.family.copied.update(outputs)
             _log.info("CUDA graph outputs %s are kept across calls: copying them out "
                       "from now on", sorted(outputs))
 
@@ -323,6 +380,8 @@ class GraphReplay:
             return rt.run(args)
         self.stable = [i for i in range(len(ptrs)) if i not in self.moving]
         self.ptrs = ptrs
+        self.seen_held = set()
+        self._learn_ptrs(rt, ptrs)
         self.copies = []
         static = list(args)
         for i in sorted(self.moving):
@@ -351,6 +410,7 @@ class GraphReplay:
         self.outs = specs
         self.graph = graph
         self.seq = self.pool.add(self, storages)
+        self.family.recorded = True
         for other in self.family.add(self):
             other._drop()
         graph.replay()

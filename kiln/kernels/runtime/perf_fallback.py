@@ -44,7 +44,10 @@ A stream of sizes. The torch-level graph of a function whose sizes are symbolic 
 callable for every size (``InferenceChoice``), so its samples come from calls at
 different sizes: each is divided by the numel of the arguments with symbolic sizes at
 that call (``dynamic_scale``), so that the two variants are compared per element
-rather than by which sizes each happened to draw. Without that, and with the one-off
+rather than by which sizes each happened to draw. A call at sizes the compiled variant
+has not run yet runs it (its compile, its recording), outside the blocks and the call
+count: run eagerly instead, the size would compile only at its next call, a whole pass
+of the stream later. Without that, and with the one-off
 rule, a stream's first pass timed the compiled variant on its per-size compiles and
 chose eager for every size.
 
@@ -207,6 +210,7 @@ class Trial:
         self.warm_calls = warm_calls
         self.rounds = config.perf_fallback_rounds
         self.samples = {"compiled": [], "eager": []}
+        self.sizes_run = set()      # tensor sizes the compiled variant ran (a stream)
         self.calls = 0
         self.compiled_calls = 0
         #: the variant of the current block and the calls left in it
@@ -227,11 +231,23 @@ class Trial:
             args.clear()
 
     def _call(self, args: list, boxed: bool):
+        if self.scale is not None and self._new_size(args):
+            # a size the compiled variant has not run: it compiles (and records) now,
+            # no sample and no turn taken, so no size of a stream waits a pass for it
+            return self._run_compiled(args, boxed, False)
         self.calls += 1
         which, timed = self._next()
         if which == "compiled":
             return self._run_compiled(args, boxed, timed)
         return self._run_eager(args, boxed, timed)
+
+    def _new_size(self, args) -> bool:
+        """Is this the first call at these tensor sizes (a stream of symbolic sizes)?"""
+        key = tuple(a.shape for a in args if isinstance(a, torch.Tensor))
+        if key in self.sizes_run:
+            return False
+        self.sizes_run.add(key)
+        return True
 
     def _next(self):
         """(variant, timed) of this call: the compiled warm-up, then blocks of one
