@@ -264,7 +264,16 @@ def format_expr(e: Expr) -> str:
 
 def op_count(e: Expr, limit: int | None = None) -> int:
     """The distinct operations in ``e``; with ``limit``, counting stops at ``limit + 1``
-    (all a threshold needs to know, without walking the rest of a large DAG)."""
+    (all a threshold needs to know, without walking the rest of a large DAG). Cached on
+    ``e`` (expressions are immutable): the exact count, or the least limit it was seen
+    to pass."""
+    d = e.__dict__
+    exact = d.get("_ops")
+    if exact is not None:
+        return exact if limit is None or exact <= limit else limit + 1
+    over = d.get("_ops_over")
+    if over is not None and limit is not None and limit <= over:
+        return limit + 1
     seen, todo, n = set(), [e], 0
     while todo:
         x = todo.pop()
@@ -274,13 +283,15 @@ def op_count(e: Expr, limit: int | None = None) -> int:
         if isinstance(x, Op):
             n += 1
             if limit is not None and n > limit:
+                object.__setattr__(e, "_ops_over", limit if over is None else max(over, limit))
                 return n
         todo.extend(x.children())
+    object.__setattr__(e, "_ops", n)
     return n
 
 
 #: what an expression caches on itself (never pickled)
-_CACHED = ("_h", "_reads")
+_CACHED = ("_h", "_reads", "_ops", "_ops_over")
 
 
 def loaded_buffers(e: Expr) -> frozenset:
