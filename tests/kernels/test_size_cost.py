@@ -1,0 +1,128 @@
+"""What a new size of a symbolic graph costs the host (issue 23): the lowering's
+shortcuts (``Lazy.load`` made once per index, ``ir.op_count`` cached on the expression,
+a plan's IR and schedule texts made at first read) change no plan. A symbolic graph is
+specialised at several sizes and planned with the shortcuts and without them (the
+plain walks put back); sources, IR and schedule texts must be byte-identical."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from benchmarks import size_variants
+from kiln import config
+from kiln.autograd import specialize
+from kiln.kernels import compile as kcompile, ir
+from kiln.kernels.lowering import base
+from kiln.kernels.plan_artefacts import Artefacts
+
+
+def _plain_op_count(e, limit=None):
+    """``ir.op_count`` as a plain walk, nothing cached."""
+    seen, todo, n = set(), [e], 0
+    while todo:
+        x = todo.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if isinstance(x, ir.Op):
+            n += 1
+            if limit is not None and n > limit:
+                return n
+        todo.extend(x.children())
+    return n
+
+
+def _convnet():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4),
+    ).eval()
+    return (lambda x: m(x)), [torch.randn(b, 3, 16, 16) for b in (2, 3)], [1, 5, 8, 13]
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128)
+    cfg.use_cache = False
+    m = LlamaForCausalLM(cfg).eval()
+    return (lambda x: m(x).logits[:, -1, :]), [torch.randint(0, 128, (2, n)) for n in (9, 12)], \
+        [7, 16, 33]
+
+
+def _plans(psg, base_args, sizes, target):
+    out = []
+    with config.patch(graph_cache=False):
+        for n in sizes:
+            args = size_variants.at_size(psg, base_args, n)
+            values = specialize.solve(specialize._equations(psg.placeholders, args), psg.symbols)
+            gm, keep, _ = specialize.specialise(psg.gm, values, args)
+            p = kcompile.plan(gm, [args[i] for i in keep], target)
+            out.append((p.source, p.artefacts["ir"], p.artefacts["schedule"]))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["triton", "cpp"])
+@pytest.mark.parametrize("workload", [_convnet, _llama], ids=["convnet", "llama"])
+def test_shortcuts_change_no_plan(workload, target, monkeypatch):
+    run, inputs, sizes = workload()
+    psg, base_args = size_variants.symbolic_graph(run, inputs)
+    fast = _plans(psg, base_args, sizes, target)
+    monkeypatch.setattr(base.Lazy, "load", lambda self, idx: self.fn(idx))
+    monkeypatch.setattr(ir, "op_count", _plain_op_count)
+    plain = _plans(psg, base_args, sizes, target)
+    assert len({f[0] for f in fast}) >= 1
+    for n, f, p in zip(sizes, fast, plain):
+        assert f == p, f"size {n}: the plan differs from the plain path's"
+
+
+def test_lazy_load_is_made_once_per_index():
+    calls = []
+
+    def fn(idx):
+        calls.append(list(idx))
+        return ir.Op("add", (ir.Load("b", idx[0], torch.float32), ir.Const(1.0, torch.float32)),
+                     torch.float32)
+    lz = base.Lazy((4,), torch.float32, fn)
+    x0, x1 = ir.Affine.var("x0"), ir.Affine.var("x1")
+    a, b, c = lz.load([x0]), lz.load([ir.Affine.var("x0")]), lz.load([x1])
+    assert a is b and a is not c and a != c
+    assert calls == [[x0], [x1]]
+
+
+def test_op_count_cached_matches_the_walk():
+    x = ir.Load("b", ir.Affine.var("x0"), torch.float32)
+    e = x
+    for i in range(10):
+        e = ir.Op("mul" if i % 2 else "add", (e, x), torch.float32)
+    shared = ir.Op("add", (e, e), torch.float32)
+    for limit in (3, None, 5, 20, 2, None, 11, 10, 12):
+        assert ir.op_count(shared, limit) == _plain_op_count(shared, limit), limit
+        assert ir.op_count(e, limit) == _plain_op_count(e, limit), limit
+    fresh = ir.Op("neg", (e,), torch.float32)
+    assert ir.op_count(fresh, 4) == 5 and ir.op_count(fresh, 2) == 3 and ir.op_count(fresh) == 11
+    # the cache is not pickled
+    assert "_ops" not in pickle.loads(pickle.dumps(fresh)).__dict__
+
+
+def test_artefacts_are_made_at_first_read():
+    made = []
+
+    def make():
+        made.append(1)
+        return "text"
+    a = Artefacts({"target": "cpp"}, {"ir": make})
+    assert made == [] and "ir" in a and len(a) == 2 and a.get("nope") is None
+    assert a["ir"] == "text" and a["ir"] == "text" and made == [1]
+    b = Artefacts({"target": "cpp"}, {"ir": make})
+    assert dict(b) == {"target": "cpp", "ir": "text"} and sorted(b) == ["ir", "target"]
+    c = pickle.loads(pickle.dumps(Artefacts({}, {"ir": make})))
+    assert type(c) is dict and c == {"ir": "text"}
+    with pytest.raises(KeyError):
+        a["missing"]
