@@ -16,7 +16,8 @@ Each model is captured with kiln under a backend that stops after the autograd s
 so the one symbolic inference graph is at hand (``autograd/specialize.PerSizeGraph``).
 For each size the script then does what a new size costs the kiln backend before any
 kernel is built: ``specialise`` (the graph at these sizes) and ``kernels.compile.plan``
-(lowering, scheduling, code generation; the graph cache off), and counts
+(lowering, scheduling, code generation; the graph cache off; the garbage collector
+paused, as the backend pauses it while it builds a size), and counts
 
 - modules: distinct generated sources (C++ library / Triton module texts: a new one is a
   compiler run or a module load with its kernels' compiles);
@@ -186,7 +187,7 @@ def at_size(psg, base, n):
 def main(argv=None) -> int:
     a = parse(argv)
     dtype = getattr(torch, a.dtype)
-    from kiln import config
+    from kiln import config, gc_pause
     from kiln.autograd import specialize
     from kiln.debug import timing
     from kiln.kernels import compile as kcompile
@@ -204,7 +205,8 @@ def main(argv=None) -> int:
             gm, keep, _ = specialize.specialise(psg.gm, values, args)
             t1 = time.perf_counter()
             before, kt.current = timing.totals(), []
-            p = kcompile.plan(gm, [args[i] for i in keep], a.target)
+            with gc_pause.paused():     # as the backend plans (``CompiledGraph._variant``)
+                p = kcompile.plan(gm, [args[i] for i in keep], a.target)
             t2 = time.perf_counter()
             after = timing.totals()
             sources[b] = p.source

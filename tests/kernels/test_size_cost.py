@@ -107,8 +107,24 @@ def test_op_count_cached_matches_the_walk():
         assert ir.op_count(e, limit) == _plain_op_count(e, limit), limit
     fresh = ir.Op("neg", (e,), torch.float32)
     assert ir.op_count(fresh, 4) == 5 and ir.op_count(fresh, 2) == 3 and ir.op_count(fresh) == 11
-    # the cache is not pickled
-    assert "_ops" not in pickle.loads(pickle.dumps(fresh)).__dict__
+    # the caches are not pickled
+    assert not {"_ops", "_ops_over"} & set(pickle.loads(pickle.dumps(fresh)).__dict__)
+
+
+def test_op_count_and_reads_of_long_chains():
+    """Long chains (past the engine's inlining limit): counts exact under every limit,
+    with parts of them counted (and cached) first; reads every buffer."""
+    loads = [ir.Load(f"b{i}", ir.Affine.var("x0"), torch.float32) for i in range(5)]
+    e, steps = loads[0], []
+    for i in range(2 * 128):
+        e = ir.Op("add", (e, loads[i % 5]), torch.float32)
+        steps.append(e)
+    for i in (3, 128 - 2, 128 + 7, len(steps) - 1):
+        x = steps[i]
+        ir.op_count(steps[max(i - 40, 0)])      # a part of it cached first
+        for limit in (None, 1, 96, 128, 128 + 1, 10**6):
+            assert ir.op_count(x, limit) == _plain_op_count(x, limit), (i, limit)
+        assert ir.loaded_buffers(x) == frozenset(y.buf for y in ir.walk(x) if isinstance(y, ir.Load))
 
 
 def test_artefacts_are_made_at_first_read():

@@ -317,18 +317,19 @@ class GraphLowering:
         return _map_nodes((node.args, node.kwargs), self.env)
 
     def _dtypes_ok(self, node) -> bool:
-        ok = SUPPORTED_DTYPES[self.target]
-        vals = [self.meta[node]] + [self.meta[a] for a in node.all_input_nodes]
-        for t in fast_tree.leaves(vals):
-            if isinstance(t, torch.Tensor) and t.dtype not in ok:
-                return False
-        if node not in self.device_side and not all(same_device(d, self.device) for d in
-                                                    fast_tree.leaves(self.meta[node, "device"])
+        ok, meta, device = SUPPORTED_DTYPES[self.target], self.meta, self.device
+        inputs = node.all_input_nodes
+        for x in [node] + inputs:
+            for t in _leaves(meta[x]):
+                if isinstance(t, torch.Tensor) and t.dtype not in ok:
+                    return False
+        if node not in self.device_side and not all(d is device or same_device(d, device)
+                                                    for d in _leaves(meta[node, "device"])
                                                     if d is not None):
             return False
-        for a in node.all_input_nodes:        # a CPU scalar is copied over (host_scalars)
-            for d, t in zip(fast_tree.leaves(self.meta[a, "device"]), fast_tree.leaves(self.meta[a])):
-                if d is not None and not same_device(d, self.device) \
+        for a in inputs:                      # a CPU scalar is copied over (host_scalars)
+            for d, t in zip(_leaves(meta[a, "device"]), _leaves(meta[a])):
+                if d is not None and d is not device and not same_device(d, device) \
                         and not is_host_scalar(self, d, t, node, a):
                     return False
         return True
@@ -503,6 +504,15 @@ class GraphLowering:
     # --- helpers for lowerings ---
     def out_meta(self, node) -> torch.Tensor:
         return self.meta[node]
+
+
+def _leaves(x):
+    """``fast_tree.leaves(x)``, a lone tensor or device without the walk (most nodes'
+    values: ``_dtypes_ok`` asks for every node and its inputs)."""
+    t = type(x)
+    if t is torch.Tensor or t is torch.device or x is None:
+        return (x,)
+    return fast_tree.leaves(x)
 
 
 def _map_nodes(x, env):
