@@ -142,3 +142,33 @@ def test_artefacts_are_made_at_first_read():
     assert type(c) is dict and c == {"ir": "text"}
     with pytest.raises(KeyError):
         a["missing"]
+
+
+def test_meta_runs_remembered_by_layout_and_dtype():
+    """``GraphLowering._meta_run`` answers from its table only for the same op,
+    argument layouts, dtypes and scalars; anything else runs again."""
+    from kiln.kernels.lowering import engine
+    lo = object.__new__(engine.GraphLowering)
+    lo.by_name = {"a": ir.Input("a", (2, 3, 4, 4), (48, 1, 12, 3), torch.float32),
+                  "w": ir.Input("w", (5, 3, 1, 1), (3, 1, 1, 1), torch.float32),
+                  "h": ir.Input("h", (2, 3, 4, 4), (48, 1, 12, 3), torch.float16)}
+    conv = torch.ops.aten.convolution.default
+
+    def arg(buf, strides=(48, 1, 12, 3)):
+        return ir.ExternArg(buf, (2, 3, 4, 4), strides, 0)
+    w = ir.ExternArg("w", (5, 3, 1, 1), (3, 1, 1, 1), 0)
+    rest = (None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    cl = lo._meta_run(conv, (arg("a"), w) + rest, {})
+    assert lo._meta_run(conv, (arg("a"), w) + rest, {}) is cl
+
+    def direct(strides, stride=(1, 1)):
+        x = torch.empty_strided((2, 3, 4, 4), strides, device="meta")
+        return conv(x, torch.empty(5, 3, 1, 1, device="meta"), None, list(stride), [0, 0],
+                    [1, 1], False, [0, 0], 1)
+    assert (cl.shape, cl.stride()) == (direct((48, 1, 12, 3)).shape, direct((48, 1, 12, 3)).stride())
+    plain = lo._meta_run(conv, (arg("a", (48, 16, 4, 1)), w) + rest, {})
+    assert plain is not cl and plain.stride() == direct((48, 16, 4, 1)).stride()
+    strided = lo._meta_run(conv, (arg("a"), w) + (None, [2, 2]) + rest[2:], {})
+    assert strided.shape == (2, 5, 2, 2) == direct((48, 1, 12, 3), (2, 2)).shape
+    assert engine._frozen([1], {}) != engine._frozen([1.0], {}) != engine._frozen((True,), {})
+    assert engine._frozen((arg("a"),), lo.by_name) != engine._frozen((arg("h"),), lo.by_name)

@@ -488,7 +488,22 @@ class GraphLowering:
                             origin=node.name)
 
     def _meta_run(self, op, args, kwargs):
-        """The op on meta tensors laid out as its arguments will be (output strides)."""
+        """The op on meta tensors laid out as its arguments will be (output strides).
+        Remembered by what it depends on (the op, each argument's sizes, strides and
+        dtype, the other arguments): a network's repeated blocks, and every size of a
+        symbolic graph, ask again for the same convolutions."""
+        try:
+            key = (op, _frozen((args, kwargs), self.by_name))
+            hit = _META_RUNS.get(key, _MISS)
+        except TypeError:                     # an argument that does not hash
+            return self._meta_run_now(op, args, kwargs)
+        if hit is _MISS:
+            hit = _META_RUNS[key] = self._meta_run_now(op, args, kwargs)
+            if len(_META_RUNS) > _META_RUNS_MAX:
+                del _META_RUNS[next(iter(_META_RUNS))]
+        return hit
+
+    def _meta_run_now(self, op, args, kwargs):
         def meta(a):
             if isinstance(a, ir.ExternArg):
                 return torch.empty_strided(a.sizes, a.strides, dtype=self.by_name[a.buf].dtype,
@@ -504,6 +519,28 @@ class GraphLowering:
     # --- helpers for lowerings ---
     def out_meta(self, node) -> torch.Tensor:
         return self.meta[node]
+
+
+#: ``GraphLowering._meta_run``'s results (meta tensors, read for their layout only), by
+#: op and arguments, the oldest dropped past the bound
+_META_RUNS: dict = {}
+_META_RUNS_MAX = 4096
+_MISS = object()
+
+
+def _frozen(x, by_name):
+    """``x`` (an op's arguments) as a hashable key: an ``ExternArg`` by its layout and
+    its buffer's dtype (all a meta run sees of it), containers as tuples."""
+    if isinstance(x, ir.ExternArg):
+        return ("arg", tuple(x.sizes), tuple(x.strides), by_name[x.buf].dtype)
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__,) + tuple(_frozen(a, by_name) for a in x)
+    if isinstance(x, dict):
+        return ("dict",) + tuple((k, _frozen(v, by_name)) for k, v in x.items())
+    if isinstance(x, torch.Tensor):
+        raise TypeError("a tensor argument")
+    hash(x)
+    return (type(x).__name__, x)
 
 
 def _leaves(x):
