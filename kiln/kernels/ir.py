@@ -134,12 +134,13 @@ class Expr:
         return ()
 
     def __hash__(self):
-        h = self.__dict__.get("_h")
-        if h is None:
+        try:
+            return self._h
+        except AttributeError:
             h = hash((type(self).__name__,)
                      + tuple(getattr(self, f) for f in _field_names(type(self))))
             object.__setattr__(self, "_h", h)
-        return h
+            return h
 
     def __eq__(self, other):
         if self is other:
@@ -184,11 +185,12 @@ class Const(Expr):
         return (repr(v) if isinstance(v, float) else v, type(v).__name__, self.dtype)
 
     def __hash__(self):
-        h = self.__dict__.get("_h")
-        if h is None:
+        try:
+            return self._h
+        except AttributeError:
             h = hash(("Const",) + self._key())
             object.__setattr__(self, "_h", h)
-        return h
+            return h
 
     def __eq__(self, other):
         return self is other or (type(other) is Const and self._key() == other._key())
@@ -220,9 +222,10 @@ def walk(e: Expr):
     seen, order = set(), []
 
     def go(x):
-        if x in seen:
+        n = len(seen)
+        seen.add(x)                   # one hash where ``in`` then ``add`` made two
+        if len(seen) == n:
             return
-        seen.add(x)
         for c in x.children():
             go(c)
         order.append(x)
@@ -277,9 +280,10 @@ def op_count(e: Expr, limit: int | None = None) -> int:
     seen, todo, n = set(), [e], 0
     while todo:
         x = todo.pop()
-        if x in seen:
+        k = len(seen)
+        seen.add(x)                   # one hash where ``in`` then ``add`` made two
+        if len(seen) == k:
             continue
-        seen.add(x)
         if isinstance(x, Op):
             n += 1
             if limit is not None and n > limit:
