@@ -294,8 +294,44 @@ def op_count(e: Expr, limit: int | None = None) -> int:
     return n
 
 
+def ops_exceed(e: Expr, limit: int) -> tuple:
+    """(more than ``limit`` operations in ``e``, any at all): the two questions the
+    lowering asks of every lazy value's expression (inline it or store it), answered
+    from a bound cached bottom-up where it settles them — an expression extends the one
+    before it by an operation or two, and walking each one whole made the lowering
+    quadratic in a fused chain's length. ``op_count`` where the bound does not."""
+    b = _op_bound(e)
+    if b <= limit:
+        return False, b > 0
+    n = op_count(e, limit)
+    return n > limit, n > 0
+
+
+def _op_bound(e: Expr) -> int:
+    """The operations of ``e`` counted with repetition (as a tree): 0 exactly when it
+    has none, and never fewer than ``op_count``. Cached on each sub-expression, made
+    children first for those not cached yet."""
+    try:
+        return e._opb
+    except AttributeError:
+        pass
+    stack = [(e, False)]
+    while stack:
+        x, ready = stack.pop()
+        if "_opb" in x.__dict__:
+            continue
+        kids = x.children()
+        if ready:
+            object.__setattr__(x, "_opb", (1 if isinstance(x, Op) else 0)
+                               + sum(c._opb for c in kids))
+        else:
+            stack.append((x, True))
+            stack.extend((c, False) for c in kids if "_opb" not in c.__dict__)
+    return e._opb
+
+
 #: what an expression caches on itself (never pickled)
-_CACHED = ("_h", "_reads", "_ops", "_ops_over")
+_CACHED = ("_h", "_reads", "_ops", "_ops_over", "_opb")
 
 
 def loaded_buffers(e: Expr) -> frozenset:

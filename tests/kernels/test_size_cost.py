@@ -76,6 +76,8 @@ def test_shortcuts_change_no_plan(workload, target, monkeypatch):
     fast = _plans(psg, base_args, sizes, target)
     monkeypatch.setattr(base.Lazy, "load", lambda self, idx: self.fn(idx))
     monkeypatch.setattr(ir, "op_count", _plain_op_count)
+    monkeypatch.setattr(ir, "ops_exceed", lambda e, limit: (_plain_op_count(e, limit) > limit,
+                                                            _plain_op_count(e) > 0))
     plain = _plans(psg, base_args, sizes, target)
     assert len({f[0] for f in fast}) >= 1
     for n, f, p in zip(sizes, fast, plain):
@@ -125,6 +127,27 @@ def test_op_count_and_reads_of_long_chains():
         for limit in (None, 1, 96, 128, 128 + 1, 10**6):
             assert ir.op_count(x, limit) == _plain_op_count(x, limit), (i, limit)
         assert ir.loaded_buffers(x) == frozenset(y.buf for y in ir.walk(x) if isinstance(y, ir.Load))
+
+
+def test_ops_exceed_matches_the_count():
+    """The bound settles what it can; shared sub-expressions (a bound above the count)
+    and long chains are counted."""
+    import random
+    rng = random.Random(0)
+    leaves = [ir.Load(f"b{i}", ir.Affine.var("x0"), torch.float32) for i in range(3)] + \
+        [ir.Const(2.0, torch.float32)]
+    pool = list(leaves)
+    for i in range(300):
+        a, b = rng.choice(pool[-20:]), rng.choice(pool)
+        pool.append(ir.Op(rng.choice(["add", "mul", "max"]), (a, b), torch.float32))
+    for e in leaves + pool[::7]:
+        for limit in (0, 1, 5, 96):
+            n = _plain_op_count(e)
+            assert ir.ops_exceed(e, limit) == (n > limit, n > 0), (e, limit)
+    x = leaves[0]
+    sq = ir.Op("mul", (ir.Op("neg", (x,), torch.float32),) * 2, torch.float32)
+    assert ir._op_bound(sq) == 3 and ir.op_count(sq) == 2 and ir.ops_exceed(sq, 2) == (False, True)
+    assert ir.ops_exceed(x, 0) == (False, False)
 
 
 def test_artefacts_are_made_at_first_read():

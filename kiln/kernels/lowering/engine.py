@@ -378,11 +378,10 @@ class GraphLowering:
                              for o in out)
         if isinstance(out, Lazy) and node not in self.out_roots:  # (stored in eager's layout)
             probe = out.load(loop_vars(out.sizes))
-            n_ops = ir.op_count(probe, MAX_INLINE_OPS)
+            too_many, some = ir.ops_exceed(probe, MAX_INLINE_OPS)
             readers = sum(1 for u in node.users if u.target not in _SHAPE_ONLY)
-            if n_ops > MAX_INLINE_OPS or (readers > 1 and n_ops > 0
-                                          and not self._reads_little(probe, out.sizes)
-                                          and recompute.store_reason(self, node, out, probe)):
+            if too_many or (readers > 1 and some and not self._reads_little(probe, out.sizes)
+                            and recompute.store_reason(self, node, out, probe)):
                 if all(u.target in _READS_ANY_LAYOUT for u in node.users):
                     return (store_for_library(self, out, node.name)
                             or self.realize(out, origin=node.name))
