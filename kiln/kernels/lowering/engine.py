@@ -394,11 +394,10 @@ class GraphLowering:
         stored: recomputing rereads next to nothing, and storing it costs a buffer of
         the full size (nll_loss's one-hot gradient: one of the logits' size)."""
         numel = ir.numel_of(sizes)
-        for x in ir.walk(e):
-            if isinstance(x, ir.Load):
-                b = self.by_name.get(x.buf)
-                if b is None or b.numel * READ_LITTLE > numel:
-                    return False
+        for name in ir.loaded_buffers(e):
+            b = self.by_name.get(name)
+            if b is None or b.numel * READ_LITTLE > numel:
+                return False
         return True
 
     def fallback(self, node, args, kwargs, reason):
