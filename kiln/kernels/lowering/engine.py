@@ -314,7 +314,11 @@ class GraphLowering:
         return View(name, tuple(val.shape), tuple(val.stride()), 0, val.dtype)
 
     def _args(self, node):
-        return _map_nodes((node.args, node.kwargs), self.env)
+        env, kwargs = self.env, node.kwargs
+        # most nodes: flat positional arguments (nodes and scalars), no keywords
+        args = tuple(env[a] if type(a) is fx.Node else
+                     a if type(a) in _FLAT else _map_nodes(a, env) for a in node.args)
+        return args, (_map_nodes(kwargs, env) if kwargs else kwargs)
 
     def _dtypes_ok(self, node) -> bool:
         ok, meta, device = SUPPORTED_DTYPES[self.target], self.meta, self.device
@@ -361,7 +365,12 @@ class GraphLowering:
     def _check_target_ops(self, out):
         """Decline ops the chosen code generator cannot run here (libdevice-only math
         under Triton's interpreter)."""
-        if self.target != "triton" or os.environ.get("TRITON_INTERPRET") != "1":
+        if self.target != "triton":
+            return
+        interp = self.__dict__.get("_interpreting")     # read once per graph
+        if interp is None:
+            interp = self._interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+        if not interp:
             return
         from ..codegen.triton.prelude import LIBDEVICE_ONLY
         for o in (out if isinstance(out, (tuple, list)) else [out]):
@@ -539,6 +548,11 @@ def _frozen(x, by_name):
         raise TypeError("a tensor argument")
     hash(x)
     return (type(x).__name__, x)
+
+
+#: argument types ``_args`` passes through as they are (no nodes inside)
+_FLAT = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device,
+                   torch.layout, torch.memory_format})
 
 
 def _leaves(x):
