@@ -48,6 +48,14 @@ def _canonical(src: str, name: str, params: list) -> str:
     dropped: kernels equal under this (the same block of a network repeated) are
     compiled once. A name is replaced inside the identifiers made from it too (a
     reduction's accumulator ``acc_buf7``): ``_`` separates, letters and digits do not."""
+    return _canonical_of(src, name, tuple(params))
+
+
+@functools.lru_cache(maxsize=512)
+def _canonical_of(src: str, name: str, params: tuple) -> str:
+    """``_canonical``, remembered by its arguments: a kernel's text with its sizes read
+    from ``kiln_ks`` is the same at every size of its class, and the substitution was a
+    quarter of the code generator's time for each new size."""
     names = {name: "KERNEL", **{p: f"P{i}" for i, p in enumerate(params)}}
     pat = _names_pattern(tuple(names))
     body = "\n".join(l for l in src.splitlines() if not l.lstrip().startswith("#"))
