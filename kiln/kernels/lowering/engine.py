@@ -133,6 +133,7 @@ class GraphLowering:
         self.host_copies: dict = {}    # CPU scalar node -> its View on the device (host_scalars)
         self.device_side: set = set()  # CPU scalar nodes computed on the device (host_scalars)
         self.host_values = False       # the graph takes CPU tensors (host_scalars)
+        self._infos: dict = {}         # node -> (dtypes supported, on the device): _value_info
         self._n = 0
         self._record_meta(example_inputs)
 
@@ -321,22 +322,33 @@ class GraphLowering:
         return args, (_map_nodes(kwargs, env) if kwargs else kwargs)
 
     def _dtypes_ok(self, node) -> bool:
-        ok, meta, device = SUPPORTED_DTYPES[self.target], self.meta, self.device
         inputs = node.all_input_nodes
-        for x in [node] + inputs:
-            for t in _leaves(meta[x]):
-                if isinstance(t, torch.Tensor) and t.dtype not in ok:
-                    return False
-        if node not in self.device_side and not all(d is device or same_device(d, device)
-                                                    for d in _leaves(meta[node, "device"])
-                                                    if d is not None):
+        if not all(self._value_info(x)[0] for x in [node] + inputs):
             return False
+        if node not in self.device_side and not self._value_info(node)[1]:
+            return False
+        meta, device = self.meta, self.device
         for a in inputs:                      # a CPU scalar is copied over (host_scalars)
+            if self._value_info(a)[1]:
+                continue
             for d, t in zip(_leaves(meta[a, "device"]), _leaves(meta[a])):
-                if d is not None and d is not device and not same_device(d, device) \
+                if d is not None and not same_device(d, device) \
                         and not is_host_scalar(self, d, t, node, a):
                     return False
         return True
+
+    def _value_info(self, x) -> tuple:
+        """(every tensor of ``x``'s value of a dtype the target supports, every device
+        of it the graph's): per node, once — ``_dtypes_ok`` asks of each node and again
+        of it as every user's input."""
+        info = self._infos.get(x)
+        if info is None:
+            ok, device = SUPPORTED_DTYPES[self.target], self.device
+            info = (all(t.dtype in ok for t in _leaves(self.meta[x]) if isinstance(t, torch.Tensor)),
+                    all(d is device or same_device(d, device)
+                        for d in _leaves(self.meta[x, "device"]) if d is not None))
+            self._infos[x] = info
+        return info
 
     def _call(self, node):
         args, kwargs = self._args(node)
