@@ -16,8 +16,8 @@ Each model is captured with kiln under a backend that stops after the autograd s
 so the one symbolic inference graph is at hand (``autograd/specialize.PerSizeGraph``).
 For each size the script then does what a new size costs the kiln backend before any
 kernel is built: ``specialise`` (the graph at these sizes) and ``kernels.compile.plan``
-(lowering, scheduling, code generation; the graph cache off; the garbage collector
-paused, as the backend pauses it while it builds a size), and counts
+(lowering, scheduling, code generation; the graph cache off unless ``--graph-cache``;
+the garbage collector paused, as the backend pauses it while it builds a size), and counts
 
 - modules: distinct generated sources (C++ library / Triton module texts: a new one is a
   compiler run or a module load with its kernels' compiles);
@@ -53,6 +53,9 @@ def parse(argv=None):
     p.add_argument("--target", choices=["triton", "cpp"], default="triton")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--json", default="")
+    p.add_argument("--graph-cache", action="store_true",
+                   help="plan with the graph cache on (kiln's default; a fresh cache directory): "
+                        "each new size then also pays its key and storing its plan")
     p.add_argument("--sources", default="",
                    help="write each size's generated source to this JSON file (size -> text), "
                         "to compare two trees' output")
@@ -197,7 +200,9 @@ def main(argv=None) -> int:
     psg, base = symbolic_graph(run, inputs)
     modules, texts, rows, sources = set(), set(), [], {}
     stages = ["kernels.lowering", "kernels.scheduling", "kernels.codegen"]
-    with config.patch(graph_cache=False), KernelTexts() as kt:
+    import tempfile
+    cache = tempfile.TemporaryDirectory(prefix="kiln-size-variants-")
+    with config.patch(graph_cache=a.graph_cache, cache_dir=cache.name), KernelTexts() as kt:
         for b in sizes:
             args = at_size(psg, base, b)
             t0 = time.perf_counter()

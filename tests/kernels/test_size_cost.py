@@ -70,6 +70,29 @@ def _plans(psg, base_args, sizes, target):
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["triton", "cpp"])
 @pytest.mark.parametrize("workload", [_convnet, _llama], ids=["convnet", "llama"])
+def test_artefact_texts_as_at_scheduling(workload, target, monkeypatch):
+    """The IR and schedule texts made at first read are those made right after
+    scheduling (where ``plan`` made them before): code generation changes neither."""
+    from kiln.kernels.scheduler import format_schedule
+    made = []
+    real = kcompile._schedule
+
+    def schedule(lo, tgt):
+        sched = real(lo, tgt)
+        made.append((ir.format_program(lo.buffers), format_schedule(sched)))
+        return sched
+    monkeypatch.setattr(kcompile, "_schedule", schedule)
+    run, inputs, sizes = workload()
+    psg, base_args = size_variants.symbolic_graph(run, inputs)
+    plans = _plans(psg, base_args, sizes, target)
+    assert len(made) == len(plans) == len(sizes)
+    for (_, text, sched), (text0, sched0) in zip(plans, made):
+        assert text == text0 and sched == sched0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["triton", "cpp"])
+@pytest.mark.parametrize("workload", [_convnet, _llama], ids=["convnet", "llama"])
 def test_shortcuts_change_no_plan(workload, target, monkeypatch):
     run, inputs, sizes = workload()
     psg, base_args = size_variants.symbolic_graph(run, inputs)
