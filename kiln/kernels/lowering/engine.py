@@ -167,12 +167,12 @@ class GraphLowering:
             if "val" not in n.meta or "device" not in n.meta:
                 return False
             v = n.meta["val"]
-            if not all(isinstance(t, (torch.Tensor, int, float, bool, type(None)))
-                       for t in fast_tree.leaves(v)):
-                return False
-            if any(isinstance(t, torch.Tensor) and t.device.type != "meta"
-                   for t in fast_tree.leaves(v)):
-                return False
+            for t in _leaves(v):
+                if isinstance(t, torch.Tensor):
+                    if t.device.type != "meta":
+                        return False
+                elif not isinstance(t, (int, float, bool, type(None))):
+                    return False
             vals[n] = v
         inputs = iter(example_inputs)
         for n in nodes:
@@ -191,7 +191,7 @@ class GraphLowering:
         for n, v in vals.items():
             dev = n.meta["device"]
             self.meta[n] = v
-            self.meta[n, "device"] = fast_tree.tree_map(
+            self.meta[n, "device"] = dev if type(v) is torch.Tensor else fast_tree.tree_map(
                 lambda t: dev if isinstance(t, torch.Tensor) else None, v)
         return True
 
