@@ -438,7 +438,7 @@ class GraphLowering:
             return a
         if node.target in STORAGE_OPS and args and is_box(args[0]):
             args = (self._in_eager_storage(node, args[0]),) + tuple(args[1:])
-        args, kwargs = pytree.tree_map(to_arg, (args, kwargs), is_leaf=is_box)
+        args, kwargs = fast_tree.tree_map(to_arg, (args, kwargs))   # (boxes are leaves)
         if returns_a_view(node.target):
             # the result shares its argument's memory: that buffer must not be handed
             # to another buffer once its last direct reader is done
