@@ -27,6 +27,7 @@ from .codegen.cpp import source as cpp_source
 from .codegen.triton import heuristics as triton_heuristics
 from .codegen.size_args import SizeArgs, lifting
 from .lowering import GraphLowering, View
+from .plan_artefacts import Artefacts
 from .runtime import in_place, perf_fallback
 from .runtime.replay_lru import Recordings
 from .runtime.runner import ExternStep, Runtime
@@ -86,15 +87,17 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
         return p
     lo = _lower(gm, example_inputs, target)
     sched = _schedule(lo, target)
-    arte = {"ir": ir.format_program(lo.buffers), "schedule": format_schedule(sched),
-            "fallbacks": list(lo.fallbacks), "target": target, "passes": notes}
+    arte = Artefacts({"fallbacks": list(lo.fallbacks), "target": target, "passes": notes},
+                     {"ir": lambda: ir.format_program(lo.buffers),
+                      "schedule": lambda: format_schedule(sched)})
     with lifting(lift, every=bool(lift) and target == "triton"):
         source, entries, kinfo, sizes = _generate(sched, lo, target)
     arte["source"] = source
     arte["kinfo"] = kinfo
     arte["size_args"] = sizes.values
-    _code_log.info("kernels: %s source for graph\n%s\n%s", target, arte["ir"],
-                   _shown(source, gm) + _sizes_shown(sizes))
+    if _code_log.isEnabledFor(logging.INFO):
+        _code_log.info("kernels: %s source for graph\n%s\n%s", target, arte["ir"],
+                       _shown(source, gm) + _sizes_shown(sizes))
     p = graph_cache.Plan(graph_cache.Lowered(lo.buffers, lo.outputs, lo.device),
                          sched, source, entries, kinfo, arte, list(lo.fallback_messages),
                          sizes)

@@ -134,12 +134,13 @@ class Expr:
         return ()
 
     def __hash__(self):
-        h = self.__dict__.get("_h")
-        if h is None:
+        try:
+            return self._h
+        except AttributeError:
             h = hash((type(self).__name__,)
                      + tuple(getattr(self, f) for f in _field_names(type(self))))
             object.__setattr__(self, "_h", h)
-        return h
+            return h
 
     def __eq__(self, other):
         if self is other:
@@ -184,11 +185,12 @@ class Const(Expr):
         return (repr(v) if isinstance(v, float) else v, type(v).__name__, self.dtype)
 
     def __hash__(self):
-        h = self.__dict__.get("_h")
-        if h is None:
+        try:
+            return self._h
+        except AttributeError:
             h = hash(("Const",) + self._key())
             object.__setattr__(self, "_h", h)
-        return h
+            return h
 
     def __eq__(self, other):
         return self is other or (type(other) is Const and self._key() == other._key())
@@ -220,9 +222,10 @@ def walk(e: Expr):
     seen, order = set(), []
 
     def go(x):
-        if x in seen:
+        n = len(seen)
+        seen.add(x)                   # one hash where ``in`` then ``add`` made two
+        if len(seen) == n:
             return
-        seen.add(x)
         for c in x.children():
             go(c)
         order.append(x)
@@ -264,23 +267,71 @@ def format_expr(e: Expr) -> str:
 
 def op_count(e: Expr, limit: int | None = None) -> int:
     """The distinct operations in ``e``; with ``limit``, counting stops at ``limit + 1``
-    (all a threshold needs to know, without walking the rest of a large DAG)."""
+    (all a threshold needs to know, without walking the rest of a large DAG). Cached on
+    ``e`` (expressions are immutable): the exact count, or the least limit it was seen
+    to pass."""
+    d = e.__dict__
+    exact = d.get("_ops")
+    if exact is not None:
+        return exact if limit is None or exact <= limit else limit + 1
+    over = d.get("_ops_over")
+    if over is not None and limit is not None and limit <= over:
+        return limit + 1
     seen, todo, n = set(), [e], 0
     while todo:
         x = todo.pop()
-        if x in seen:
+        k = len(seen)
+        seen.add(x)                   # one hash where ``in`` then ``add`` made two
+        if len(seen) == k:
             continue
-        seen.add(x)
         if isinstance(x, Op):
             n += 1
             if limit is not None and n > limit:
+                object.__setattr__(e, "_ops_over", limit if over is None else max(over, limit))
                 return n
         todo.extend(x.children())
+    object.__setattr__(e, "_ops", n)
     return n
 
 
+def ops_exceed(e: Expr, limit: int) -> tuple:
+    """(more than ``limit`` operations in ``e``, any at all): the two questions the
+    lowering asks of every lazy value's expression (inline it or store it), answered
+    from a bound cached bottom-up where it settles them — an expression extends the one
+    before it by an operation or two, and walking each one whole made the lowering
+    quadratic in a fused chain's length. ``op_count`` where the bound does not."""
+    b = _op_bound(e)
+    if b <= limit:
+        return False, b > 0
+    n = op_count(e, limit)
+    return n > limit, n > 0
+
+
+def _op_bound(e: Expr) -> int:
+    """The operations of ``e`` counted with repetition (as a tree): 0 exactly when it
+    has none, and never fewer than ``op_count``. Cached on each sub-expression, made
+    children first for those not cached yet."""
+    try:
+        return e._opb
+    except AttributeError:
+        pass
+    stack = [(e, False)]
+    while stack:
+        x, ready = stack.pop()
+        if "_opb" in x.__dict__:
+            continue
+        kids = x.children()
+        if ready:
+            object.__setattr__(x, "_opb", (1 if isinstance(x, Op) else 0)
+                               + sum(c._opb for c in kids))
+        else:
+            stack.append((x, True))
+            stack.extend((c, False) for c in kids if "_opb" not in c.__dict__)
+    return e._opb
+
+
 #: what an expression caches on itself (never pickled)
-_CACHED = ("_h", "_reads")
+_CACHED = ("_h", "_reads", "_ops", "_ops_over", "_opb")
 
 
 def loaded_buffers(e: Expr) -> frozenset:

@@ -81,6 +81,8 @@ def expected_read(g: Group, producer) -> Affine:
 
 def _reads_ok(g: Group, b) -> bool:
     names = g.names
+    if names.isdisjoint(ir.loaded_buffers(b.body)):   # (cached) reads nothing of the group
+        return True
     for e in ir.walk(b.body):
         if isinstance(e, Load) and e.buf in names:
             p = next(n for n in g.nodes if n.name == e.buf)

@@ -68,7 +68,22 @@ class Lazy:
     layout: tuple | None = None
 
     def load(self, idx: list) -> ir.Expr:
-        return self.fn(idx)
+        """``fn(idx)``, made once per index: expressions are immutable and ``fn`` a pure
+        function of the index, so every reader of one index (the engine's inlining
+        probe, ``realize``, each consumer) gets the same expression object — built once,
+        its hash and op count cached once — instead of a fresh copy of the whole lazy
+        chain behind it (quadratic in a chain's length)."""
+        try:
+            key = tuple(idx)
+            memo = self.__dict__.get("_memo")
+            if memo is None:
+                memo = self.__dict__["_memo"] = {}
+            e = memo.get(key)
+        except TypeError:              # an index that does not hash: built every time
+            return self.fn(idx)
+        if e is None:
+            e = memo[key] = self.fn(list(idx))
+        return e
 
 
 Box = (View, Lazy)

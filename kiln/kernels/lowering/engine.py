@@ -133,6 +133,7 @@ class GraphLowering:
         self.host_copies: dict = {}    # CPU scalar node -> its View on the device (host_scalars)
         self.device_side: set = set()  # CPU scalar nodes computed on the device (host_scalars)
         self.host_values = False       # the graph takes CPU tensors (host_scalars)
+        self._infos: dict = {}         # node -> (dtypes supported, on the device): _value_info
         self._n = 0
         self._record_meta(example_inputs)
 
@@ -166,12 +167,12 @@ class GraphLowering:
             if "val" not in n.meta or "device" not in n.meta:
                 return False
             v = n.meta["val"]
-            if not all(isinstance(t, (torch.Tensor, int, float, bool, type(None)))
-                       for t in fast_tree.leaves(v)):
-                return False
-            if any(isinstance(t, torch.Tensor) and t.device.type != "meta"
-                   for t in fast_tree.leaves(v)):
-                return False
+            for t in _leaves(v):
+                if isinstance(t, torch.Tensor):
+                    if t.device.type != "meta":
+                        return False
+                elif not isinstance(t, (int, float, bool, type(None))):
+                    return False
             vals[n] = v
         inputs = iter(example_inputs)
         for n in nodes:
@@ -190,7 +191,7 @@ class GraphLowering:
         for n, v in vals.items():
             dev = n.meta["device"]
             self.meta[n] = v
-            self.meta[n, "device"] = fast_tree.tree_map(
+            self.meta[n, "device"] = dev if type(v) is torch.Tensor else fast_tree.tree_map(
                 lambda t: dev if isinstance(t, torch.Tensor) else None, v)
         return True
 
@@ -314,24 +315,40 @@ class GraphLowering:
         return View(name, tuple(val.shape), tuple(val.stride()), 0, val.dtype)
 
     def _args(self, node):
-        return _map_nodes((node.args, node.kwargs), self.env)
+        env, kwargs = self.env, node.kwargs
+        # most nodes: flat positional arguments (nodes and scalars), no keywords
+        args = tuple(env[a] if type(a) is fx.Node else
+                     a if type(a) in _FLAT else _map_nodes(a, env) for a in node.args)
+        return args, (_map_nodes(kwargs, env) if kwargs else kwargs)
 
     def _dtypes_ok(self, node) -> bool:
-        ok = SUPPORTED_DTYPES[self.target]
-        vals = [self.meta[node]] + [self.meta[a] for a in node.all_input_nodes]
-        for t in fast_tree.leaves(vals):
-            if isinstance(t, torch.Tensor) and t.dtype not in ok:
-                return False
-        if node not in self.device_side and not all(same_device(d, self.device) for d in
-                                                    fast_tree.leaves(self.meta[node, "device"])
-                                                    if d is not None):
+        inputs = node.all_input_nodes
+        if not all(self._value_info(x)[0] for x in [node] + inputs):
             return False
-        for a in node.all_input_nodes:        # a CPU scalar is copied over (host_scalars)
-            for d, t in zip(fast_tree.leaves(self.meta[a, "device"]), fast_tree.leaves(self.meta[a])):
-                if d is not None and not same_device(d, self.device) \
+        if node not in self.device_side and not self._value_info(node)[1]:
+            return False
+        meta, device = self.meta, self.device
+        for a in inputs:                      # a CPU scalar is copied over (host_scalars)
+            if self._value_info(a)[1]:
+                continue
+            for d, t in zip(_leaves(meta[a, "device"]), _leaves(meta[a])):
+                if d is not None and not same_device(d, device) \
                         and not is_host_scalar(self, d, t, node, a):
                     return False
         return True
+
+    def _value_info(self, x) -> tuple:
+        """(every tensor of ``x``'s value of a dtype the target supports, every device
+        of it the graph's): per node, once — ``_dtypes_ok`` asks of each node and again
+        of it as every user's input."""
+        info = self._infos.get(x)
+        if info is None:
+            ok, device = SUPPORTED_DTYPES[self.target], self.device
+            info = (all(t.dtype in ok for t in _leaves(self.meta[x]) if isinstance(t, torch.Tensor)),
+                    all(d is device or same_device(d, device)
+                        for d in _leaves(self.meta[x, "device"]) if d is not None))
+            self._infos[x] = info
+        return info
 
     def _call(self, node):
         args, kwargs = self._args(node)
@@ -360,7 +377,12 @@ class GraphLowering:
     def _check_target_ops(self, out):
         """Decline ops the chosen code generator cannot run here (libdevice-only math
         under Triton's interpreter)."""
-        if self.target != "triton" or os.environ.get("TRITON_INTERPRET") != "1":
+        if self.target != "triton":
+            return
+        interp = self.__dict__.get("_interpreting")     # read once per graph
+        if interp is None:
+            interp = self._interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+        if not interp:
             return
         from ..codegen.triton.prelude import LIBDEVICE_ONLY
         for o in (out if isinstance(out, (tuple, list)) else [out]):
@@ -377,11 +399,10 @@ class GraphLowering:
                              for o in out)
         if isinstance(out, Lazy) and node not in self.out_roots:  # (stored in eager's layout)
             probe = out.load(loop_vars(out.sizes))
-            n_ops = ir.op_count(probe, MAX_INLINE_OPS)
+            too_many, some = ir.ops_exceed(probe, MAX_INLINE_OPS)
             readers = sum(1 for u in node.users if u.target not in _SHAPE_ONLY)
-            if n_ops > MAX_INLINE_OPS or (readers > 1 and n_ops > 0
-                                          and not self._reads_little(probe, out.sizes)
-                                          and recompute.store_reason(self, node, out, probe)):
+            if too_many or (readers > 1 and some and not self._reads_little(probe, out.sizes)
+                            and recompute.store_reason(self, node, out, probe)):
                 if all(u.target in _READS_ANY_LAYOUT for u in node.users):
                     return (store_for_library(self, out, node.name)
                             or self.realize(out, origin=node.name))
@@ -394,11 +415,10 @@ class GraphLowering:
         stored: recomputing rereads next to nothing, and storing it costs a buffer of
         the full size (nll_loss's one-hot gradient: one of the logits' size)."""
         numel = ir.numel_of(sizes)
-        for x in ir.walk(e):
-            if isinstance(x, ir.Load):
-                b = self.by_name.get(x.buf)
-                if b is None or b.numel * READ_LITTLE > numel:
-                    return False
+        for name in ir.loaded_buffers(e):
+            b = self.by_name.get(name)
+            if b is None or b.numel * READ_LITTLE > numel:
+                return False
         return True
 
     def fallback(self, node, args, kwargs, reason):
@@ -418,7 +438,7 @@ class GraphLowering:
             return a
         if node.target in STORAGE_OPS and args and is_box(args[0]):
             args = (self._in_eager_storage(node, args[0]),) + tuple(args[1:])
-        args, kwargs = pytree.tree_map(to_arg, (args, kwargs), is_leaf=is_box)
+        args, kwargs = fast_tree.tree_map(to_arg, (args, kwargs))   # (boxes are leaves)
         if returns_a_view(node.target):
             # the result shares its argument's memory: that buffer must not be handed
             # to another buffer once its last direct reader is done
@@ -487,7 +507,22 @@ class GraphLowering:
                             origin=node.name)
 
     def _meta_run(self, op, args, kwargs):
-        """The op on meta tensors laid out as its arguments will be (output strides)."""
+        """The op on meta tensors laid out as its arguments will be (output strides).
+        Remembered by what it depends on (the op, each argument's sizes, strides and
+        dtype, the other arguments): a network's repeated blocks, and every size of a
+        symbolic graph, ask again for the same convolutions."""
+        try:
+            key = (op, _frozen((args, kwargs), self.by_name))
+            hit = _META_RUNS.get(key, _MISS)
+        except TypeError:                     # an argument that does not hash
+            return self._meta_run_now(op, args, kwargs)
+        if hit is _MISS:
+            hit = _META_RUNS[key] = self._meta_run_now(op, args, kwargs)
+            if len(_META_RUNS) > _META_RUNS_MAX:
+                del _META_RUNS[next(iter(_META_RUNS))]
+        return hit
+
+    def _meta_run_now(self, op, args, kwargs):
         def meta(a):
             if isinstance(a, ir.ExternArg):
                 return torch.empty_strided(a.sizes, a.strides, dtype=self.by_name[a.buf].dtype,
@@ -503,6 +538,42 @@ class GraphLowering:
     # --- helpers for lowerings ---
     def out_meta(self, node) -> torch.Tensor:
         return self.meta[node]
+
+
+#: ``GraphLowering._meta_run``'s results (meta tensors, read for their layout only), by
+#: op and arguments, the oldest dropped past the bound
+_META_RUNS: dict = {}
+_META_RUNS_MAX = 4096
+_MISS = object()
+
+
+def _frozen(x, by_name):
+    """``x`` (an op's arguments) as a hashable key: an ``ExternArg`` by its layout and
+    its buffer's dtype (all a meta run sees of it), containers as tuples."""
+    if isinstance(x, ir.ExternArg):
+        return ("arg", tuple(x.sizes), tuple(x.strides), by_name[x.buf].dtype)
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__,) + tuple(_frozen(a, by_name) for a in x)
+    if isinstance(x, dict):
+        return ("dict",) + tuple((k, _frozen(v, by_name)) for k, v in x.items())
+    if isinstance(x, torch.Tensor):
+        raise TypeError("a tensor argument")
+    hash(x)
+    return (type(x).__name__, x)
+
+
+#: argument types ``_args`` passes through as they are (no nodes inside)
+_FLAT = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device,
+                   torch.layout, torch.memory_format})
+
+
+def _leaves(x):
+    """``fast_tree.leaves(x)``, a lone tensor or device without the walk (most nodes'
+    values: ``_dtypes_ok`` asks for every node and its inputs)."""
+    t = type(x)
+    if t is torch.Tensor or t is torch.device or x is None:
+        return (x,)
+    return fast_tree.leaves(x)
 
 
 def _map_nodes(x, env):

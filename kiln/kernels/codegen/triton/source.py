@@ -14,6 +14,7 @@ imported, since ``triton.jit`` reads its source from a file. On CPU tensors it r
 from __future__ import annotations
 
 import ast
+import functools
 import re
 
 import torch
@@ -27,14 +28,36 @@ from .kernel import TritonKernel, split_group
 from ..size_args import SizeArgs, concrete, each_own, names_each_own, size, substitute, values
 
 
+@functools.lru_cache(maxsize=4096)
+def _grid_of(grid: str) -> tuple:
+    """A launch grid's literal text as a tuple (parsed once per text: ``literal_eval``
+    compiles it, and every size of a symbolic graph asks again for the same grids)."""
+    return ast.literal_eval(grid)
+
+
+@functools.lru_cache(maxsize=4096)
+def _names_pattern(names: tuple):
+    """``_canonical``'s pattern for these names (the same kernels' names recur at
+    every size of a symbolic graph)."""
+    return re.compile(r"(?<![A-Za-z0-9])(" + "|".join(re.escape(n) for n in names)
+                      + r")(?![A-Za-z0-9])")
+
+
 def _canonical(src: str, name: str, params: list) -> str:
     """A kernel's text with its name and parameter names made positional and comments
     dropped: kernels equal under this (the same block of a network repeated) are
     compiled once. A name is replaced inside the identifiers made from it too (a
     reduction's accumulator ``acc_buf7``): ``_`` separates, letters and digits do not."""
+    return _canonical_of(src, name, tuple(params))
+
+
+@functools.lru_cache(maxsize=512)
+def _canonical_of(src: str, name: str, params: tuple) -> str:
+    """``_canonical``, remembered by its arguments: a kernel's text with its sizes read
+    from ``kiln_ks`` is the same at every size of its class, and the substitution was a
+    quarter of the code generator's time for each new size."""
     names = {name: "KERNEL", **{p: f"P{i}" for i, p in enumerate(params)}}
-    pat = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(re.escape(n) for n in names)
-                     + r")(?![A-Za-z0-9])")
+    pat = _names_pattern(tuple(names))
     body = "\n".join(l for l in src.splitlines() if not l.lstrip().startswith("#"))
     return pat.sub(lambda m: names[m.group(1)], body)
 
@@ -122,7 +145,7 @@ def generate_sized(sched: Schedule, buffers: list, interpret: bool | None = None
                 kinfo.append((kern.name, params, [pd[q] for q in params], consts, nw, tune))
             fused = _fused(gi, g, sched, kern, dtypes, interpret, parts, seen) \
                 if g.matmul is not None else None
-            grids.append(ast.literal_eval(grid))
+            grids.append(_grid_of(grid))
             local_sizes.append(mine)
             j = len(grids) - 1
             args = [f"K[{j}]" if q == KS else q for q in params]
@@ -196,9 +219,29 @@ def _by_first_use(src: str, head: str, params: list) -> list:
     body = src[src.index(head) + len(head):]
     body = body[body.index("\n"):]
     first = {}
-    for m in re.finditer(r"\b[A-Za-z_]\w*\b", body):
-        first.setdefault(m.group(0), m.start())
+    for q in params:
+        at = _first_identifier(body, q)
+        if at is not None:
+            first[q] = at
     return sorted(params, key=lambda q: first.get(q, len(body)))
+
+
+def _first_identifier(text: str, name: str):
+    """Where ``name`` first occurs in ``text`` as a whole identifier (not inside a
+    longer run of letters, digits and ``_``: an identifier token equal to ``name``),
+    or None. ``str.find`` with the bounds checked: a regular expression per name, or a
+    scan of every identifier, cost more than the kernel's own generation."""
+    n, i = len(name), text.find(name)
+    while i >= 0:
+        j = i + n
+        if (i == 0 or not _word(text[i - 1])) and (j == len(text) or not _word(text[j])):
+            return i
+        i = text.find(name, i + 1)
+    return None
+
+
+def _word(c: str) -> bool:
+    return c.isalnum() or c == "_"
 
 
 def _take_sizes(src: str, name: str, mine: list) -> str:
