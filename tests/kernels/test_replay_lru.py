@@ -75,11 +75,12 @@ def test_recordings_bounded_least_recently_used_dropped(monkeypatch, caplog):
         return rp
 
     a, b, c = (vs[n][1] for n in (21, 22, 23))
-    for n in (21, 22):
-        call(n)                    # warm-up: plain
-        call(n)                    # recorded
+    call(21)                       # the family's first variant: warm-up, plain
+    call(21)                       # recorded
+    call(22)                       # a new size of a family that was called: recorded
+    assert b.calls == 1 and b.records == 1     # at its first call
+    call(22)                       # replayed
     assert a in family and b in family and FakeReplay.captures >= 2
-    call(23)
     with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
         call(23)                   # recorded: the least recently used (21) is dropped
     assert c in family and a not in family and a.graph is None and a.dropped == 1
@@ -107,3 +108,76 @@ def test_recordings_default_bound_from_config(monkeypatch):
     assert [len(d) for d in dropped] == [0, 0, 0, 1, 1] and dropped[3] == [objs[0]]
     fam.touch(objs[2])
     assert fam.add(FakeGraph()) == [objs[3]]
+
+
+def _two_input_variant(rows, w, family, monkeypatch, pool):
+    x = torch.randn(rows, 19)
+
+    def f(a, b):
+        return (a * b).relu() + 1
+    cg = compile_aten_graph(make_fx(f)(x, w), [x, w], "cpp", perf_fallback=False)
+    rt = next(iter(cg.variants.values()))
+    monkeypatch.setattr(graph_replay, "_pool", lambda device: pool)
+    rp = FakeReplay(rt)
+    rp.family = family
+    return rt, rp, x, f
+
+
+def test_a_new_size_records_at_its_first_call_from_what_the_family_learned(monkeypatch):
+    """The second size of a graph records at its first call: its batch (at another
+    address than the family's latest call) is copied in, the shared weight read in
+    place, and the outputs the family copies out are copied out. A graph writing an
+    input in place keeps the warm-up call (a second run would write it twice)."""
+    family, pool = Recordings(), FakePool()
+    w = torch.randn(19)
+    rt_a, a, xa, f = _two_input_variant(21, w, family, monkeypatch, pool)
+    rt_b, b, xb, _ = _two_input_variant(22, w, family, monkeypatch, pool)
+    for _ in range(3):
+        xa = xa.clone()            # a batch at a new address every call
+        torch.testing.assert_close(a(rt_a, (xa, w)), f(xa, w))
+    assert a.records == 2 and a.moving == {0}          # moved once, then moving
+    family.copied.add(0)           # as if a caller kept an output of a's
+    out = b(rt_b, (xb, w))
+    torch.testing.assert_close(out, f(xb, w))
+    assert b.calls == 1 and b.records == 1 and b.graph is not None
+    assert b.moving == {0} and b.copied == {0}
+    xb = xb.clone()
+    torch.testing.assert_close(b(rt_b, (xb, w)), f(xb, w))
+    assert b.records == 1 and b.graph.replays == 2     # replayed, batch copied in
+    rt_c, c, xc, _ = _two_input_variant(23, w, family, monkeypatch, pool)
+    rt_c.in_place_inputs = {"x"}
+    c(rt_c, (xc, w))
+    assert c.records == 0 and c.graph is None
+
+
+class HeldPool(FakePool):
+    """A pool whose ``held`` storages (cdata) something outside holds."""
+    def __init__(self):
+        self.held = []
+
+    def held_after(self, seq):
+        return [(None, {0}, cdata) for cdata in self.held]
+
+
+def test_held_outputs_met_first_make_a_plain_call(monkeypatch):
+    """Outputs held by a caller (a pass of a size stream kept while the next runs): the
+    first call meeting them runs unrecorded, the graph's own outputs copied out from
+    then on; only a storage still held at a later call records the graph again."""
+    family, pool = Recordings(), HeldPool()
+    w = torch.randn(19)
+    rt, g, x, f = _two_input_variant(21, w, family, monkeypatch, pool)
+    g(rt, (x, w))
+    g(rt, (x, w))
+    assert g.records == 1
+    pool.held = [101, 102]
+    torch.testing.assert_close(g(rt, (x, w)), f(x, w))
+    assert g.records == 1 and g.plain_for_held == 1
+    pool.held = [103]              # another storage held: still a first meeting
+    g(rt, (x, w))
+    assert g.records == 1 and g.plain_for_held == 2
+    pool.held = [101]              # still held: recorded again around it
+    g(rt, (x, w))
+    assert g.records == 2 and g.plain_for_held == 2
+    pool.held = []
+    g(rt, (x, w))
+    assert g.records == 2 and g.graph.replays >= 1

@@ -39,7 +39,7 @@ costs each size one plain call, not one recording.
 Sizes. Each input-size signature is its own Runtime, each with its own recording; the
 variants of one graph share a ``replay_lru.Recordings``, which keeps at most
 ``config.cudagraph_max_recordings`` of them (least recently used dropped) and what
-they learned. A new variant of a graph whose other variants have recorded records at
+they learned. A new variant of a graph whose other variants were called records at
 its first call (after one plain run, the warm-up, whose outputs it drops): inputs at
 another address than at the family's latest call (this size's batch) are copied in,
 the others (parameters) read in place, and outputs the others copy out are copied out.
@@ -278,9 +278,9 @@ class GraphReplay:
 
     def _records_at_once(self, rt) -> bool:
         """May this variant record at its first call? When another variant of its graph
-        has recorded (the family's knowledge is there) and a second run of the steps
-        changes nothing (no input written in place)."""
-        return self.family.recorded and not rt.in_place_inputs
+        was called (its inputs' addresses tell this call's batch from the parameters)
+        and a second run of the steps changes nothing (no input written in place)."""
+        return self.family.last_ptrs is not None and not rt.in_place_inputs
 
     def _first_recording(self, rt, args, ptrs):
         """The first call of a new size variant: a plain run (the warm-up: kernels and
@@ -410,7 +410,6 @@ class GraphReplay:
         self.outs = specs
         self.graph = graph
         self.seq = self.pool.add(self, storages)
-        self.family.recorded = True
         for other in self.family.add(self):
             other._drop()
         graph.replay()

@@ -28,12 +28,11 @@ class Recordings:
         self.logged = False
         #: what the variants learned, for a new one to start from (``graph_replay``):
         #: the inputs' addresses at the latest call of any variant (their argument
-        #: positions, the addresses), the positions of inputs found moving, of outputs
-        #: handed out as copies; ``recorded``: a variant has recorded
-        self.last_ptrs: tuple = ((), ())
+        #: positions, the addresses; None before any call), the positions of inputs
+        #: found moving, of outputs handed out as copies
+        self.last_ptrs: tuple | None = None
         self.moving: set = set()
         self.copied: set = set()
-        self.recorded = False
 
     def bound(self) -> int:
         return max(1, self.limit if self.limit is not None else config.cudagraph_max_recordings)
