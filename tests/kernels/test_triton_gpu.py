@@ -195,6 +195,37 @@ def test_kernels_compile_in_parallel_at_load(monkeypatch, tmp_path):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-4)
 
 
+_KERNEL = """
+@triton.jit
+def kernel0(in0, out0, XBLOCK: tl.constexpr):
+    x = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    tl.store(out0 + x, tl.load(in0 + x) * 3.0)
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_kernel_met_again_in_another_module_is_not_compiled_again(monkeypatch, tmp_path):
+    """Two module texts holding the same kernel at different lines (another size class
+    of a graph, an earlier kernel a line longer): the second compiles nothing and shares
+    the first's binary; a kernel whose text differs compiles."""
+    from kiln.kernels.codegen.triton import launcher as triton_gen
+    from kiln.kernels.toolchain import cxx_build
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
+    head = "import triton\nimport triton.language as tl\n"
+    kinfo = [("kernel0", ["in0", "out0"], [torch.float32, torch.float32], {"XBLOCK": 128}, 4, ())]
+    first = head + "# one\n" * 3 + _KERNEL
+    second = head + "# two\n" * 7 + _KERNEL
+    other = head + _KERNEL.replace("3.0", "5.0")
+    got = []
+    for src in (first, second, other):
+        mod, path = cxx_build.load_module("triton", src)
+        before = triton_gen.stats["kernels_reused"]
+        ready, _ = triton_gen.precompile(mod, kinfo, path)
+        got.append((ready["kernel0"], triton_gen.stats["kernels_reused"] - before))
+    assert got[1][0] is got[0][0] and got[1][1] == 1
+    assert got[2][0] is not got[0][0] and got[2][1] == 0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_second_process_launches_without_tritons_jit(tmp_path):
     """With a warm cache, a new process loads the kept binaries: nothing goes through

@@ -6,6 +6,7 @@ loading a module (``load``)."""
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 
 import torch
 
@@ -176,7 +177,13 @@ def precompile(mod, kinfo, path: str) -> tuple:
     from ...toolchain import triton_setup
     from ...runtime.cuda_launch import ready
     dev = torch.cuda.current_device()
-    done, tuned, jobs, specs = {}, {}, [], []
+    done, tuned, jobs, specs, keys = {}, {}, [], [], []
+
+    def place(name, i, pair):
+        if i is None:
+            done[name] = pair
+        else:
+            tuned[name][i] = pair
     for name, params, dtypes, consts, nw, tune in kinfo:
         kernel = getattr(mod, name)
         if tune:
@@ -186,7 +193,15 @@ def precompile(mod, kinfo, path: str) -> tuple:
         else:
             cands = [(kernel, {"num_warps": nw}, None)]
         for fn, opts, i in cands:
+            key = kernel_key(fn, dtypes, consts, opts, dev)
+            hit = _KERNELS.get(key)
+            if hit is not None:           # the same kernel in an earlier module
+                _KERNELS.move_to_end(key)
+                stats["kernels_reused"] += 1
+                place(name, i, hit)
+                continue
             jobs.append((name, len(params), dtypes, consts, fn, opts, i))
+            keys.append(key)
             sig = triton_build.signature(fn, dtypes, consts)
             specs.append(None if sig is None else {
                 "path": path, "name": name, "signature": sig, "consts": dict(consts),
@@ -195,10 +210,10 @@ def precompile(mod, kinfo, path: str) -> tuple:
     def keep(k, compiled):
         name, n_args, *_, i = jobs[k]
         compiled = ready(compiled, n_args, dev)
-        if i is None:
-            done[name] = compiled
-        else:
-            tuned[name][i] = compiled
+        place(name, i, compiled)
+        _KERNELS[keys[k]] = compiled
+        while len(_KERNELS) > KERNELS_KEPT:
+            _KERNELS.popitem(last=False)
 
     def local(k):
         name, n_args, dtypes, consts, fn, opts, i = jobs[k]
@@ -223,11 +238,30 @@ def precompile(mod, kinfo, path: str) -> tuple:
     return done, {n: c for n, c in tuned.items() if all(x is not None for x in c)}
 
 
+#: compiled kernels of this process by content (``kernel_key``), ready to launch: a
+#: module whose text differs from an earlier one's (another size class of one graph,
+#: where a few kernels changed their blocks) compiles only the kernels that changed.
+#: Triton's own cache key counts the kernel's line in its module, so a kernel unchanged
+#: but moved (an earlier kernel grew a line) would compile again there.
+_KERNELS: OrderedDict = OrderedDict()
+#: the most kept, least recently used dropped
+KERNELS_KEPT = 4096
+
+
+def kernel_key(fn, dtypes, consts, opts, device) -> tuple:
+    """A kernel's identity for ``_KERNELS``: its source text (name included: the binary
+    names its entry), argument dtypes, constexprs, compile options and device. The
+    helpers it calls come from kiln's prelude, the same text in every module of a
+    process."""
+    return (getattr(fn, "src", None) or fn._src, tuple(str(d) for d in dtypes), tuple(sorted(dict(consts).items())),
+            tuple(sorted(opts.items())), device)
+
+
 #: loaded modules by source text, while a compiled graph's steps use them: a graph that
 #: differs from an earlier one only in sizes (``size_args``) has the same module text, and
 #: runs the same module, launcher and compiled kernels with its own grids and sizes
 _LOADED = weakref.WeakValueDictionary()
-stats = {"loaded": 0, "reused": 0}
+stats = {"loaded": 0, "reused": 0, "kernels_reused": 0}
 _code_log = log_for("output_code")
 
 
