@@ -85,7 +85,9 @@ class CompiledFunction:
         if fn.__defaults__ is not self._defaults or fn.__kwdefaults__ is not self._kwdefaults \
                 or fn.__code__ is not self.code:
             self._function_changed()
-        for e in self.entries:
+        # newest first, as torch.compile's cache: once a size became dynamic, the
+        # symbolic entry serves the size the first, static, entry was made for too
+        for e in reversed(self.entries):
             r = e.fn(*args, **kwargs)
             if r is not MISS:
                 return r
