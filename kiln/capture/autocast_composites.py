@@ -8,7 +8,7 @@ which autocast keeps) and then ``nll_loss``, which autocast runs in float32 — 
 an intermediate, not of an argument. Such a call is recorded as the calls it makes,
 each then going through ``explicit_call`` on its own, which gives exactly eager's casts
 and dtypes. Only the forms whose parts are plain calls are rewritten; the rest (class
-probabilities as targets, label smoothing) keep the graph break with its reason.
+probabilities as targets, label smoothing, more than 2 dims) keep the graph break.
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def _cross_entropy(out, args, kwargs):
     inp, target = a.get("input"), a.get("target")
     if not (isinstance(inp, V.TensorValue) and isinstance(target, V.TensorValue)):
         return None
-    if target.fake.is_floating_point() or inp.fake.dim() == 0:
-        return None
+    if target.fake.is_floating_point() or inp.fake.dim() not in (1, 2):
+        return None         # (N-d: nll_loss itself casts after a view: no rewrite)
     consts = {k: _const(a.get(k)) for k in ("size_average", "reduce", "label_smoothing",
                                             "reduction", "ignore_index")}
     if consts["size_average"] is not None or consts["reduce"] is not None:

@@ -160,9 +160,9 @@ class HeldPool(FakePool):
 
 
 def test_held_outputs_met_first_make_a_plain_call(monkeypatch):
-    """Outputs held by a caller (a pass of a size stream kept while the next runs): the
-    first call meeting them runs unrecorded, the graph's own outputs copied out from
-    then on; only a storage still held at a later call records the graph again."""
+    """Outputs held by a caller (a pass of a size stream kept while the next runs): calls
+    meeting them run unrecorded, the graph's own outputs copied out from then on; only a
+    storage still held after HELD_PLAIN_CALLS calls records the graph again."""
     family, pool = Recordings(), HeldPool()
     w = torch.randn(19)
     rt, g, x, f = _two_input_variant(21, w, family, monkeypatch, pool)
@@ -172,12 +172,16 @@ def test_held_outputs_met_first_make_a_plain_call(monkeypatch):
     pool.held = [101, 102]
     torch.testing.assert_close(g(rt, (x, w)), f(x, w))
     assert g.records == 1 and g.plain_for_held == 1
-    pool.held = [103]              # another storage held: still a first meeting
+    pool.held = [103]              # another storage held: a first meeting
     g(rt, (x, w))
     assert g.records == 1 and g.plain_for_held == 2
-    pool.held = [101]              # still held: recorded again around it
+    pool.held = [101]              # met a second time: plain still
     g(rt, (x, w))
-    assert g.records == 2 and g.plain_for_held == 2
+    assert g.records == 1 and g.plain_for_held == 3
+    pool.held = [101, 103]         # 101 held past HELD_PLAIN_CALLS: recorded again
+    g(rt, (x, w))
+    assert graph_replay.HELD_PLAIN_CALLS == 2
+    assert g.records == 2 and g.plain_for_held == 3
     pool.held = []
     g(rt, (x, w))
     assert g.records == 2 and g.graph.replays >= 1

@@ -30,11 +30,11 @@ on (the caller keeps it across calls: ``loss = step(x)`` holds the last loss whi
 next call runs; copies are the caller's own), and G is recorded again, allocating
 around what is held. After ``RECORD_LIMIT`` recordings G makes plain calls.
 
-Held outputs seen first make a plain call: the graph's outputs that something holds are
-copied out from then on and this call runs the steps unrecorded (allocating around what
-is held); only a storage still held at a later call records the graph again. A caller
-keeping a whole pass of a size stream's outputs (one per size) while the next pass runs
-costs each size one plain call, not one recording.
+Held outputs met make plain calls first: the graph's outputs that something holds are
+copied out from then on and the call runs the steps unrecorded (allocating around what
+is held); only a storage still held after ``HELD_PLAIN_CALLS`` such calls records the
+graph again. A caller keeping a pass of a size stream's outputs (one per size) while the
+next pass runs costs each size a plain call or two, not a recording each.
 
 Sizes. Each input-size signature is its own Runtime, each with its own recording; the
 variants of one graph share a ``replay_lru.Recordings``, which keeps at most
@@ -69,6 +69,11 @@ GRAPH_MIN_STEPS = 8
 #: outputs held across calls); graphs sharing the pool record again in cascade while
 #: addresses settle (FSDP2's 24 per-block graphs over its first steps: up to about 8)
 RECORD_LIMIT = 10
+#: calls a graph runs unrecorded while outputs it could overwrite are held (by the
+#: caller, or another graph's leftover aliases) before it records again around them: a
+#: caller keeping one pass of a size stream while the next runs holds each for a call
+#: or two of every other size's graph, and then lets go
+HELD_PLAIN_CALLS = 2
 _RANDOM = ("rand", "bernoulli", "dropout", "normal", "uniform", "multinomial", "poisson",
            "exponential", "geometric", "cauchy", "log_normal")
 _log = log_for("perf_hints")
@@ -153,6 +158,8 @@ _POOLS: dict[int, _Pool] = {}
 #: CUDA graphs recorded in this process (``perf_fallback.one_off_work``: a timed call
 #: that recorded is no sample)
 recordings = 0
+#: calls run unrecorded around held outputs (``HELD_PLAIN_CALLS``): no sample either
+held_plain_calls = 0
 
 
 def _pool(device) -> _Pool:
@@ -189,7 +196,7 @@ class GraphReplay:
         #: compiled graph that owns this Runtime, else this variant's own
         self.family = Recordings()
         self.dropped = 0               # times the family dropped this recording
-        self.seen_held = set()         # held storages met since the last recording
+        self.seen_held = {}            # held storage -> calls that met it, since recording
         self.plain_for_held = 0        # calls run plainly on meeting held outputs
 
     @staticmethod
@@ -258,10 +265,14 @@ class GraphReplay:
         if held:
             self._copy_held(held, args)
             met = {cdata for _, _, cdata in held}
-            if host is None and not met & self.seen_held:
-                # first met: this call runs unrecorded (allocating around them); held
-                # still at a later call, the graph records again around them
-                self.seen_held |= met
+            seen = self.seen_held
+            if host is None and all(seen.get(c, 0) < HELD_PLAIN_CALLS for c in met):
+                # this call runs unrecorded (allocating around what is held); still held
+                # after HELD_PLAIN_CALLS calls, the graph records again around them
+                for c in met:
+                    seen[c] = seen.get(c, 0) + 1
+                global held_plain_calls
+                held_plain_calls += 1
                 self.plain_for_held += 1
                 self._learn_ptrs(rt, ptrs)
                 return rt.run(args)
@@ -380,7 +391,7 @@ class GraphReplay:
             return rt.run(args)
         self.stable = [i for i in range(len(ptrs)) if i not in self.moving]
         self.ptrs = ptrs
-        self.seen_held = set()
+        self.seen_held = {}
         self._learn_ptrs(rt, ptrs)
         self.copies = []
         static = list(args)

@@ -36,9 +36,10 @@ Eager wins only when its median beats the compiled median by more than ``MARGIN`
 noise (a replayed graph against eager on a busy host) keeps the compiled graph.
 
 One-off work is no sample: a timed call during which kiln compiled anything (a stage
-under ``timing.timed``: a new size's lowering, kernels, the autograd stage) or recorded
-a CUDA graph (``graph_replay.recordings``) says nothing about the steady state, so it is
-dropped; ``one_off_work()`` counts both.
+under ``timing.timed``: a new size's lowering, kernels, the autograd stage), recorded
+a CUDA graph (``graph_replay.recordings``) or ran one unrecorded around held outputs
+(``graph_replay.held_plain_calls``) says nothing about the steady state, so it is
+dropped; ``one_off_work()`` counts them.
 
 A stream of sizes. The torch-level graph of a function whose sizes are symbolic is one
 callable for every size (``InferenceChoice``), so its samples come from calls at
@@ -94,10 +95,11 @@ adjust = None
 
 
 def one_off_work() -> int:
-    """A count that grows whenever kiln compiles something (any ``timing.timed`` stage)
-    or records a CUDA graph: a timed call that changed it is no sample."""
+    """A count that grows whenever kiln compiles something (any ``timing.timed`` stage),
+    records a CUDA graph or runs a replayed graph unrecorded around outputs a caller
+    holds (a passing state): a timed call that changed it is no sample."""
     from . import graph_replay
-    return timing.events() + graph_replay.recordings
+    return timing.events() + graph_replay.recordings + graph_replay.held_plain_calls
 
 
 def dynamic_scale(gm):
