@@ -144,6 +144,12 @@ def test_a_new_size_records_at_its_first_call_from_what_the_family_learned(monke
     xb = xb.clone()
     torch.testing.assert_close(b(rt_b, (xb, w)), f(xb, w))
     assert b.records == 1 and b.graph.replays == 2     # replayed, batch copied in
+    family.copied.clear()
+    assert b(rt_b, (xb, w)) is not None and b.copied == {0}     # its own, kept
+    own = a.outs[0][0].data_ptr()                  # a's output storage in the pool
+    assert a(rt_a, (xa, w)).untyped_storage().data_ptr() == own      # an alias
+    family.copied.add(0)           # another size's caller keeps its output: a copies too
+    assert a(rt_a, (xa, w)).untyped_storage().data_ptr() != own
     rt_c, c, xc, _ = _two_input_variant(23, w, family, monkeypatch, pool)
     rt_c.in_place_inputs = {"x"}
     c(rt_c, (xc, w))

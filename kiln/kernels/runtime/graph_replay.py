@@ -42,7 +42,8 @@ variants of one graph share a ``replay_lru.Recordings``, which keeps at most
 they learned. A new variant of a graph whose other variants were called records at
 its first call (after one plain run, the warm-up, whose outputs it drops): inputs at
 another address than at the family's latest call (this size's batch) are copied in,
-the others (parameters) read in place, and outputs the others copy out are copied out.
+the others (parameters) read in place; outputs any variant copies out, every variant
+copies out from then on (the caller keeping one size's outputs keeps the others').
 So a size stream replays every size from its second call, not its third, and a size
 seen once per pass settles in one pass. Not for a graph writing an input in place (the
 warm-up would write it twice) nor one with a host prologue.
@@ -357,7 +358,8 @@ class GraphReplay:
 
     def _outputs(self, rt, args, host=None):
         out, views, fresh = [], [], []
-        copied = self.copied
+        # what one size variant's caller keeps, the others' caller keeps too (a stream)
+        copied = self.copied | self.family.copied if self.family.copied else self.copied
         for i, spec in enumerate(self.outs):
             if spec is None:             # or made by the host prologue, this call
                 out.append(None if host is None else host.outputs.get(i))
