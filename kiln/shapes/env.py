@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import functools
+
 import sympy
 import torch
 
@@ -333,9 +335,11 @@ def _floordiv_as_mod(e):
                      lambda x: (x.args[0] - sympy.Mod(x.args[0], x.args[1])) / x.args[1])
 
 
+@functools.lru_cache(maxsize=4096)
 def _factored(e):
     """``2*s**2 - s`` as ``s*(2*s - 1)``: a product of ranges bounds it where the sum
-    of ranges does not."""
+    of ranges does not. Memoised: a model's layers ask the same differences of sizes,
+    and ``sympy.factor`` is the slowest step of a symbolic capture."""
     try:
         return sympy.factor(e) if e.is_polynomial() and len(e.free_symbols) <= 2 else e
     except Exception:  # noqa: BLE001  (sympy declines some expressions)
