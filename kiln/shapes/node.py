@@ -23,6 +23,28 @@ def _sympify(v):
     return sympy.sympify(v)
 
 
+#: sympy expressions made by the arithmetic below, by (operation, operands): a model's
+#: layers repeat the same shape arithmetic (a LLaMA's dynamic capture makes ~30k), and
+#: building one (an ``Eq`` that evaluates, an ``Add`` that sorts) costs far more than a
+#: lookup. Expressions are immutable values, so the memo is exact; bounded by clearing.
+_EXPRS: dict = {}
+_EXPRS_MAX = 1 << 16
+
+
+def _expr(fn, a, b):
+    # the operands' types too: 2 == 2.0 == Integer(2) as keys, not as expressions
+    key = (fn, type(a), a, type(b), b)
+    try:
+        hit = _EXPRS.get(key)
+    except TypeError:            # an unhashable operand: made each time
+        return fn(a, b)
+    if hit is None:
+        if len(_EXPRS) >= _EXPRS_MAX:
+            _EXPRS.clear()
+        hit = _EXPRS[key] = fn(a, b)
+    return hit
+
+
 class KilnSymNode:
     """A sympy expression, its hint and Python type (int, float or bool)."""
 
@@ -143,7 +165,8 @@ class KilnSymNode:
     # --- arithmetic: a new expression, the hint computed alongside -------------------
     def _bin(self, other, fn, hintfn, pytype=None):
         pt = pytype or (float if float in (self.pytype, other.pytype) else int)
-        return KilnSymNode(fn(self.expr, other.expr), hintfn(self.hint, other.hint), pt, self.env)
+        return KilnSymNode(_expr(fn, self.expr, other.expr), hintfn(self.hint, other.hint),
+                           pt, self.env)
 
     def add(self, o):
         return self._bin(o, operator.add, operator.add)

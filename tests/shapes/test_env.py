@@ -115,3 +115,21 @@ def test_an_expression_found_constant_simplifies_later_guards():
         y = _fake(s, 3).view(s // 2, -1)     # s // 2 == 1 here: the -1 is 3 * s
     assert str(y.shape[0]) == "FloorDiv(s0, 2)"
     assert _guards(env) == ["2 <= x.size(0)", "(x.size(0) // 2) == 1"]
+
+
+def test_shape_arithmetic_memo_keeps_operand_types():
+    """The memo of shape arithmetic (``node._expr``) is keyed by operand types too: an
+    int and a float (or a sympy Integer and Float) that compare equal make different
+    expressions, and each gets its own."""
+    import operator
+
+    import sympy
+
+    from kiln.shapes import node
+    s = sympy.Symbol("s_memo", integer=True, positive=True)
+    a = node._expr(operator.add, s, 2)
+    b = node._expr(operator.add, s, 2.0)
+    c = node._expr(operator.add, s, sympy.Float(2.0))
+    assert a == s + 2 and a.args and all(not t.is_Float for t in a.args)
+    assert any(t.is_Float for t in b.args) and any(t.is_Float for t in c.args)
+    assert node._expr(operator.add, s, 2) is a          # a hit: the same object
