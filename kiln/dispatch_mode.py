@@ -37,10 +37,10 @@ class KilnDispatchMode(TorchDispatchMode):
 
 class _UntilCompilerLoaded:
     """What a wrapped function runs instead of the wrapper's import: the function
-    itself while no torch.compile is tracing it ("disable tracing" changes nothing
-    then), read through the public ``torch.compiler.is_compiling()``, which PyTorch's
-    compiler reads as True while it traces; under that tracing, PyTorch's own wrapper
-    again, so behaviour is PyTorch's from then on."""
+    itself, unless PyTorch's compiler is tracing the caller's program (then "do not
+    trace" means something), in which case PyTorch's own wrapper again, so behaviour
+    is PyTorch's from then on. kiln never uses that compiler: it only reads whether it
+    is active, to stay compatible with programs that also use it (below)."""
 
     __slots__ = ("fn", "wrapper")
 
@@ -48,6 +48,8 @@ class _UntilCompilerLoaded:
         self.fn, self.wrapper = fn, wrapper
 
     def __call__(self, *args, **kwargs):
+        # Compatibility read only: the public flag PyTorch sets while its compiler
+        # traces; kiln calls nothing of that compiler (DESIGN.md).
         if not torch.compiler.is_compiling():
             return self.fn(*args, **kwargs)
         try:

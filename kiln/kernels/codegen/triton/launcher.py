@@ -253,7 +253,8 @@ def kernel_key(fn, dtypes, consts, opts, device) -> tuple:
     names its entry), argument dtypes, constexprs, compile options and device. The
     helpers it calls come from kiln's prelude, the same text in every module of a
     process."""
-    return (getattr(fn, "src", None) or fn._src, tuple(str(d) for d in dtypes), tuple(sorted(dict(consts).items())),
+    src = getattr(fn, "src", None) or fn._src
+    return (src, tuple(str(d) for d in dtypes), tuple(sorted(dict(consts).items())),
             tuple(sorted(opts.items())), device)
 
 
