@@ -22,9 +22,8 @@ from kiln.capture import values as V
 _CE_SIGNATURE = inspect.signature(F.cross_entropy)
 
 
-def _const(v, default=None):
-    if v is None:
-        return default
+def _const(v):
+    """A bound argument's Python value where it is a constant (else the Value)."""
     return v.value if isinstance(v, V.ConstantValue) else v
 
 

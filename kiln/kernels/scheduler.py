@@ -247,7 +247,8 @@ def schedule(buffers: list, output_names: set, matmul_epilogues: bool = False,
     for g_i, g in enumerate(groups):
         if g.extern is not None or g.alone is not None:
             continue
-        _split_loops(g)
+        if not g.loops:             # (``_loops_apart`` made them already)
+            _split_loops(g)
         loop_of = {n.name: li for li, (_, ns) in enumerate(g.loops) for n in ns}
         for n in g.nodes:
             if n.name in output_names or not readers.get(n.name, set()) <= {g_i}:
