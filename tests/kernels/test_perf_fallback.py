@@ -4,8 +4,10 @@ equals eager's, during the trial and after; inputs written once per call.
 
 Timings are injected (``perf_fallback.adjust``) so decisions do not depend on the
 machine, except in the one real-timing test (marked slow)."""
+import gc
 import logging
 import re
+import time
 
 import pytest
 import torch
@@ -378,6 +380,50 @@ def test_a_replayed_graph_is_timed_only_on_replays(monkeypatch):
     assert trial.samples["compiled"] == [1e-3] * 6 and len(trial.samples["eager"]) == 6
     assert owner.variants[sig] is rt and trial.decided == "compiled"
     assert owner.perf_choices[(((2, 3), torch.float32, x.device),)]["choice"] == "compiled"
+
+
+class _MostlyRecordingRuntime(_FakeRuntime):
+    """A compiled variant whose calls all record again (a size stream's settling:
+    each call one-off work) except its ``sampled``-th."""
+
+    def __init__(self, sampled):
+        super().__init__()
+        self.sampled = sampled
+
+    def __call__(self, *args):
+        self.graphs.calls += 1
+        self.graphs.graph = object()
+        if self.graphs.calls != self.sampled:
+            graph_replay.recordings += 1
+        return ("compiled",)
+
+
+def test_one_outlying_compiled_sample_sends_nothing_to_eager(monkeypatch):
+    """After ``MAX_CALLS`` calls with one compiled sample (ten times eager's: a stall
+    the process had, say) against many eager ones, the compiled variant stays: a lone
+    sample decides nothing. (Before, a LLaMA size stream in a process that had run
+    torch.compile went eager for good on one such sample: 86 ms a pass, not 16.)"""
+    timings(monkeypatch, compiled_ms=10.0, eager_ms=1.0)
+    owner, rt = _Owner(), _MostlyRecordingRuntime(sampled=3)
+    x, y = torch.randn(2, 3), torch.randn(3)
+    sig = ((torch.Size((2, 3)), (3, 1), torch.float32, x.device),)
+    trial = owner.variants[sig] = pf.maybe_trial(rt, owner, sig)
+    for _ in range(pf.MAX_CALLS + 2):
+        trial(x, y)
+    assert len(trial.samples["compiled"]) == 1 and len(trial.samples["eager"]) >= pf.MIN_SAMPLES
+    assert trial.decided == "compiled" and owner.variants[sig] is rt
+    assert "1 compiled and" in trial.record["reason"]
+
+
+def test_garbage_collection_is_no_part_of_a_sample():
+    """A collection that runs inside a timed call (the collector's callbacks) is
+    taken off the sample: it is the process's cost, not the variant's."""
+    assert pf._clock._callback in gc.callbacks
+    t0 = pf._start(None)
+    pf._clock._callback("start", {"generation": 2})
+    time.sleep(0.05)
+    pf._clock._callback("stop", {"generation": 2})
+    assert pf._stop(None, t0) < 0.04
 
 
 def _stream_fn(x):

@@ -28,12 +28,14 @@ errors are caught by ``CompiledGraph``); a compiled graph replayed from a CUDA g
 also records on its second call, and a call that recorded again is not a sample. Then
 the two alternate in blocks, compiled first: one untimed call (a warm-up, and a buffer
 against what the other variant left running) and ``PER_BLOCK`` calls timed by the host
-clock (the device synchronised before and after on CUDA), until each has
-``config.perf_fallback_rounds`` samples — or sooner when one is more than ``CLEAR``
-times faster on every sample, or eager's first call alone is ``FIRST_CLEAR`` times
-slower than every compiled sample — and at most ``MAX_CALLS`` calls in all.
-Eager wins only when its median beats the compiled median by more than ``MARGIN``:
-noise (a replayed graph against eager on a busy host) keeps the compiled graph.
+clock less garbage collection (``_GcClock``; the device synchronised before and after
+on CUDA), until each has ``config.perf_fallback_rounds`` samples — or sooner when one
+is more than ``CLEAR`` times faster on every sample, or eager's first call alone is
+``FIRST_CLEAR`` times slower than every compiled sample — and at most ``MAX_CALLS``
+calls in all, after which a variant with fewer than ``MIN_SAMPLES`` samples leaves the
+compiled graph in place. Eager wins only when its median beats the compiled median by
+more than ``MARGIN``: noise (a replayed graph against eager on a busy host) keeps the
+compiled graph.
 
 One-off work is no sample: a timed call during which kiln compiled anything (a stage
 under ``timing.timed``: a new size's lowering, kernels, the autograd stage), recorded
@@ -64,6 +66,7 @@ the choice) and kept in ``perf_choices``.
 """
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 import weakref
@@ -88,6 +91,9 @@ CLEAR = 2.0
 FIRST_CLEAR = 4.0
 #: the most calls a trial makes before it decides with what it has
 MAX_CALLS = 40
+#: timed samples of each variant a decision on medians needs: with fewer after
+#: ``MAX_CALLS`` calls, the compiled variant is kept (one sample can be an outlier)
+MIN_SAMPLES = 2
 
 #: test hook: ``adjust(which, seconds) -> seconds`` for each timed sample ("compiled" or
 #: "eager"), so a test can give the decision fixed timings; None in normal use
@@ -352,11 +358,15 @@ class Trial:
             self._give_up()
 
     def _give_up(self):
-        """``MAX_CALLS`` made: decide on the samples there are (none of one variant:
-        the compiled one, whose calls were all one-off work)."""
+        """``MAX_CALLS`` made: decide on the samples there are when each variant has
+        ``MIN_SAMPLES``; otherwise keep the compiled variant, whose calls were one-off
+        work (a size stream's recordings, held outputs): a lone sample of either side
+        says too little to send a graph to eager for good."""
         c, e = self.samples["compiled"], self.samples["eager"]
-        self._decide(self._faster() if c and e else "compiled",
-                     "" if c and e else f"no timed samples of both in {MAX_CALLS} calls")
+        enough = len(c) >= MIN_SAMPLES and len(e) >= MIN_SAMPLES
+        self._decide(self._faster() if enough else "compiled",
+                     "" if enough else f"{len(c)} compiled and {len(e)} eager timed samples "
+                                       f"in {MAX_CALLS} calls")
 
     def _faster(self) -> str:
         c = statistics.median(self.samples["compiled"])
@@ -406,16 +416,41 @@ def _sync_for(args):
     return None
 
 
+class _GcClock:
+    """The host clock less the time Python's cyclic garbage collector ran: a collection
+    is the whole process's cost (a heap another library left, torch.compile's caches
+    say, makes one last hundreds of milliseconds), not the variant's that happened to
+    trigger it, so it is no part of a sample."""
+
+    def __init__(self):
+        self.collecting = 0.0     # seconds spent in finished collections
+        self.began = None
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase, info):
+        if phase == "start":
+            self.began = time.perf_counter()
+        elif self.began is not None:
+            self.collecting += time.perf_counter() - self.began
+            self.began = None
+
+    def now(self) -> float:
+        return time.perf_counter() - self.collecting
+
+
+_clock = _GcClock()
+
+
 def _start(sync) -> float:
     if sync is not None:
         torch.cuda.synchronize(sync)
-    return time.perf_counter()
+    return _clock.now()
 
 
 def _stop(sync, t0) -> float:
     if sync is not None:
         torch.cuda.synchronize(sync)
-    return time.perf_counter() - t0
+    return _clock.now() - t0
 
 
 # --- the kiln backend's inference calls ----------------------------------------------
