@@ -233,6 +233,32 @@ def walk(e: Expr):
     return order
 
 
+def map_affines(e: Expr, fn, on_load=None) -> Expr:
+    """``e`` with every affine index ``a`` replaced by ``fn(a)`` and every load
+    rebuilt by ``on_load(load, rebuilt mask, rebuilt gather terms)`` when given (shared
+    parts stay shared)."""
+    memo: dict = {}
+
+    def go(x):
+        r = memo.get(id(x))
+        if r is not None:
+            return r
+        if isinstance(x, Load):
+            mask = None if x.mask is None else go(x.mask)
+            gather = tuple((go(v), st) for v, st in x.gather)
+            r = on_load(x, mask, gather) if on_load is not None else \
+                Load(x.buf, fn(x.index), x.dtype, mask, gather)
+        elif isinstance(x, Index):
+            r = Index(fn(x.index), x.dtype)
+        elif isinstance(x, Op):
+            r = Op(x.name, tuple(go(c) for c in x.args), x.dtype)
+        else:
+            r = x
+        memo[id(x)] = r
+        return r
+    return go(e)
+
+
 def format_expr(e: Expr) -> str:
     """``e`` as text; sub-expressions used more than once are named once
     (``let %0 = ...; in ...``), so a shared DAG prints in linear size."""

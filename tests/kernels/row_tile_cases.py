@@ -271,3 +271,28 @@ def test_row_values_under_a_mask_of_their_own(cols):
     torch.manual_seed(0)
     src = _check(_padded_rows, [torch.randn(6, cols), torch.randn(6)], 1e-6)
     assert _row_kernels(src), src
+
+
+def _padded_loss_grad(x, s):
+    """A loss gradient's shape: ``exp(x - log(row sum))`` over the real columns, padded
+    with zeros to the padded vocabulary (``where(col < C, ..., 0)`` reading every input
+    under that mask)."""
+    aten = torch.ops.aten
+    g = aten.exp.default(aten.sub.Tensor(x, aten.unsqueeze.default(aten.log.default(s), 1)))
+    return (aten.constant_pad_nd.default(g, [0, 8]),)
+
+
+@pytest.mark.parametrize("cols", [20000, 1024])
+def test_row_values_under_the_padding_mask_load_once_a_row(cols):
+    """The row sum is read unmasked (``codegen/triton/unmask.py``): its address is the
+    row's own on every lane, and the padded lanes' values are thrown away by the
+    ``where``; with one row a program it is a scalar load and its log a scalar. The
+    logits keep their mask (their address moves along the row)."""
+    torch.manual_seed(0)
+    x, s = torch.randn(6, cols), torch.rand(6) + 0.5
+    src = _check(_padded_loss_grad, [x, s], 1e-5)
+    (k,) = _row_kernels(src)
+    loads = [l for l in k.splitlines() if "tl.load(" in l]
+    row_loads = [l for l in loads if "in1 +" in l]
+    assert row_loads and all("xzero" not in l and "mask=t" not in l for l in row_loads), k
+    assert any("in0 +" in l and "mask=" in l for l in loads), k

@@ -101,32 +101,6 @@ class _Reshape:
         return out
 
 
-def _rewrite(e: ir.Expr, fn, on_load=None) -> ir.Expr:
-    """``e`` with every affine index ``a`` replaced by ``fn(a)`` and every load
-    rebuilt by ``on_load(load, rebuilt mask, rebuilt gather terms)`` when given (shared
-    parts stay shared)."""
-    memo: dict = {}
-
-    def go(x):
-        r = memo.get(id(x))
-        if r is not None:
-            return r
-        if isinstance(x, Load):
-            mask = None if x.mask is None else go(x.mask)
-            gather = tuple((go(v), st) for v, st in x.gather)
-            r = on_load(x, mask, gather) if on_load is not None else \
-                Load(x.buf, fn(x.index), x.dtype, mask, gather)
-        elif isinstance(x, Index):
-            r = Index(fn(x.index), x.dtype)
-        elif isinstance(x, Op):
-            r = Op(x.name, tuple(go(c) for c in x.args), x.dtype)
-        else:
-            r = x
-        memo[id(x)] = r
-        return r
-    return go(e)
-
-
 def _probe(x: Lazy) -> ir.Expr:
     """``x`` at placeholder variables (size-1 dims at 0); None when it holds an
     expression kind this module does not know."""
@@ -162,7 +136,7 @@ def reshape_lazy(x: Lazy, out_sizes) -> Lazy | None:
     if not all(sub.merges(e.index) for e in ir.walk(probe) if isinstance(e, (Load, Index))):
         return None
     return Reshaped(tuple(int(s) for s in out_sizes), x.dtype,
-                    lambda idx: _rewrite(probe, lambda a: sub.apply(a, list(idx))), source=x)
+                    lambda idx: ir.map_affines(probe, lambda a: sub.apply(a, list(idx))), source=x)
 
 
 def gather_lazy(x: Lazy, d: int, within_mask):
@@ -196,5 +170,5 @@ def gather_lazy(x: Lazy, d: int, within_mask):
                 return Load(x.buf, fn(x.index), x.dtype, mask, gather)
             mask = mask_e if mask is None else op("and", mask, mask_e)
             return Load(x.buf, fn(x.index), x.dtype, mask, gather + ((e, c),))
-        return _rewrite(probe, fn, on_load)
+        return ir.map_affines(probe, fn, on_load)
     return read

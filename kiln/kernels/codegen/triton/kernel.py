@@ -13,7 +13,8 @@ from ...scheduler import Group, Schedule
 from .exprs import (TL, TBody, acc_dtype, compute_dtype, decompose, memory_order, pow2,
                     store_value, tindex)
 from .heuristics import Plan, plan_reduction
-from . import row_tiles
+from . import dim_merge, row_tiles
+from .unmask import unmask
 from ..size_args import is_lifted, names_each_own, size
 
 
@@ -114,18 +115,26 @@ class TritonKernel:
             out.append(f"    xmask = xindex < {size(numel)}")
             mask = "xmask"
         vars_ = ir.loop_vars(sizes)
-        out += ["    " + l for l in decompose([vars_[i] for i in perm],
-                                               [sizes[i] for i in perm], "xindex",
+        bodies = {n.name: unmask(n.body) for n in g.nodes}
+        stores = {n.name: n.store_index(vars_) for n in g.nodes if n.name in writes}
+        merged = dim_merge.runs(dim_merge.affines(bodies.values(), stores.values()),
+                                sizes, perm)
+        drop = dim_merge.dropper(merged)
+        if drop is not None:        # contiguous dims walked as one index (dim_merge)
+            bodies = {k: ir.map_affines(e, drop) for k, e in bodies.items()}
+            stores = {k: drop(a) for k, a in stores.items()}
+        out += ["    " + l for l in decompose([vars_[r[-1]] for r in merged],
+                                               dim_merge.run_sizes(merged, sizes), "xindex",
                                                bound=-(-numel // xb) * xb)]
         body = TBody({}, "    ", self.counter, mask,
                      {f"x{i}" for i in range(len(sizes))}, "xzero")
         out.append("    xzero = xindex * 0")
         mk = f", mask={mask}" if mask else ""
         for n in g.nodes:
-            v = body.render(n.body)
+            v = body.render(bodies[n.name])
             body.values[n.name] = v
             if n.name in writes:
-                body.lines.append(f"    tl.store({body.ptr(n.name, n.store_index(vars_))}, "
+                body.lines.append(f"    tl.store({body.ptr(n.name, stores[n.name])}, "
                                   f"{store_value(v, n.dtype)}{mk})")
         out += body.lines
         grid = f"({-(-numel // xb)},)"     # a literal: triton.cdiv costs ~5 us per call
@@ -152,7 +161,23 @@ class TritonKernel:
             out.append(f"{ind}xmask = xindex < {size(onum)}")
             xmask = "xmask"
         all_vars = g.all_vars()
-        out += [ind + l for l in decompose(all_vars[:k], outer, "xindex",
+        sizes = outer + red
+        self.bodies = {n.name: n.body for n in g.nodes}
+        merged = dim_merge.runs(dim_merge.affines(
+            self.bodies.values(),
+            [n.store_index(all_vars) for n in g.nodes if n.name in writes]
+            + [n.store_index(g.outer_vars()) for n in g.nodes if n.name in writes]),
+            sizes, range(len(sizes)))
+        # runs never cross from kept to reduced dims
+        merged = [part for r in merged
+                  for part in ([x for x in r if x < k], [x for x in r if x >= k]) if part]
+        self.drop = dim_merge.dropper(merged)
+        if self.drop is not None:   # contiguous dims walked as one index (dim_merge)
+            self.bodies = {n: ir.map_affines(e, self.drop) for n, e in self.bodies.items()}
+        outer_runs = [r for r in merged if r[0] < k]
+        red_runs = [r for r in merged if r[0] >= k]
+        out += [ind + l for l in decompose([all_vars[r[-1]] for r in outer_runs],
+                                           dim_merge.run_sizes(outer_runs, sizes), "xindex",
                                            bound=-(-onum // p.xb) * p.xb)]
         out.append(f"{ind}xzero = xindex * 0")
         out.append(f"{ind}rbase = tl.arange(0, RBLOCK){rs}")
@@ -177,7 +202,8 @@ class TritonKernel:
                 ls.append(f"{bi}rmask = rindex < {size(rnum)}")
                 if xmask:
                     ls.append(f"{bi}xrmask = xmask & rmask")
-            ls += [bi + l for l in decompose(all_vars[k:], red, "rindex")]
+            ls += [bi + l for l in decompose([all_vars[r[-1]] for r in red_runs],
+                                             dim_merge.run_sizes(red_runs, sizes), "rindex")]
             return ls
 
         if p.persistent:
@@ -188,7 +214,7 @@ class TritonKernel:
             if kind == "outer":
                 top.lines = []
                 for n in nodes:
-                    v = top.render(n.body)
+                    v = top.render(self.bodies[n.name])
                     scope[n.name] = v
                     if n.name in writes:
                         top.lines.append(f"{ind}tl.store({self._optr(n, g)}, "
@@ -221,14 +247,14 @@ class TritonKernel:
                 body = TBody(dict(scope), bi, self.counter, xmask, two_d=two_d, memo=top.memo)
             fm = full
             for n in nodes:
-                v = body.render(n.body)
+                v = body.render(self.bodies[n.name])
                 a = f"acc_{n.name}"
                 rt = getattr(n, "red_type", None)
                 L = body.lines.append
                 if rt is None:
                     body.values[n.name] = v
                     if n.name in writes:
-                        idx = n.store_index(all_vars)
+                        idx = self._merged(n.store_index(all_vars))
                         zero = "" if (idx.vars() & rvars and (idx.vars() - rvars or k == 0)) \
                             else " + xrzero"
                         L(f"{bi}tl.store({n.name} + {tindex(idx)}{zero}, "
@@ -276,8 +302,11 @@ class TritonKernel:
         grid = f"({-(-onum // p.xb)}, {p.split})" if p.split > 1 else f"({-(-onum // p.xb)},)"
         return out, grid, {"XBLOCK": p.xb, "RBLOCK": p.rb}
 
+    def _merged(self, idx: Affine) -> Affine:
+        return idx if self.drop is None else self.drop(idx)
+
     def _optr(self, n, g):
-        idx = n.store_index(g.outer_vars())
+        idx = self._merged(n.store_index(g.outer_vars()))
         return f"{n.name} + {tindex(idx)}" + ("" if idx.vars() else " + xzero")
 
 

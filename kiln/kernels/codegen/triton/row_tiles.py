@@ -19,6 +19,7 @@ from ...ir import Load, numel_of
 from ..size_args import is_lifted, size
 from .exprs import FAST_DIV_LIMIT, TBody, declared_multiple, decompose, store_value, tindex
 from .heuristics import ROW_TILE_MIN_COLS, RowTiles, plan_row_tiles
+from .unmask import unmask
 
 
 @dataclass
@@ -132,7 +133,7 @@ def source(k, params, writes, shape: RowShape):
     body = TBody({}, "    ", k.counter, full, row_vars | {cv}, "xzero", mask_of=mask_of)
     mk = f", mask={full}" if full else ""
     for n in g.nodes:
-        v = body.render(n.body)
+        v = body.render(unmask(n.body))
         body.values[n.name] = v
         if n.name in writes:
             idx = n.store_index(vars_)

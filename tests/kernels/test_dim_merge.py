@@ -1,0 +1,117 @@
+"""Contiguous dims of a pointwise Triton kernel walked as one flat index
+(kernels/codegen/triton/dim_merge.py): no division where every tensor is laid out alike,
+divisions kept where one is not (a broadcast along an inner dim, a transposed read, a
+strided slice), values equal to eager's in every case (Triton interpreter)."""
+import pytest
+import torch
+import torch.fx as fx
+
+from kiln import config
+from kiln.kernels import compile_aten_graph
+from kiln.kernels.codegen.triton import dim_merge
+from kiln.kernels.codegen.triton import kernel as triton_kernel
+from kiln.kernels.ir import Affine
+
+aten = torch.ops.aten
+
+
+def _a(**coefs) -> Affine:
+    return Affine(tuple(sorted(coefs.items())), 0)
+
+
+def test_runs_follow_the_coefficients():
+    sizes = (8, 512, 64)
+    flat = _a(x0=512 * 64, x1=64, x2=1)
+    assert dim_merge.runs([flat], sizes, [0, 1, 2]) == [[0, 1, 2]]
+    bias = _a(x2=1)                       # broadcast along the outer dims: they merge
+    assert dim_merge.runs([flat, bias], sizes, [0, 1, 2]) == [[0, 1], [2]]
+    rows = _a(x0=512, x1=1)               # a per-row value: the inner dim stays apart
+    assert dim_merge.runs([flat, rows], sizes, [0, 1, 2]) == [[0, 1], [2]]
+    sliced = _a(x0=2 * 512 * 64, x1=64, x2=1)        # x[::2] of a [16, 512, 64]
+    assert dim_merge.runs([flat, sliced], sizes, [0, 1, 2]) == [[0], [1, 2]]
+    assert dim_merge.runs([_a(x0=64, x2=1)], (8, 1, 64), [0, 1, 2]) == [[0, 2]]
+
+
+@pytest.fixture
+def texts(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(config, "graph_cache", False)
+    lines = []
+    decompose = triton_kernel.decompose
+
+    def spied(*a, **k):
+        out = decompose(*a, **k)
+        lines.extend(out)
+        return out
+    monkeypatch.setattr(triton_kernel, "decompose", spied)
+    return lines
+
+
+def _check(f, inputs, texts, divisions: bool):
+    cg = compile_aten_graph(fx.symbolic_trace(f), inputs, "triton")
+    has_div = any("kiln_udiv" in t or "//" in t for t in texts)
+    assert has_div == divisions, texts
+    for _ in range(2):
+        got, want = cg(*inputs), f(*inputs)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.stride() == w.stride() and g.dtype == w.dtype
+            torch.testing.assert_close(g, w)
+
+
+def test_contiguous_gelu_backward_is_one_flat_index(texts):
+    def f(g, x):
+        t = aten.tanh.default(aten.mul.Tensor(x, 0.79788))
+        return (aten.mul.Tensor(aten.mul.Tensor(g, aten.add.Tensor(t, 1.0)), 0.5),)
+    g, x = torch.randn(4, 33, 96), torch.randn(4, 33, 96)
+    _check(f, [g, x], texts, divisions=False)
+    assert texts == ["x2 = xindex"]
+
+
+def test_bias_broadcast_keeps_the_inner_division(texts):
+    def f(x, b):
+        return (aten.relu.default(aten.add.Tensor(x, b)),)
+    _check(f, [torch.randn(4, 33, 96), torch.randn(96)], texts, divisions=True)
+    assert len([t for t in texts if "=" in t]) == 2       # [4*33] rows, [96] columns
+
+
+def test_per_row_value_keeps_the_inner_division(texts):
+    def f(x, m):
+        return (aten.sub.Tensor(x, m),)
+    _check(f, [torch.randn(4, 33, 96), torch.randn(4, 33, 1)], texts, divisions=True)
+
+
+def test_transposed_read_keeps_its_divisions(texts):
+    def f(x):
+        t = aten.permute.default(x, [0, 2, 1])
+        return (aten.add.Tensor(aten.clone.default(t, memory_format=torch.contiguous_format),
+                                1.0),)
+    _check(f, [torch.randn(4, 33, 96)], texts, divisions=True)
+
+
+def test_strided_input_and_arange_values(texts):
+    def f(x):
+        s = aten.slice.Tensor(x, 2, 0, 96, 2)            # every other column
+        i = aten.arange.start(0, 48, dtype=torch.float32)
+        return (aten.add.Tensor(aten.mul.Tensor(s, 2.0), i),)
+    _check(f, [torch.randn(4, 33, 96)], texts, divisions=True)
+
+
+def test_channels_last_merges_height_and_width(texts):
+    def f(x, y):
+        return (aten.mul.Tensor(aten.exp.default(x), y),)
+    x = torch.randn(2, 24, 7, 9).to(memory_format=torch.channels_last)
+    y = torch.randn(2, 24, 7, 9).to(memory_format=torch.channels_last)
+    _check(f, [x, y], texts, divisions=False)
+
+
+def test_size_one_and_expanded_inputs(texts):
+    def f(x, y):
+        return (aten.add.Tensor(x, aten.expand.default(y, [5, 1, 40])),)
+    _check(f, [torch.randn(5, 1, 40), torch.randn(1, 1, 40)], texts, divisions=True)
+
+    texts.clear()
+
+    def h(x):
+        return (aten.cos.default(x),)
+    _check(h, [torch.randn(5, 1, 40)], texts, divisions=False)
