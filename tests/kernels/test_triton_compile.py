@@ -97,6 +97,26 @@ def test_gelu_mlp_kernels_compile(dtype, tmp_path):
     assert compile_all(source, kinfo, tmp_path)
 
 
+def _tanh_gelu(x):
+    t = aten.tanh.default(aten.mul.Tensor(aten.add.Tensor(x, aten.mul.Tensor(
+        aten.pow.Tensor_Scalar(x, 3), 0.044715)), 0.7978845608028654))
+    return (aten.mul.Tensor(aten.mul.Tensor(x, 0.5), aten.add.Tensor(t, 1.0)),)
+
+
+def test_tanh_gelu_is_float32_libdevice_over_a_flat_index(tmp_path):
+    """GPT-2's tanh GELU over a contiguous [8, 64, 3072] bf16 activation: tanh is
+    libdevice's float32 one (no float64 arithmetic in the PTX: the float64 emulation
+    made the kernel compute-bound), and the dims are one flat index (no division)."""
+    x = torch.randn(8, 64, 3072).to(torch.bfloat16)
+    source, _, kinfo = generated(_tanh_gelu, [x])
+    assert "kiln_tanh(" in source and "kiln_udiv(xindex" not in source and "//" not in \
+        source.split("def kernel0")[1]
+    (ck,) = compile_all(source, kinfo, tmp_path).values()
+    body = ck.asm["ptx"].split(".entry")[1]
+    assert ".f64" not in body, [l for l in body.splitlines() if ".f64" in l][:5]
+    assert "ld.global.v4" in body or "ld.global.nc.v4" in body
+
+
 def test_bf16_reductions_compile_with_fp32_accumulators(tmp_path):
     args = [torch.randn(4, 12000), torch.randn(3, 7, 768), torch.randn(768), torch.randn(768)]
     source, _, kinfo = generated(_attention_softmax, [a.bfloat16() for a in args])

@@ -14,7 +14,9 @@ def test_loop_bounds_take_the_interpreters_one_element_scalars():
     so ``for roffset in range(0, ks1, RBLOCK)`` runs as with a literal bound."""
     pytest.importorskip("triton")
     import triton.language as tl
-    ns = {"tl": tl, "kiln_fmodf_emulated": None}     # (the rest of PRELUDE's names)
+    ns = {"tl": tl}                                   # (the rest of PRELUDE's names)
+    ns.update({f"kiln_{n}_emulated": None for n in
+               ("fmodf", "expm1", "log1p", "tanh", "sinh", "cosh", "tan", "log10")})
     exec(compile(INTERPRETER_SHIMS, "<kiln module>", "exec"), ns)
     ks1 = tl.tensor(types.SimpleNamespace(data=np.array([37], dtype=np.int64)), tl.int64)
     with pytest.raises(TypeError):

@@ -116,24 +116,62 @@ def kiln_pow(a, b):
         return tl.where(b < 0, tl.where(a == 1, 1, 0).to(a.dtype), r)
 
 
-# tl.math has no expm1/log1p/tanh/...; these compute in float64 and round once, which
-# keeps float32 results within an ulp or two (float64 inputs lose a little near 0).
+# tl.math has no expm1/log1p/tanh/...: libdevice's, the functions eager's CUDA kernels
+# call (tanhf, expm1f...), at float32 speed (the float64 emulations below made a
+# tanh-GELU kernel compute-bound: 3x its bytes' time on the H100).
 @triton.jit
 def kiln_expm1(x):
+    return libdevice.expm1(x)
+
+
+@triton.jit
+def kiln_log1p(x):
+    return libdevice.log1p(x)
+
+
+@triton.jit
+def kiln_tanh(x):
+    return libdevice.tanh(x)
+
+
+@triton.jit
+def kiln_sinh(x):
+    return libdevice.sinh(x)
+
+
+@triton.jit
+def kiln_cosh(x):
+    return libdevice.cosh(x)
+
+
+@triton.jit
+def kiln_tan(x):
+    return libdevice.tan(x)
+
+
+@triton.jit
+def kiln_log10(x):
+    return libdevice.log10(x)
+
+
+# Without libdevice (Triton's interpreter): float64, rounded once, which keeps float32
+# results within an ulp or two (float64 inputs lose a little near 0).
+@triton.jit
+def kiln_expm1_emulated(x):
     x64 = x.to(tl.float64)
     small = tl.abs(x64) < 1e-5
     return tl.where(small, x64 + 0.5 * x64 * x64, tl.exp(x64) - 1.0).to(x.dtype)
 
 
 @triton.jit
-def kiln_log1p(x):
+def kiln_log1p_emulated(x):
     x64 = x.to(tl.float64)
     small = tl.abs(x64) < 1e-5
     return tl.where(small, x64 - 0.5 * x64 * x64, tl.log(1.0 + x64)).to(x.dtype)
 
 
 @triton.jit
-def kiln_tanh(x):
+def kiln_tanh_emulated(x):
     x64 = x.to(tl.float64)
     t = tl.exp(-2.0 * tl.abs(x64))
     r = (1.0 - t) / (1.0 + t)
@@ -141,25 +179,25 @@ def kiln_tanh(x):
 
 
 @triton.jit
-def kiln_sinh(x):
+def kiln_sinh_emulated(x):
     x64 = x.to(tl.float64)
     return ((tl.exp(x64) - tl.exp(-x64)) * 0.5).to(x.dtype)
 
 
 @triton.jit
-def kiln_cosh(x):
+def kiln_cosh_emulated(x):
     x64 = x.to(tl.float64)
     return ((tl.exp(x64) + tl.exp(-x64)) * 0.5).to(x.dtype)
 
 
 @triton.jit
-def kiln_tan(x):
+def kiln_tan_emulated(x):
     x64 = x.to(tl.float64)
     return (tl.sin(x64) / tl.cos(x64)).to(x.dtype)
 
 
 @triton.jit
-def kiln_log10(x):
+def kiln_log10_emulated(x):
     return (tl.log(x.to(tl.float64)) * 0.4342944819032518).to(x.dtype)
 
 
@@ -233,7 +271,8 @@ def kiln_argmin_combine(v1, i1, v2, i2):
     return tl.where(take2, v2, v1), tl.where(take2, i2, i1)
 '''
 
-#: Appended under Triton's interpreter, which cannot call libdevice, and whose kernel
+#: Appended under Triton's interpreter, which cannot call libdevice (the ``_emulated``
+#: functions stand in for libdevice's), and whose kernel
 #: scalars (a size argument read from ``kiln_ks``) are 1-element arrays: Triton 3.6 turns
 #: one into an index with ``int(array)``, which NumPy 2 refuses for a 1-d array, so a loop
 #: ``range(0, ks1, RBLOCK)`` fails there (3.8 squeezes first). The module's ``range``
@@ -241,6 +280,13 @@ def kiln_argmin_combine(v1, i1, v2, i2):
 #: value; other bounds pass as they are, so the loops run as with literal bounds.
 INTERPRETER_SHIMS = """
 kiln_fmodf = kiln_fmodf_emulated
+kiln_expm1 = kiln_expm1_emulated
+kiln_log1p = kiln_log1p_emulated
+kiln_tanh = kiln_tanh_emulated
+kiln_sinh = kiln_sinh_emulated
+kiln_cosh = kiln_cosh_emulated
+kiln_tan = kiln_tan_emulated
+kiln_log10 = kiln_log10_emulated
 
 
 def range(*bounds, _range=range):
