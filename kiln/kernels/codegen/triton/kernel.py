@@ -13,7 +13,7 @@ from ...scheduler import Group, Schedule
 from .exprs import (TL, TBody, acc_dtype, compute_dtype, decompose, memory_order, pow2,
                     store_value, tindex)
 from .heuristics import Plan, plan_reduction
-from . import dim_merge, row_tiles
+from . import dim_merge, horizontal, row_tiles
 from .unmask import unmask
 from ..size_args import is_lifted, names_each_own, size
 
@@ -126,18 +126,27 @@ class TritonKernel:
         out += ["    " + l for l in decompose([vars_[r[-1]] for r in merged],
                                                dim_merge.run_sizes(merged, sizes), "xindex",
                                                bound=-(-numel // xb) * xb)]
-        body = TBody({}, "    ", self.counter, mask,
-                     {f"x{i}" for i in range(len(sizes))}, "xzero")
         out.append("    xzero = xindex * 0")
         mk = f", mask={mask}" if mask else ""
-        for n in g.nodes:
-            v = body.render(bodies[n.name])
-            body.values[n.name] = v
-            if n.name in writes:
-                body.lines.append(f"    tl.store({body.ptr(n.name, stores[n.name])}, "
-                                  f"{store_value(v, n.dtype)}{mk})")
-        out += body.lines
-        grid = f"({-(-numel // xb)},)"     # a literal: triton.cdiv costs ~5 us per call
+        programs = -(-numel // xb)
+        chunks = horizontal.chunks(g.nodes, g.names, writes, programs, sizes)
+        if len(chunks) > 1:
+            out.append("    part = tl.program_id(1)")
+        for ci, nodes in enumerate(chunks):
+            ind = "    " if len(chunks) == 1 else "        "
+            if len(chunks) > 1:
+                out.append(f"    if part == {ci}:")
+            body = TBody({}, ind, self.counter, mask,
+                         {f"x{i}" for i in range(len(sizes))}, "xzero")
+            for n in nodes:
+                v = body.render(bodies[n.name])
+                body.values[n.name] = v
+                if n.name in writes:
+                    body.lines.append(f"{ind}tl.store({body.ptr(n.name, stores[n.name])}, "
+                                      f"{store_value(v, n.dtype)}{mk})")
+            out += body.lines
+        # a literal: triton.cdiv costs ~5 us per call
+        grid = f"({programs},)" if len(chunks) == 1 else f"({programs}, {len(chunks)})"
         return out, grid, {"XBLOCK": xb}
 
     def _reduction(self, params, writes):
