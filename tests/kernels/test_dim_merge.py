@@ -8,7 +8,7 @@ import torch.fx as fx
 
 from kiln import config
 from kiln.kernels import compile_aten_graph
-from kiln.kernels.codegen.triton import dim_merge
+from kiln.kernels.codegen import dim_merge
 from kiln.kernels.codegen.triton import kernel as triton_kernel
 from kiln.kernels.ir import Affine
 
@@ -115,3 +115,51 @@ def test_size_one_and_expanded_inputs(texts):
     def h(x):
         return (aten.cos.default(x),)
     _check(h, [torch.randn(5, 1, 40)], texts, divisions=False)
+
+
+# --- the C++ loop nest (dim_merge.merged_pointwise) ----------------------------------
+def _cpp(f, inputs):
+    cg = compile_aten_graph(fx.symbolic_trace(f), inputs, "cpp")
+    for _ in range(2):
+        for g, w in zip(cg(*[a.clone() for a in inputs]), f(*inputs)):
+            assert g.shape == w.shape and g.stride() == w.stride() and g.dtype == w.dtype
+            torch.testing.assert_close(g, w)
+    return str(cg.artefacts["source"])
+
+
+def _loops(src: str) -> int:
+    body = src.split("static void kernel0")[1].split("\n}\n")[0]
+    return body.count("for (int64_t x")
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_cpp_contiguous_map_is_one_loop(monkeypatch, layout):
+    """A [8, 64, 7, 7] map: one vectorised loop of 25088, not an ``omp simd`` loop of 7
+    (channels-last too: walked in memory order)."""
+    monkeypatch.setattr(config, "graph_cache", False)
+
+    def f(x, y):
+        return (aten.mul.Tensor(aten.relu.default(x), y),)
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    x, y = (torch.randn(8, 64, 7, 7).to(memory_format=fmt) for _ in range(2))
+    assert _loops(_cpp(f, [x, y])) == 1
+
+
+def test_cpp_keeps_dims_a_read_tells_apart(monkeypatch):
+    monkeypatch.setattr(config, "graph_cache", False)
+
+    def bias(x, b):
+        return (aten.add.Tensor(x, b),)
+    assert _loops(_cpp(bias, [torch.randn(4, 33, 96), torch.randn(96)])) == 2
+
+    def sliced(x):
+        return (aten.mul.Tensor(aten.slice.Tensor(x, 0, 0, 8, 2), 3.0),)
+    assert _loops(_cpp(sliced, [torch.randn(8, 5, 40)])) == 2
+
+    def rows(x, m):
+        return (aten.sub.Tensor(x, m),)
+    assert _loops(_cpp(rows, [torch.randn(3, 5, 40), torch.randn(3, 5, 1)])) == 2
+
+    def expanded(x, y):
+        return (aten.add.Tensor(x, aten.expand.default(y, [5, 1, 40])),)
+    _cpp(expanded, [torch.randn(5, 1, 40), torch.randn(1, 1, 40)])

@@ -23,6 +23,7 @@ from ...ir import Affine, Const, Index, Load, Op, numel_of
 from ...ops import OPS
 from ...reductions import KINDS
 from ...scheduler import Group, Schedule
+from .. import dim_merge
 from ..size_args import constant, each_own, is_lifted, size
 from . import shared
 
@@ -282,9 +283,10 @@ class CppKernel:
             return self._scatter_source(dtypes)
         if isinstance(g.alone, ir.Scan):
             return self._scan_source(dtypes)
-        if g.red is None:           # pure pointwise: vectorise the last dim
-            shape = tuple(g.outer)
-            g = Group(shape[:-1], shape[-1:], g.nodes, loops=[("inner", list(g.nodes))])
+        if g.red is None:           # pure pointwise: vectorise the last (merged) dim
+            shape, nodes = dim_merge.merged_pointwise(
+                g.nodes, tuple(g.outer), {n.name for n in g.nodes if n.name not in self.s.locals})
+            g = Group(shape[:-1], shape[-1:], nodes, loops=[("inner", list(nodes))])
         params = self.params()
         writes = {n.name for n in g.nodes if n.name not in self.s.locals}
         sig = ", ".join(

@@ -13,7 +13,8 @@ from ...scheduler import Group, Schedule
 from .exprs import (TL, TBody, acc_dtype, compute_dtype, decompose, memory_order, pow2,
                     store_value, tindex)
 from .heuristics import Plan, plan_reduction
-from . import dim_merge, horizontal, row_tiles
+from .. import dim_merge
+from . import horizontal, row_tiles
 from .unmask import unmask
 from ..size_args import is_lifted, names_each_own, size
 
