@@ -10,7 +10,7 @@ from kiln import config
 from kiln.kernels import compile_aten_graph
 from kiln.kernels.codegen import dim_merge
 from kiln.kernels.codegen.triton import kernel as triton_kernel
-from kiln.kernels.ir import Affine
+from kiln.kernels.ir import Affine, Const, Load, Op
 
 aten = torch.ops.aten
 
@@ -163,3 +163,62 @@ def test_cpp_keeps_dims_a_read_tells_apart(monkeypatch):
     def expanded(x, y):
         return (aten.add.Tensor(x, aten.expand.default(y, [5, 1, 40])),)
     _cpp(expanded, [torch.randn(5, 1, 40), torch.randn(1, 1, 40)])
+
+
+# --- loads under a where's own mask (codegen/triton/unmask.py) ------------------------
+def _pads_and_cats():
+    def pad_cols(x, m):        # per-row values padded along the row: unmasked
+        e = aten.expand.default(aten.unsqueeze.default(m, 1), [x.shape[0], x.shape[1]])
+        return (aten.constant_pad_nd.default(aten.mul.Tensor(x, e), [0, 5]),)
+
+    def pad_rows(x, m):        # padded along the rows: the row values keep their mask
+        e = aten.expand.default(aten.unsqueeze.default(m, 1), [x.shape[0], x.shape[1]])
+        return (aten.constant_pad_nd.default(aten.add.Tensor(x, e), [0, 0, 2, 3]),)
+
+    def crop(x, m):            # negative padding: a crop, no mask at all
+        return (aten.constant_pad_nd.default(x, [-1, 0]),)
+
+    def cat_cols(x, m):        # a row value beside the rows, then the rows again
+        e = aten.expand.default(aten.unsqueeze.default(aten.log.default(m), 1),
+                                [x.shape[0], 3])
+        return (aten.cat.default([e, x, aten.neg.default(x)], 1),)
+
+    def empty_source(x, m):    # the padded tensor has no columns: every lane is fill
+        z = aten.slice.Tensor(x, 1, 0, 0)
+        return (aten.constant_pad_nd.default(z, [0, 4], 1.5),)
+    return [pad_cols, pad_rows, crop, cat_cols, empty_source]
+
+
+@pytest.mark.parametrize("fn", _pads_and_cats(), ids=lambda f: f.__name__)
+@pytest.mark.parametrize("shape", [(5, 13), (1, 40), (7, 1)])
+def test_masked_reads_match_eager(fn, shape, texts):
+    x, m = torch.randn(*shape), torch.rand(shape[0]) + 0.5
+    cg = compile_aten_graph(fx.symbolic_trace(fn), [x, m], "triton")
+    for _ in range(2):
+        for g, w in zip(cg(x, m), fn(x, m)):
+            assert g.shape == w.shape and g.stride() == w.stride()
+            torch.testing.assert_close(g, w)
+
+
+def test_unmask_keeps_masks_it_cannot_drop():
+    from kiln.kernels.codegen.triton.unmask import unmask
+    from kiln.kernels.ir import Index
+    x0, x1 = Affine((("x0", 1),), 0), Affine((("x1", 1),), 0)
+    i64 = torch.int64
+    cond = Op("lt", (Index(x1, i64), Const(10, i64)), torch.bool)
+    row = Load("m", x0, torch.float32, cond)                # avoids x1: unmasked
+    col = Load("x", Affine((("x0", 10), ("x1", 1)), 0), torch.float32, cond)  # keeps it
+    other = Load("m", x0, torch.float32, Op("lt", (Index(x0, i64), Const(3, i64)),
+                                            torch.bool))  # another mask: kept
+    e = Op("where", (cond, Op("add", (Op("add", (row, col), torch.float32), other),
+                              torch.float32), Const(0.0, torch.float32)), torch.float32)
+    out = unmask(e)
+    loads = {(ld.buf, ld.mask is None) for ld in _loads(out)}
+    assert loads == {("m", True), ("x", False), ("m", False)}
+    bare = Op("add", (row, col), torch.float32)              # no where: nothing changes
+    assert unmask(bare) is bare
+
+
+def _loads(e):
+    from kiln.kernels import ir
+    return [x for x in ir.walk(e) if isinstance(x, Load)]
