@@ -222,3 +222,28 @@ def test_unmask_keeps_masks_it_cannot_drop():
 def _loads(e):
     from kiln.kernels import ir
     return [x for x in ir.walk(e) if isinstance(x, Load)]
+
+
+def _cpp_loops_of(src: str, kernel: int) -> int:
+    body = src.split(f"static void kernel{kernel}(")[1].split("\n}\n")[0]
+    return body.count("for (int64_t x")
+
+
+def test_cpp_reductions_merge_kept_and_reduced_dims_apart(monkeypatch):
+    """A spatial mean over [4, 16, 7, 7]: kept [64], reduced [49] (two loops, not
+    four); the per-channel sum keeps the batch apart from the map. Values (argmax's
+    flat position included, and a transposed input) against eager."""
+    monkeypatch.setattr(config, "graph_cache", False)
+
+    def f(x):
+        return (aten.mean.dim(x, [2, 3]), aten.sum.dim_IntList(x, [0, 2, 3], True),
+                aten.argmax.default(x), aten.amax.default(x, [3]))
+    src = _cpp(f, [torch.randn(4, 16, 7, 7)])
+    assert _cpp_loops_of(src, 0) == 2
+    _cpp(f, [torch.randn(4, 7, 7, 16).permute(0, 3, 1, 2)])
+
+    def col(x):                                    # a column sum: kept [5 * 40]
+        vm = aten.var_mean.correction(x, [1, 2])
+        return (aten.sum.dim_IntList(x, [0]), vm[0], vm[1])
+    _cpp(col, [torch.randn(8, 5, 40)])
+    _cpp(col, [torch.randn(8, 1, 40)])

@@ -287,6 +287,8 @@ class CppKernel:
             shape, nodes = dim_merge.merged_pointwise(
                 g.nodes, tuple(g.outer), {n.name for n in g.nodes if n.name not in self.s.locals})
             g = Group(shape[:-1], shape[-1:], nodes, loops=[("inner", list(nodes))])
+        elif g.alone is None and g.matmul is None:
+            g = dim_merge.merged_group(g, {n.name for n in g.nodes if n.name not in self.s.locals})
         params = self.params()
         writes = {n.name for n in g.nodes if n.name not in self.s.locals}
         sig = ", ".join(
