@@ -212,11 +212,23 @@ def test_unmask_keeps_masks_it_cannot_drop():
                                             torch.bool))  # another mask: kept
     e = Op("where", (cond, Op("add", (Op("add", (row, col), torch.float32), other),
                               torch.float32), Const(0.0, torch.float32)), torch.float32)
-    out = unmask(e)
+    out = unmask(e, (4, 16))
     loads = {(ld.buf, ld.mask is None) for ld in _loads(out)}
     assert loads == {("m", True), ("x", False), ("m", False)}
     bare = Op("add", (row, col), torch.float32)              # no where: nothing changes
-    assert unmask(bare) is bare
+    assert unmask(bare, (4, 16)) is bare
+    # no lane meets the mask (padding an empty tensor: x1 >= 10 over 10 columns, or a
+    # constant false): the address need not be in bounds, the mask stays
+    never = Op("ge", (Index(x1, i64), Const(10, i64)), torch.bool)
+    off = Load("m", Affine((("x0", 1),), -1), torch.float32, never)
+    e2 = Op("where", (never, off, Const(0.0, torch.float32)), torch.float32)
+    assert unmask(e2, (4, 10)) is e2
+    const = Op("and", (Op("ge", (Index(Affine(), i64), Const(1, i64)), torch.bool),
+                       Op("lt", (Index(Affine(), i64), Const(1, i64)), torch.bool)), torch.bool)
+    e3 = Op("where", (const, Load("m", Affine((), -1), torch.float32, const),
+                      Const(0.0, torch.float32)), torch.float32)
+    assert unmask(e3, (4, 10)) is e3
+    assert unmask(e2, (4, 11)) is not e2                    # column 10 exists: it goes
 
 
 def _loads(e):

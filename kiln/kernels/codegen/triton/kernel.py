@@ -116,7 +116,7 @@ class TritonKernel:
             out.append(f"    xmask = xindex < {size(numel)}")
             mask = "xmask"
         vars_ = ir.loop_vars(sizes)
-        bodies = {n.name: unmask(n.body) for n in g.nodes}
+        bodies = {n.name: unmask(n.body, sizes) for n in g.nodes}
         stores = {n.name: n.store_index(vars_) for n in g.nodes if n.name in writes}
         merged = dim_merge.runs(dim_merge.affines(bodies.values(), stores.values()),
                                 sizes, perm)

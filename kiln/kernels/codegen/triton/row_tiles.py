@@ -133,7 +133,7 @@ def source(k, params, writes, shape: RowShape):
     body = TBody({}, "    ", k.counter, full, row_vars | {cv}, "xzero", mask_of=mask_of)
     mk = f", mask={full}" if full else ""
     for n in g.nodes:
-        v = body.render(unmask(n.body))
+        v = body.render(unmask(n.body, sizes))
         body.values[n.name] = v
         if n.name in writes:
             idx = n.store_index(vars_)
