@@ -33,7 +33,9 @@ the same updates; about 1: unrelated ones; under autocast, rounding alone gives 
 steps in float64, no autocast; ``--no-ref64`` skips it): a compiled backend is as
 correct as eager when its ``err64`` is about eager's (eager's own float32 is not exact:
 resnet18's batch norms over few values amplify rounding, so ``update_err`` alone can
-blame a backend for eager's error). With a GradScaler, ``scales`` (the scale after
+blame a backend for eager's error); ``loss_err64`` likewise takes the three losses
+against the float64 steps' (``loss_err`` between two float32 runs can be as large as
+their own distance from float64). With a GradScaler, ``scales`` (the scale after
 each of the three steps) must equal eager's: a step skipped by one backend and not by
 another changes it (where all three are skipped — the scale halving each time — the
 update errors are 0 by construction). Fused optimizers are not used (``fused`` stays
@@ -197,6 +199,11 @@ def _params(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
+def loss_error(losses, ref) -> float:
+    """The largest relative difference of ``losses`` from ``ref``'s, step by step."""
+    return max(abs(x - r) / max(abs(r), 1e-12) for x, r in zip(losses, ref))
+
+
 def update_error(p0, got, ref):
     """||(got - p0) - (ref - p0)|| / ||ref - p0|| over all parameters together."""
     num = sum(float(((g.double() - r.double()) ** 2).sum()) for g, r in zip(got, ref))
@@ -242,7 +249,7 @@ def run_backend(name, a, ref=None):
         row["median_ms"] = round(median(times) * 1e3, 3)
         row["losses"] = losses
         if ref is not None and "losses" in ref:
-            row["loss_err"] = max(abs(x - r) / max(abs(r), 1e-12) for x, r in zip(losses, ref["losses"]))
+            row["loss_err"] = loss_error(losses, ref["losses"])
     except Exception as e:  # noqa: BLE001 -- a failing backend is a row, not the end of the run
         msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         row["error"] = f"{type(e).__name__}: {msg}"
@@ -252,19 +259,23 @@ def run_backend(name, a, ref=None):
 def reference64(a, scales=None):
     """The three checked steps run eagerly in float64 without autocast; where eager's
     GradScaler skipped a step (its scale fell), ``opt.step()`` is skipped here too, so
-    the updates are the ones an exact computation would make. Returns the parameters."""
+    the updates are the ones an exact computation would make. Returns the parameters
+    and the three losses."""
     model, opt, inputs = build(a)
     model.double()          # the same Parameter objects: the optimizer keeps them
     prev = make_scaler(a)._init_scale if scales else None
+    losses = []
     for i in range(3):
         x, y = (t.double() if t.is_floating_point() else t for t in inputs[i])
-        model(x, y).backward()
+        loss = model(x, y)
+        losses.append(float(loss))
+        loss.backward()
         if not scales or scales[i] >= prev:
             opt.step()
         if scales:
             prev = scales[i]
         opt.zero_grad(set_to_none=True)
-    return _params(model)
+    return _params(model), losses
 
 
 def _public(row):
@@ -288,8 +299,10 @@ def main(argv=None) -> int:
         print(f"# {name}: compiling and timing", flush=True)
         rows.append(run_backend(name, a, rows[0] if rows else None))
         if len(rows) == 1 and a.ref64 and "_params" in rows[0]:
-            rows[0]["_params64"] = reference64(a, rows[0].get("scales"))
+            rows[0]["_params64"], rows[0]["_losses64"] = reference64(a, rows[0].get("scales"))
             rows[0]["err64"] = update_error(rows[0]["_p0"], rows[0]["_params"], rows[0]["_params64"])
+        if rows[0].get("_losses64") and rows[-1].get("losses"):
+            rows[-1]["loss_err64"] = loss_error(rows[-1]["losses"], rows[0]["_losses64"])
         if len(rows) > 1:   # only eager's parameters are needed later
             rows[-1].pop("_params", None)
             rows[-1].pop("_p0", None)

@@ -56,9 +56,10 @@ def test_reference64_skips_the_steps_eager_skipped():
     a = train_step.parse(["--model", "mlp", "--autocast", "fp16"])
     model, _, _ = train_step.build(a)
     p0 = train_step._params(model)
-    skipped_all = train_step.reference64(a, [32768.0, 16384.0, 8192.0])
+    skipped_all, losses = train_step.reference64(a, [32768.0, 16384.0, 8192.0])
     assert all(torch.equal(p, q) for p, q in zip(p0, [t.float() for t in skipped_all]))
-    stepped = train_step.reference64(a, [65536.0, 65536.0, 65536.0])
+    assert len(losses) == 3
+    stepped, _ = train_step.reference64(a, [65536.0, 65536.0, 65536.0])
     assert train_step.update_error(p0, [t.float() for t in p0], stepped) == 1.0
 
 
@@ -81,7 +82,9 @@ def test_resnet18_row(tmp_path, autocast):
         assert all(math.isfinite(x) for x in r["losses"])
     if autocast == "none":
         assert rows["kiln"]["err64"] <= 1.25 * rows["eager"]["err64"] + 1e-4
-        assert rows["kiln"]["loss_err"] < 0.1    # eager's float32 is 13% off float64 here
+        # eager's float32 losses are ~13% off float64's here, and two float32 runs as far
+        # from each other: kiln's are held to float64's, as close as eager's
+        assert rows["kiln"]["loss_err64"] <= 1.25 * rows["eager"]["loss_err64"] + 1e-3
     else:
         assert rows["kiln-aot_eager"]["update_err"] <= 1e-6
         assert rows["kiln-aot_eager"]["loss_err"] <= 1e-6
