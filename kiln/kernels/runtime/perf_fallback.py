@@ -418,7 +418,7 @@ def _sync_for(args):
 
 class _GcClock:
     """The host clock less the time Python's cyclic garbage collector ran: a collection
-    is the whole process's cost (a heap another library left, torch.compile's caches
+    is the whole process's cost (a large heap another library left, a compiler's caches
     say, makes one last hundreds of milliseconds), not the variant's that happened to
     trigger it, so it is no part of a sample."""
 

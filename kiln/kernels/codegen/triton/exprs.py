@@ -14,6 +14,7 @@ from ... import ir
 from ...ir import Affine, Const, Index, Load
 from ...ops import OPS
 from ...reductions import KINDS
+from .. import dim_merge
 from ..size_args import constant, is_lifted, size
 
 
@@ -254,14 +255,7 @@ def decompose(vars_, sizes, flat: str, bound: int | None = None) -> list:
 def memory_order(g, sizes, writes) -> list:
     """Dims from outermost to innermost in memory of the group's first stored buffer
     (a channels-last result walks channels fastest, so lanes stay coalesced)."""
-    n = len(sizes)
-    for node in g.nodes:
-        if node.name in writes and tuple(node.sizes) == tuple(sizes):
-            st = [int(s) for s in node.strides]
-            if st == list(ir.contiguous_strides(sizes)):
-                break
-            return sorted(range(n), key=lambda i: (-st[i] if int(sizes[i]) != 1 else 0, i))
-    return list(range(n))
+    return dim_merge.memory_order(g.nodes, sizes, writes)
 
 
 #: Triton's own specialisation of integer arguments (read by ``source._read``): a
