@@ -360,8 +360,19 @@ def test_backward_through_transforms(backend):
         _same(out, ref)
         out.backward()
         ref.backward()
-        torch.testing.assert_close(w.grad, w2.grad, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(x.grad, x2.grad, atol=1e-5, rtol=1e-5)
+        w64, x64 = (t.detach().double().requires_grad_() for t in (w, x))
+        outer_loss(w64, x64).backward()
+        for got, eager, exact in ((w.grad, w2.grad, w64.grad), (x.grad, x2.grad, x64.grad)):
+            _as_close_as_eager(got, eager, exact)
+
+
+def _as_close_as_eager(got, eager, exact):
+    """``got`` is within a few of eager's own float32 errors of the float64 result: a
+    gradient through a double backward rounds differently per reduction order (1e-4
+    relative, seen on one element), so a fixed tolerance against eager is a coin toss."""
+    assert got.dtype == eager.dtype and got.shape == eager.shape
+    err, err_eager = ((t.double() - exact).abs().max() for t in (got, eager))
+    assert err <= 4 * err_eager + 1e-6 * exact.abs().max(), (float(err), float(err_eager))
 
 
 # --- errors: eager's own -----------------------------------------------------------------
