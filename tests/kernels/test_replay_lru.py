@@ -77,11 +77,14 @@ def test_recordings_bounded_least_recently_used_dropped(monkeypatch, caplog):
     a, b, c = (vs[n][1] for n in (21, 22, 23))
     call(21)                       # the family's first variant: warm-up, plain
     call(21)                       # recorded
-    call(22)                       # a new size of a family that was called: recorded
-    assert b.calls == 1 and b.records == 1     # at its first call
+    call(22)                       # a new size of a family that was called: plain
+    assert b.calls == 1 and b.records == 0 and b.from_family
+    call(22)                       # recorded at its second call
+    assert b.records == 1
     call(22)                       # replayed
     assert a in family and b in family and FakeReplay.captures >= 2
     with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
+        call(23)                   # plain
         call(23)                   # recorded: the least recently used (21) is dropped
     assert c in family and a not in family and a.graph is None and a.dropped == 1
     assert "exceed 2" in caplog.text
@@ -123,11 +126,13 @@ def _two_input_variant(rows, w, family, monkeypatch, pool):
     return rt, rp, x, f
 
 
-def test_a_new_size_records_at_its_first_call_from_what_the_family_learned(monkeypatch):
-    """The second size of a graph records at its first call: its batch (at another
-    address than the family's latest call) is copied in, the shared weight read in
-    place, and the outputs the family copies out are copied out. A graph writing an
-    input in place keeps the warm-up call (a second run would write it twice)."""
+def test_a_new_size_records_at_its_second_call_from_what_the_family_learned(monkeypatch):
+    """The second size of a graph runs plainly at its first call (a size seen once
+    records nothing) and records at its second as the family learned: its batch (at
+    another address than the family's latest call, though at its own first call's) is
+    copied in, the shared weight read in place, and the outputs the family copies out
+    are copied out. A graph writing an input in place does the same: its first call
+    writes once, the recording's replay once."""
     family, pool = Recordings(), FakePool()
     w = torch.randn(19)
     rt_a, a, xa, f = _two_input_variant(21, w, family, monkeypatch, pool)
@@ -137,9 +142,12 @@ def test_a_new_size_records_at_its_first_call_from_what_the_family_learned(monke
         torch.testing.assert_close(a(rt_a, (xa, w)), f(xa, w))
     assert a.records == 2 and a.moving == {0}          # moved once, then moving
     family.copied.add(0)           # as if a caller kept an output of a's
-    out = b(rt_b, (xb, w))
+    torch.testing.assert_close(b(rt_b, (xb, w)), f(xb, w))
+    assert b.calls == 1 and b.records == 0 and b.graph is None
+    torch.testing.assert_close(a(rt_a, (xa, w)), f(xa, w))     # the family's latest call
+    out = b(rt_b, (xb, w))         # the same batch tensor as its first call
     torch.testing.assert_close(out, f(xb, w))
-    assert b.calls == 1 and b.records == 1 and b.graph is not None
+    assert b.calls == 2 and b.records == 1 and b.graph is not None
     assert b.moving == {0} and b.copied == {0}
     xb = xb.clone()
     torch.testing.assert_close(b(rt_b, (xb, w)), f(xb, w))
@@ -154,6 +162,8 @@ def test_a_new_size_records_at_its_first_call_from_what_the_family_learned(monke
     rt_c.in_place_inputs = {"x"}
     c(rt_c, (xc, w))
     assert c.records == 0 and c.graph is None
+    c(rt_c, (xc, w))
+    assert c.records == 1 and c.graph is not None
 
 
 class HeldPool(FakePool):
