@@ -48,13 +48,16 @@ def list_options() -> list[str]:
 
 
 def wait_for_compiles(timeout: float | None = None) -> bool:
-    """Wait for the kernels kiln is compiling in the background (a large matmul fused
-    with its epilogue: until it is ready, calls run the library product and a separate
-    kernel, never a different result). Returns True if any were under way and all are
-    done; benchmarks call it before timing the steady state."""
+    """Wait for the kernels kiln is compiling in the background (a new size class of a
+    stream of sizes: until they are ready, that size runs its graph op by op; a large
+    matmul fused with its epilogue: until it is ready, calls run the library product
+    and a separate kernel; never a different result). Returns True if any were under
+    way and all are done; benchmarks call it before timing the steady state."""
+    from kiln.kernels import size_prebuild
     from kiln.kernels.codegen.triton import matmul_epilogue
 
-    return matmul_epilogue.wait(timeout)
+    sizes = size_prebuild.wait(timeout)
+    return matmul_epilogue.wait(timeout) or sizes
 
 
 __all__ = [

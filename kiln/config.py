@@ -40,6 +40,13 @@ dynamic_shapes: str = _env_str("KILN_DYNAMIC_SHAPES", "auto")
 #: dropped; a stream that has cycled past it runs new sizes op by op, not compiled
 #: (never one compile per call) (KILN_DYNAMIC_SPECIALIZATIONS; kiln/shapes/variants.py).
 dynamic_specializations: int = _env_int("KILN_DYNAMIC_SPECIALIZATIONS", 128)
+#: A later size of such a graph whose kernels need a compiler run (a new size class)
+#: compiles them on a thread while its calls run the graph op by op, instead of
+#: stalling the call that met it: "auto" (Triton kernels, compiled by the compile
+#: workers while the GPU computes), "1" (C++ libraries too: the compiler then shares
+#: the cores with the program's own loops) or "0" (KILN_BACKGROUND_SIZE_BUILDS;
+#: kernels/size_prebuild.py).
+background_size_builds: str = _env_str("KILN_BACKGROUND_SIZE_BUILDS", "auto")
 #: On an internal error while compiling, run the frame eagerly (with a warning that
 #: says why) instead of raising; a graph whose kernels cannot be built or loaded (a
 #: failing C++ compiler, a failing first launch) runs its aten graph eagerly

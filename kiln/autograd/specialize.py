@@ -15,6 +15,7 @@ autograd trace, functionalization, decomposition and partition ran once.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import operator
 
@@ -27,7 +28,7 @@ from kiln.autograd.sym_nodes import SymbolicUnsupported
 from kiln.debug import trace_dir
 from kiln.debug.logs import log_for
 from kiln.fast_meta import meta_result
-from kiln.shapes.variants import SizeVariants
+from kiln.shapes.variants import SizeVariants, later_size
 
 _META = torch.device("meta")
 _log = log_for("perf_hints")
@@ -137,10 +138,14 @@ class PerSizeGraph:
         if hit is None:
             if not self.variants.admit():
                 return self._uncompiled(args)
-            with trace_dir.within(self.trace_owner):
+            later = later_size() if self.variants.compiles else contextlib.nullcontext()
+            with trace_dir.within(self.trace_owner), later:
                 hit = self.variants.put(key, self._compile(args))
-        fn, keep, template = hit
-        outs = fn(*[args[i] for i in keep])
+                fn, keep, template = hit
+                outs = fn(*[args[i] for i in keep])
+        else:
+            fn, keep, template = hit
+            outs = fn(*[args[i] for i in keep])
         if template is None:
             return outs
         it = iter(outs)

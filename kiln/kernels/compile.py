@@ -22,7 +22,7 @@ from ..debug.breaks import describe, tag
 from ..debug import trace_dir
 from ..debug.logs import log_for
 from ..debug.timing import timed
-from . import ir, pad_mm, provenance
+from . import ir, pad_mm, provenance, size_prebuild
 from .codegen.cpp import source as cpp_source
 from .codegen.triton import heuristics as triton_heuristics
 from .codegen.size_args import SizeArgs, lifting
@@ -124,18 +124,25 @@ def _shown(source: str, gm) -> str:
     return provenance.annotate(source, provenance.user_lines_of(gm))
 
 
-def build(gm: fx.GraphModule, example_inputs, target: str = "cpp"):
-    """One specialisation: returns (Runtime, artefacts dict for tests and logs)."""
-    if config.inject_bug:
-        from ..debug.inject import check_compile
-        check_compile(gm)
-    p = plan(gm, example_inputs, target)
+def build(gm: fx.GraphModule, example_inputs, target: str = "cpp", p=None):
+    """One specialisation: returns (Runtime, artefacts dict for tests and logs).
+    ``p``: its plan, when made already (``example_inputs`` are then not read)."""
+    if p is None:
+        p = checked_plan(gm, example_inputs, target)
     steps = _steps(p, _load(p, target), target)
     with timed("kernels.runtime"):
         # Triton kernels only: C++ kernels take their buffers ``__restrict__``
         rt = Runtime(p.lowered, p.sched, steps, p.lowered.device,
                      mutations=gm.meta.get(in_place.MUTATIONS) if target == "triton" else None)
     return rt, p.artefacts
+
+
+def checked_plan(gm: fx.GraphModule, example_inputs, target: str):
+    """``plan``, after the bug injector's check of the graph (``config.inject_bug``)."""
+    if config.inject_bug:
+        from ..debug.inject import check_compile
+        check_compile(gm)
+    return plan(gm, example_inputs, target)
 
 
 # --- the pipeline's stages, in order ----------------------------------------------------
@@ -238,6 +245,17 @@ def _cpp_library(source: str, sizes):
     return lib
 
 
+def _needs_compiler(p, target: str) -> bool:
+    """Does building plan ``p`` run a compiler (nothing in this process nor on disk
+    has its kernels)?"""
+    if not p.entries:
+        return False
+    if target == "cpp":
+        return p.source not in _LIBRARIES and not cxx_build.library_cached(p.source)
+    from .codegen.triton import launcher
+    return launcher.needs_compiler(p.source, p.kinfo)
+
+
 def _cpp_step(fn, params, ks):
     """One segment's call: the size arguments ``ks`` (a ctypes array the step keeps
     alive), then an array of the tensors' data pointers (made per call: two threads
@@ -320,15 +338,46 @@ class CompiledGraph:
                                           a.device.type == "cuda" for a in args):
                 from .toolchain import triton_setup
                 triton_setup.start()          # overlaps this graph's lowering
-            rt, self.artefacts = build(self.gm, list(args), target)
-            if getattr(rt, "graphs", None) is not None:
-                rt.graphs.family = self.recordings
-            rt = perf_fallback.maybe_trial(rt, self, sig, self.perf_fallback)
-            self._untried[id(rt)] = sig
+            p = None
+            if size_prebuild.wanted(target):
+                p = checked_plan(self.gm, list(args), target)
+                if _needs_compiler(p, target):
+                    # a new size class of a stream: compiled on a thread meanwhile
+                    rt = self.variants[sig] = size_prebuild.Pending(self.gm, p, target)
+                    self.artefacts = p.artefacts
+                    return rt
+            built = build(self.gm, list(args), target) if p is None else \
+                build(self.gm, None, target, p=p)
+            rt = self._built(sig, *built)
         except Exception as e:                # noqa: BLE001  (suppress_errors: eager)
             if not config.suppress_errors:
                 raise
             rt = self._eager("K0201", e, "built")
+        self.variants[sig] = rt
+        return rt
+
+    def _built(self, sig, rt, artefacts):
+        """A built Runtime as this graph calls it: in its CUDA-graph family, timed
+        against eager (``perf_fallback``), first called through ``_first_call``."""
+        self.artefacts = artefacts
+        if getattr(rt, "graphs", None) is not None:
+            rt.graphs.family = self.recordings
+        rt = perf_fallback.maybe_trial(rt, self, sig, self.perf_fallback)
+        self._untried[id(rt)] = sig
+        return rt
+
+    def _prebuilt(self, pending):
+        """The variant of a Pending whose background compile ended, built now (its
+        kernels found compiled; one whose compile failed there compiles here)."""
+        sig = next(k for k, v in self.variants.items() if v is pending)
+        self._last = None
+        with timed("kernels"), trace_dir.within(self._trace_owner), gc_pause.paused():
+            try:
+                rt = self._built(sig, *build(self.gm, None, pending.target, p=pending.plan))
+            except Exception as e:            # noqa: BLE001  (suppress_errors: eager)
+                if not config.suppress_errors:
+                    raise
+                rt = self._eager("K0201", e, "built")
         self.variants[sig] = rt
         return rt
 
@@ -347,6 +396,8 @@ class CompiledGraph:
 
     def __call__(self, *args):
         rt = self._variant(args)
+        if type(rt) is size_prebuild.Pending and rt.done.is_set():
+            rt = self._prebuilt(rt)
         if self._untried and id(rt) in self._untried:
             return self._first_call(rt, list(args), boxed=False)
         return rt(*args)
@@ -355,6 +406,8 @@ class CompiledGraph:
         """Call with the inputs in a list the call takes over and empties, so each is
         freed after its last reader (``Runtime.call_boxed``)."""
         rt = self._variant(args)
+        if type(rt) is size_prebuild.Pending and rt.done.is_set():
+            rt = self._prebuilt(rt)
         if self._untried and id(rt) in self._untried:
             try:
                 return self._first_call(rt, args, boxed=True)

@@ -12,8 +12,29 @@ and runs the graph op by op (``admit`` says no), and the log says so once.
 from __future__ import annotations
 
 import collections
+import contextlib
+import threading
 
 from kiln import config
+
+_later = threading.local()
+
+
+@contextlib.contextmanager
+def later_size():
+    """Compiling, and first calling, a size of a graph that already has a compiled
+    size: a backend may then build that size's new kernels in the background
+    (``kernels/size_prebuild``)."""
+    old = getattr(_later, "on", False)
+    _later.on = True
+    try:
+        yield
+    finally:
+        _later.on = old
+
+
+def in_later_size() -> bool:
+    return getattr(_later, "on", False)
 
 
 class SizeVariants:

@@ -56,13 +56,17 @@ def test_sgd_update_is_eagers_bit_for_bit(name):
 
 
 @pytest.mark.parametrize("name", ["adam", "adamw_amsgrad_maximize"])
-def test_adam_update_is_the_graphs_own_bit_for_bit(name):
+def test_adam_update_is_the_graphs_own_to_the_last_bits(name):
     """Adam's traced step (the capturable path: bias corrections as float32 tensor
     maths, where eager's uses Python floats) run by kiln's kernels and by PyTorch
-    (aot_eager) agree exactly; each stays within float32 rounding of eager."""
+    (aot_eager): the optimizer state agrees exactly, the parameters to 2 units in the
+    last place (ATen's AVX-512 kernels fuse the update's multiply-add, kiln's C++ does
+    not contract; on AVX2 they agree exactly); each stays within float32 rounding of
+    eager."""
     (m1, m2, m3), (o1, o2, o3) = _step_only(name, ["kiln", "aot_eager", "eager"])
     for p, q, r in zip(m1.parameters(), m2.parameters(), m3.parameters()):
-        assert torch.equal(p, q)
+        ulp = torch.nextafter(q.abs(), torch.tensor(float("inf"))) - q.abs()
+        assert bool(((p - q).abs() <= 2 * ulp).all()), (p - q).abs().max()
         torch.testing.assert_close(p, r, rtol=1e-5, atol=1e-6)
         for k in o2.state[q]:
             assert torch.equal(o1.state[p][k], o2.state[q][k]), k

@@ -102,10 +102,13 @@ adjust = None
 
 def one_off_work() -> int:
     """A count that grows whenever kiln compiles something (any ``timing.timed`` stage),
-    records a CUDA graph or runs a replayed graph unrecorded around outputs a caller
-    holds (a passing state): a timed call that changed it is no sample."""
+    records a CUDA graph, runs a replayed graph unrecorded around outputs a caller
+    holds, or runs a size op by op while its kernels compile (``size_prebuild``): a
+    passing state. A timed call that changed it is no sample."""
     from . import graph_replay
-    return timing.events() + graph_replay.recordings + graph_replay.held_plain_calls
+    from .. import size_prebuild
+    return timing.events() + graph_replay.recordings + graph_replay.held_plain_calls + \
+        size_prebuild.eager_calls
 
 
 def dynamic_scale(gm):

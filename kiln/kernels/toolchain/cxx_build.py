@@ -77,11 +77,20 @@ def _cxx_flags(vector_math: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
 cxx_flags.cache_clear = _cxx_flags.cache_clear     # what callers that swap $CXX clear
 
 
+def _library_key(source: str) -> str:
+    return key_of(source, " ".join([CXX, *cxx_flags(), *cxx_libs()]), toolchain_version())
+
+
+def library_cached(source: str) -> bool:
+    """Is the library of ``source`` in the cache (``compile_cpp`` would run no compiler)?"""
+    return read_entry("cpp", _library_key(source), ".so") is not None
+
+
 def compile_cpp(source: str) -> str:
     """Path of a shared library built from ``source``, compiling only on a cache miss
     (a missing entry, or one that fails its check). BuildError when the compiler fails."""
     flags, libs = list(cxx_flags()), list(cxx_libs())
-    key = key_of(source, " ".join([CXX] + flags + libs), toolchain_version())
+    key = _library_key(source)
     found = read_entry("cpp", key, ".so")
     if found is not None:
         stats["hits"] += 1

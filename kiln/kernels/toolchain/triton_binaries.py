@@ -113,6 +113,15 @@ def compiled_kernel(entry: dict, arg_names):
     return CompiledKernel(src, entry["group"], entry["hash"])
 
 
+def kept(source: str, kinfo) -> bool:
+    """Are the binaries of ``source``'s module kept (``load`` would find a manifest)?"""
+    try:
+        return cxx_build.read_entry("triton_manifest", _manifest_key(source, kinfo), ".pkl") \
+            is not None
+    except Exception:                      # noqa: BLE001  (then it is not)
+        return False
+
+
 def load(source: str, kinfo, device: int | None = None) -> dict | None:
     """Kernel name -> (CompiledKernel, its ``cuda_launch`` kernel or None), loaded for
     launching on ``device`` (default: the current one), for every kernel of the

@@ -122,12 +122,14 @@ def submit(job: dict):
     return slot
 
 
-def run(jobs: list, local) -> list:
+def run(jobs: list, local, steal: bool = True) -> list:
     """Each of ``jobs`` (a worker's job dict, or None for what only this process can
     do) done by a ready worker or by ``local(i)`` here, in ``config.compile_threads``
     threads (Triton releases the GIL in ptxas and parts of LLVM); returns the workers'
     replies in job order (None where ``local`` did the job, or where a worker failed
-    and ``local`` then did it)."""
+    and ``local`` then did it). ``steal`` False: jobs queued for the workers stay
+    theirs (a background compile, whose Python front end here would hold the GIL the
+    calling thread is running the program with)."""
     from concurrent.futures import ThreadPoolExecutor
     mine, slots, here = queue.Queue(), {}, set()
     for i, job in enumerate(jobs):
@@ -143,6 +145,8 @@ def run(jobs: list, local) -> list:
             try:
                 i = mine.get_nowait()
             except queue.Empty:
+                if not steal:
+                    return
                 try:
                     job, slot = _jobs.get_nowait()
                 except queue.Empty:

@@ -200,6 +200,15 @@ def precompile(mod, kinfo, path: str) -> tuple:
                 stats["kernels_reused"] += 1
                 place(name, i, hit)
                 continue
+            prepared = _PREPARED.pop(key, None)
+            if prepared is not None:      # compiled on a thread (``prepare``): load it
+                try:
+                    hit = _KERNELS[key] = ready(prepared, len(params), dev)
+                    stats["kernels_prepared"] += 1
+                    place(name, i, hit)
+                    continue
+                except Exception:         # noqa: BLE001  (compiled again below)
+                    pass
             jobs.append((name, len(params), dtypes, consts, fn, opts, i))
             keys.append(key)
             sig = triton_build.signature(fn, dtypes, consts)
@@ -238,6 +247,68 @@ def precompile(mod, kinfo, path: str) -> tuple:
     return done, {n: c for n, c in tuned.items() if all(x is not None for x in c)}
 
 
+def needs_compiler(source: str, kinfo) -> bool:
+    """Would loading ``source``'s module compile kernels? Not when a live graph loaded
+    it, nor when its binaries are kept on disk (``triton_binaries``); a module whose
+    kernels all compiled for other modules says yes (``prepare`` then finds them)."""
+    if interpreting() or not kinfo or not torch.cuda.is_available() or source in _LOADED:
+        return False
+    from ...toolchain import triton_binaries
+    return not triton_binaries.kept(source, kinfo)
+
+
+def prepare(source: str, kinfo, device: int) -> None:
+    """Compile, without loading, the kernels of ``source``'s module this process has
+    not compiled, into ``_PREPARED`` (``precompile`` loads them from there). For a
+    thread (``kernels/size_prebuild``): it makes no CUDA call, and leaves the
+    compiles to the workers when there are any, compiling here only what they fail."""
+    if interpreting() or not kinfo:
+        return
+    from ...toolchain import triton_binaries
+    from ...toolchain import triton_build
+    from ...toolchain import triton_pool
+    with timed("kernels.triton_module"):
+        mod, path = cxx_build.load_module("triton", source)
+    jobs, keys, specs = [], [], []
+    for name, params, dtypes, consts, nw, tune in kinfo:
+        kernel = getattr(mod, name)
+        cands = [(kernel.fn, cfg.all_kwargs()) for cfg in kernel.configs] if tune else \
+            [(kernel, {"num_warps": nw})]
+        for fn, opts in cands:
+            key = kernel_key(fn, dtypes, consts, opts, device)
+            sig = triton_build.signature(fn, dtypes, consts)
+            if key in _KERNELS or key in _PREPARED or key in keys or sig is None:
+                continue                  # compiled, or only the JIT can (at its launch)
+            jobs.append((fn, dtypes, consts, opts))
+            keys.append(key)
+            specs.append({"path": path, "name": name, "signature": sig,
+                          "consts": dict(consts), "options": opts})
+
+    def local(k):
+        fn, dtypes, consts, opts = jobs[k]
+        try:
+            _prepared(keys[k], triton_build.compile_kernel(fn, dtypes, consts, opts))
+        except Exception:         # noqa: BLE001  (compiled at the build instead)
+            pass
+    with timed("kernels.triton_compile_background"):
+        replies = triton_pool.run(specs, local, steal=False)
+    for k, reply in enumerate(replies):
+        if reply is not None:
+            try:
+                _prepared(keys[k], triton_binaries.compiled_kernel(reply, jobs[k][0].arg_names))
+            except Exception:     # noqa: BLE001  (compiled at the build instead)
+                pass
+
+
+def _prepared(key, compiled) -> None:
+    if compiled is not None:
+        _PREPARED[key] = compiled
+        while len(_PREPARED) > KERNELS_KEPT:
+            _PREPARED.popitem(last=False)
+
+
+#: kernels compiled on a thread and not yet loaded (``prepare``), by ``kernel_key``
+_PREPARED: OrderedDict = OrderedDict()
 #: compiled kernels of this process by content (``kernel_key``), ready to launch: a
 #: module whose text differs from an earlier one's (another size class of one graph,
 #: where a few kernels changed their blocks) compiles only the kernels that changed.
@@ -262,7 +333,7 @@ def kernel_key(fn, dtypes, consts, opts, device) -> tuple:
 #: differs from an earlier one only in sizes (``size_args``) has the same module text, and
 #: runs the same module, launcher and compiled kernels with its own grids and sizes
 _LOADED = weakref.WeakValueDictionary()
-stats = {"loaded": 0, "reused": 0, "kernels_reused": 0}
+stats = {"loaded": 0, "reused": 0, "kernels_reused": 0, "kernels_prepared": 0}
 _code_log = log_for("output_code")
 
 

@@ -1,0 +1,94 @@
+"""A later size of a stream: its new kernels compiled on a thread, its calls run op by op meanwhile.
+
+A symbolic graph is compiled per size (``autograd/specialize``): every size lowers again
+(cheap), and most reuse the kernels of an earlier size (``codegen/size_args``). A size of
+another *size class* (a dim now a multiple of 16, a block chosen for a larger count)
+needs a compiler run: Triton's, about half a second a module, or the C++ compiler's.
+Serving a LLaMA-style model over 24 lengths, six such runs were a third of the first
+pass, each stalling the one request that met it.
+
+So a size after a graph's first (``shapes.variants.later_size``), whose plan needs a
+compiler run, starts that run on a thread and runs its calls with the aten graph op by
+op (``Pending``, the graph's own ops, as eager does) until it is done; the first call
+after that builds the variant as usual, finding every kernel compiled. The thread only
+compiles: Triton kernels in the compile workers (``launcher.prepare``), the C++
+library by the compiler's subprocess. Loading onto the device, which could disturb a
+CUDA graph another thread records, stays in the calling thread. A compile that failed
+on the thread is simply done again there, where its error is reported as any other.
+
+The first size of a graph compiles in the calling thread: its errors surface at once,
+and a call needing kernels nothing has compiled cannot be served faster.
+"""
+from __future__ import annotations
+
+import threading
+
+from .. import config
+from ..debug.logs import log_for
+from ..debug.timing import timed
+from ..shapes import variants
+
+_log = log_for("perf_hints")
+#: calls a Pending ran op by op (``perf_fallback.one_off_work``: no timing sample)
+eager_calls = 0
+_pending: set = set()
+_lock = threading.Lock()
+
+
+def wanted(target: str) -> bool:
+    """May this build go to the background? Only for a later size of a stream, and for
+    the targets ``config.background_size_builds`` names ("auto": Triton's)."""
+    mode = config.background_size_builds
+    targets = {"auto": ("triton",), "1": ("triton", "cpp")}.get(mode, ())
+    return target in targets and variants.in_later_size()
+
+
+class Pending:
+    """A size variant whose kernels compile on a thread: called, it runs the aten
+    graph op by op; ``done`` once the thread ends (``kernels.compile.CompiledGraph``
+    then builds the variant)."""
+
+    def __init__(self, gm, plan, target: str):
+        self.gm, self.plan, self.target = gm, plan, target
+        self.device = None
+        if target == "triton":
+            import torch
+            self.device = torch.cuda.current_device()
+        self.done = threading.Event()
+        with _lock:
+            _pending.add(self)
+        threading.Thread(target=self._work, daemon=True, name="kiln-size-prebuild").start()
+
+    def _work(self) -> None:
+        try:
+            with timed("kernels.background"):
+                if self.target == "cpp":
+                    from .toolchain import cxx_build
+                    cxx_build.compile_cpp(self.plan.source)
+                else:
+                    from .codegen.triton import launcher
+                    launcher.prepare(self.plan.source, self.plan.kinfo, self.device)
+        except Exception as e:      # noqa: BLE001  (compiled again, and reported, on build)
+            _log.info("kernels: background compile of a new size failed (%s: %s); "
+                      "compiled at the size's next call", type(e).__name__, e)
+        finally:
+            with _lock:
+                _pending.discard(self)
+            self.done.set()
+
+    def __call__(self, *args):
+        global eager_calls
+        eager_calls += 1
+        return self.gm(*args)
+
+    def call_boxed(self, args: list):
+        inputs = list(args)
+        args.clear()
+        return self(*inputs)
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Wait for every background compile; True if there was any and all ended."""
+    with _lock:
+        pending = list(_pending)
+    return bool(pending) and all(p.done.wait(timeout) for p in pending)

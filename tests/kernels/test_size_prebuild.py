@@ -1,0 +1,94 @@
+"""A later size of a stream whose kernels need a compiler run compiles them on a thread
+while its calls run the graph op by op (``kernels/size_prebuild.py``); the C++ path
+here (``KILN_BACKGROUND_SIZE_BUILDS=1``), Triton's on the GPU."""
+import threading
+
+import pytest
+import torch
+
+import kiln
+from kiln.debug import timing
+from kiln.kernels import compile as compile_mod
+from kiln.kernels import size_prebuild
+from kiln.kernels.toolchain import cxx_build
+
+
+def _f(x, w):
+    return torch.softmax(x @ w, -1).sum(0) + x.mean() * 2
+
+
+@pytest.fixture
+def background(monkeypatch):
+    monkeypatch.setattr(kiln.config, "background_size_builds", "1")
+
+
+def test_a_new_size_class_compiles_on_a_thread_its_calls_run_op_by_op(background, monkeypatch):
+    """Every size after the dynamic one made to need a compiler run: its first calls run
+    op by op (as eager), values as eager's; once the thread is done (waited for), the
+    next call runs the kernels, no call op by op any more."""
+    real = compile_mod._needs_compiler
+    monkeypatch.setattr(compile_mod, "_needs_compiler", lambda p, t: True)
+    monkeypatch.setattr(kiln.config, "perf_fallback", False)   # every call through kiln
+    gate, compile_cpp = threading.Event(), cxx_build.compile_cpp
+
+    def gated(source):             # the thread's compile ends when the test says
+        if threading.current_thread().name == "kiln-size-prebuild":
+            assert gate.wait(60)
+        return compile_cpp(source)
+    monkeypatch.setattr(cxx_build, "compile_cpp", gated)
+    cf = kiln.compile(_f)
+    w = torch.randn(16, 16)
+    for n in (33, 34):                                 # static, then dynamic: compiled here
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(cf(x, w), _f(x, w))
+    before = size_prebuild.eager_calls
+    for n in (35, 36, 35):
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(cf(x, w), _f(x, w))
+    assert size_prebuild.eager_calls - before == 3, "sizes compiling on a thread run op by op"
+    gate.set()
+    assert kiln.wait_for_compiles(120) and not size_prebuild._pending
+    assert timing.totals().get("kernels.background", 0) > 0
+    monkeypatch.setattr(compile_mod, "_needs_compiler", real)
+    before = size_prebuild.eager_calls
+    for n in (35, 36, 34, 33):
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(cf(x, w), _f(x, w))
+    assert size_prebuild.eager_calls == before, "built once the thread is done"
+
+
+def test_off_builds_every_size_in_the_calling_thread(monkeypatch):
+    monkeypatch.setattr(kiln.config, "background_size_builds", "0")
+    monkeypatch.setattr(compile_mod, "_needs_compiler", lambda p, t: True)
+    cf = kiln.compile(_f)
+    w = torch.randn(16, 16)
+    before = size_prebuild.eager_calls
+    for n in (41, 42, 43, 44):
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(cf(x, w), _f(x, w))
+    assert size_prebuild.eager_calls == before and not size_prebuild._pending
+
+
+def test_a_llama_stream_compiles_later_size_classes_on_a_thread(background, monkeypatch, tmp_path):
+    """A small transformers LLaMA over 10 lengths, cold cache: every C++ library
+    compiled after the first size's was compiled on a thread (that size ran op by op
+    meanwhile), outputs as eager's in both passes; after the wait, no call runs op by
+    op."""
+    pytest.importorskip("transformers")
+    from benchmarks.dynamic_shapes import llama
+    monkeypatch.setattr(kiln.config, "cache_dir", str(tmp_path))
+    model, inputs, run, _ = llama("cpu", True)
+    cf = kiln.compile(model)
+    with torch.no_grad():
+        ref = [run(model, x) for x in inputs]
+        run(cf, inputs[0])
+        misses, before = cxx_build.stats["misses"], size_prebuild.eager_calls
+        for x, r in zip(inputs, ref):
+            torch.testing.assert_close(run(cf, x), r, atol=1e-4, rtol=1e-4)
+        kiln.wait_for_compiles(300)
+        later_compiles = cxx_build.stats["misses"] - misses
+        assert size_prebuild.eager_calls - before >= (1 if later_compiles else 0)
+        before = size_prebuild.eager_calls
+        for x, r in zip(inputs, ref):
+            torch.testing.assert_close(run(cf, x), r, atol=1e-4, rtol=1e-4)
+        assert size_prebuild.eager_calls == before
