@@ -64,3 +64,28 @@ def test_cuda_graph_recordings_bounded_across_sizes(monkeypatch):
     assert all(r is not None and r.family is family for r in replays)
     assert sum(r.disabled for r in replays) >= 3
     assert all("dropped twice" in r.reason for r in replays if r.disabled)
+
+
+def test_a_new_size_class_compiles_in_the_workers_while_its_calls_run_op_by_op(monkeypatch):
+    """rows 33 (static), 35 (the dynamic graph's first size), 48: a multiple of 16, a
+    size class of its own (``tl.multiple_of``), whose module the workers compile while
+    its calls run the graph op by op; waited for, its next call loads the prepared
+    kernels. Values as eager's throughout."""
+    from kiln.kernels import size_prebuild
+    monkeypatch.setattr(kiln.config, "perf_fallback", False)
+    monkeypatch.setattr(kiln.config, "background_size_builds", "auto")
+    cf = kiln.compile(_chain)
+    w = torch.randn(53, device="cuda")
+    for rows in (33, 35):
+        x = torch.randn(rows, 53, device="cuda")
+        compare(cf(x, w), _chain(x, w))
+    before, prepared = size_prebuild.eager_calls, launcher.stats["kernels_prepared"]
+    x = torch.randn(48, 53, device="cuda")
+    compare(cf(x, w), _chain(x, w))
+    assert size_prebuild.eager_calls == before + 1
+    kiln.wait_for_compiles(120)
+    for _ in range(3):
+        x = torch.randn(48, 53, device="cuda")
+        compare(cf(x, w), _chain(x, w))
+    assert size_prebuild.eager_calls == before + 1
+    assert launcher.stats["kernels_prepared"] > prepared
