@@ -356,12 +356,14 @@ class CompiledGraph:
         self.variants[sig] = rt
         return rt
 
-    def _built(self, sig, rt, artefacts):
+    def _built(self, sig, rt, artefacts, size_seen: bool = False):
         """A built Runtime as this graph calls it: in its CUDA-graph family, timed
-        against eager (``perf_fallback``), first called through ``_first_call``."""
+        against eager (``perf_fallback``), first called through ``_first_call``.
+        ``size_seen``: calls of these sizes ran before (op by op: ``size_prebuild``)."""
         self.artefacts = artefacts
         if getattr(rt, "graphs", None) is not None:
             rt.graphs.family = self.recordings
+            rt.graphs.size_seen = size_seen
         rt = perf_fallback.maybe_trial(rt, self, sig, self.perf_fallback)
         self._untried[id(rt)] = sig
         return rt
@@ -373,7 +375,8 @@ class CompiledGraph:
         self._last = None
         with timed("kernels"), trace_dir.within(self._trace_owner), gc_pause.paused():
             try:
-                rt = self._built(sig, *build(self.gm, None, pending.target, p=pending.plan))
+                rt = self._built(sig, *build(self.gm, None, pending.target, p=pending.plan),
+                                 size_seen=True)
             except Exception as e:            # noqa: BLE001  (suppress_errors: eager)
                 if not config.suppress_errors:
                     raise

@@ -166,6 +166,29 @@ def test_a_new_size_records_at_its_second_call_from_what_the_family_learned(monk
     assert c.records == 1 and c.graph is not None
 
 
+def test_a_size_that_ran_op_by_op_records_at_its_first_call_with_kernels(monkeypatch):
+    """A size whose kernels compiled in the background ran op by op meanwhile
+    (``size_seen``): its first call with kernels warms up and records at once, as the
+    family learned; one writing an input in place waits for its second call."""
+    family, pool = Recordings(), FakePool()
+    w = torch.randn(19)
+    rt_a, a, xa, f = _two_input_variant(21, w, family, monkeypatch, pool)
+    for _ in range(2):
+        torch.testing.assert_close(a(rt_a, (xa, w)), f(xa, w))
+    rt_b, b, xb, _ = _two_input_variant(22, w, family, monkeypatch, pool)
+    b.size_seen = True
+    torch.testing.assert_close(b(rt_b, (xb, w)), f(xb, w))
+    assert b.calls == 1 and b.records == 1 and b.graph is not None and b.moving == {0}
+    xb = xb.clone()
+    torch.testing.assert_close(b(rt_b, (xb, w)), f(xb, w))
+    assert b.records == 1 and b.graph.replays == 2
+    rt_c, c, xc, _ = _two_input_variant(23, w, family, monkeypatch, pool)
+    rt_c.in_place_inputs = {"x"}
+    c.size_seen = True
+    c(rt_c, (xc, w))
+    assert c.records == 0 and c.graph is None
+
+
 class HeldPool(FakePool):
     """A pool whose ``held`` storages (cdata) something outside holds."""
     def __init__(self):

@@ -47,7 +47,9 @@ from then on (the caller keeping one size's outputs keeps the others'). So a siz
 stream replays every size from its third call, and a size seen once costs a plain run
 and no recording: in serving with many lengths, most seen once early on, recording
 each at its first call took a quarter of the first pass (a LLaMA stream over 24 lengths:
-14.5 s, 11.2 s without recordings). Not for a graph with a host prologue.
+14.5 s, 11.2 s without recordings). A size that ran op by op while its kernels compiled
+(``size_seen``) has had its plain call: its first call with kernels records at once,
+after a warm-up run. Not for a graph with a host prologue.
 """
 from __future__ import annotations
 
@@ -191,6 +193,10 @@ class GraphReplay:
         #: first called after other variants of its graph: records at its second call
         #: as they learned (``_family_recording``)
         self.from_family = False
+        #: this size ran before, op by op while its kernels compiled (``size_prebuild``):
+        #: its first call records at once, after a warm-up run (not for a graph writing an
+        #: input in place, which the warm-up would write twice)
+        self.size_seen = False
         self.write_back = []           # (position, static copy) of moving inputs written
         self.seq = -1
         self.outs = None               # per output: (storage, offset, sizes, strides, dtype)
@@ -229,6 +235,9 @@ class GraphReplay:
             if not host_prologue.wanted(rt, args):
                 ptrs = [args[pos].data_ptr() for pos, _ in rt.inputs]
                 self.from_family = self.family.last_ptrs is not None
+                if self.from_family and self.size_seen and not rt.in_place_inputs:
+                    rt.run(args)                 # the warm-up, whose outputs are dropped
+                    return self._family_recording(rt, args, ptrs)
                 self.ptrs = ptrs
                 self._learn_ptrs(rt, ptrs)
                 return rt.run(args)
