@@ -1,0 +1,38 @@
+"""A size stream's first pass, call by call: each call's time and the compile stages it
+ran (``kiln.debug.timing``, own times above 5 ms), then two more passes and the stage table.
+
+    python -m benchmarks.probes.first_pass_stages cuda llama|resnet18   (SMALL=1: tiny sizes)
+"""
+import sys, time, os
+import torch
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..'))
+from benchmarks.dynamic_shapes import llama, resnet18, sync
+import kiln
+from kiln.debug import timing
+dev, wl = sys.argv[1], sys.argv[2]
+small = os.environ.get("SMALL") == "1"
+model, inputs, run, labels = {"llama": llama, "resnet18": resnet18}[wl](dev, small)
+fn = kiln.compile(model)
+rows = []
+with torch.no_grad():
+    run(model, inputs[0]); sync(dev)      # eager once: library set-up
+    t00 = time.perf_counter()
+    for x, lab in zip(inputs, labels):
+        before = dict(timing.own())
+        t0 = time.perf_counter()
+        run(fn, x); sync(dev)
+        dt = time.perf_counter() - t0
+        after = timing.own()
+        d = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0.005}
+        rows.append((lab.split()[-1], dt, d))
+    total = time.perf_counter() - t00
+    t0 = time.perf_counter()
+    for x in inputs: run(fn, x)
+    sync(dev); second = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for x in inputs: run(fn, x)
+    sync(dev); third = time.perf_counter() - t0
+print(f"{wl} {os.environ.get('TAG','')}: first pass {total:.2f} s, second {second:.2f} s, third {third:.3f} s")
+for lab, dt, d in rows:
+    print(f"  {lab:>4} {dt:6.3f}  " + " ".join(f"{k.replace('kernels.', 'k.')}={v:.3f}" for k, v in sorted(d.items(), key=lambda kv: -kv[1])))
+print(kiln.compile_times())
