@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import operator
 
 import sympy
 import torch
 import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from kiln import config
+from kiln import config, gc_pause
 from kiln.autograd.sym_nodes import SymbolicUnsupported
 from kiln.debug import trace_dir
 from kiln.debug.logs import log_for
@@ -112,6 +114,7 @@ class PerSizeGraph:
         #: guards' to keep; a layout the guards leave free (a tangent's strides) the
         #: compiled graph tells apart itself (``CompiledGraph``: one build per signature)
         self.dynamic = [i for i, n in enumerate(self.placeholders) if _is_symbolic(n.meta.get("val"))]
+        self.code_key = _code_key(gm)
         #: key -> (compiled callable, kept argument positions, output template)
         self.variants = SizeVariants()
         #: the frame compile this graph belongs to: each size's kernels are its artefacts
@@ -169,7 +172,8 @@ class PerSizeGraph:
         if values is None:
             raise RuntimeError("kiln: the sizes of a symbolic graph's inputs do not give "
                                "its symbols")
-        gm, keep, template = specialise(self.gm, values, args)
+        with gc_pause.paused():
+            gm, keep, template = specialise(self.gm, values, args, self.code_key)
         examples = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
         return self.compiler(gm, examples), keep, template
 
@@ -194,9 +198,17 @@ def _concrete(x, values):
     return x
 
 
-def specialise(gm: fx.GraphModule, values: dict, args):
+def _code_key(gm: fx.GraphModule) -> str:
+    return hashlib.sha256(gm.code.encode()).hexdigest()
+
+
+def specialise(gm: fx.GraphModule, values: dict, args, code_key: str | None = None):
     """(a copy of ``gm`` at these symbol ``values``, positions of the arguments it
-    takes, a template of its outputs with the ints put back, or None)."""
+    takes, a template of its outputs with the ints put back, or None). The copy's
+    ``meta["kiln_code_key"]`` names its code without generating it: ``gm``'s code
+    (``code_key``: its hash, when known), the values, the non-tensor arguments —
+    what the copy is made from besides the tensors' layouts, which the graph cache
+    keys on itself."""
     graph = copy.deepcopy(gm.graph)
     keep = []
     phs = [n for n in graph.nodes if n.op == "placeholder"]
@@ -231,7 +243,12 @@ def specialise(gm: fx.GraphModule, values: dict, args):
             out.meta["kiln_internal_outputs_from"] = meta["kiln_internal_outputs_from"] - shift
     _recompute_meta(graph, values)
     graph.lint()
-    new = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    # Python code only when something runs or reads it (the graph run op by op, a log):
+    # the kernel compiler reads the graph, and keys its cache on ``kiln_code_key``
+    new = _LazyGraphModule(gm, graph, class_name=type(gm).__name__)
+    new.meta["kiln_code_key"] = (code_key or _code_key(gm), tuple(sorted(
+        (str(s), int(v)) for s, v in values.items())), tuple(
+        repr(a) for a in args if not isinstance(a, torch.Tensor)))
     # the kernel compiler lifts these into arguments however small (a batch of 3 and one
     # of 20 make one kernel text; ``kernels/codegen/size_args.lifting``)
     new.meta["kiln_symbol_values"] = sorted({int(v) for v in values.values()})

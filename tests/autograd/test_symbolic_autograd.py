@@ -24,6 +24,24 @@ def _leaves(args):
             else a for a in args]
 
 
+def _float64_grads(fn, args, seed):
+    """The inputs' gradients of ``fn`` run in float64 (None for an input without)."""
+    leaves = [a.detach().double().requires_grad_(a.requires_grad)
+              if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+    _backward(fn(*leaves), seed)
+    return [a.grad if isinstance(a, torch.Tensor) else None for a in leaves]
+
+
+def _as_close_as_eager(got, eager, exact):
+    """A gradient through a softmax of large logits (cancellations) rounds differently
+    per reduction order by more than a fixed float32 tolerance, here and in ATen's
+    AVX-512 kernels alike: then the compiled one must be within a few of eager's own
+    errors of float64."""
+    err = (got.double() - exact).abs().max()
+    err_eager = (eager.double() - exact).abs().max()
+    assert err <= 4 * err_eager + 1e-6 * exact.abs().max(), (float(err), float(err_eager))
+
+
 def _backward(out, seed):
     outs = out if isinstance(out, (tuple, list)) else (out,)
     g = torch.Generator().manual_seed(seed)
@@ -49,9 +67,16 @@ def stream(fn, make, sizes, backend, module=None, **kw):
         got = c(*got_args)
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
         _backward(got, k)
-        for a, b in zip(got_args, ref_args):
+        exact = None
+        for i, (a, b) in enumerate(zip(got_args, ref_args)):
             if isinstance(a, torch.Tensor) and a.requires_grad:
-                torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+                try:
+                    torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+                except AssertionError:
+                    if module is not None:
+                        raise
+                    exact = exact or _float64_grads(fn, args, k)
+                    _as_close_as_eager(a.grad, b.grad, exact[i])
         for p, r in zip(params, ref_pgrads):
             torch.testing.assert_close(p.grad, r, rtol=1e-4, atol=1e-5)
             p.grad = None

@@ -176,7 +176,9 @@ def key_of(gm, example_inputs, target: str) -> str | None:
             sig.append(f"V{type(a).__name__}:{a!r}")
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     internal = out.meta.get("kiln_internal_outputs_from")
-    return cxx_build.key_of(gm.code, consts, ";".join(sig), f"internal={internal}",
+    # a graph specialised to sizes names its code without generating it (``specialise``)
+    code = repr(gm.meta["kiln_code_key"]) if "kiln_code_key" in gm.meta else gm.code
+    return cxx_build.key_of(code, consts, ";".join(sig), f"internal={internal}",
                         _layouts(gm), target, _sources_hash(),
                         _module_constants(), _versions(target, device),
                         f"fallback_random={config.fallback_random}",
