@@ -332,23 +332,28 @@ class CompiledGraph:
             _fallback_log.info("kernels: %s", tag("K0203", "a graph called on meta tensors runs op by op"))
             rt = self.variants[sig] = EagerGraph(self.gm, "K0203", "called on meta tensors")
             return rt
-        try:
+
+        def make():
             target = pick_target(args, self.requested_target)
             if target == "triton" and any(isinstance(a, torch.Tensor) and
                                           a.device.type == "cuda" for a in args):
                 from .toolchain import triton_setup
                 triton_setup.start()          # overlaps this graph's lowering
-            p = None
             if size_prebuild.wanted(target):
                 p = checked_plan(self.gm, list(args), target)
                 if _needs_compiler(p, target):
                     # a new size class of a stream: compiled on a thread meanwhile
-                    rt = self.variants[sig] = size_prebuild.Pending(self.gm, p, target)
                     self.artefacts = p.artefacts
-                    return rt
-            built = build(self.gm, list(args), target) if p is None else \
-                build(self.gm, None, target, p=p)
-            rt = self._built(sig, *built)
+                    return size_prebuild.Pending(self.gm, p, target)
+                return self._built(sig, *build(self.gm, None, target, p=p))
+            return self._built(sig, *build(self.gm, list(args), target))
+        return self._guarded(sig, make)
+
+    def _guarded(self, sig, make):
+        """The variant ``make()`` returns, kept for ``sig``; when it raises, with
+        ``config.suppress_errors``, the graph run eagerly instead (a warning says why)."""
+        try:
+            rt = make()
         except Exception as e:                # noqa: BLE001  (suppress_errors: eager)
             if not config.suppress_errors:
                 raise
@@ -374,15 +379,8 @@ class CompiledGraph:
         sig = next(k for k, v in self.variants.items() if v is pending)
         self._last = None
         with timed("kernels"), trace_dir.within(self._trace_owner), gc_pause.paused():
-            try:
-                rt = self._built(sig, *build(self.gm, None, pending.target, p=pending.plan),
-                                 size_seen=True)
-            except Exception as e:            # noqa: BLE001  (suppress_errors: eager)
-                if not config.suppress_errors:
-                    raise
-                rt = self._eager("K0201", e, "built")
-        self.variants[sig] = rt
-        return rt
+            return self._guarded(sig, lambda: self._built(
+                sig, *build(self.gm, None, pending.target, p=pending.plan), size_seen=True))
 
     def _eager(self, break_id: str, error: Exception, stage: str) -> EagerGraph:
         reason = f"{type(error).__name__}: {error}"
