@@ -8,6 +8,7 @@ from . import ranks, workers
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built")
 
 
+@pytest.mark.slow   # (the quick subset's time: run in full CI)
 def test_outer_ddp_splits_at_buckets_sgd():
     ranks.run(workers.ddp_against_eager, "outer", "sgd", "aot_eager")
 

@@ -24,6 +24,7 @@ def _run(tmp_path, select=None):
     assert "passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
 
 
+@pytest.mark.slow   # (the quick subset's time: run in full CI)
 def test_column_reductions_quick(tmp_path):
     """The [4096, 768] form, fused sums, size classes, precision, arg kinds, LayerNorm's
     backward; the shape/dtype/op grid is the slow test."""

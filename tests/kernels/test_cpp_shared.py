@@ -81,6 +81,7 @@ def _run(model, monkeypatch, train=True, regional=True, fn=None):
     return [_functions(s) for s in made]
 
 
+@pytest.mark.slow   # (the quick subset's time: run in full CI)
 def test_identical_blocks_compile_one_blocks_kernels(monkeypatch):
     torch.manual_seed(0)
     three = _run(Stack([64] * 3), monkeypatch)

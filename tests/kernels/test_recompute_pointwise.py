@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.fx as fx
 
@@ -27,6 +28,7 @@ def test_gelu_backward_recomputes_cpp(monkeypatch):
     check_gelu_step(None, 1e-5, monkeypatch)
 
 
+@pytest.mark.slow   # (the quick subset's time: run in full CI)
 def test_gelu_backward_recomputes_triton_interpreter(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", KILN_TEST_CACHE_DIR=str(tmp_path),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -5,10 +5,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
+@pytest.mark.slow   # (the quick subset's time: run in full CI)
 def test_row_tiles(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", KILN_KERNEL_TARGET="triton",
                KILN_TEST_CACHE_DIR=str(tmp_path), KILN_CACHE_DIR=str(tmp_path),

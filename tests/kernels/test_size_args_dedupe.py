@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from kiln.kernels import compile as kc
 from kiln.kernels.codegen.triton.source import layout
 
@@ -70,6 +72,7 @@ def test_layout_aligns_every_slot():
     assert all(s[0] % 2 == 0 for s in slots if s)
 
 
+@pytest.mark.slow   # (the quick subset's time: run in full CI)
 def test_dedupe_under_the_interpreter(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", KILN_TEST_CACHE_DIR=str(tmp_path),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

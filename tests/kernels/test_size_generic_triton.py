@@ -22,6 +22,7 @@ def _run(tmp_path, select=None):
     assert "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
 
 
+@pytest.mark.slow   # (the quick subset's time: run in full CI)
 def test_size_generic_triton_quick(tmp_path):
     _run(tmp_path, "pointwise or multiple_of_16 or small_batches")
 
