@@ -1,5 +1,7 @@
 """A size stream's first pass, call by call: each call's time and the compile stages it
-ran (``kiln.debug.timing``, own times above 5 ms), then two more passes and the stage table.
+ran (``kiln.debug.timing``, own times above 5 ms), then two more passes (their calls over
+20 ms, with stages: with every input synchronised, a call that records a CUDA graph or
+builds a late variant) and the stage table.
 
     python -m benchmarks.probes.first_pass_stages cuda llama|resnet18   (SMALL=1: tiny sizes)
 """
@@ -26,13 +28,28 @@ with torch.no_grad():
         d = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0.005}
         rows.append((lab.split()[-1], dt, d))
     total = time.perf_counter() - t00
-    t0 = time.perf_counter()
-    for x in inputs: run(fn, x)
-    sync(dev); second = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for x in inputs: run(fn, x)
-    sync(dev); third = time.perf_counter() - t0
+    later = []                 # passes 2 and 3: the calls over 20 ms, with their stages
+    for k in (2, 3):
+        t0 = time.perf_counter()
+        for x, lab in zip(inputs, labels):
+            before = dict(timing.own())
+            t1 = time.perf_counter()
+            run(fn, x); sync(dev)
+            dt = time.perf_counter() - t1
+            if dt > 0.02:
+                after = timing.own()
+                later.append((k, lab.split()[-1], dt, {n: v - before.get(n, 0.0) for n, v in after.items()
+                                                       if v - before.get(n, 0.0) > 0.005}))
+        sync(dev)
+        if k == 2:
+            second = time.perf_counter() - t0
+        else:
+            third = time.perf_counter() - t0
 print(f"{wl} {os.environ.get('TAG','')}: first pass {total:.2f} s, second {second:.2f} s, third {third:.3f} s")
 for lab, dt, d in rows:
     print(f"  {lab:>4} {dt:6.3f}  " + " ".join(f"{k.replace('kernels.', 'k.')}={v:.3f}" for k, v in sorted(d.items(), key=lambda kv: -kv[1])))
+for k, lab, dt, d in later:
+    print(f"  pass {k}: {lab:>4} {dt:6.3f}  " + " ".join(f"{n.replace('kernels.', 'k.')}={v:.3f}" for n, v in sorted(d.items(), key=lambda kv: -kv[1])))
+from kiln.kernels import size_prebuild
+print("calls run op by op while their class compiled:", size_prebuild.eager_calls)
 print(kiln.compile_times())

@@ -11,6 +11,7 @@ call with others compiles again for those (kept side by side).
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import weakref
 
@@ -88,8 +89,8 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
     lo = _lower(gm, example_inputs, target)
     sched = _schedule(lo, target)
     arte = Artefacts({"fallbacks": list(lo.fallbacks), "target": target, "passes": notes},
-                     {"ir": lambda: ir.format_program(lo.buffers),
-                      "schedule": lambda: format_schedule(sched)})
+                     {"ir": functools.partial(ir.format_program, lo.buffers),
+                      "schedule": functools.partial(format_schedule, sched)})
     with lifting(lift, every=bool(lift) and target == "triton"):
         source, entries, kinfo, sizes = _generate(sched, lo, target)
     arte["source"] = source
@@ -247,8 +248,8 @@ def _cpp_library(source: str, sizes):
 
 def _needs_compiler(p, target: str) -> bool:
     """Does building plan ``p`` run a compiler (nothing in this process nor on disk
-    has its kernels)?"""
-    if not p.entries:
+    has its kernels, and no background compile of its source ended)?"""
+    if not p.entries or size_prebuild.compiled(target, p.source):
         return False
     if target == "cpp":
         return p.source not in _LIBRARIES and not cxx_build.library_cached(p.source)

@@ -2,6 +2,7 @@
 while its calls run the graph op by op (``kernels/size_prebuild.py``); the C++ path
 here (``KILN_BACKGROUND_SIZE_BUILDS=1``), Triton's on the GPU."""
 import threading
+import types
 
 import pytest
 import torch
@@ -92,3 +93,46 @@ def test_a_llama_stream_compiles_later_size_classes_on_a_thread(background, monk
         for x, r in zip(inputs, ref):
             torch.testing.assert_close(run(cf, x), r, atol=1e-4, rtol=1e-4)
         assert size_prebuild.eager_calls == before
+
+
+def test_sizes_of_one_class_share_one_compile(background, monkeypatch):
+    """Sizes met while their class compiles join that compile (one thread, not one
+    each); once it has ended, its source needs no compiler run, though its library is
+    neither loaded nor (here, made to look) on disk: a new size of the class builds at
+    once."""
+    monkeypatch.setattr(kiln.config, "perf_fallback", False)
+    gate, compile_cpp = threading.Event(), cxx_build.compile_cpp
+    compiles = []
+
+    def gated(source):
+        if threading.current_thread().name == "kiln-size-prebuild":
+            compiles.append(source)
+            assert gate.wait(60)
+        return compile_cpp(source)
+    monkeypatch.setattr(cxx_build, "compile_cpp", gated)
+    cf = kiln.compile(_f)
+    w = torch.randn(16, 16)
+    for n in (51, 53):                                 # static, then dynamic
+        cf(torch.randn(n, 16), w)
+    real = compile_mod._needs_compiler
+    monkeypatch.setattr(compile_mod, "_needs_compiler", lambda p, t: True)
+    before = size_prebuild.eager_calls
+    for n in (55, 57, 59):
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(cf(x, w), _f(x, w))
+    assert size_prebuild.eager_calls - before == 3
+    assert len(size_prebuild._pending) == 1, "one compile for the class's three sizes"
+    gate.set()
+    assert kiln.wait_for_compiles(120) and not size_prebuild._pending and len(compiles) == 1
+    source = compiles[0]
+    monkeypatch.setattr(compile_mod, "_needs_compiler", real)
+    monkeypatch.setattr(compile_mod, "_LIBRARIES", {})
+    monkeypatch.setattr(cxx_build, "library_cached", lambda source: False)
+    plan = types.SimpleNamespace(entries=[1], source=source)
+    assert size_prebuild.compiled("cpp", source) and not real(plan, "cpp")
+    assert real(types.SimpleNamespace(entries=[1], source=source + " "), "cpp")
+    before = size_prebuild.eager_calls
+    for n in (61, 55):
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(cf(x, w), _f(x, w))
+    assert size_prebuild.eager_calls == before, "the class's compile ended: built at once"
