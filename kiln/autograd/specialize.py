@@ -26,6 +26,7 @@ import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from kiln import config, gc_pause
+from kiln.autograd import sdpa
 from kiln.autograd.sym_nodes import SymbolicUnsupported
 from kiln.debug import trace_dir
 from kiln.debug.logs import log_for
@@ -136,6 +137,13 @@ class PerSizeGraph:
                      for a in [args[i] for i in self.dynamic])
 
     def __call__(self, *args):
+        before = sdpa.in_stream(True)
+        try:
+            return self._call(args)
+        finally:
+            sdpa.in_stream(before)
+
+    def _call(self, args):
         key = self._key(args)
         hit = self.variants.get(key)
         if hit is None:

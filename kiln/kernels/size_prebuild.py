@@ -11,8 +11,11 @@ So a size after a graph's first (``shapes.variants.later_size``), whose plan nee
 compiler run, starts that run on a thread and runs its calls with the aten graph op by
 op (``Pending``, the graph's own ops, as eager does) until it is done; the first call
 after that builds the variant as usual, finding every kernel compiled. The thread only
-compiles: Triton kernels in the compile workers (``launcher.prepare``), the C++
-library by the compiler's subprocess. Loading onto the device, which could disturb a
+compiles: Triton kernels in the compile workers (``launcher.prepare``; the module
+itself is imported before, in the calling thread), the C++ library by the compiler's
+subprocess. Its little Python work (workers' replies read, kernels made) would still
+make each op of the calling thread wait up to the interpreter's 5 ms switch interval
+for the GIL back, so the interval is shortened while a compile runs. Loading onto the device, which could disturb a
 CUDA graph another thread records, stays in the calling thread. A compile that failed
 on the thread is simply done again there, where its error is reported as any other.
 
@@ -34,6 +37,7 @@ before and after its kernels are ready.
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 from collections import OrderedDict
 
@@ -83,8 +87,18 @@ class _Compile:
     def __init__(self, key, plan, target: str, device):
         self.key, self.plan, self.target, self.device = key, plan, target, device
         self.done = threading.Event()
+        self.module = None
 
     def start(self) -> None:
+        """Start the thread; a Triton module is imported first, here (``launcher.
+        import_module``: Python work kept off the thread)."""
+        if self.target == "triton":
+            from .codegen.triton import launcher
+            try:
+                self.module = launcher.import_module(self.plan.source)
+            except Exception:       # noqa: BLE001  (the thread's compile meets it again)
+                self.module = None
+        _switch_interval(True)
         threading.Thread(target=self._work, daemon=True, name="kiln-size-prebuild").start()
 
     def _work(self) -> None:
@@ -95,7 +109,8 @@ class _Compile:
                     cxx_build.compile_cpp(self.plan.source)
                 else:
                     from .codegen.triton import launcher
-                    launcher.prepare(self.plan.source, self.plan.kinfo, self.device)
+                    launcher.prepare(self.plan.source, self.plan.kinfo, self.device,
+                                     self.module)
         except Exception as e:      # noqa: BLE001  (compiled again, and reported, on build)
             _log.info("kernels: background compile of a new size failed (%s: %s); "
                       "compiled at the size's next call", type(e).__name__, e)
@@ -105,7 +120,33 @@ class _Compile:
                 _ended[self.key] = True
                 while len(_ended) > _ENDED_KEPT:
                     _ended.popitem(last=False)
+            _switch_interval(False)
             self.done.set()
+
+
+#: compiles running; the interpreter's switch interval before the first started
+_running = [0, None]
+#: the switch interval while a compile runs (seconds)
+SWITCH_INTERVAL = 2e-4
+
+
+def _switch_interval(starting: bool) -> None:
+    """While a background compile runs, the interpreter hands the GIL between threads
+    every ``SWITCH_INTERVAL`` rather than 5 ms: the calling thread runs the program op
+    by op, letting the GIL go at every op, and waited up to the whole interval for it
+    back whenever the compile's thread had Python work (replies unpickled, kernels
+    made). Restored when the last compile ends."""
+    with _lock:
+        if starting:
+            _running[0] += 1
+            if _running[0] == 1:
+                _running[1] = sys.getswitchinterval()
+                sys.setswitchinterval(min(_running[1], SWITCH_INTERVAL))
+        else:
+            _running[0] -= 1
+            if _running[0] == 0 and _running[1] is not None:
+                sys.setswitchinterval(_running[1])
+                _running[1] = None
 
 
 def _compile_of(plan, target: str, device) -> _Compile:

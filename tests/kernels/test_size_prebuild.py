@@ -1,7 +1,9 @@
 """A later size of a stream whose kernels need a compiler run compiles them on a thread
 while its calls run the graph op by op (``kernels/size_prebuild.py``); the C++ path
 here (``KILN_BACKGROUND_SIZE_BUILDS=1``), Triton's on the GPU."""
+import sys
 import threading
+import time
 import types
 
 import pytest
@@ -110,6 +112,7 @@ def test_sizes_of_one_class_share_one_compile(background, monkeypatch):
             assert gate.wait(60)
         return compile_cpp(source)
     monkeypatch.setattr(cxx_build, "compile_cpp", gated)
+    interval = sys.getswitchinterval()
     cf = kiln.compile(_f)
     w = torch.randn(16, 16)
     for n in (51, 53):                                 # static, then dynamic
@@ -122,8 +125,14 @@ def test_sizes_of_one_class_share_one_compile(background, monkeypatch):
         torch.testing.assert_close(cf(x, w), _f(x, w))
     assert size_prebuild.eager_calls - before == 3
     assert len(size_prebuild._pending) == 1, "one compile for the class's three sizes"
+    assert abs(sys.getswitchinterval() - size_prebuild.SWITCH_INTERVAL) < 1e-6 < interval - 1e-3
     gate.set()
     assert kiln.wait_for_compiles(120) and not size_prebuild._pending and len(compiles) == 1
+    for _ in range(100):            # (the thread restores it just before ``done``)
+        if abs(sys.getswitchinterval() - interval) < 1e-6:
+            break
+        time.sleep(0.01)
+    assert abs(sys.getswitchinterval() - interval) < 1e-6, "restored once no compile runs"
     source = compiles[0]
     monkeypatch.setattr(compile_mod, "_needs_compiler", real)
     monkeypatch.setattr(compile_mod, "_LIBRARIES", {})

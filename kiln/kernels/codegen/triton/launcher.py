@@ -257,18 +257,37 @@ def needs_compiler(source: str, kinfo) -> bool:
     return not triton_binaries.kept(source, kinfo)
 
 
-def prepare(source: str, kinfo, device: int) -> None:
+def import_module(source: str) -> tuple:
+    """(module, path): ``source``'s module imported now and kept for its load
+    (``_load_module`` takes it from ``_IMPORTED``). For a background compile
+    (``kernels/size_prebuild``), whose thread needs the module's kernels: importing
+    is Python work (the module's code, Triton's decorator reading each kernel's
+    source), and on the thread it would hold the GIL the calling thread runs the
+    program with."""
+    with timed("kernels.triton_module"):
+        found = _IMPORTED[source] = cxx_build.load_module("triton", source)
+    while len(_IMPORTED) > IMPORTED_KEPT:
+        _IMPORTED.popitem(last=False)
+    return found
+
+
+#: modules imported ahead of their load (``import_module``), by source text
+_IMPORTED: OrderedDict = OrderedDict()
+IMPORTED_KEPT = 64
+
+
+def prepare(source: str, kinfo, device: int, module: tuple | None = None) -> None:
     """Compile, without loading, the kernels of ``source``'s module this process has
     not compiled, into ``_PREPARED`` (``precompile`` loads them from there). For a
     thread (``kernels/size_prebuild``): it makes no CUDA call, and leaves the
-    compiles to the workers when there are any, compiling here only what they fail."""
+    compiles to the workers when there are any, compiling here only what they fail.
+    ``module``: (module, path), imported already (``import_module``)."""
     if interpreting() or not kinfo:
         return
     from ...toolchain import triton_binaries
     from ...toolchain import triton_build
     from ...toolchain import triton_pool
-    with timed("kernels.triton_module"):
-        mod, path = cxx_build.load_module("triton", source)
+    mod, path = module if module is not None else import_module(source)
     jobs, keys, specs = [], [], []
     for name, params, dtypes, consts, nw, tune in kinfo:
         kernel = getattr(mod, name)
@@ -397,8 +416,11 @@ def _load_module(source: str, kinfo):
             triton_setup.install()
         else:
             triton_setup.wait()
-    with timed("kernels.triton_module"):
-        mod, path = cxx_build.load_module("triton", source)
+    found = _IMPORTED.pop(source, None)
+    if found is None:
+        with timed("kernels.triton_module"):
+            found = cxx_build.load_module("triton", source)
+    mod, path = found
     launch = Launcher()
     if kinfo and not interpreting() and torch.cuda.is_available():
         from ...toolchain import triton_binaries
