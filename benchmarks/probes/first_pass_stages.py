@@ -1,5 +1,6 @@
 """A size stream's first pass, call by call: each call's time and the compile stages it
-ran (``kiln.debug.timing``, own times above 5 ms), then two more passes (their calls over
+ran (``kiln.debug.timing``, own times above 5 ms; ``probe.*``: a size's specialisation,
+its first run and a run op by op, timed here), then two more passes (their calls over
 20 ms, with stages: with every input synchronised, a call that records a CUDA graph or
 builds a late variant) and the stage table.
 
@@ -14,6 +15,28 @@ from kiln.debug import timing
 dev, wl = sys.argv[1], sys.argv[2]
 small = os.environ.get("SMALL") == "1"
 model, inputs, run, labels = {"llama": llama, "resnet18": resnet18}[wl](dev, small)
+
+
+def _timed_as(obj, name, stage, sync=False):
+    """``obj.name`` timed as ``stage`` (the device synchronised before it ends): the
+    parts of a call no kiln stage times — the size's specialisation, its first run,
+    a run op by op while its class compiles."""
+    f = getattr(obj, name)
+
+    def wrapped(*a, **k):
+        with timing.timed(stage):
+            r = f(*a, **k)
+            if sync and dev == "cuda":
+                torch.cuda.synchronize()
+            return r
+    setattr(obj, name, wrapped)
+
+
+from kiln.autograd import specialize as _specialize
+from kiln.kernels import compile as _kcompile, size_prebuild as _prebuild
+_timed_as(_specialize, "specialise", "probe.specialise")
+_timed_as(_kcompile.CompiledGraph, "_first_call", "probe.first_run", sync=True)
+_timed_as(_prebuild.Pending, "__call__", "probe.op_by_op", sync=True)
 fn = kiln.compile(model)
 rows = []
 with torch.no_grad():
