@@ -15,7 +15,6 @@ autograd trace, functionalization, decomposition and partition ran once.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import operator
@@ -31,7 +30,7 @@ from kiln.autograd.sym_nodes import SymbolicUnsupported
 from kiln.debug import trace_dir
 from kiln.debug.logs import log_for
 from kiln.fast_meta import meta_result
-from kiln.shapes.variants import SizeVariants, later_size
+from kiln.shapes.variants import SizeVariants, first_size, later_size
 
 _META = torch.device("meta")
 _log = log_for("perf_hints")
@@ -149,7 +148,7 @@ class PerSizeGraph:
         if hit is None:
             if not self.variants.admit():
                 return self._uncompiled(args)
-            later = later_size() if self.variants.compiles else contextlib.nullcontext()
+            later = later_size() if self.variants.compiles else first_size()
             with trace_dir.within(self.trace_owner), later:
                 hit = self.variants.put(key, self._compile(args))
                 fn, keep, template = hit

@@ -366,6 +366,7 @@ class CompiledGraph:
         against eager (``perf_fallback``), first called through ``_first_call``.
         ``size_seen``: calls of these sizes ran before (op by op: ``size_prebuild``)."""
         self.artefacts = artefacts
+        size_prebuild.built()
         if getattr(rt, "graphs", None) is not None:
             rt.graphs.family = self.recordings
             rt.graphs.size_seen = size_seen

@@ -28,8 +28,14 @@ ran op by op until its own next call.
 A Pending's first call interprets the graph (``fx.Interpreter``): generating its
 Python code costs more than one run of it (50-90 ms for resnet18 or a LLaMA).
 
-The first size of a graph compiles in the calling thread, so that a graph whose kernels
-cannot be built says so at its first call. The calls a Pending runs op by op are no
+The first size of a symbolic graph (``shapes.variants.first_size``) compiles on a
+thread too once a graph's kernels have been built in this process (``built``): under
+automatic dynamic shapes that is a stream's second call, after its first, static,
+graph, and its compile (every kernel of the symbolic graph: 1.5-2 s for a LLaMA or a
+resnet18 on an H100) overlaps the next calls' own work. The first graph a process
+builds compiles in the calling thread, so that kernels that cannot be built on this
+machine say so at the first call; a graph's own build error, compiled again in the
+calling thread at its first call after the thread ended, is reported there. The calls a Pending runs op by op are no
 timing samples for the perf fallback (``eager_calls``), and they round as eager does,
 not as the kernels do: a size's results may differ in the last bits between its calls
 before and after its kernels are ready.
@@ -58,11 +64,23 @@ _lock = threading.Lock()
 
 
 def wanted(target: str) -> bool:
-    """May this build go to the background? Only for a later size of a stream, and for
-    the targets ``config.background_size_builds`` names ("auto": Triton's)."""
+    """May this build go to the background? Only for the targets
+    ``config.background_size_builds`` names ("auto": Triton's), for a later size of a
+    stream, and for the first size of a symbolic graph once any graph was built."""
     mode = config.background_size_builds
     targets = {"auto": ("triton",), "1": ("triton", "cpp")}.get(mode, ())
-    return target in targets and variants.in_later_size()
+    if target not in targets:
+        return False
+    return variants.in_later_size() or (variants.in_first_size() and _built[0] > 0)
+
+
+#: graphs built in this process (``built``)
+_built = [0]
+
+
+def built() -> None:
+    """A graph's kernels were built (``kernels.compile.CompiledGraph``)."""
+    _built[0] += 1
 
 
 def _key(target: str, source: str) -> tuple:

@@ -34,7 +34,24 @@ def later_size():
 
 
 def in_later_size() -> bool:
-    return getattr(_later, "on", False)
+    return getattr(_later, "on", False) is True
+
+
+@contextlib.contextmanager
+def first_size():
+    """Compiling, and first calling, the first size of a symbolic graph: a backend may
+    build it in the background once kernels were built in this process
+    (``kernels/size_prebuild``)."""
+    old = getattr(_later, "on", False)
+    _later.on = "first"
+    try:
+        yield
+    finally:
+        _later.on = old
+
+
+def in_first_size() -> bool:
+    return getattr(_later, "on", False) == "first"
 
 
 class SizeVariants:

@@ -41,7 +41,7 @@ def test_a_new_size_class_compiles_on_a_thread_its_calls_run_op_by_op(background
     monkeypatch.setattr(cxx_build, "compile_cpp", gated)
     cf = kiln.compile(_f)
     w = torch.randn(16, 16)
-    for n in (33, 34):                                 # static, then dynamic: compiled here
+    for n in (33, 34):        # static (built here), then the symbolic graph's first size
         x = torch.randn(n, 16)
         torch.testing.assert_close(cf(x, w), _f(x, w))
     before = size_prebuild.eager_calls
@@ -145,3 +145,42 @@ def test_sizes_of_one_class_share_one_compile(background, monkeypatch):
         x = torch.randn(n, 16)
         torch.testing.assert_close(cf(x, w), _f(x, w))
     assert size_prebuild.eager_calls == before, "the class's compile ended: built at once"
+
+
+def _g(x, w):
+    return torch.softmax(x @ w * 0.75, -1).sum(0) - x.amax() * 3
+
+
+def test_a_symbolic_graphs_first_size_compiles_on_a_thread_once_a_graph_was_built(
+        background, monkeypatch, tmp_path):
+    """Automatic dynamic shapes: the first call builds its static graph in the calling
+    thread; the second, the symbolic graph's first size, compiles on a thread while
+    its call runs op by op; built at its next call once the thread is done. Before
+    any graph was built, that first size builds in the calling thread."""
+    monkeypatch.setattr(kiln.config, "perf_fallback", False)
+    monkeypatch.setattr(kiln.config, "cache_dir", str(tmp_path))
+    gate, compile_cpp = threading.Event(), cxx_build.compile_cpp
+
+    def gated(source):
+        if threading.current_thread().name == "kiln-size-prebuild":
+            assert gate.wait(60)
+        return compile_cpp(source)
+    monkeypatch.setattr(cxx_build, "compile_cpp", gated)
+    monkeypatch.setattr(size_prebuild, "_built", [0])
+    w = torch.randn(16, 16)
+    cf = kiln.compile(_g, dynamic=True)         # symbolic at once: nothing built before
+    before = size_prebuild.eager_calls
+    x = torch.randn(21, 16)
+    torch.testing.assert_close(cf(x, w), _g(x, w))
+    assert size_prebuild.eager_calls == before and not size_prebuild._pending
+    cf = kiln.compile(lambda x, w: _g(x, w) * 2)  # automatic: static, then symbolic
+    x = torch.randn(3, 16)           # (small sizes: literals in the static graph's text)
+    torch.testing.assert_close(cf(x, w), _g(x, w) * 2)
+    assert size_prebuild.eager_calls == before
+    x = torch.randn(5, 16)
+    torch.testing.assert_close(cf(x, w), _g(x, w) * 2)
+    assert size_prebuild.eager_calls == before + 1 and len(size_prebuild._pending) == 1
+    gate.set()
+    assert kiln.wait_for_compiles(120) and not size_prebuild._pending
+    torch.testing.assert_close(cf(x, w), _g(x, w) * 2)
+    assert size_prebuild.eager_calls == before + 1, "built once the thread is done"
