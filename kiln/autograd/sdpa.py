@@ -111,13 +111,15 @@ _stream = threading.local()
 def in_stream(on: bool) -> bool:
     """Mark this thread's calls as those of a graph compiled per size of a stream
     (``autograd/specialize.PerSizeGraph``), returning the mark before. Its attention
-    then prefers the flash, then the memory-efficient kernel to cuDNN's: cuDNN builds
-    an execution plan per new shape, 47 ms on an H100 (torch 2.11, bf16, causal,
+    then runs the flash or the memory-efficient kernel, never cuDNN's: cuDNN builds an
+    execution plan per new shape, 47 ms on an H100 (torch 2.11, bf16, causal,
     4x8xLx64) where the other two take 0.05 ms, and every call of a stream brings a
     new shape (a LLaMA over 21 lengths: a second of its first pass). At those shapes
-    the flash kernel also ran faster once planned (0.04 against 0.15 ms). The
-    results are the same attention to the kernels' rounding, as eager's own choice
-    between them varies with the shapes."""
+    the flash kernel also ran faster once planned (0.04 against 0.15 ms). cuDNN is
+    left out rather than put last: PyTorch keeps it first on Hopper whatever priority
+    order it is given. The results are the same attention to the kernels' rounding, as
+    eager's own choice between them varies with the shapes; where neither kernel
+    applies, the math path runs."""
     before = getattr(_stream, "on", False)
     _stream.on = on
     return before
@@ -125,12 +127,8 @@ def in_stream(on: bool) -> bool:
 
 def _stream_order():
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    order = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-             SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
-    try:
-        return sdpa_kernel(order, set_priority=True)
-    except TypeError:               # a torch without priorities: cuDNN left out
-        return sdpa_kernel([b for b in order if b != SDPBackend.CUDNN_ATTENTION])
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH])
 
 
 def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
