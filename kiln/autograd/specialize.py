@@ -145,21 +145,14 @@ class PerSizeGraph:
     def _call(self, args):
         key = self._key(args)
         hit = self.variants.get(key)
-        if hit is None:
-            if not self.variants.admit():
-                return self._uncompiled(args)
-            later = later_size() if self.variants.compiles else first_size()
-            with trace_dir.within(self.trace_owner), later:
-                hit = self.variants.put(key, self._compile(args))
-                fn, keep, template = hit
-                outs = fn(*[args[i] for i in keep])
-        else:
-            fn, keep, template = hit
-            outs = fn(*[args[i] for i in keep])
-        if template is None:
-            return outs
-        it = iter(outs)
-        return tuple(next(it) if t is _FROM_GRAPH else t for t in template)
+        if hit is not None:
+            return _run(hit, args)
+        if not self.variants.admit():
+            return self._uncompiled(args)
+        # a new size: compiled, and first called, as the first or a later size
+        later = later_size() if self.variants.compiles else first_size()
+        with trace_dir.within(self.trace_owner), later:
+            return _run(self.variants.put(key, self._compile(args)), args)
 
     def _uncompiled(self, args):
         """A new signature once the stream has cycled past the bound (``SizeVariants``)
@@ -186,6 +179,17 @@ class PerSizeGraph:
 
 
 _FROM_GRAPH = object()
+
+
+def _run(variant, args):
+    """A variant (compiled callable, kept argument positions, output template) called
+    on a call's arguments, the ints put back among its outputs."""
+    fn, keep, template = variant
+    outs = fn(*[args[i] for i in keep])
+    if template is None:
+        return outs
+    it = iter(outs)
+    return tuple(next(it) if t is _FROM_GRAPH else t for t in template)
 
 
 def _hint_value(v):
