@@ -38,36 +38,35 @@ _timed_as(_specialize, "specialise", "probe.specialise")
 _timed_as(_kcompile.CompiledGraph, "_first_call", "probe.first_run", sync=True)
 _timed_as(_prebuild.Pending, "__call__", "probe.op_by_op", sync=True)
 fn = kiln.compile(model)
-rows = []
+
+
+def timed_call(x):
+    """(seconds, {stage: own seconds over 5 ms}) of one synchronised call."""
+    before = dict(timing.own())
+    t0 = time.perf_counter()
+    run(fn, x)
+    sync(dev)
+    dt = time.perf_counter() - t0
+    return dt, {k: v - before.get(k, 0.0) for k, v in timing.own().items()
+                if v - before.get(k, 0.0) > 0.005}
+
+
+rows, later = [], []       # later: passes 2 and 3's calls over 20 ms, with their stages
 with torch.no_grad():
     run(model, inputs[0]); sync(dev)      # eager once: library set-up
     t00 = time.perf_counter()
     for x, lab in zip(inputs, labels):
-        before = dict(timing.own())
-        t0 = time.perf_counter()
-        run(fn, x); sync(dev)
-        dt = time.perf_counter() - t0
-        after = timing.own()
-        d = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0.005}
-        rows.append((lab.split()[-1], dt, d))
+        rows.append((lab.split()[-1], *timed_call(x)))
     total = time.perf_counter() - t00
-    later = []                 # passes 2 and 3: the calls over 20 ms, with their stages
+    passes = []
     for k in (2, 3):
         t0 = time.perf_counter()
         for x, lab in zip(inputs, labels):
-            before = dict(timing.own())
-            t1 = time.perf_counter()
-            run(fn, x); sync(dev)
-            dt = time.perf_counter() - t1
+            dt, d = timed_call(x)
             if dt > 0.02:
-                after = timing.own()
-                later.append((k, lab.split()[-1], dt, {n: v - before.get(n, 0.0) for n, v in after.items()
-                                                       if v - before.get(n, 0.0) > 0.005}))
-        sync(dev)
-        if k == 2:
-            second = time.perf_counter() - t0
-        else:
-            third = time.perf_counter() - t0
+                later.append((k, lab.split()[-1], dt, d))
+        passes.append(time.perf_counter() - t0)
+    second, third = passes
 print(f"{wl} {os.environ.get('TAG','')}: first pass {total:.2f} s, second {second:.2f} s, third {third:.3f} s")
 for lab, dt, d in rows:
     print(f"  {lab:>4} {dt:6.3f}  " + " ".join(f"{k.replace('kernels.', 'k.')}={v:.3f}" for k, v in sorted(d.items(), key=lambda kv: -kv[1])))
