@@ -1,4 +1,4 @@
-"""A later size of a stream: its new kernels compiled on a thread, its calls run op by op meanwhile.
+"""A size of a stream: its new kernels compiled on a thread, its calls run op by op meanwhile.
 
 A symbolic graph is compiled per size (``autograd/specialize``): every size lowers again
 (cheap), and most reuse the kernels of an earlier size (``codegen/size_args``). A size of
@@ -15,9 +15,10 @@ compiles: Triton kernels in the compile workers (``launcher.prepare``; the modul
 itself is imported before, in the calling thread), the C++ library by the compiler's
 subprocess. Its little Python work (workers' replies read, kernels made) would still
 make each op of the calling thread wait up to the interpreter's 5 ms switch interval
-for the GIL back, so the interval is shortened while a compile runs. Loading onto the device, which could disturb a
-CUDA graph another thread records, stays in the calling thread. A compile that failed
-on the thread is simply done again there, where its error is reported as any other.
+for the GIL back, so the interval is shortened while a compile runs. Loading onto the
+device, which could disturb a CUDA graph another thread records, stays in the calling
+thread. A compile that failed on the thread is simply done again there, where its
+error is reported as any other.
 
 One compile per kernel source: the sizes of one class have one source, so a size whose
 source is compiling already waits on that compile (its calls op by op too), and once it
@@ -35,10 +36,12 @@ graph, and its compile (every kernel of the symbolic graph: 1.5-2 s for a LLaMA 
 resnet18 on an H100) overlaps the next calls' own work. The first graph a process
 builds compiles in the calling thread, so that kernels that cannot be built on this
 machine say so at the first call; a graph's own build error, compiled again in the
-calling thread at its first call after the thread ended, is reported there. The calls a Pending runs op by op are no
-timing samples for the perf fallback (``eager_calls``), and they round as eager does,
-not as the kernels do: a size's results may differ in the last bits between its calls
-before and after its kernels are ready.
+calling thread at its first call after the thread ended, is reported there.
+
+The calls a Pending runs op by op are no timing samples for the perf fallback
+(``eager_calls``), and they round as eager does, not as the kernels do: a size's
+results may differ in the last bits between its calls before and after its kernels
+are ready.
 """
 from __future__ import annotations
 
