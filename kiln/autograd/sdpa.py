@@ -38,6 +38,7 @@ would draw a different mask, and the math path draws it once, as a recorded op.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
@@ -95,13 +96,10 @@ def _dense_last_dim(mask):
 def _call(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa):
     kw = {"enable_gqa": True} if enable_gqa else {}
     mask = _dense_last_dim(mask)
-    if getattr(_stream, "on", False) and q.device.type == "cuda":
-        with _stream_order():
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                  dropout_p=dropout_p, is_causal=is_causal,
-                                                  scale=scale, **kw)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                          is_causal=is_causal, scale=scale, **kw)
+    stream = getattr(_stream, "on", False) and q.device.type == "cuda"
+    with _stream_order() if stream else contextlib.nullcontext():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                              is_causal=is_causal, scale=scale, **kw)
 
 
 #: per thread: is a graph compiled per size of a stream running (``in_stream``)?

@@ -30,7 +30,7 @@ from kiln.autograd.sym_nodes import SymbolicUnsupported
 from kiln.debug import trace_dir
 from kiln.debug.logs import log_for
 from kiln.fast_meta import meta_result
-from kiln.shapes.variants import SizeVariants, first_size, later_size
+from kiln.shapes.variants import SizeVariants, stream_size
 
 _META = torch.device("meta")
 _log = log_for("perf_hints")
@@ -150,8 +150,8 @@ class PerSizeGraph:
         if not self.variants.admit():
             return self._uncompiled(args)
         # a new size: compiled, and first called, as the first or a later size
-        later = later_size() if self.variants.compiles else first_size()
-        with trace_dir.within(self.trace_owner), later:
+        which = "later" if self.variants.compiles else "first"
+        with trace_dir.within(self.trace_owner), stream_size(which):
             return _run(self.variants.put(key, self._compile(args)), args)
 
     def _uncompiled(self, args):

@@ -7,7 +7,7 @@ needs a compiler run: Triton's, about half a second a module, or the C++ compile
 Serving a LLaMA-style model over 24 lengths, six such runs took 2.5 s of a 14.5 s first
 pass, each stalling the one request that met it.
 
-So a size after a graph's first (``shapes.variants.later_size``), whose plan needs a
+So a size after a graph's first (``shapes.variants.stream_size``), whose plan needs a
 compiler run, starts that run on a thread and runs its calls with the aten graph op by
 op (``Pending``, the graph's own ops, as eager does) until it is done; the first call
 after that builds the variant as usual, finding every kernel compiled. The thread only
@@ -29,7 +29,7 @@ ran op by op until its own next call.
 A Pending's first call interprets the graph (``fx.Interpreter``): generating its
 Python code costs more than one run of it (50-90 ms for resnet18 or a LLaMA).
 
-The first size of a symbolic graph (``shapes.variants.first_size``) compiles on a
+The first size of a symbolic graph (``stream_size`` "first") compiles on a
 thread too once a graph's kernels have been built in this process (``built``): under
 automatic dynamic shapes that is a stream's second call, after its first, static,
 graph, and its compile (every kernel of the symbolic graph: 1.5-2 s for a LLaMA or a
@@ -74,7 +74,8 @@ def wanted(target: str) -> bool:
     targets = {"auto": ("triton",), "1": ("triton", "cpp")}.get(mode, ())
     if target not in targets:
         return False
-    return variants.in_later_size() or (variants.in_first_size() and _built[0] > 0)
+    which = variants.current_stream_size()
+    return which == "later" or (which == "first" and _built[0] > 0)
 
 
 #: graphs built in this process (``built``)

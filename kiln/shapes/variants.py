@@ -17,41 +17,26 @@ import threading
 
 from kiln import config
 
-_later = threading.local()
+_size = threading.local()
 
 
 @contextlib.contextmanager
-def later_size():
-    """Compiling, and first calling, a size of a graph that already has a compiled
-    size: a backend may then build that size's new kernels in the background
+def stream_size(which: str):
+    """Compiling, and first calling, a size of a symbolic graph: ``which`` is "first"
+    (the graph's first size) or "later" (a graph with a compiled size already). A
+    backend may then build that size's new kernels in the background
     (``kernels/size_prebuild``)."""
-    old = getattr(_later, "on", False)
-    _later.on = True
+    old = getattr(_size, "which", None)
+    _size.which = which
     try:
         yield
     finally:
-        _later.on = old
+        _size.which = old
 
 
-def in_later_size() -> bool:
-    return getattr(_later, "on", False) is True
-
-
-@contextlib.contextmanager
-def first_size():
-    """Compiling, and first calling, the first size of a symbolic graph: a backend may
-    build it in the background once kernels were built in this process
-    (``kernels/size_prebuild``)."""
-    old = getattr(_later, "on", False)
-    _later.on = "first"
-    try:
-        yield
-    finally:
-        _later.on = old
-
-
-def in_first_size() -> bool:
-    return getattr(_later, "on", False) == "first"
+def current_stream_size() -> str | None:
+    """The ``stream_size`` being compiled in this thread ("first", "later"), or None."""
+    return getattr(_size, "which", None)
 
 
 class SizeVariants:

@@ -184,37 +184,28 @@ def precompile(mod, kinfo, path: str) -> tuple:
             done[name] = pair
         else:
             tuned[name][i] = pair
-    for name, params, dtypes, consts, nw, tune in kinfo:
-        kernel = getattr(mod, name)
+    for name, _, _, _, _, tune in kinfo:
         if tune:
-            tuned[name] = [None] * len(kernel.configs)
-            # one candidate of an autotuned kernel: the options its autotuner will pass
-            cands = [(kernel.fn, cfg.all_kwargs(), i) for i, cfg in enumerate(kernel.configs)]
-        else:
-            cands = [(kernel, {"num_warps": nw}, None)]
-        for fn, opts, i in cands:
-            key = kernel_key(fn, dtypes, consts, opts, dev)
-            hit = _KERNELS.get(key)
-            if hit is not None:           # the same kernel in an earlier module
-                _KERNELS.move_to_end(key)
-                stats["kernels_reused"] += 1
+            tuned[name] = [None] * len(getattr(mod, name).configs)
+    for name, n_args, dtypes, consts, fn, opts, i, key in _candidates(mod, kinfo, dev):
+        hit = _KERNELS.get(key)
+        if hit is not None:               # the same kernel in an earlier module
+            _KERNELS.move_to_end(key)
+            stats["kernels_reused"] += 1
+            place(name, i, hit)
+            continue
+        prepared = _PREPARED.pop(key, None)
+        if prepared is not None:          # compiled on a thread (``prepare``): load it
+            try:
+                hit = _KERNELS[key] = ready(prepared, n_args, dev)
+                stats["kernels_prepared"] += 1
                 place(name, i, hit)
                 continue
-            prepared = _PREPARED.pop(key, None)
-            if prepared is not None:      # compiled on a thread (``prepare``): load it
-                try:
-                    hit = _KERNELS[key] = ready(prepared, len(params), dev)
-                    stats["kernels_prepared"] += 1
-                    place(name, i, hit)
-                    continue
-                except Exception:         # noqa: BLE001  (compiled again below)
-                    pass
-            jobs.append((name, len(params), dtypes, consts, fn, opts, i))
-            keys.append(key)
-            sig = triton_build.signature(fn, dtypes, consts)
-            specs.append(None if sig is None else {
-                "path": path, "name": name, "signature": sig, "consts": dict(consts),
-                "options": opts})
+            except Exception:             # noqa: BLE001  (compiled again below)
+                pass
+        jobs.append((name, n_args, dtypes, consts, fn, opts, i))
+        keys.append(key)
+        specs.append(_worker_job(path, name, fn, dtypes, consts, opts))
 
     def keep(k, compiled):
         name, n_args, *_, i = jobs[k]
@@ -245,6 +236,33 @@ def precompile(mod, kinfo, path: str) -> tuple:
                 except Exception:     # noqa: BLE001  (compiled at its first launch instead)
                     pass
     return done, {n: c for n, c in tuned.items() if all(x is not None for x in c)}
+
+
+def _candidates(mod, kinfo, device):
+    """Each compile of ``mod``'s kernels (``kinfo``): (kernel name, its argument count,
+    dtypes, constexprs, the function compiled, its options, the autotuning config's
+    index or None, ``kernel_key``). An autotuned kernel compiles once per config, with
+    the options its autotuner will pass."""
+    for name, params, dtypes, consts, nw, tune in kinfo:
+        kernel = getattr(mod, name)
+        if tune:
+            cands = [(kernel.fn, cfg.all_kwargs(), i) for i, cfg in enumerate(kernel.configs)]
+        else:
+            cands = [(kernel, {"num_warps": nw}, None)]
+        for fn, opts, i in cands:
+            yield (name, len(params), dtypes, consts, fn, opts, i,
+                   kernel_key(fn, dtypes, consts, opts, device))
+
+
+def _worker_job(path: str, name: str, fn, dtypes, consts, opts) -> dict | None:
+    """A compile worker's job (``triton_pool``) for one of ``_candidates``, or None
+    where kiln cannot name its signature (only Triton's JIT compiles it)."""
+    from ...toolchain import triton_build
+    sig = triton_build.signature(fn, dtypes, consts)
+    if sig is None:
+        return None
+    return {"path": path, "name": name, "signature": sig, "consts": dict(consts),
+            "options": opts}
 
 
 def needs_compiler(source: str, kinfo) -> bool:
@@ -289,19 +307,13 @@ def prepare(source: str, kinfo, device: int, module: tuple | None = None) -> Non
     from ...toolchain import triton_pool
     mod, path = module if module is not None else import_module(source)
     jobs, keys, specs = [], [], []
-    for name, params, dtypes, consts, nw, tune in kinfo:
-        kernel = getattr(mod, name)
-        cands = [(kernel.fn, cfg.all_kwargs()) for cfg in kernel.configs] if tune else \
-            [(kernel, {"num_warps": nw})]
-        for fn, opts in cands:
-            key = kernel_key(fn, dtypes, consts, opts, device)
-            sig = triton_build.signature(fn, dtypes, consts)
-            if key in _KERNELS or key in _PREPARED or key in keys or sig is None:
-                continue                  # compiled, or only the JIT can (at its launch)
-            jobs.append((fn, dtypes, consts, opts))
-            keys.append(key)
-            specs.append({"path": path, "name": name, "signature": sig,
-                          "consts": dict(consts), "options": opts})
+    for name, _, dtypes, consts, fn, opts, _, key in _candidates(mod, kinfo, device):
+        job = _worker_job(path, name, fn, dtypes, consts, opts)
+        if key in _KERNELS or key in _PREPARED or key in keys or job is None:
+            continue                      # compiled, or only the JIT can (at its launch)
+        jobs.append((fn, dtypes, consts, opts))
+        keys.append(key)
+        specs.append(job)
 
     def local(k):
         fn, dtypes, consts, opts = jobs[k]
