@@ -339,12 +339,14 @@ class CompiledGraph:
                                           a.device.type == "cuda" for a in args):
                 from .toolchain import triton_setup
                 triton_setup.start()          # overlaps this graph's lowering
-            p = checked_plan(self.gm, list(args), target)
-            if size_prebuild.wanted(target) and _needs_compiler(p, target):
-                # a new size class of a stream: compiled on a thread meanwhile
-                self.artefacts = p.artefacts
-                return size_prebuild.Pending(self.gm, p, target)
-            return self._built(sig, *build(self.gm, None, target, p=p))
+            if size_prebuild.wanted(target):
+                p = checked_plan(self.gm, list(args), target)
+                if _needs_compiler(p, target):
+                    # a new size class of a stream: compiled on a thread meanwhile
+                    self.artefacts = p.artefacts
+                    return size_prebuild.Pending(self.gm, p, target)
+                return self._built(sig, *build(self.gm, None, target, p=p))
+            return self._built(sig, *build(self.gm, list(args), target))
         return self._guarded(sig, make)
 
     def _guarded(self, sig, make):
