@@ -16,6 +16,7 @@ import torch
 from kiln import config
 from kiln.capture.errors import BackendCompilerFailed
 from kiln.debug.breaks import tag
+from kiln.shapes.variants import stream_size
 
 
 def backend_name(backend) -> str:
@@ -56,18 +57,25 @@ class FirstRun:
     counter or a geometry moved) cannot be repeated: its exception is raised as it is.
     """
 
-    def __init__(self, compiled, eager, backend, where, namespace, name):
+    def __init__(self, compiled, eager, backend, where, namespace, name, stream=None):
         self.compiled = compiled
         self.eager = eager
         self.backend = backend
         self.where = where
         self.namespace = namespace
         self.name = name
+        #: "later": the graph is one size of a stream, first called as such
+        #: (``shapes.variants.stream_size``: the kernel compiler may build it on a thread)
+        self.stream = stream
 
     def __call__(self, *args):
         before = _input_state(args)
         try:
-            out = self.compiled(*args)
+            if self.stream is None:
+                out = self.compiled(*args)
+            else:
+                with stream_size(self.stream):
+                    out = self.compiled(*args)
         except Exception as e:  # noqa: BLE001 -- decided below
             failure = e
         else:

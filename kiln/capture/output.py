@@ -61,6 +61,9 @@ class OutputGraph:
         #: the size symbols of this trace; the policy says which argument sizes are symbolic
         self.shapes = ShapeEnv(where=self._user_line)
         self.policy = None
+        #: a size of an input is static only because it is 0 or 1 where the policy
+        #: would make it symbolic: this trace is one size of a stream
+        self.small_size_of_stream = False
         self._names: set = set()
         self._keepalive: list = []
 
@@ -76,6 +79,8 @@ class OutputGraph:
         if why is not None:
             raise Unsupported("K0056", f"{source.pretty()} is {why}, which capture does not model")
         dims = self.policy.tensor_dims(source, real) if self.policy is not None else {}
+        if self.policy is not None and self.policy.specialises_small(source, real):
+            self.small_size_of_stream = True
         fake = symbolic_fake(self, real, source, dims) if dims else None
         self.guards.tensor(source, real, dynamic=frozenset(dims) if fake is not None else (),
                            layout=None if fake is None or real.is_contiguous() else

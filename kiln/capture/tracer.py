@@ -35,6 +35,7 @@ from kiln.capture.sources import ClosureSource, LocalSource, RefSource
 from kiln.capture import rule_modules  # noqa: F401  (every rule registered before a trace)
 from kiln.debug.breaks import describe
 from kiln.debug.logs import log_for
+from kiln.shapes.variants import stream_size
 
 _CALLS = ("CALL", "CALL_FUNCTION_EX")
 _JUMPS = ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE",
@@ -199,6 +200,12 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where:
     if dynamic and wants_concrete_sizes(ctx.backend):
         compiled = PerSizeCompiled(ctx.backend, gm, lambda b, g, ins: compile_graph(b, g, ins, where))
         compiled._for(example_inputs, first=True)   # the backend's errors belong to this compile
+    elif out.small_size_of_stream:
+        # a size 0 or 1 of a stream (automatic dynamic shapes): built, and first called
+        # (FirstRun below), as a later size of one: on a thread where the kernel
+        # compiler does that (kernels/size_prebuild)
+        with stream_size("later"):
+            compiled = compile_graph(ctx.backend, gm, example_inputs, where)
     else:
         compiled = compile_graph(ctx.backend, gm, example_inputs, where)
     eager = gm.forward
@@ -214,7 +221,8 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where:
         ctx.recorder.compile_time += time.perf_counter() - t0
     name = cg.ref(compiled, "graph")
     if checked:
-        cg.ns[name] = FirstRun(compiled, eager, ctx.backend, where, cg.ns, name)
+        cg.ns[name] = FirstRun(compiled, eager, ctx.backend, where, cg.ns, name,
+                               stream="later" if out.small_size_of_stream and not dynamic else None)
     args = ", ".join(src.expr() for src, _, _ in out.inputs)
     return out.autocast.graph_call_lines(cg, f"__o = {name}({args})"), gm
 

@@ -349,7 +349,7 @@ def _plan(pending, make_plan, needs_compiler) -> None:
         with timed("kernels.background_plan"), gc_pause.paused():
             p = make_plan()
         pending.plan = p
-        if not compiled(pending.target, p.source) and needs_compiler(p):
+        if needs_compiler(p):
             _compile_of(p, pending.target, pending.device).then(pending.done.set)
             return
     except Exception as e:          # noqa: BLE001  (planned again, and reported, on build)

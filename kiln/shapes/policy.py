@@ -52,6 +52,20 @@ class DynamicPolicy:
                 out[d] = (None, None, False)
         return out
 
+    def specialises_small(self, source, real: torch.Tensor) -> bool:
+        """Is a dim of ``real`` that would be symbolic (automatic, ``dynamic=True``, or
+        maybe-marked) static in this trace only because its size is 0 or 1? Such a
+        trace is one size of a stream (``kernels/size_prebuild`` may build it on a
+        thread)."""
+        dyn, maybe, static = marked(real)
+        m = mode()
+        if m == "false":
+            return False
+        auto = self.auto_dims.get(source.expr(), ()) if m == "auto" else ()
+        every = m == "true" and _argument(source) and not isinstance(real, torch.nn.Parameter)
+        return any(n in (0, 1) and d not in dyn and d not in static
+                   and (d in maybe or every or d in auto) for d, n in enumerate(real.shape))
+
     def int_dynamic(self, source, value) -> bool:
         if type(value) is not int or value in (0, 1) or not isinstance(source, LocalSource):
             return False

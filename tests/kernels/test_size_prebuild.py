@@ -254,3 +254,32 @@ def test_a_layout_has_no_data_and_plans_stay_in_the_calling_thread_under_options
     with kiln.config.overlay({"kernel_size_args": False}):
         assert not size_prebuild.plans_on_thread(gm, "cpp", [t])
     assert not size_prebuild.plans_on_thread(gm, "triton", [t]), "the interpreter's CPU inputs"
+
+
+def test_a_size_of_one_in_a_stream_builds_as_a_later_size(background, monkeypatch):
+    """Automatic dynamic shapes: once the batch is symbolic, a batch of 1 traces a
+    graph of its own (sizes 0 and 1 stay static, as PyTorch's): one size of the
+    stream, so it is planned and compiled on a thread, its first call op by op.
+    Before the batch became dynamic, a batch of 1 builds in the calling thread."""
+    monkeypatch.setattr(kiln.config, "perf_fallback", False)
+    w = torch.randn(16, 16)
+    cf = kiln.compile(lambda x, w: _g(x, w) - 1)
+    before = size_prebuild.eager_calls
+    x = torch.randn(1, 16)
+    torch.testing.assert_close(cf(x, w), _g(x, w) - 1)
+    assert size_prebuild.eager_calls == before, "not a stream yet: built here"
+    cf = kiln.compile(lambda x, w: _g(x, w) + 1)
+    for n in (23, 25):                                 # static, then dynamic
+        cf(torch.randn(n, 16), w)
+    kiln.wait_for_compiles(120)
+    _planned()
+    before = size_prebuild.eager_calls
+    x = torch.randn(1, 16)
+    torch.testing.assert_close(cf(x, w), _g(x, w) + 1)
+    assert size_prebuild.eager_calls == before + 1, "batch 1 of a stream: op by op at first"
+    kiln.wait_for_compiles(120)
+    _planned()
+    for _ in range(2):
+        torch.testing.assert_close(cf(x, w), _g(x, w) + 1)
+    assert size_prebuild.eager_calls == before + 1, "then built"
+    assert sum(len(e.graphs) for e in cf.entries) == 3
