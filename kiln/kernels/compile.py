@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import threading
 import weakref
 
 import torch
@@ -79,19 +78,8 @@ def pick_target(example_inputs, target=None) -> str:
     return "cpp"
 
 
-#: one plan at a time in this process: a size's plan may be made on a thread
-#: (``size_prebuild``) while the calling thread plans another graph, and the
-#: lowering's and the generators' memo caches are not made for two writers
-_PLANNING = threading.RLock()
-
-
 def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache.Plan:
     """Lower, schedule and generate source — or find all of it in the graph cache."""
-    with _PLANNING:
-        return _plan(gm, example_inputs, target)
-
-
-def _plan(gm, example_inputs, target):
     lift = gm.meta.get(SYMBOL_VALUES, ())
     gm, notes = _passes(gm, example_inputs)
     key, p = _cached(gm, example_inputs, target, lift)
@@ -352,13 +340,6 @@ class CompiledGraph:
                 from .toolchain import triton_setup
                 triton_setup.start()          # overlaps this graph's lowering
             if size_prebuild.wanted(target):
-                if size_prebuild.plans_on_thread(self.gm, target, args):
-                    # planned (and compiled, when new) on a thread; op by op meanwhile
-                    stand_ins = size_prebuild.layouts_of(args)
-                    return size_prebuild.Pending(
-                        self.gm, None, target,
-                        make_plan=lambda: checked_plan(self.gm, stand_ins, target),
-                        needs_compiler=lambda p: _needs_compiler(p, target))
                 p = checked_plan(self.gm, list(args), target)
                 if _needs_compiler(p, target):
                     # a new size class of a stream: compiled on a thread meanwhile
@@ -393,22 +374,14 @@ class CompiledGraph:
         self._untried[id(rt)] = sig
         return rt
 
-    def _prebuilt(self, pending, args):
-        """The variant of a Pending whose background work ended, built now (its kernels
-        found compiled; one whose compile failed there compiles here; one whose plan
-        could not be made there is planned here, from ``args``)."""
+    def _prebuilt(self, pending):
+        """The variant of a Pending whose background compile ended, built now (its
+        kernels found compiled; one whose compile failed there compiles here)."""
         sig = next(k for k, v in self.variants.items() if v is pending)
         self._last = None
-        p, target = pending.plan, pending.target
-        if p is not None:
-            self.artefacts = p.artefacts
-
-        def make():
-            if p is None:
-                return self._built(sig, *build(self.gm, list(args), target), size_seen=True)
-            return self._built(sig, *build(self.gm, None, target, p=p), size_seen=True)
         with timed("kernels"), trace_dir.within(self._trace_owner), gc_pause.paused():
-            return self._guarded(sig, make)
+            return self._guarded(sig, lambda: self._built(
+                sig, *build(self.gm, None, pending.target, p=pending.plan), size_seen=True))
 
     def _eager(self, break_id: str, error: Exception, stage: str) -> EagerGraph:
         reason = f"{type(error).__name__}: {error}"
@@ -426,7 +399,7 @@ class CompiledGraph:
     def __call__(self, *args):
         rt = self._variant(args)
         if type(rt) is size_prebuild.Pending and rt.done.is_set():
-            rt = self._prebuilt(rt, args)
+            rt = self._prebuilt(rt)
         if self._untried and id(rt) in self._untried:
             return self._first_call(rt, list(args), boxed=False)
         return rt(*args)
@@ -436,7 +409,7 @@ class CompiledGraph:
         freed after its last reader (``Runtime.call_boxed``)."""
         rt = self._variant(args)
         if type(rt) is size_prebuild.Pending and rt.done.is_set():
-            rt = self._prebuilt(rt, args)
+            rt = self._prebuilt(rt)
         if self._untried and id(rt) in self._untried:
             try:
                 return self._first_call(rt, args, boxed=True)

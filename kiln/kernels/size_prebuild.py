@@ -46,12 +46,9 @@ are ready.
 from __future__ import annotations
 
 import hashlib
-import queue
 import sys
 import threading
 from collections import OrderedDict
-
-import torch
 
 from .. import config
 from ..debug.logs import log_for
@@ -113,16 +110,6 @@ class _Compile:
         self.key, self.plan, self.target, self.device = key, plan, target, device
         self.done = threading.Event()
         self.module = None
-        #: called once it ended, before ``done`` is set (``then``)
-        self.callbacks = []
-
-    def then(self, fn) -> None:
-        """Call ``fn()`` once the compile has ended (now, if it has)."""
-        with _lock:
-            if not self.done.is_set():
-                self.callbacks.append(fn)
-                return
-        fn()
 
     def start(self) -> None:
         """Start the thread; a Triton module is imported first, here (``launcher.
@@ -155,12 +142,8 @@ class _Compile:
                 _ended[self.key] = True
                 while len(_ended) > _ENDED_KEPT:
                     _ended.popitem(last=False)
-                callbacks, self.callbacks = self.callbacks, []
-                # set under the lock: a ``then`` after this calls its function itself
-                self.done.set()
             _switch_interval(False)
-            for fn in callbacks:
-                fn()
+            self.done.set()
 
 
 #: compiles running; the interpreter's switch interval before the first started
@@ -204,21 +187,16 @@ def _compile_of(plan, target: str, device) -> _Compile:
 class Pending:
     """A size variant whose kernels compile on a thread: called, it runs the aten
     graph op by op; ``done`` once the thread ends (``kernels.compile.CompiledGraph``
-    then builds the variant). ``plan`` None: the plan is made on the planner thread
-    too (``make_plan``; then compiled if ``needs_compiler(plan)``), and stays None if
-    that failed (the calling thread then plans, and reports any error)."""
+    then builds the variant)."""
 
-    def __init__(self, gm, plan, target: str, make_plan=None, needs_compiler=None):
+    def __init__(self, gm, plan, target: str):
         self.gm, self.plan, self.target = gm, plan, target
-        self.device = None
-        if target == "triton" and torch.cuda.is_available():
-            self.device = torch.cuda.current_device()
+        device = None
+        if target == "triton":
+            import torch
+            device = torch.cuda.current_device()
         self.calls = 0
-        if plan is not None:
-            self.done = _compile_of(plan, target, self.device).done
-        else:
-            self.done = threading.Event()
-            _planner.submit(self, make_plan, needs_compiler)
+        self.done = _compile_of(plan, target, device).done
 
     def __call__(self, *args):
         global eager_calls
@@ -236,127 +214,7 @@ class Pending:
 
 
 def wait(timeout: float | None = None) -> bool:
-    """Wait for every background plan and compile; True if there was any and all
-    ended."""
-    planned = _planner.wait(timeout)
+    """Wait for every background compile; True if there was any and all ended."""
     with _lock:
         pending = list(_pending.values())
-    return (bool(pending) and all(p.done.wait(timeout) for p in pending)) or planned
-
-
-# --- plans on a thread -----------------------------------------------------------------
-def plans_on_thread(gm, target: str, args) -> bool:
-    """May this size's plan be made on the planner thread? (``config.
-    background_size_plans``.) Triton's only for CUDA inputs (not the interpreter's CPU
-    ones: nothing compiles there). Not under a compiled function's own settings
-    (``kiln.compile(options=)``: they are patched into the process while it runs, and
-    the thread plans later), nor for a graph holding device tensors as constants
-    (hashing or reading one is device work, which must stay off a thread while the
-    calling one may record a CUDA graph)."""
-    if not config.background_size_plans or config.overlay_active():
-        return False
-    if target == "triton" and not any(isinstance(a, torch.Tensor) and a.device.type == "cuda"
-                                      for a in args):
-        return False
-    for n in gm.graph.nodes:
-        if n.op == "get_attr":
-            val = gm
-            for a in n.target.split("."):
-                val = getattr(val, a, None)
-            if isinstance(val, torch.Tensor) and val.device.type != "cpu":
-                return False
-    return True
-
-
-def layouts_of(args) -> list:
-    """The arguments as the planner thread sees them: each tensor a ``Layout`` (its
-    sizes, strides, dtype and device now, no data: the caller may resize an input
-    later, and the plan must keep no activation alive), the others as they are."""
-    return [Layout.of(a) if isinstance(a, torch.Tensor) else a for a in args]
-
-
-class NoData(RuntimeError):
-    """An op reached a ``Layout``: the plan needs real inputs."""
-
-
-class Layout(torch.Tensor):
-    """A tensor's metadata without data: any op on it raises ``NoData``, so a plan
-    that would need the data (a graph run for real to record its values) fails on
-    the thread and is made by the calling thread instead."""
-
-    @staticmethod
-    def of(t: torch.Tensor) -> "Layout":
-        return torch.Tensor._make_wrapper_subclass(
-            Layout, t.shape, strides=t.stride(), storage_offset=t.storage_offset(),
-            dtype=t.dtype, device=t.device, requires_grad=False)
-
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        raise NoData(f"kiln: {func} on a tensor's layout alone (a plan made on a thread)")
-
-
-class _Planner:
-    """One thread making the plans of sizes, first come first served (``Pending``
-    with no plan). Its Python work shares the GIL with the calling thread's, so the
-    switch interval is shortened while it has work (``_switch_interval``); what it
-    gains is the calling thread's time outside the interpreter (the library calls
-    and kernel launches of the sizes run op by op meanwhile, waits on the device)."""
-
-    def __init__(self):
-        self.jobs = queue.Queue()
-        self.thread = None
-        self.open = 0
-        self.idle = threading.Condition(_lock)
-
-    def submit(self, pending, make_plan, needs_compiler) -> None:
-        with _lock:
-            self.open += 1
-            if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(target=self._loop, daemon=True,
-                                               name="kiln-size-planner")
-                self.thread.start()
-        _switch_interval(True)
-        self.jobs.put((pending, make_plan, needs_compiler))
-
-    def _loop(self) -> None:
-        while True:
-            pending, make_plan, needs_compiler = self.jobs.get()
-            try:
-                _plan(pending, make_plan, needs_compiler)
-            finally:
-                _switch_interval(False)
-                with _lock:
-                    self.open -= 1
-                    if self.open == 0:
-                        self.idle.notify_all()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted plan is made; True if any was open and all were."""
-        with _lock:
-            if self.open == 0:
-                return False
-            return self.idle.wait_for(lambda: self.open == 0, timeout)
-
-
-def _plan(pending, make_plan, needs_compiler) -> None:
-    """Make ``pending``'s plan; if it needs a compiler run, start (or join) its source's
-    compile, which sets ``pending.done`` once it ends: the planner goes on to the next
-    size meanwhile."""
-    from .. import gc_pause
-    try:
-        with timed("kernels.background_plan"), gc_pause.paused():
-            p = make_plan()
-        pending.plan = p
-        if needs_compiler(p):
-            _compile_of(p, pending.target, pending.device).then(pending.done.set)
-            return
-    except Exception as e:          # noqa: BLE001  (planned again, and reported, on build)
-        _log.info("kernels: a new size's plan could not be made on a thread (%s: %s); "
-                  "planned at its next call", type(e).__name__, e)
-        pending.plan = None
-    pending.done.set()
-
-
-_planner = _Planner()
+    return bool(pending) and all(p.done.wait(timeout) for p in pending)

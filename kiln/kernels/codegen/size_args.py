@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -38,14 +37,10 @@ _OPEN, _CLOSE = "\x01", "\x02"
 _MARK = re.compile("\x01(-?[0-9]+)\x02")
 
 
-#: per thread (a size's plan may be made on a thread: ``kernels/size_prebuild``):
-#: ``always``, the values lifted however small, and ``every``, every value but -1, 0
-#: and 1 lifted (``lifting``)
-_state = threading.local()
-
-
-def _lifted() -> tuple:
-    return getattr(_state, "always", frozenset()), getattr(_state, "every", False)
+#: values lifted however small (``lifting``)
+_ALWAYS: frozenset = frozenset()
+#: every value but -1, 0 and 1 lifted (``lifting(..., every=True)``)
+_EVERY = False
 
 
 @contextlib.contextmanager
@@ -60,17 +55,18 @@ def lifting(values, every: bool = False):
     literal, each small batch made a text of its own (resnet18 over batches 2..64: 18
     texts, 6 of them batches 2..7). Lifted all, and named each on its own, the text no
     longer depends on which sizes happen to be equal."""
-    old = _lifted()
-    _state.always, _state.every = frozenset(int(v) for v in values), every
+    global _ALWAYS, _EVERY
+    old = _ALWAYS, _EVERY
+    _ALWAYS, _EVERY = frozenset(int(v) for v in values), every
     try:
         yield
     finally:
-        _state.always, _state.every = old
+        _ALWAYS, _EVERY = old
 
 
 def names_each_own() -> bool:
     """Is a generator to name each mark on its own (``lifting(..., every=True)``)?"""
-    return _lifted()[1]
+    return _EVERY
 
 
 def size(v) -> str:
@@ -79,10 +75,9 @@ def size(v) -> str:
     v = int(v)
     if not config.kernel_size_args:
         return str(v)
-    always, every = _lifted()
-    if every:
+    if _EVERY:
         return str(v) if -1 <= v <= 1 else f"{_OPEN}{v}{_CLOSE}"
-    if abs(v) <= config.kernel_size_args_min and v not in always:
+    if abs(v) <= config.kernel_size_args_min and v not in _ALWAYS:
         return str(v)
     return f"{_OPEN}{v}{_CLOSE}"
 
