@@ -340,6 +340,11 @@ class CompiledGraph:
                 from .toolchain import triton_setup
                 triton_setup.start()          # overlaps this graph's lowering
             if size_prebuild.wanted(target):
+                pending = size_prebuild.planned_elsewhere(
+                    self.gm, args, target, lambda p: _needs_compiler(p, target))
+                if pending is not None:
+                    # planned in the planner process (and compiled on a thread, if new)
+                    return pending
                 p = checked_plan(self.gm, list(args), target)
                 if _needs_compiler(p, target):
                     # a new size class of a stream: compiled on a thread meanwhile
@@ -374,14 +379,22 @@ class CompiledGraph:
         self._untried[id(rt)] = sig
         return rt
 
-    def _prebuilt(self, pending):
-        """The variant of a Pending whose background compile ended, built now (its
-        kernels found compiled; one whose compile failed there compiles here)."""
+    def _prebuilt(self, pending, args):
+        """The variant of a Pending whose background work ended, built now (its kernels
+        found compiled; one whose compile failed there compiles here; one the planner
+        could not plan is planned here, from ``args``)."""
         sig = next(k for k, v in self.variants.items() if v is pending)
         self._last = None
+        p, target = pending.plan, pending.target
+        if p is not None:
+            self.artefacts = p.artefacts
+
+        def make():
+            if p is None:
+                return self._built(sig, *build(self.gm, list(args), target), size_seen=True)
+            return self._built(sig, *build(self.gm, None, target, p=p), size_seen=True)
         with timed("kernels"), trace_dir.within(self._trace_owner), gc_pause.paused():
-            return self._guarded(sig, lambda: self._built(
-                sig, *build(self.gm, None, pending.target, p=pending.plan), size_seen=True))
+            return self._guarded(sig, make)
 
     def _eager(self, break_id: str, error: Exception, stage: str) -> EagerGraph:
         reason = f"{type(error).__name__}: {error}"
@@ -399,7 +412,7 @@ class CompiledGraph:
     def __call__(self, *args):
         rt = self._variant(args)
         if type(rt) is size_prebuild.Pending and rt.done.is_set():
-            rt = self._prebuilt(rt)
+            rt = self._prebuilt(rt, args)
         if self._untried and id(rt) in self._untried:
             return self._first_call(rt, list(args), boxed=False)
         return rt(*args)
@@ -409,7 +422,7 @@ class CompiledGraph:
         freed after its last reader (``Runtime.call_boxed``)."""
         rt = self._variant(args)
         if type(rt) is size_prebuild.Pending and rt.done.is_set():
-            rt = self._prebuilt(rt)
+            rt = self._prebuilt(rt, args)
         if self._untried and id(rt) in self._untried:
             try:
                 return self._first_call(rt, args, boxed=True)

@@ -110,6 +110,16 @@ class _Compile:
         self.key, self.plan, self.target, self.device = key, plan, target, device
         self.done = threading.Event()
         self.module = None
+        #: called once it ended, before ``done`` is set (``then``)
+        self.callbacks = []
+
+    def then(self, fn) -> None:
+        """Call ``fn()`` once the compile has ended (now, if it has)."""
+        with _lock:
+            if not self.done.is_set():
+                self.callbacks.append(fn)
+                return
+        fn()
 
     def start(self) -> None:
         """Start the thread; a Triton module is imported first, here (``launcher.
@@ -142,8 +152,12 @@ class _Compile:
                 _ended[self.key] = True
                 while len(_ended) > _ENDED_KEPT:
                     _ended.popitem(last=False)
+                callbacks, self.callbacks = self.callbacks, []
+                # set under the lock: a ``then`` after this calls its function itself
+                self.done.set()
             _switch_interval(False)
-            self.done.set()
+            for fn in callbacks:
+                fn()
 
 
 #: compiles running; the interpreter's switch interval before the first started
@@ -187,16 +201,33 @@ def _compile_of(plan, target: str, device) -> _Compile:
 class Pending:
     """A size variant whose kernels compile on a thread: called, it runs the aten
     graph op by op; ``done`` once the thread ends (``kernels.compile.CompiledGraph``
-    then builds the variant)."""
+    then builds the variant). ``plan`` None: the plan comes from the planner process
+    (``planned_elsewhere``), and stays None if it could not be made there (the
+    calling thread then plans, and reports any error)."""
 
     def __init__(self, gm, plan, target: str):
         self.gm, self.plan, self.target = gm, plan, target
-        device = None
+        self.device = None
         if target == "triton":
             import torch
-            device = torch.cuda.current_device()
+            if torch.cuda.is_available():
+                self.device = torch.cuda.current_device()
         self.calls = 0
-        self.done = _compile_of(plan, target, device).done
+        self.done = _compile_of(plan, target, self.device).done if plan is not None \
+            else threading.Event()
+
+    def _planned(self, plan, needs_compiler) -> None:
+        """The planner's answer (on its reader thread): the plan, compiled on a thread
+        if it needs a compiler run (``done`` once that ended), or None."""
+        self.plan = plan
+        try:
+            if plan is not None and needs_compiler(plan):
+                _compile_of(plan, self.target, self.device).then(self.done.set)
+                return
+        except Exception as e:     # noqa: BLE001  (built, and reported, at the next call)
+            _log.info("kernels: a planned size's compile could not start (%s: %s)",
+                      type(e).__name__, e)
+        self.done.set()
 
     def __call__(self, *args):
         global eager_calls
@@ -214,7 +245,20 @@ class Pending:
 
 
 def wait(timeout: float | None = None) -> bool:
-    """Wait for every background compile; True if there was any and all ended."""
+    """Wait for every plan asked of the planner process and every background compile;
+    True if there was any and all ended."""
+    from . import plan_process
+    planned = plan_process.wait(timeout)
     with _lock:
         pending = list(_pending.values())
-    return bool(pending) and all(p.done.wait(timeout) for p in pending)
+    return (bool(pending) and all(p.done.wait(timeout) for p in pending)) or planned
+
+
+def planned_elsewhere(gm, args, target: str, needs_compiler) -> Pending | None:
+    """This size as a Pending whose plan the planner process makes (``plan_process``),
+    or None where it cannot (the caller plans here)."""
+    from . import plan_process
+    pending = Pending(gm, None, target)
+    job = plan_process.submit(gm, args, target,
+                              lambda plan: pending._planned(plan, needs_compiler))
+    return pending if job is not None else None
