@@ -185,12 +185,25 @@ def _frame(obj) -> bytes:
     return struct.pack("<Q", len(data)) + data
 
 
+def _exactly(stream, n: int) -> bytes | None:
+    """``n`` bytes from ``stream`` (a pipe's raw reads may return fewer), None at its end."""
+    chunks, left = [], n
+    while left:
+        b = stream.read(left)
+        if not b:
+            return None
+        chunks.append(b)
+        left -= len(b)
+    return b"".join(chunks)
+
+
 def read_frame(stream):
-    head = stream.read(8)
-    if len(head) < 8:
+    """One message ``_frame`` wrote, or None at the stream's end."""
+    head = _exactly(stream, 8)
+    if head is None:
         return None
     (n,) = struct.unpack("<Q", head)
-    return stream.read(n)
+    return _exactly(stream, n)
 
 
 # --- the calling side -------------------------------------------------------------------
@@ -245,7 +258,10 @@ class _Planner:
                 data = None
             if data is None:
                 break
-            reply = pickle.loads(data)
+            try:
+                reply = pickle.loads(data)
+            except Exception:           # noqa: BLE001  (the planner is not to be trusted)
+                break
             with self.lock:
                 job = self.jobs.get(reply["id"])
             if job is None:
@@ -273,6 +289,8 @@ class _Planner:
             _log.info("kernels: the planner process stopped (%s); sizes are planned in the "
                       "calling thread", why)
         self.broken = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
         jobs, self.jobs = list(self.jobs.values()), {}
         for job in jobs:
             job.on_done(None)
