@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
+import queue
 import struct
 import subprocess
 import sys
@@ -216,7 +217,8 @@ class Job:
 
 
 class _Planner:
-    def __init__(self):
+    def __init__(self, command=None):
+        self.command = command or [sys.executable, "-m", "kiln.kernels.plan_worker"]
         self.proc = None
         self.broken = False
         self.jobs: dict = {}
@@ -227,27 +229,47 @@ class _Planner:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env["KILN_LOGS"] = ""
-        self.proc = subprocess.Popen([sys.executable, "-m", "kiln.kernels.plan_worker"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env=env, bufsize=0)
+        self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, bufsize=0)
+        self.outbox = queue.SimpleQueue()
         threading.Thread(target=self._read, args=(self.proc,), daemon=True,
                          name="kiln-plan-reader").start()
+        threading.Thread(target=self._write, args=(self.proc, self.outbox), daemon=True,
+                         name="kiln-plan-writer").start()
 
     def submit(self, job: Job, message: dict) -> bool:
+        """Queue one request; the writer thread sends it. (Written here, a graph larger
+        than the pipe's buffer blocked the caller until the planner read it: through
+        its start-up, and behind every plan before it.)"""
         with self.lock:
             if self.broken:
                 return False
             try:
                 if self.proc is None:
                     self._start()
-                jid = next(self.ids)
-                self.jobs[jid] = job
-                self.proc.stdin.write(_frame({"id": jid, **message}))
-                self.proc.stdin.flush()
-            except (OSError, ValueError) as e:
+            except OSError as e:
                 self._broke(f"{type(e).__name__}: {e}")
                 return False
+            jid = next(self.ids)
+            try:
+                frame = _frame({"id": jid, **message})
+            except Exception:           # noqa: BLE001  (this graph is planned here)
+                return False
+            self.jobs[jid] = job
+            self.outbox.put(frame)
         return True
+
+    def _write(self, proc, outbox) -> None:
+        while True:
+            frame = outbox.get()
+            try:
+                proc.stdin.write(frame)
+                proc.stdin.flush()
+            except (OSError, ValueError) as e:
+                with self.lock:
+                    if proc is self.proc:
+                        self._broke(f"{type(e).__name__}: {e}")
+                return
 
     def _read(self, proc) -> None:
         out = proc.stdout

@@ -18,6 +18,7 @@ def _f(x, w):
 @pytest.fixture
 def background(monkeypatch):
     monkeypatch.setattr(kiln.config, "background_size_builds", "1")
+    monkeypatch.setattr(kiln.config, "background_size_plans", True)
     monkeypatch.setattr(kiln.config, "perf_fallback", False)
 
 
@@ -107,3 +108,22 @@ def test_what_the_planner_is_not_asked(background):
     m = plan_process.TensorMeta(torch.randn(5, 8)[1:, ::2])
     back = m.meta()
     assert (back.shape, back.stride(), back.storage_offset()) == ((4, 4), (8, 2), 8)
+
+
+def test_asking_never_waits_for_the_planner_to_read(background, monkeypatch):
+    """A planner that reads nothing yet (starting up; busy with earlier plans): asking
+    it for plans larger than a pipe's buffer returns at once (a writer thread sends
+    them); the jobs stay open."""
+    import sys
+    import time
+    slow = plan_process._Planner([sys.executable, "-c", "import time; time.sleep(60)"])
+    monkeypatch.setattr(plan_process, "_planner", slow)
+    big = {"graph": ["x" * 50_000] * 8, "inputs": [], "target": "cpp", "settings": {}}
+    asked = threading.Thread(target=lambda: [slow.submit(plan_process.Job(lambda p: None), big)
+                                             for _ in range(4)], daemon=True)
+    t0 = time.monotonic()
+    asked.start()
+    asked.join(30)
+    assert not asked.is_alive(), "blocked on the pipe"
+    assert len(slow.jobs) == 4 and time.monotonic() - t0 < 30
+    slow.proc.kill()
