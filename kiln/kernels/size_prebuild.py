@@ -38,6 +38,11 @@ builds compiles in the calling thread, so that kernels that cannot be built on t
 machine say so at the first call; a graph's own build error, compiled again in the
 calling thread at its first call after the thread ended, is reported there.
 
+With ``KILN_BACKGROUND_SIZE_PLANS`` a size's plan, too, is made elsewhere: in the planner
+process (``plan_process``), the Pending's ``plan`` None until it is back
+(``planned_elsewhere``); a plan that needs a compiler run then starts (or joins) its
+source's compile as above (``_Compile.then``).
+
 The calls a Pending runs op by op are no timing samples for the perf fallback
 (``eager_calls``), and they round as eager does, not as the kernels do: a size's
 results may differ in the last bits between its calls before and after its kernels
