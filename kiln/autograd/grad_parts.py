@@ -20,6 +20,7 @@ absent ones are pruned, as structural zeros, before they are added to anything.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -98,13 +99,58 @@ def restrict_backward(backward: fx.Graph, num_saved: int, grad_slots,
                 continue
         env[n] = g.node_copy(n, lambda a: _present(g, env, absent, a))
     g.eliminate_dead_code()
+    phs = [n for n in g.nodes if n.op == "placeholder"]
+    carriers = _size_carriers(g, phs, num_saved, present)
     kept = []
-    for k, n in enumerate([n for n in g.nodes if n.op == "placeholder"]):
-        if n.users:
+    for k, n in enumerate(phs):
+        if n.users or k in carriers:
             kept.append(k)
         else:
             g.erase_node(n)
     return g, kept
+
+
+def free_symbols(v) -> set:
+    """The size symbols in a node's value (its tensors' sizes and strides, SymInts)."""
+    out = set()
+    for t in (v if isinstance(v, (tuple, list)) else (v,)):
+        if isinstance(t, torch.Tensor):
+            for s in (*t.shape, *t.stride()):
+                if isinstance(s, torch.SymInt):
+                    out |= s.node.expr.free_symbols
+        elif isinstance(t, torch.SymInt):
+            out |= t.node.expr.free_symbols
+    return out
+
+
+def _size_carriers(g: fx.Graph, phs: list, num_saved: int, present) -> set:
+    """Positions of absent tangents kept as inputs of a graph of symbolic sizes only
+    for their sizes: a structural zero (``_present``) or another node may be sized by
+    a symbol that no other input gives (``zeros([s1])``, ``s1`` the length of the
+    output whose tangent is absent), and a graph compiled per size solves its symbols
+    from its inputs' sizes. The backward passes such a tangent as a zero of the
+    output's layout that nothing reads (``runtime``: a stride-0 expand)."""
+    needed = set()
+    for n in g.nodes:
+        if n.op != "placeholder":
+            needed |= free_symbols(n.meta.get("val"))
+    if not needed:
+        return set()
+    given = set()
+    for n in phs:
+        if n.users:
+            given |= free_symbols(n.meta.get("val"))
+    carriers = set()
+    for k, n in enumerate(phs):
+        missing = needed - given
+        if not missing:
+            break
+        if k >= num_saved and k - num_saved not in present and not n.users:
+            has = free_symbols(n.meta.get("val"))
+            if has & missing:
+                carriers.add(k)
+                given |= has
+    return carriers
 
 
 def _sum_without_absent(n: fx.Node, absent: set):
@@ -130,7 +176,12 @@ def _present(g: fx.Graph, env: dict, absent: set, a):
     if a not in absent:
         return env[a]
     v = a.meta["val"]
-    z = g.call_function(aten.zeros.default, (list(v.shape),),
-                        {"dtype": v.dtype, "device": a.meta.get("device", v.device)})
+    with warnings.catch_warnings():
+        # symbolic sizes stay SymInts here: a graph compiled per size makes them
+        # concrete (``specialize.specialise``), its absent tangents giving their values
+        # where no other input does (``_size_carriers``)
+        warnings.filterwarnings("ignore", message="Raw SymInt value")
+        z = g.call_function(aten.zeros.default, (list(v.shape),),
+                            {"dtype": v.dtype, "device": a.meta.get("device", v.device)})
     z.meta.update(a.meta)
     return z

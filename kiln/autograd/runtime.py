@@ -30,7 +30,7 @@ import torch.fx as fx
 
 from kiln.amp_off import suspended as autocast_suspended
 from kiln.autograd.ops import op_set
-from kiln.autograd.grad_parts import restrict_backward, split
+from kiln.autograd.grad_parts import free_symbols, restrict_backward, split
 from kiln.autograd.partition import partition
 from kiln.autograd.eager_saved import Witnesses
 from kiln.autograd.functionalize import AotUnsupported, replay_in_modes
@@ -187,6 +187,11 @@ class _Node:
                      for j in part.grad_slots]
         self.whole = len(part.grad_slots) == len(tr.grad_inputs) and \
             len(part.outputs) == len(tr.differentiable)
+        #: tangents of symbolic sizes: a backward may take an absent one for its sizes
+        self.sized_by_tangents = any(
+            free_symbols(n.meta.get("val")) for n in [
+                n for n in training.bw_module.graph.nodes if n.op == "placeholder"
+            ][training.num_saved:])
         #: present-tangent pattern -> [backward module, positions of its saved values
         #: among the node's, positions of its tangents among the node's outputs,
         #: the compiled backward (boxed) once compiled]
@@ -253,7 +258,12 @@ class _Node:
                 # not reach, which eager never adds (0 * inf is NaN): the backward is
                 # specialised to the gradients that come instead
                 ctx.set_materialize_grads(False)
-                return tuple(fw_outs[k] for k in node.outputs)
+                outs = tuple(fw_outs[k] for k in node.outputs)
+                if node.sized_by_tangents:
+                    # an absent tangent may be passed for its sizes (grad_parts:
+                    # ``_size_carriers``)
+                    ctx.out_layouts = [(o.shape, o.dtype, o.device) for o in outs]
+                return outs
 
             @staticmethod
             def backward(ctx, *grads):
@@ -271,7 +281,9 @@ class _Node:
                     if ctx.sizes and saved_at:
                         saved = [ctx.sizes.get(j, v) for j, v in enumerate(saved)]
                     args = [*(saved[k] for k in saved_at),
-                            *(grads[q].contiguous() for q in tangents_at)]
+                            *(grads[q].contiguous() if grads[q] is not None
+                              else _size_carrier(ctx.out_layouts[q])
+                              for q in tangents_at)]
                     del saved
                     # the backward graph frees each saved activation after its last
                     # reader (a boxed call); the ctx's references would outlive it
@@ -294,6 +306,13 @@ class _Node:
         res = self.function.apply((fw_outs, saved, witnesses), *ins, *anchors)
         for k, r in zip(self.outputs, res):
             fw_outs[k] = r
+
+
+def _size_carrier(layout) -> torch.Tensor:
+    """A zero of an output's shape, dtype and device holding one element: passed for an
+    absent tangent that a backward takes for its sizes only (nothing reads it)."""
+    shape, dtype, device = layout
+    return torch.zeros((), dtype=dtype, device=device).expand(shape)
 
 
 def _anchor(a: torch.Tensor) -> torch.Tensor:

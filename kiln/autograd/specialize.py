@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import operator
+import warnings
 
 import sympy
 import torch
@@ -115,6 +116,7 @@ class PerSizeGraph:
         #: compiled graph tells apart itself (``CompiledGraph``: one build per signature)
         self.dynamic = [i for i, n in enumerate(self.placeholders) if _is_symbolic(n.meta.get("val"))]
         self.code_key = _code_key(gm)
+        self.literal_symints = literal_symints(gm.graph)
         #: key -> (compiled callable, kept argument positions, output template)
         self.variants = SizeVariants()
         #: the frame compile this graph belongs to: each size's kernels are its artefacts
@@ -173,7 +175,8 @@ class PerSizeGraph:
             raise RuntimeError("kiln: the sizes of a symbolic graph's inputs do not give "
                                "its symbols")
         with gc_pause.paused():
-            gm, keep, template = specialise(self.gm, values, args, self.code_key)
+            gm, keep, template = specialise(self.gm, values, args, self.code_key,
+                                            literal_symints=self.literal_symints)
         examples = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
         return self.compiler(gm, examples), keep, template
 
@@ -213,14 +216,37 @@ def _code_key(gm: fx.GraphModule) -> str:
     return hashlib.sha256(gm.code.encode()).hexdigest()
 
 
-def specialise(gm: fx.GraphModule, values: dict, args, code_key: str | None = None):
+def _holds_symint(x) -> bool:
+    if isinstance(x, torch.SymInt):
+        return True
+    if isinstance(x, (tuple, list)):
+        return any(_holds_symint(y) for y in x)
+    if isinstance(x, dict):
+        return any(_holds_symint(y) for y in x.values())
+    return False
+
+
+def literal_symints(graph: fx.Graph) -> bool:
+    """Does a node take a SymInt as it is, not through a size node (a structural zero
+    of a backward for some tangents: ``grad_parts._present``'s ``zeros([s1])``)?"""
+    return any(n.op == "call_function" and _holds_symint((n.args, n.kwargs))
+               for n in graph.nodes)
+
+
+def specialise(gm: fx.GraphModule, values: dict, args, code_key: str | None = None,
+               literal_symints: bool = True):
     """(a copy of ``gm`` at these symbol ``values``, positions of the arguments it
-    takes, a template of its outputs with the ints put back, or None). The copy's
+    takes, a template of its outputs with the ints put back, or None).
+    ``literal_symints``: a node may take a SymInt as it is (``literal_symints(graph)``;
+    made concrete too). The copy's
     ``meta["kiln_code_key"]`` names its code without generating it: ``gm``'s code
     (``code_key``: its hash, when known), the values, the non-tensor arguments —
     what the copy is made from besides the tensors' layouts, which the graph cache
     keys on itself."""
-    graph = copy.deepcopy(gm.graph)
+    with warnings.catch_warnings():
+        # (a node taking a SymInt as it is: made concrete below)
+        warnings.filterwarnings("ignore", message="Raw SymInt value")
+        graph = copy.deepcopy(gm.graph)
     keep = []
     phs = [n for n in graph.nodes if n.op == "placeholder"]
     for i, (ph, a) in enumerate(zip(phs, args)):
@@ -237,6 +263,11 @@ def specialise(gm: fx.GraphModule, values: dict, args, code_key: str | None = No
         if n.op == "call_function" and isinstance(n.meta.get("val"), torch.SymInt):
             n.replace_all_uses_with(_concrete(n.meta["val"], values))
             graph.erase_node(n)
+    if literal_symints:
+        for n in graph.nodes:
+            if n.op == "call_function" and _holds_symint((n.args, n.kwargs)):
+                n.args, n.kwargs = fx.node.map_aggregate(
+                    (n.args, n.kwargs), lambda x: _concrete(x, values))
     out = next(n for n in reversed(graph.nodes) if n.op == "output")
     results = out.args[0]
     template = None

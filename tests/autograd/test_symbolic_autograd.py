@@ -354,3 +354,28 @@ def test_output_views_with_symbolic_bounds(backend, traces):
         _backward(ref, k)
         torch.testing.assert_close(x.grad, x2.grad)
     assert traces[0] == 1
+
+
+def test_a_backward_for_some_tangents_gets_a_size_only_an_absent_one_gives(tmp_path,
+                                                                          monkeypatch):
+    """Outputs in one autograd node, the loss reaching only one of them: the backward
+    for that tangent still returns a structural zero for ``x0`` (``zeros([s1])``),
+    whose size only ``x0``'s own, absent, output gives. The per-size backward takes
+    that tangent for its size alone (``grad_parts._size_carriers``); it raised
+    ``SymbolicUnsupported`` inside ``backward()``. Gradients as eager's, over sizes."""
+    monkeypatch.setattr(kiln.config, "cache_dir", str(tmp_path))
+
+    def f(x0, x1):
+        v = (x1[torch.tensor([0, 0])] * 2.0).sum(dim=(0,))
+        return v, torch.relu(x0) * 2, x1, x0
+    cf = kiln.compile(f, dynamic=True)
+    for n in (5, 7, 9):
+        grads = []
+        for fn in (f, cf):
+            x0 = torch.linspace(-1, 1, n, requires_grad=True)
+            x1 = torch.linspace(-2, 3, n, requires_grad=True)
+            fn(x0, x1)[0].backward()
+            grads.append((x0.grad, x1.grad))
+        (e0, e1), (c0, c1) = grads
+        assert e0 is None and c0 is None
+        torch.testing.assert_close(c1, e1)

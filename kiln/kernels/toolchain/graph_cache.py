@@ -81,7 +81,9 @@ def _sources_hash() -> str:
     """Hash of all of kiln's sources: a plan depends on more than the kernel compiler
     (the meta kernels of kiln's own ops, fast_meta's layouts, the decompositions), and
     a plan made by other code planned other dtypes or strides."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # kiln/, not only kiln/kernels/: a plan also depends on how the autograd stage
+    # specialises a graph (autograd/specialize.py) and on kiln/fast_meta.py
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     h = hashlib.sha256()
     for d, dirs, files in sorted(os.walk(root)):
         dirs.sort()
