@@ -27,6 +27,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from kiln import config, gc_pause
 from kiln.autograd import sdpa
+from kiln.autograd.grad_parts import free_symbols
 from kiln.autograd.sym_nodes import SymbolicUnsupported
 from kiln.debug import trace_dir
 from kiln.debug.logs import log_for
@@ -38,17 +39,7 @@ _log = log_for("perf_hints")
 
 
 def _symbols_of(graph: fx.Graph) -> set:
-    out = set()
-    for n in graph.nodes:
-        v = n.meta.get("val")
-        for t in (v if isinstance(v, (tuple, list)) else (v,)):
-            if isinstance(t, torch.Tensor):
-                for s in (*t.shape, *t.stride()):
-                    if isinstance(s, torch.SymInt):
-                        out |= s.node.expr.free_symbols
-            elif isinstance(t, torch.SymInt):
-                out |= t.node.expr.free_symbols
-    return out
+    return set().union(*(free_symbols(n.meta.get("val")) for n in graph.nodes))
 
 
 def _equations(placeholders, values):
