@@ -150,8 +150,8 @@ def _target_of(t):
     if isinstance(t, str):
         return t
     if t[0] == "op":
-        packet = getattr(getattr(torch.ops, t[1]), t[2])
-        return getattr(packet, t[3])
+        from .toolchain.graph_cache import _op_by_name
+        return _op_by_name(*t[1:])
     import importlib
     return getattr(importlib.import_module(t[1]), t[2])
 
