@@ -50,8 +50,9 @@ background_size_builds: str = _env_str("KILN_BACKGROUND_SIZE_BUILDS", "auto")
 #: Where background size builds are on (above), a size's plan (lowering, scheduling,
 #: code generation: ~75 ms of Python a size for resnet18 in bf16 on an H100 host) is
 #: made in a planner process, its calls op by op meanwhile (KILN_BACKGROUND_SIZE_PLANS;
-#: kernels/plan_process.py). Off until its H100 figures are measured.
-background_size_plans: bool = _env_bool("KILN_BACKGROUND_SIZE_PLANS", False)
+#: kernels/plan_process.py; the process starts when a symbolic graph's first size
+#: compiles).
+background_size_plans: bool = _env_bool("KILN_BACKGROUND_SIZE_PLANS", True)
 #: On an internal error while compiling, run the frame eagerly (with a warning that
 #: says why) instead of raising; a graph whose kernels cannot be built or loaded (a
 #: failing C++ compiler, a failing first launch) runs its aten graph eagerly

@@ -22,6 +22,7 @@ from ..debug.breaks import describe, tag
 from ..debug import trace_dir
 from ..debug.logs import log_for
 from ..debug.timing import timed
+from ..shapes.variants import current_stream_size
 from . import ir, pad_mm, provenance, size_prebuild
 from .codegen.cpp import source as cpp_source
 from .codegen.triton import heuristics as triton_heuristics
@@ -339,6 +340,9 @@ class CompiledGraph:
                                           a.device.type == "cuda" for a in args):
                 from .toolchain import triton_setup
                 triton_setup.start()          # overlaps this graph's lowering
+            if current_stream_size() == "first" and size_prebuild.targets(target):
+                from . import plan_process
+                plan_process.start_for(target, args)
             if size_prebuild.wanted(target):
                 pending = size_prebuild.planned_elsewhere(
                     self.gm, args, target, lambda p: _needs_compiler(p, target))

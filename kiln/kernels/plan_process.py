@@ -176,9 +176,17 @@ def decode(encoded) -> fx.GraphModule:
 
 
 def settings() -> dict:
-    """kiln's settings now, as the planner applies them."""
+    """kiln's settings now (a compiled function's own overlay included), as the planner
+    applies them, and the global torch state a plan reads (``torch_state``)."""
     return {k: v for k, v in vars(config).items()
             if not k.startswith("_") and isinstance(v, (bool, int, float, str, type(None)))}
+
+
+def torch_state() -> dict:
+    """The global torch settings a plan depends on, which the planner sets as they are
+    here: whether fp32 products run on tensor cores (``pad_mm`` pads them only then)."""
+    from . import pad_mm
+    return {"fp32_tensor_cores": pad_mm._fp32_on_tensor_cores()}
 
 
 def _frame(obj) -> bytes:
@@ -236,6 +244,16 @@ class _Planner:
                          name="kiln-plan-reader").start()
         threading.Thread(target=self._write, args=(self.proc, self.outbox), daemon=True,
                          name="kiln-plan-writer").start()
+
+    def start(self) -> None:
+        """Start the planner now, if it is not running (its start-up, an import of torch
+        and kiln, takes seconds: better spent while the stream's first size compiles)."""
+        with self.lock:
+            if self.proc is None and not self.broken:
+                try:
+                    self._start()
+                except OSError as e:
+                    self._broke(f"{type(e).__name__}: {e}")
 
     def submit(self, job: Job, message: dict) -> bool:
         """Queue one request; the writer thread sends it. (Written here, a graph larger
@@ -331,9 +349,10 @@ _planner = _Planner()
 
 def available(gm, target: str, args) -> bool:
     """May this size be planned in the planner process? (``config.background_size_plans``;
-    Triton's only for CUDA inputs, not the interpreter's; never while kiln's logs are
-    on or under a compiled function's own settings, which the planner would miss.)"""
-    if not config.background_size_plans or _planner.broken or config.overlay_active():
+    Triton's only for CUDA inputs, not the interpreter's; never while kiln's plan logs
+    are on, which the planner would not write. A compiled function's own settings are
+    in ``config`` while it runs, so ``settings()`` sends them.)"""
+    if not config.background_size_plans or _planner.broken:
         return False
     if any(logs.enabled(a) for a in ("output_code", "fallbacks", "cache")):
         return False
@@ -341,6 +360,13 @@ def available(gm, target: str, args) -> bool:
                                       for a in args):
         return False
     return True
+
+
+def start_for(target: str, args) -> None:
+    """A symbolic graph's first size is being compiled: its later sizes will be asked
+    of the planner, so start it now."""
+    if available(None, target, args):
+        _planner.start()
 
 
 def submit(gm, args, target: str, on_done) -> Job | None:
@@ -358,7 +384,7 @@ def submit(gm, args, target: str, on_done) -> Job | None:
         return None
     job = Job(on_done)
     if not _planner.submit(job, {"graph": graph, "inputs": inputs, "target": target,
-                                 "settings": settings()}):
+                                 "settings": settings(), "torch": torch_state()}):
         return None
     return job
 

@@ -4,8 +4,8 @@ error that stopped it (``plan_process`` says why a process plans).
 
 Each request carries the graph written out, each input's layout (a ``Layout``: a
 tensor of that layout with no data, so a plan that would read data fails here and
-is made by the calling process instead), the target and kiln's settings, applied
-around that plan."""
+is made by the calling process instead), the target, kiln's settings, applied
+around that plan, and the global torch settings plans read."""
 from __future__ import annotations
 
 import io
@@ -39,6 +39,13 @@ def _layout_class():
 Layout = None
 
 
+def _set_torch_state(state: dict) -> None:
+    """The calling process's global torch settings a plan reads (``plan_process.torch_state``)."""
+    import torch
+    if "fp32_tensor_cores" in state:
+        torch.backends.cuda.matmul.allow_tf32 = bool(state["fp32_tensor_cores"])
+
+
 def answer(request: dict) -> dict:
     """One request's reply: {"id", "plan": bytes} or {"id", "error": str}."""
     from .. import config
@@ -48,6 +55,7 @@ def answer(request: dict) -> dict:
     try:
         gm = plan_process.decode(request["graph"])
         inputs = [_layout(a) for a in request["inputs"]]
+        _set_torch_state(request.get("torch", {}))
         with config.patch(**request["settings"]):
             plan = kcompile.checked_plan(gm, inputs, request["target"])
         buf = io.BytesIO()

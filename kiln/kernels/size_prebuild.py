@@ -71,13 +71,17 @@ _ENDED_KEPT = 4096
 _lock = threading.Lock()
 
 
+def targets(target: str) -> bool:
+    """Does ``config.background_size_builds`` name ``target`` ("auto": Triton only)?"""
+    return target in {"auto": ("triton",), "1": ("triton", "cpp")}.get(
+        config.background_size_builds, ())
+
+
 def wanted(target: str) -> bool:
     """May this build go to the background? Only for the targets
     ``config.background_size_builds`` names ("auto": Triton's), for a later size of a
     stream, and for the first size of a symbolic graph once any graph was built."""
-    mode = config.background_size_builds
-    targets = {"auto": ("triton",), "1": ("triton", "cpp")}.get(mode, ())
-    if target not in targets:
+    if not targets(target):
         return False
     which = variants.current_stream_size()
     return which == "later" or (which == "first" and _built[0] > 0)

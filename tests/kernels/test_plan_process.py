@@ -97,7 +97,8 @@ def test_what_the_planner_is_not_asked(background):
     gm = fx.symbolic_trace(lambda x: x + 1)
     assert plan_process.available(gm, "cpp", [t])
     with kiln.config.overlay({"kernel_size_args": False}):
-        assert not plan_process.available(gm, "cpp", [t]), "a function's own settings"
+        assert plan_process.available(gm, "cpp", [t])
+        assert plan_process.settings()["kernel_size_args"] is False, "a function's own settings sent"
     assert not plan_process.available(gm, "triton", [t]), "the interpreter's CPU inputs"
     gm.register_buffer("c", torch.ones(3))
     g = fx.Graph()
@@ -127,3 +128,45 @@ def test_asking_never_waits_for_the_planner_to_read(background, monkeypatch):
     assert not asked.is_alive(), "blocked on the pipe"
     assert len(slow.jobs) == 4 and time.monotonic() - t0 < 30
     slow.proc.kill()
+
+
+@pytest.mark.parametrize("plans", [True, False])
+def test_the_planner_starts_while_a_processs_first_symbolic_graph_compiles(background,
+                                                                           monkeypatch, plans):
+    """A process's first graph, symbolic from its first call (``dynamic=True``), compiles
+    in the calling thread; the planner's start-up (seconds: torch and kiln imported)
+    overlaps that compile instead of delaying the first later size's plan. Not started
+    with plans off."""
+    monkeypatch.setattr(kiln.config, "background_size_plans", plans)
+    monkeypatch.setattr(size_prebuild, "_built", [0])
+    fresh = plan_process._Planner()
+    monkeypatch.setattr(plan_process, "_planner", fresh)
+    asked = []
+    monkeypatch.setattr(fresh, "submit", lambda job, m: asked.append(m) or False)
+    cf = kiln.compile(_f, dynamic=True)
+    w = torch.randn(16, 16)
+    try:
+        cf(torch.randn(52, 16), w)                # the symbolic graph's first size
+        assert (fresh.proc is not None) == plans and not asked
+        x = torch.randn(53, 16)
+        torch.testing.assert_close(cf(x, w), _f(x, w))
+        assert len(asked) == plans
+    finally:
+        if fresh.proc is not None:
+            fresh.proc.kill()
+
+
+def test_the_planner_plans_under_the_callers_tf32_setting():
+    """Whether fp32 products run on tensor cores decides ``pad_mm``'s padding: sent with
+    each request and set in the planner."""
+    from kiln.kernels import pad_mm, plan_worker
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for on in (True, False):
+            torch.backends.cuda.matmul.allow_tf32 = on
+            assert plan_process.torch_state() == {"fp32_tensor_cores": on}
+            torch.backends.cuda.matmul.allow_tf32 = not on
+            plan_worker._set_torch_state({"fp32_tensor_cores": on})
+            assert pad_mm._fp32_on_tensor_cores() is on
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
