@@ -1,8 +1,9 @@
 """A size stream's steady state, size by size: after the first pass, the settle passes
 and kiln's background work, each size's call timed alone (synchronised before and after,
 median of ``REPS``) for eager, torch.compile and kiln, then the GPU kernels of chosen
-sizes (``PROFILE=8,64``) per backend from the profiler: where a steady-state gap
-between the backends comes from.
+sizes (``PROFILE=8,64``) per backend from the profiler, and kiln's host time at chosen
+sizes (``HOSTPROF=1,8``: cProfile over 50 synchronised calls, by own time): where a
+steady-state gap between the backends comes from.
 
     python -m benchmarks.probes.per_size_steady cuda resnet18|llama
 """
@@ -19,6 +20,7 @@ from benchmarks.dynamic_shapes import kiln_waited, llama, resnet18, sync  # noqa
 dev, wl = sys.argv[1], sys.argv[2]
 reps = int(os.environ.get("REPS", "15"))
 profile_at = [int(s) for s in os.environ.get("PROFILE", "").split(",") if s]
+host_at = [int(s) for s in os.environ.get("HOSTPROF", "").split(",") if s]
 make = {"llama": llama, "resnet18": resnet18}[wl]
 
 
@@ -46,6 +48,22 @@ def kernels(fn, run, x, label):
         print(f"    {t:8.1f} us  x{n:<3} {k[:110]}")
 
 
+def host(fn, run, x, label):
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(50):
+        run(fn, x)
+        sync(dev)
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(14)
+    print(f"  {label}: host profile, 50 calls")
+    print("\n".join("    " + ln for ln in out.getvalue().splitlines()[6:24]))
+
+
 table = {}
 for name in ["eager", "torch.compile", "kiln"]:
     model, inputs, run, labels = make(dev, os.environ.get("SMALL") == "1")
@@ -69,6 +87,8 @@ for name in ["eager", "torch.compile", "kiln"]:
         for lab, x in zip(labels, inputs):
             if any(lab.endswith(f" {n}") for n in profile_at):
                 kernels(fn, run, x, f"{name} {lab}")
+            if name == "kiln" and any(lab.endswith(f" {n}") for n in host_at):
+                host(fn, run, x, f"{name} {lab}")
     print(f"{name}: done", flush=True)
 
 labs = sorted(table["eager"], key=lambda s: int(s.split()[-1]))

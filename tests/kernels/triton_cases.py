@@ -200,6 +200,11 @@ def test_bf16_convolutions_run_channels_last():
         src = rt.lo.by_name[c.args[0].buf]
         assert c.args[0].strides[1] == 1, src
     assert not any(copies)          # the library agreed with the layouts we planned
+    pooled = [b for b in rt.lo.buffers if isinstance(b, ir.Pointwise)
+              and b.origin.startswith("max_pool2d") and b.dtype == dt]
+    assert len(pooled) == 1 and pooled[0].strides[1] == 1, \
+        "the pool is written channels-last, in the order it reads its input"
+    assert convs[1].args[0].buf == pooled[0].name, "the conv reads it with no copy"
     got = rt(*ins)
     assert got[0].stride() == _conv_block(*ins)[0].stride()
     assert "x1 = xindex % 8" in art["source"]      # channels fastest in the pointwise kernels

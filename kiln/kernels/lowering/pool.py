@@ -16,7 +16,7 @@ import torch
 from .. import ir
 from ..ir import Index
 from .base import (Lazy, Unsupported, View, as_expr, add_mask, is_box, pointwise,
-                       reduce, register)
+                       reduce, register, window_layout)
 from ..ops import cast, const, op, within
 
 aten = torch.ops.aten
@@ -153,8 +153,9 @@ def _max_pool2d_with_indices(lo, node, x, kernel_size, stride=(), padding=0, dil
                 (valid if found is None else op("or", found, valid))
         return best, where_
 
-    return (Lazy(sizes, dtype, lambda idx: both(idx)[0]),
-            Lazy(tuple(idx_m.shape), torch.int64, lambda idx: both(idx)[1]))
+    return (Lazy(sizes, dtype, lambda idx: both(idx)[0], window_layout(x, sizes)),
+            Lazy(tuple(idx_m.shape), torch.int64, lambda idx: both(idx)[1],
+                 window_layout(x, tuple(idx_m.shape))))
 
 
 def _axis_count(o, stride, pad, k, lo_b, hi_b, dt):
@@ -206,7 +207,7 @@ def _avg_pool2d(lo, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
         div = _avg_divisor(idx[-2], idx[-1], H, W, kernel, stride, padding,
                            count_include_pad, divisor_override, acc_t)
         return cast(op("truediv", total, div), dtype)
-    return Lazy(sizes, dtype, body)
+    return Lazy(sizes, dtype, body, window_layout(x, sizes))
 
 
 def _blocks(lo, node, x, out_hw):
