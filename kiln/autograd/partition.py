@@ -187,6 +187,7 @@ def partition(joint: fx.Graph, num_fw_outputs: int, mutated_inputs=(),
             # where eager's backward would not mind: save the old value
             v = fw.call_function(torch.ops.aten.clone.default, (v,))
             v.meta.update(s.meta)
+            v.meta["val"] = _cloned_meta(s.meta.get("val"))
         saved_vals.append(v)
     out = fw.output((*[env[o] if o is not None else None for o in fw_outs], *saved_vals))
     # what follows the forward outputs is saved for the backward alone: the kernel
@@ -206,3 +207,15 @@ def partition(joint: fx.Graph, num_fw_outputs: int, mutated_inputs=(),
     bw.eliminate_dead_code()
     total = int(sum(nbytes(s) for s in saved))
     return Partition(fw, bw, saved, total)
+
+
+def _cloned_meta(val):
+    """The metadata ``clone`` gives ``val``: its strides where it is dense, else dense
+    ones (an expanded input's clone is not stride 0, and a kernel planned for the input's
+    strides would write the clone into overlapping memory)."""
+    if not isinstance(val, torch.Tensor):
+        return val
+    try:
+        return torch.ops.aten.clone.default(val)
+    except Exception:       # noqa: BLE001  (a value only its own mode can clone)
+        return val
