@@ -275,9 +275,11 @@ class _Node:
                 bw, saved_at, tangents_at = node.backward_for(present)
                 ctx.witnesses.check_reads(node.saved[k] for k in saved_at)
                 with torch.no_grad(), autocast_suspended():   # casts are in the graph
-                    # read only when used: a second backward through a node that saves
-                    # nothing works in eager
-                    saved = ctx.saved_tensors if saved_at else ()
+                    # read only when a tensor is used: a second backward through a node
+                    # that saves nothing works in eager, as does one that saves only
+                    # sizes (eager's keep them as ints, as ``ctx.sizes`` does)
+                    tensors = any(k not in ctx.sizes for k in saved_at)
+                    saved = ctx.saved_tensors if tensors else [None] * len(node.saved)
                     if ctx.sizes and saved_at:
                         saved = [ctx.sizes.get(j, v) for j, v in enumerate(saved)]
                     args = [*(saved[k] for k in saved_at),

@@ -455,3 +455,12 @@ def test_an_expanded_input_transposed_in_place_and_saved(dtype, backend):
         leaf = torch.randn(1, 1, dtype=dtype).requires_grad_()
         return [leaf.clone().expand(5, 3)], [leaf]
     compare(make, make_inputs, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_second_backward_through_a_node_that_saved_only_sizes(backend, monkeypatch):
+    """With symbolic sizes the first call's backward keeps only a size (``sum``'s
+    backward expands to it); a later call's backward runs that node again, as eager
+    allows, its saved tensors freed (fuzz seed 590 under KILN_DYNAMIC_SHAPES=true)."""
+    monkeypatch.setattr(kiln.config, "dynamic_shapes", "true")
+    compare(_memo_of_first_call, _with_leaves(lambda: [_leaf(1, 4)]), backend, calls=3)
