@@ -109,3 +109,60 @@ def test_triton_kernel_with_divisions_matches_eager(shape, perm, monkeypatch):
         (got,), (want,) = cg(x), f(x)
         assert got.shape == want.shape and got.stride() == want.stride()
         torch.testing.assert_close(got, want)
+
+
+def _run_lines(lines, n, sizes_seen):
+    """Each lane's dim indices for xindex in [0, n), the lines evaluated in Python;
+    every ``tl.max_constancy(q, r)`` checked: q constant over each aligned run of r."""
+    import re
+
+    from kiln.kernels.codegen import size_args
+    hints = []
+
+    class TL:
+        @staticmethod
+        def max_constancy(q, r):
+            hints.append(r)
+            for start in range(0, len(q), r):
+                assert len(set(q[start:start + r])) == 1, (q[start:start + r], r)
+            return q
+
+    class Lanes(list):
+        def _op(self, o, f):
+            return Lanes(f(a, b) for a, b in zip(self, o if isinstance(o, list) else [o] * len(self)))
+        __floordiv__ = lambda s, o: s._op(o, lambda a, b: a // b)
+        __mod__ = lambda s, o: s._op(o, lambda a, b: a % b)
+        __mul__ = lambda s, o: s._op(o, lambda a, b: a * b)
+        __sub__ = lambda s, o: s._op(o, lambda a, b: a - b)
+
+    env = {"tl": TL, "kiln_udiv": lambda x, d: Lanes(a // d for a in x), "xindex": Lanes(range(n))}
+    for line in lines:
+        name, expr = line.split(" = ", 1)
+        expr = size_args._MARK.sub(lambda m: m.group(1), expr)
+        env[name.strip()] = eval(expr, env)
+    return env, hints
+
+
+@pytest.mark.parametrize("sizes", [(5, 32, 7, 48), (3, 48, 20, 64), (4, 7, 32), (2, 18, 64),
+                                   (6, 80, 33), (3, 17, 19, 21)])
+def test_run_constancy_declared_only_where_it_holds(sizes):
+    """``decompose(..., run=16)`` declares a dim's index constant over aligned runs of 16
+    lanes (``tl.max_constancy``, so that Triton vectorises through ``kiln_udiv``) only
+    where it is: each hinted quotient checked lane by lane, the indices against
+    unravelling."""
+    n = 1
+    for s in sizes:
+        n *= s
+    from kiln.kernels import ir
+    vs = ir.loop_vars(tuple(sizes))
+    lines = exprs.decompose(vs, list(sizes), "xindex", bound=n + 64, run=16)
+    env, hints = _run_lines(lines, n, sizes)
+    for lane in range(0, n, 37):
+        rest, want = lane, []
+        for s in reversed(sizes):
+            want.append(rest % s)
+            rest //= s
+        want.reverse()
+        assert [env[v.terms[0][0]][lane] for v in vs] == want
+    if sizes[-1] % 16 == 0 and sizes[-1] > 16:
+        assert hints, "an inner extent that is a multiple of 16 is declared"
