@@ -214,44 +214,28 @@ def store_value(v: str, dtype) -> str:
 FAST_DIV_LIMIT = 1 << 31
 
 
-def _div(x: str, d: int, fast: bool, run: int = 1) -> str:
+def _div(x: str, d: int, fast: bool) -> str:
     """``x // d`` as text: by multiply and shift when ``d`` is a size argument (a
     run-time value the compiler cannot strength-reduce) and ``fast``: the prelude's
     ``kiln_udiv``, which computes the divisor's magic number in the kernel, so the text
-    holds only the size argument and a new size changes no text. ``run`` > 1: the
-    caller knows the quotient constant over aligned runs of that many lanes, declared
-    to Triton (``tl.max_constancy``), which cannot see through the multiply: without
-    it the dims' indices look arbitrary, and no load or store of the kernel is a vector
-    access (a channels-last pool ran 3.6x slower than torch.compile's)."""
+    holds only the size argument and a new size changes no text."""
     text = size(d)
     if not (fast and is_lifted(text) and d > 1):
         return f"({x} // {text})"
-    q = f"kiln_udiv({x}, {text})"
-    return f"tl.max_constancy({q}, {run})" if run > 1 else q
+    return f"kiln_udiv({x}, {text})"
 
 
-def _mod(x: str, d: int, fast: bool, run: int = 1) -> str:
+def _mod(x: str, d: int, fast: bool) -> str:
     text = size(d)
     if not (fast and is_lifted(text) and d > 1):
         return f"{x} % {text}"
-    return f"({x} - {_div(x, d, fast, run)} * {text})"
+    return f"({x} - {_div(x, d, fast)} * {text})"
 
 
-def _multiple_of(v: int, run: int) -> bool:
-    """Is size ``v`` a multiple of ``run`` in every size of its class (a lifted size as
-    its kernel declares it, ``declared_multiple``; a literal as it is)?"""
-    text = size(v)
-    return declared_multiple(v, lifted=is_lifted(text), rows=False) % run == 0
-
-
-def decompose(vars_, sizes, flat: str, bound: int | None = None, run: int = 1) -> list:
+def decompose(vars_, sizes, flat: str, bound: int | None = None) -> list:
     """Lines recovering each dim's index from a flat one (contiguous order). ``bound``:
     the flat index stays below it (the block's last lane included); below
-    ``FAST_DIV_LIMIT``, divisions by size arguments are multiplies and shifts.
-    ``run`` > 1: ``flat`` is contiguous over aligned runs of that many lanes (a
-    pointwise kernel's ``xindex``, its block a multiple of it); each dim's index whose
-    inner extent is a multiple of ``run`` is then constant over those runs, which the
-    text declares (``_div``) so that Triton can vectorise the kernel's accesses."""
+    ``FAST_DIV_LIMIT``, divisions by size arguments are multiplies and shifts."""
     lines, stride = [], 1
     strides = []
     for s in reversed(sizes):
@@ -261,16 +245,9 @@ def decompose(vars_, sizes, flat: str, bound: int | None = None, run: int = 1) -
     fast = config.triton_fast_division and bound is not None and bound < FAST_DIV_LIMIT
     for i, (v, s, st) in enumerate(zip(vars_, sizes, strides)):
         if v.terms:
-            if st == 1:
-                # ``flat`` itself: q // s is constant over runs when s is a multiple
-                q, inner = flat, run if run > 1 and _multiple_of(int(s), run) else 1
-            else:
-                steady = run > 1 and _multiple_of(int(st), run)
-                q = _div(flat, int(st), fast, run if steady else 1)
-                # any function of a value constant over runs is constant over them
-                inner = run if steady else 1
+            q = flat if st == 1 else _div(flat, int(st), fast)
             if i:
-                q = _mod(q, int(s), fast, inner)
+                q = _mod(q, int(s), fast)
             lines.append(f"{v.terms[0][0]} = {q}")
     return lines
 

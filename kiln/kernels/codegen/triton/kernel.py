@@ -20,10 +20,6 @@ from ..size_args import is_lifted, names_each_own, size
 
 
 XBLOCK = 1024
-#: Lanes over which a pointwise kernel declares its dims' indices constant (or
-#: contiguous), where sizes allow: 16 bf16 values are two 16-byte vectors
-#: (``exprs.decompose``).
-VECTOR_RUN = 16
 #: Bytes each thread of a large pointwise kernel reads from its widest tensor: 32 (two
 #: 16-byte vectors). On the H100 an fp32 sin+cos ran at 101% of copy bandwidth with 8
 #: elements a thread (XBLOCK 1024), 90% with 16; a bf16 GELU at 89% with 8 and 96% with
@@ -130,8 +126,7 @@ class TritonKernel:
             stores = {k: drop(a) for k, a in stores.items()}
         out += ["    " + l for l in decompose([vars_[r[-1]] for r in merged],
                                                dim_merge.run_sizes(merged, sizes), "xindex",
-                                               bound=-(-numel // xb) * xb,
-                                               run=VECTOR_RUN if xb % VECTOR_RUN == 0 else 1)]
+                                               bound=-(-numel // xb) * xb)]
         out.append("    xzero = xindex * 0")
         mk = f", mask={mask}" if mask else ""
         programs = -(-numel // xb)
