@@ -109,3 +109,33 @@ def test_triton_kernel_with_divisions_matches_eager(shape, perm, monkeypatch):
         (got,), (want,) = cg(x), f(x)
         assert got.shape == want.shape and got.stride() == want.stride()
         torch.testing.assert_close(got, want)
+
+
+def test_host_magic_numbers_are_the_kernels():
+    """The magic numbers the host passes (``exprs.udiv_magic``) are the ones
+    ``kiln_udiv`` computes in a kernel, which the arithmetic above checks."""
+    for d in _divisors():
+        assert exprs.udiv_magic(d) == magic(d), d
+
+
+def test_divisions_by_size_arguments_read_host_magic():
+    """A kernel dividing by size arguments reads each divisor's magic number and shift
+    (passed after its sizes) instead of computing them per thread; nested divisions
+    too; a literal divisor (the fused tier's) keeps the in-kernel helper."""
+    from kiln.kernels.codegen import size_args
+    from kiln.kernels.codegen.triton import source
+    m = size_args._OPEN + "{}" + size_args._CLOSE
+    text = ("def kernel0(a, XBLOCK: tl.constexpr):\n"
+            f"    x0 = kiln_udiv(xindex, {m.format(3000)})\n"
+            f"    x1 = (kiln_udiv(kiln_udiv(xindex, {m.format(40)}), {m.format(75)}) - 2)\n"
+            "    x2 = kiln_udiv(xindex, 77)\n")
+    src, values = source._take_sizes(text, "kernel0", [3000, 40, 75])
+    assert "kiln_udiv(xindex, ks" not in src and "kiln_udiv(xindex, 77)" in src
+    assert "x0 = kiln_udivm(xindex, ksm0, kss0)" in src
+    assert "kiln_udivm(kiln_udivm(xindex, ksm1, kss1), ksm2, kss2)" in src
+    assert values[:3] == [3000, 40, 75]
+    for i, d in enumerate([3000, 75, 40]):       # in order of first use, outer first
+        assert values[3 + 2 * i: 5 + 2 * i] == list(magic(d))
+    for i, d in enumerate([3000, 40, 75]):
+        k = values.index(magic(d)[0], 3)
+        assert f"ksm{i} = tl.load(kiln_ks + {k})" in src

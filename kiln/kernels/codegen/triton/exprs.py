@@ -214,6 +214,15 @@ def store_value(v: str, dtype) -> str:
 FAST_DIV_LIMIT = 1 << 31
 
 
+def udiv_magic(d: int) -> tuple:
+    """(m, s) with ``x // d == (umulhi(x, m) + x) >> s`` in 32-bit unsigned arithmetic for
+    0 <= x < 2**31 and 1 < d < 2**31: s = ceil(log2 d), m = floor(2**32 (2**s - d) / d) + 1
+    (Granlund and Montgomery's round-up method; the prelude's ``kiln_udivm`` applies it,
+    ``kiln_udiv`` computes it in the kernel)."""
+    s = (int(d) - 1).bit_length()
+    return ((1 << 32) * ((1 << s) - int(d))) // int(d) + 1, s
+
+
 def _div(x: str, d: int, fast: bool) -> str:
     """``x // d`` as text: by multiply and shift when ``d`` is a size argument (a
     run-time value the compiler cannot strength-reduce) and ``fast``: the prelude's

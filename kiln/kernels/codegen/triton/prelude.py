@@ -52,6 +52,14 @@ def kiln_remainder(a, b):
 
 
 @triton.jit
+def kiln_udivm(x, m, s):
+    # x // d for 0 <= x < 2**31, by d's magic number m and shift s (uint32 scalars the
+    # host computed: codegen/triton/exprs.udiv_magic)
+    xu = x.to(tl.uint32)
+    return ((tl.umulhi(xu, m) + xu) >> s).to(tl.int32)
+
+
+@triton.jit
 def kiln_udiv(x, d):
     # x // d for 0 <= x < 2**31 and 1 < d < 2**31, d a size argument: a division by a
     # value known only at run time is a ~30-instruction sequence per element; this is a
