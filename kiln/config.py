@@ -261,11 +261,6 @@ def overlay(settings: dict):
         _overlay.settings = outer
 
 
-def overlay_active() -> bool:
-    """Is a compiled function's own ``overlay`` patched in now (in this thread)?"""
-    return bool(getattr(_overlay, "settings", None))
-
-
 def bound(fn):
     """``fn``, to be called later (a backward graph's compile inside ``loss.backward()``),
     under the overlay of the compiled function being called now (``fn`` itself if none)."""

@@ -177,7 +177,7 @@ def decode(encoded) -> fx.GraphModule:
 
 def settings() -> dict:
     """kiln's settings now (a compiled function's own overlay included), as the planner
-    applies them, and the global torch state a plan reads (``torch_state``)."""
+    applies them."""
     return {k: v for k, v in vars(config).items()
             if not k.startswith("_") and isinstance(v, (bool, int, float, str, type(None)))}
 
