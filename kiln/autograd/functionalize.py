@@ -287,7 +287,7 @@ class Functionalize:
                 n.meta["val"] = tuple(standin if v is t else v for v in val)
         if old.storage.base is t:
             old.storage.base = standin
-        func(*args, **kwargs)                # below autograd: geometry only
+        _change_geometry(func, t, args, kwargs)      # below autograd: geometry only
         v = self.infos[id(view)]
         self.infos[id(t)] = info = dataclasses.replace(v)
         if info.modes:
@@ -393,3 +393,19 @@ class Functionalize:
         empty = aten.empty_strided.default(base.size(), base.stride(), dtype=base.dtype,
                                            device=_META)
         return aten.as_strided_scatter.default(empty, new, base.size(), base.stride(), 0)
+
+
+def _change_geometry(func, t, args, kwargs):
+    """``func`` (an in-place view op) on the meta tensor ``t``. With symbolic sizes
+    PyTorch's C++ ``squeeze_`` crashes the process, so ops kiln computes itself there
+    (``shapes.fake_ops.META``: the out-of-place view's geometry set by ``as_strided_``)
+    run as kiln's; where ``t`` requires grad that would record an ``as_strided`` for
+    autograd, not the op's own backward, so the graph runs eagerly instead."""
+    from kiln.shapes.fake_ops import META, is_symbolic
+    own = META.get(func) if is_symbolic(t) else None
+    if own is None:
+        func(*args, **kwargs)
+        return
+    if t.requires_grad:
+        raise AotUnsupported("K0115", f"{func} on a tensor of symbolic sizes that requires grad")
+    own(*args, **kwargs)

@@ -102,9 +102,26 @@ def _addmm(self, mat1, mat2, *, beta=1, alpha=1):
     return out
 
 
+def _in_place_view(view):
+    """An in-place view op (``squeeze_``) on a meta tensor of symbolic sizes: the
+    out-of-place view's geometry, set on ``self`` by ``as_strided_`` (whose C++ kernel
+    takes SymInts). PyTorch's C++ ``squeeze_`` on such a tensor crashes the process
+    (a segmentation fault, not an exception)."""
+    def run(self, *args, **kwargs):
+        r = view(self, *args, **kwargs)
+        return aten.as_strided_.default(self, r.shape, r.stride(), r.storage_offset())
+    return run
+
+
 #: ops kiln computes itself on meta tensors of symbolic sizes (capture's ``capture.fake``
 #: and the autograd trace's ``meta_calls``)
-META = {aten.addmm.default: _addmm}
+META = {aten.addmm.default: _addmm,
+        aten.squeeze_.default: _in_place_view(aten.squeeze.default),
+        aten.squeeze_.dim: _in_place_view(aten.squeeze.dim),
+        aten.squeeze_.dims: _in_place_view(aten.squeeze.dims),
+        aten.unsqueeze_.default: _in_place_view(aten.unsqueeze.default),
+        aten.transpose_.default: _in_place_view(aten.transpose.int),
+        aten.t_.default: _in_place_view(aten.t.default)}
 
 
 def cpp_refused(func, message: str) -> bool:

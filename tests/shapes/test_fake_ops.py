@@ -98,3 +98,31 @@ def test_composites_of_a_symbolic_input_are_one_graph(fn):
     assert c.skip is None and not c._callees
     assert sum(len(e.graphs) for e in c.entries) == 1
     kiln.reset()
+
+
+def _squeezes(x):
+    y = x * 2
+    y.squeeze_(1)
+    z = (x + 1).unsqueeze_(0)
+    w = (x - 1).t_()
+    return y, z.transpose_(0, 2), w
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_in_place_view_ops_on_symbolic_sizes(grad):
+    """``squeeze_`` on a tensor of symbolic sizes (fuzz seed 736 under dynamic shapes)
+    crashed the process in PyTorch's C++ kernel: in capture and in the autograd trace it
+    now takes the out-of-place view's geometry. A tensor that requires grad runs its graph
+    eagerly instead (K0115); values and gradients as eager's, sizes varying."""
+    cf = kiln.compile(_squeezes, dynamic=True)
+    for n in (3, 5, 4):
+        x = torch.randn(1, n, requires_grad=grad)
+        xe = x.detach().clone().requires_grad_(grad)
+        got, want = cf(x), _squeezes(xe)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.stride() == w.stride()
+            torch.testing.assert_close(g, w)
+        if grad:
+            sum(o.sum() for o in got).backward()
+            sum(o.sum() for o in want).backward()
+            torch.testing.assert_close(x.grad, xe.grad)
