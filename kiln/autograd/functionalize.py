@@ -397,7 +397,7 @@ class Functionalize:
 
 def _change_geometry(func, t, args, kwargs):
     """``func`` (an in-place view op) on the meta tensor ``t``. With symbolic sizes
-    PyTorch's C++ ``squeeze_`` crashes the process, so ops kiln computes itself there
+    PyTorch's C++ ``squeeze_`` crashes the process, so the ops kiln computes itself there
     (``shapes.fake_ops.META``: the out-of-place view's geometry set by ``as_strided_``)
     run as kiln's; where ``t`` requires grad that would record an ``as_strided`` for
     autograd, not the op's own backward, so the graph runs eagerly instead."""

@@ -253,9 +253,8 @@ BREAKS: dict[str, Break] = {
                 "depends on data the meta-tensor trace does not have; the torch-level graph runs "
                 "the operator on real tensors.", kind=_GRAPH),
     "K0115": _b("in-place view op on symbolic sizes",
-                "An in-place view op (squeeze_, unsqueeze_, transpose_, t_) on a tensor of "
-                "symbolic sizes that requires grad: the trace can give it the new geometry "
-                "only without the op's own backward.", kind=_GRAPH),
+                "squeeze_ on a tensor of symbolic sizes that requires grad: the trace can "
+                "give it the new geometry only without the op's own backward.", kind=_GRAPH),
     # --- kernels --------------------------------------------------------------------
     # --- capture: NumPy (numpy_*.py) ------------------------------------------------
     "K0301": _b("NumPy call kiln does not trace",

@@ -118,10 +118,7 @@ def _in_place_view(view):
 META = {aten.addmm.default: _addmm,
         aten.squeeze_.default: _in_place_view(aten.squeeze.default),
         aten.squeeze_.dim: _in_place_view(aten.squeeze.dim),
-        aten.squeeze_.dims: _in_place_view(aten.squeeze.dims),
-        aten.unsqueeze_.default: _in_place_view(aten.unsqueeze.default),
-        aten.transpose_.default: _in_place_view(aten.transpose.int),
-        aten.t_.default: _in_place_view(aten.t.default)}
+        aten.squeeze_.dims: _in_place_view(aten.squeeze.dims)}
 
 
 def cpp_refused(func, message: str) -> bool:
