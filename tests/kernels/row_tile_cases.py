@@ -109,7 +109,7 @@ def test_row_tiles_off_keeps_the_flat_form(monkeypatch):
     torch.manual_seed(0)
     x, m, s, w = torch.randn(3, 1032), torch.randn(3), torch.rand(3) + 0.5, torch.randn(1032)
     src = _check(_centre, [x, m, s, w], 1e-5)
-    assert not _row_kernels(src) and "kiln_udiv(xindex" in src, src
+    assert not _row_kernels(src) and "kiln_udivm(xindex" in src, src
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
@@ -139,8 +139,8 @@ def test_non_contiguous_input_and_outer_dims():
         return (aten.clone.default(aten.mul.Tensor(e, y), memory_format=torch.contiguous_format),)
     src = _check(f, [x, y, m], 1e-5)
     rows = _row_kernels(src)
-    assert len(rows) == 1 and "cols //" not in rows[0] and "udiv(cols" not in rows[0], src
-    assert "kiln_udiv(rows" in rows[0] or "rows //" in rows[0], rows[0]
+    assert len(rows) == 1 and "cols //" not in rows[0] and "udiv(cols" not in rows[0] and "udivm(cols" not in rows[0], src
+    assert "kiln_udivm(rows" in rows[0] or "rows //" in rows[0], rows[0]
 
 
 def test_scalar_rows_over_two_dims():
@@ -154,7 +154,7 @@ def test_scalar_rows_over_two_dims():
     src = _check(f, [x, m], 1e-2)
     k = _row_kernels(src)[0]
     assert "rows = tl.program_id(0)\n" in k and "(rows // ks" in k, k
-    assert "udiv(cols" not in k and "cols //" not in k, k
+    assert "udiv(cols" not in k and "udivm(cols" not in k and "cols //" not in k, k
 
 
 def test_single_row_reads_scalars():
