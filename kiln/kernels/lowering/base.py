@@ -224,7 +224,7 @@ def window_layout(x, sizes):
     batch and channels, other spatial sizes) when its input ``x`` is channels-last,
     else None. Stored in its index order instead, the result would be written across
     channels while its input is read along them: a strided read per tap (resnet18's
-    stem pool at batch 64 ran 7x torch.compile's), and the next convolution would
+    stem pool at batch 64 took 780 us, 417 us stored channels-last), and the next convolution would
     need the input made channels-last again."""
     if len(sizes) != 4 or not is_box(x) or len(x.sizes) != 4 or \
             tuple(x.sizes[:2]) != tuple(sizes[:2]):
