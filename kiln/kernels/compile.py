@@ -91,7 +91,9 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
     arte = Artefacts({"fallbacks": list(lo.fallbacks), "target": target, "passes": notes},
                      {"ir": lambda: ir.format_program(lo.buffers),
                       "schedule": lambda: format_schedule(sched)})
-    with lifting(lift, every=bool(lift) and target == "triton"):
+    with lifting(lift, every=bool(lift) and target == "triton",
+                 literal_divisors=(not lift and target == "triton"
+                                   and config.triton_literal_divisors)):
         source, entries, kinfo, sizes = _generate(sched, lo, target)
     arte["source"] = source
     arte["kinfo"] = kinfo

@@ -15,6 +15,15 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="needs TRITON_INTERPRET=1 (see test_size_generic_triton.py)")
 
 
+@pytest.fixture(autouse=True)
+def _divisors_as_arguments(monkeypatch):
+    """Static graphs' Triton kernels divide by literals (``config.triton_literal_divisors``),
+    which gives up sharing a binary across sizes for the kernels that divide (every
+    case here has one): these tests check the sharing itself, as symbolic graphs use it."""
+    from kiln import config
+    monkeypatch.setattr(config, "triton_literal_divisors", False)
+
+
 def loads():
     return launcher.stats["loaded"]
 
@@ -36,6 +45,16 @@ def test_a_multiple_of_16_is_its_own_class():
     assert costs == [1, 1, 0], costs
     assert "tl.multiple_of" in alive[1].artefacts["source"]
     assert "tl.multiple_of" not in alive[0].artefacts["source"]
+
+
+def test_literal_divisors_load_a_module_per_size(monkeypatch):
+    """The trade the default makes for a static graph: a kernel dividing by a column
+    count is a text per size (its divisor a literal), hence a module per size."""
+    from kiln import config
+    monkeypatch.setattr(config, "triton_literal_divisors", True)
+    costs, alive = run_sizes(pointwise, CASES[0][2], SIZES, "triton", loads)
+    assert costs == [1, 1, 1], costs
+    assert "% 39" in alive[0].artefacts["source"]
 
 
 def test_without_size_args_every_size_loads():

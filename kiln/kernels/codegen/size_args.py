@@ -41,10 +41,12 @@ _MARK = re.compile("\x01(-?[0-9]+)\x02")
 _ALWAYS: frozenset = frozenset()
 #: every value but -1, 0 and 1 lifted (``lifting(..., every=True)``)
 _EVERY = False
+#: divisors stay literals (``lifting(..., literal_divisors=True)``)
+_LITERAL_DIVISORS = False
 
 
 @contextlib.contextmanager
-def lifting(values, every: bool = False):
+def lifting(values, every: bool = False, literal_divisors: bool = False):
     """Lift ``values`` however small while generating: the values of a symbolic graph's
     size symbols at this compile, so that a batch of 3 and one of 20 make one text.
 
@@ -54,14 +56,18 @@ def lifting(values, every: bool = False):
     channels, a batch of 2 and a pooling stride), so with the other small sizes kept
     literal, each small batch made a text of its own (resnet18 over batches 2..64: 18
     texts, 6 of them batches 2..7). Lifted all, and named each on its own, the text no
-    longer depends on which sizes happen to be equal."""
-    global _ALWAYS, _EVERY
-    old = _ALWAYS, _EVERY
+    longer depends on which sizes happen to be equal.
+
+    ``literal_divisors``: ``divisor`` writes literals (``config.triton_literal_divisors``:
+    a graph without size symbols, whose divisors are the same at every call)."""
+    global _ALWAYS, _EVERY, _LITERAL_DIVISORS
+    old = _ALWAYS, _EVERY, _LITERAL_DIVISORS
     _ALWAYS, _EVERY = frozenset(int(v) for v in values), every
+    _LITERAL_DIVISORS = literal_divisors
     try:
         yield
     finally:
-        _ALWAYS, _EVERY = old
+        _ALWAYS, _EVERY, _LITERAL_DIVISORS = old
 
 
 def names_each_own() -> bool:
@@ -80,6 +86,15 @@ def size(v) -> str:
     if abs(v) <= config.kernel_size_args_min and v not in _ALWAYS:
         return str(v)
     return f"{_OPEN}{v}{_CLOSE}"
+
+
+def divisor(v) -> str:
+    """``v``, a divisor of an index (a size or a product of sizes), as generated text: the
+    literal under ``lifting(..., literal_divisors=True)``, else as ``size`` writes it. A
+    literal makes a text per divisor, which is sound as any literal is (the text is the
+    key of its binary): it costs only the sharing of a binary between kernels that
+    differ in their divisors."""
+    return str(int(v)) if _LITERAL_DIVISORS else size(v)
 
 
 #: integers a float type holds exactly: a lifted one converts to the same float

@@ -191,6 +191,7 @@ def key_of(gm, example_inputs, target: str) -> str | None:
                         f"kernel_size_args_min={config.kernel_size_args_min}",
                         f"recompute_pointwise={config.recompute_pointwise}",
                         f"triton_fast_division={config.triton_fast_division}",
+                        f"triton_literal_divisors={config.triton_literal_divisors}",
                         f"triton_row_tiles={config.triton_row_tiles}",
                         f"regional={config.regional}",
                         f"inject_bug={config.inject_bug}")

@@ -15,7 +15,7 @@ from ...ir import Affine, Const, Index, Load
 from ...ops import OPS
 from ...reductions import KINDS
 from .. import dim_merge
-from ..size_args import constant, is_lifted, size
+from ..size_args import constant, divisor, is_lifted, size
 
 
 TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -228,14 +228,14 @@ def _div(x: str, d: int, fast: bool) -> str:
     run-time value the compiler cannot strength-reduce) and ``fast``: the prelude's
     ``kiln_udiv``, which computes the divisor's magic number in the kernel, so the text
     holds only the size argument and a new size changes no text."""
-    text = size(d)
+    text = divisor(d)
     if not (fast and is_lifted(text) and d > 1):
         return f"({x} // {text})"
     return f"kiln_udiv({x}, {text})"
 
 
 def _mod(x: str, d: int, fast: bool) -> str:
-    text = size(d)
+    text = divisor(d)
     if not (fast and is_lifted(text) and d > 1):
         return f"{x} % {text}"
     return f"({x} - {_div(x, d, fast)} * {text})"
