@@ -147,8 +147,10 @@ kernel_size_args: bool = _env_bool("KILN_KERNEL_SIZE_ARGS", True)
 #: Sizes and strides up to this magnitude stay literals in kernels (a small inner dim
 #: the C++ compiler unrolls; a stride of 2) (KILN_KERNEL_SIZE_ARGS_MIN).
 kernel_size_args_min: int = _env_int("KILN_KERNEL_SIZE_ARGS_MIN", 16)
-#: Triton kernels of a graph without size symbols divide and take remainders by literal
-#: divisors, its other sizes still arguments: a literal divisor is a multiply and shift
+#: Triton kernels divide and take remainders by literal divisors, their other sizes still
+#: arguments; in a symbolic graph, every divisor that no symbolic size or stride of the
+#: graph equals at this size (``autograd/specialize.size_expressions``: a channel count
+#: under a dynamic batch) is a literal too. A literal divisor is a multiply and shift
 #: Triton derives and sees through, so its analysis keeps the index's contiguity and
 #: loads and stores stay vectors (resnet18's stem kernel in bf16 at batch 64 on an H200:
 #: 218 us with divisors as arguments, 91 us literal). Kernels that differ only in their

@@ -108,6 +108,7 @@ class PerSizeGraph:
         self.dynamic = [i for i, n in enumerate(self.placeholders) if _is_symbolic(n.meta.get("val"))]
         self.code_key = _code_key(gm)
         self.literal_symints = literal_symints(gm.graph)
+        self.size_expressions = size_expressions(gm.graph)
         #: key -> (compiled callable, kept argument positions, output template)
         self.variants = SizeVariants()
         #: the frame compile this graph belongs to: each size's kernels are its artefacts
@@ -167,7 +168,8 @@ class PerSizeGraph:
                                "its symbols")
         with gc_pause.paused():
             gm, keep, template = specialise(self.gm, values, args, self.code_key,
-                                            literal_symints=self.literal_symints)
+                                            literal_symints=self.literal_symints,
+                                            expressions=self.size_expressions)
         examples = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
         return self.compiler(gm, examples), keep, template
 
@@ -224,12 +226,31 @@ def literal_symints(graph: fx.Graph) -> bool:
                for n in graph.nodes)
 
 
+def size_expressions(graph: fx.Graph) -> tuple:
+    """The symbolic sizes and strides of the graph's values (each expression once, no
+    constant): at a specialisation their values are the integers that may change with
+    the symbols (``kernels/compile.SYMBOLIC_SIZES``)."""
+    out = set()
+    for n in graph.nodes:
+        v = n.meta.get("val")
+        for x in (v if isinstance(v, (tuple, list)) else (v,)):
+            if isinstance(x, torch.Tensor):
+                sizes = (*x.shape, *x.stride())
+            elif isinstance(x, torch.SymInt):
+                sizes = (x,)
+            else:
+                continue
+            out.update(s.node.expr for s in sizes if isinstance(s, torch.SymInt))
+    return tuple(e for e in out if not e.is_Integer)
+
+
 def specialise(gm: fx.GraphModule, values: dict, args, code_key: str | None = None,
-               literal_symints: bool = True):
+               literal_symints: bool = True, expressions: tuple | None = None):
     """(a copy of ``gm`` at these symbol ``values``, positions of the arguments it
     takes, a template of its outputs with the ints put back, or None).
     ``literal_symints``: a node may take a SymInt as it is (``literal_symints(graph)``;
-    made concrete too). The copy's
+    made concrete too). ``expressions``: ``size_expressions(gm.graph)``, when
+    known (their values go in the copy's ``meta["kiln_symbolic_sizes"]``). The copy's
     ``meta["kiln_code_key"]`` names its code without generating it: ``gm``'s code
     (``code_key``: its hash, when known), the values, the non-tensor arguments —
     what the copy is made from besides the tensors' layouts, which the graph cache
@@ -285,6 +306,12 @@ def specialise(gm: fx.GraphModule, values: dict, args, code_key: str | None = No
     # the kernel compiler lifts these into arguments however small (a batch of 3 and one
     # of 20 make one kernel text; ``kernels/codegen/size_args.lifting``)
     new.meta["kiln_symbol_values"] = sorted({int(v) for v in values.values()})
+    # the kernel compiler divides by literals but these (``kernels/compile.SYMBOLIC_SIZES``)
+    exprs = size_expressions(gm.graph) if expressions is None else expressions
+    # (a literal divisor is sound whatever this holds: an expression it cannot evaluate
+    # to an integer is left out)
+    new.meta["kiln_symbolic_sizes"] = sorted({int(r) for r in (e.xreplace(values) for e in exprs)
+                                              if r.is_Integer})
     return new, keep, template
 
 

@@ -91,9 +91,11 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
     arte = Artefacts({"fallbacks": list(lo.fallbacks), "target": target, "passes": notes},
                      {"ir": lambda: ir.format_program(lo.buffers),
                       "schedule": lambda: format_schedule(sched)})
+    symbolic = gm.meta.get(SYMBOLIC_SIZES)
     with lifting(lift, every=bool(lift) and target == "triton",
-                 literal_divisors=(not lift and target == "triton"
-                                   and config.triton_literal_divisors)):
+                 literal_divisors=(target == "triton" and config.triton_literal_divisors
+                                   and (not lift or symbolic is not None)),
+                 symbolic=symbolic or ()):
         source, entries, kinfo, sizes = _generate(sched, lo, target)
     arte["source"] = source
     arte["kinfo"] = kinfo
@@ -113,6 +115,9 @@ def plan(gm: fx.GraphModule, example_inputs, target: str = "cpp") -> graph_cache
 #: ``gm.meta`` key: the values of the size symbols of the symbolic graph ``gm`` was
 #: specialised from (``autograd/specialize``), lifted however small (``size_args.lifting``)
 SYMBOL_VALUES = "kiln_symbol_values"
+#: ``gm.meta`` key: the values of that symbolic graph's symbolic sizes and strides
+#: (``autograd/specialize.size_expressions``): divisors with none of these values are literals
+SYMBOLIC_SIZES = "kiln_symbolic_sizes"
 
 
 def _sizes_shown(sizes) -> str:

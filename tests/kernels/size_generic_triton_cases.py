@@ -113,3 +113,81 @@ def test_small_batches_share_one_module_with_large_ones(batches):
     # the first batch's module may be loaded already (the other stream's, when the
     # divisibility of its sizes is the same)
     assert costs[0] <= 1 and costs[1:] == [0, 0, 0], costs
+
+
+@pytest.mark.parametrize("literal", [True, False], ids=["literal_divisors", "argument_divisors"])
+def test_a_dynamic_batch_divides_by_literal_divisors(literal, monkeypatch):
+    """Under a dynamic batch, a conv net's pointwise and pool kernels divide only by
+    sizes no symbolic size of the graph has (channels, widths): with
+    ``config.triton_literal_divisors`` those are literals, and batches that equal none of
+    them share one module as before; without it, they are size arguments divided by
+    magic numbers."""
+    import kiln
+    from kiln import config
+    from kiln.kernels import compile as kc
+    monkeypatch.setattr(config, "triton_literal_divisors", literal)
+    sources, plan = [], kc.plan
+
+    def spied(gm, *a, **k):
+        p = plan(gm, *a, **k)
+        if gm.meta.get(kc.SYMBOL_VALUES):
+            sources.append(p.source)
+        return p
+    monkeypatch.setattr(kc, "plan", spied)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.MaxPool2d(3, 2, 1), torch.nn.Flatten(),
+                              torch.nn.Linear(6 * 5 * 5, 6)).eval()
+
+    def forward(x):       # a code object of its own (Sequential's has many entries by now)
+        return net(x)
+    compiled = kiln.compile(forward)
+    costs = []
+    with kiln.config.patch(perf_fallback=False, kernel_target="triton",
+                           background_size_plans=False), torch.no_grad():
+        for b in (7, 9, 11, 13):
+            x = torch.randn(b, 3, 10, 10)
+            if b == 7:
+                kiln.mark_dynamic(x, 0)     # the batch only (dynamic=True: every dim)
+            before = loads()
+            got = compiled(x)
+            costs.append(loads() - before)
+            torch.testing.assert_close(got, net(x), rtol=1e-5, atol=1e-5)
+    assert costs[0] <= 1 and costs[1:] == [0, 0, 0], costs
+    assert sources and all("kiln_ks" in s for s in sources), sources
+    assert any("kiln_udivm(xindex" in s for s in sources) != literal, sources
+
+
+def test_a_symbolic_divisor_stays_an_argument():
+    """A kernel dividing by a dynamic length (a transpose of [2, S, 8] made contiguous:
+    the flat index split by S) keeps that divisor a size argument, so the lengths of a
+    stream share one module, while its other divisor (8) is a literal."""
+    import kiln
+    from kiln.kernels import compile as kc
+    sources, plan = [], kc.plan
+
+    def spied(gm, *a, **k):
+        p = plan(gm, *a, **k)
+        if gm.meta.get(kc.SYMBOL_VALUES):
+            sources.append(p.source)
+        return p
+
+    def f(x):
+        return x.transpose(1, 2).contiguous() * 2
+    compiled = kiln.compile(f)
+    costs = []
+    with pytest.MonkeyPatch.context() as mp, kiln.config.patch(
+            perf_fallback=False, kernel_target="triton", background_size_plans=False,
+            triton_literal_divisors=True):
+        mp.setattr(kc, "plan", spied)
+        for s in (21, 23, 29, 31):
+            x = torch.randn(2, s, 8)
+            if s == 21:
+                kiln.mark_dynamic(x, 1)
+            before = loads()
+            got = compiled(x)
+            costs.append(loads() - before)
+            torch.testing.assert_close(got, f(x))
+    assert costs[0] <= 1 and costs[1:] == [0, 0, 0], costs
+    body = sources[0].split("def kernel", 1)[1]
+    assert "kiln_udivm(xindex" in body and "% 8" in body, body

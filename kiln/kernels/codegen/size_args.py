@@ -41,12 +41,14 @@ _MARK = re.compile("\x01(-?[0-9]+)\x02")
 _ALWAYS: frozenset = frozenset()
 #: every value but -1, 0 and 1 lifted (``lifting(..., every=True)``)
 _EVERY = False
-#: divisors stay literals (``lifting(..., literal_divisors=True)``)
+#: divisors stay literals (``lifting(..., literal_divisors=True)``) but these values
 _LITERAL_DIVISORS = False
+_SYMBOLIC: frozenset = frozenset()
 
 
 @contextlib.contextmanager
-def lifting(values, every: bool = False, literal_divisors: bool = False):
+def lifting(values, every: bool = False, literal_divisors: bool = False,
+            symbolic=()):
     """Lift ``values`` however small while generating: the values of a symbolic graph's
     size symbols at this compile, so that a batch of 3 and one of 20 make one text.
 
@@ -58,16 +60,19 @@ def lifting(values, every: bool = False, literal_divisors: bool = False):
     texts, 6 of them batches 2..7). Lifted all, and named each on its own, the text no
     longer depends on which sizes happen to be equal.
 
-    ``literal_divisors``: ``divisor`` writes literals (``config.triton_literal_divisors``:
-    a graph without size symbols, whose divisors are the same at every call)."""
-    global _ALWAYS, _EVERY, _LITERAL_DIVISORS
-    old = _ALWAYS, _EVERY, _LITERAL_DIVISORS
+    ``literal_divisors``: ``divisor`` writes literals (``config.triton_literal_divisors``)
+    but for the values in ``symbolic``: those of a symbolic graph's symbolic sizes and
+    strides at this compile (``compile.SYMBOLIC_SIZES``), the divisors that
+    may change with its symbols. Every other divisor is the same at every size of the
+    stream (a channel count, an image's width under a dynamic batch)."""
+    global _ALWAYS, _EVERY, _LITERAL_DIVISORS, _SYMBOLIC
+    old = _ALWAYS, _EVERY, _LITERAL_DIVISORS, _SYMBOLIC
     _ALWAYS, _EVERY = frozenset(int(v) for v in values), every
-    _LITERAL_DIVISORS = literal_divisors
+    _LITERAL_DIVISORS, _SYMBOLIC = literal_divisors, frozenset(int(v) for v in symbolic)
     try:
         yield
     finally:
-        _ALWAYS, _EVERY, _LITERAL_DIVISORS = old
+        _ALWAYS, _EVERY, _LITERAL_DIVISORS, _SYMBOLIC = old
 
 
 def names_each_own() -> bool:
@@ -90,11 +95,15 @@ def size(v) -> str:
 
 def divisor(v) -> str:
     """``v``, a divisor of an index (a size or a product of sizes), as generated text: the
-    literal under ``lifting(..., literal_divisors=True)``, else as ``size`` writes it. A
-    literal makes a text per divisor, which is sound as any literal is (the text is the
-    key of its binary): it costs only the sharing of a binary between kernels that
-    differ in their divisors."""
-    return str(int(v)) if _LITERAL_DIVISORS else size(v)
+    literal under ``lifting(..., literal_divisors=True)`` unless a symbolic size has its
+    value, else as ``size`` writes it. A literal makes a text per divisor, which is
+    sound as any literal is (the text is the key of its binary, and is what the
+    generator writes at these sizes): a wrong guess (a divisor that changes with the
+    symbols though no symbolic size of the graph has its value) costs a text per size,
+    not a wrong result; a right one costs only the sharing of a binary between kernels
+    that differ in their divisors."""
+    v = int(v)
+    return str(v) if _LITERAL_DIVISORS and v not in _SYMBOLIC else size(v)
 
 
 #: integers a float type holds exactly: a lifted one converts to the same float
