@@ -22,7 +22,10 @@ def _cuda(make):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_one_module_per_size_class_gpu(case):
+def test_one_module_per_size_class_gpu(case, monkeypatch):
+    # the sharing itself, as symbolic graphs use it: a static graph's kernels divide
+    # by literals (``config.triton_literal_divisors``), a text per size where they divide
+    monkeypatch.setattr(kiln.config, "triton_literal_divisors", False)
     name, fn, make, sizes = case
     costs, alive = run_sizes(fn, _cuda(make), sizes, None, lambda: launcher.stats["loaded"])
     assert costs[0] == 1 and costs[1:] == [0] * (len(sizes) - 1), costs

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..ops import cast, op
 from .base import Lazy, Unsupported, View, channels_last_strides, is_box, is_channels_last, register
 
 aten = torch.ops.aten
@@ -27,11 +28,22 @@ def _convolution(lo, node, x, w, b, stride, padding, dilation, transposed, outpu
     if not (isinstance(x, View) and is_channels_last(x.sizes, x.strides)):
         lazy = x if isinstance(x, Lazy) else Lazy(x.sizes, x.dtype, x.load)
         x = lo.realize(Lazy(lazy.sizes, lazy.dtype, lazy.fn, cl), strides=cl, origin=node.name)
-    out = lo.fallback(node, (x, w, b, stride, padding, dilation, transposed, output_padding,
-                             groups), {}, "library call")
+    # the bias is added by kiln, in the kernel that reads the result: ATen adds it in a
+    # kernel of its own after cuDNN's (one launch per convolution with a bias: a
+    # squeeze-excitation block's two). Its rounding is ATen's: the product rounded to
+    # the output dtype, then the sum.
+    split = b is not None and is_box(b) and len(b.sizes) == 1 and b.dtype == x.dtype
+    out = lo.fallback(node, (x, w, None if split else b, stride, padding, dilation,
+                             transposed, output_padding, groups), {}, "library call")
     # cuDNN (and oneDNN) give a channels-last result for a channels-last input; the meta
     # kernel does not say so. Should a library disagree, the runtime copies (_fix_layout).
     ext = lo.by_name[out.buf]
     ext.strides = channels_last_strides(ext.sizes)
     lo.relaid.add(ext.name)
-    return View(out.buf, out.sizes, ext.strides, 0, out.dtype)
+    product = View(out.buf, out.sizes, ext.strides, 0, out.dtype)
+    if not split:
+        return product
+    dt = out.dtype
+    return Lazy(product.sizes, dt,
+                lambda idx: cast(op("add", cast(product.load(idx), dt),
+                                    cast(b.load([idx[1]]), dt)), dt), ext.strides)
