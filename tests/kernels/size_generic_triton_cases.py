@@ -115,17 +115,9 @@ def test_small_batches_share_one_module_with_large_ones(batches):
     assert costs[0] <= 1 and costs[1:] == [0, 0, 0], costs
 
 
-@pytest.mark.parametrize("literal", [True, False], ids=["literal_divisors", "argument_divisors"])
-def test_a_dynamic_batch_divides_by_literal_divisors(literal, monkeypatch):
-    """Under a dynamic batch, a conv net's pointwise and pool kernels divide only by
-    sizes no symbolic size of the graph has (channels, widths): with
-    ``config.triton_literal_divisors`` those are literals, and batches that equal none of
-    them share one module as before; without it, they are size arguments divided by
-    magic numbers."""
-    import kiln
-    from kiln import config
+def _symbolic_plans(monkeypatch) -> list:
+    """The sources planned for a symbolic graph's sizes, filled as they are planned."""
     from kiln.kernels import compile as kc
-    monkeypatch.setattr(config, "triton_literal_divisors", literal)
     sources, plan = [], kc.plan
 
     def spied(gm, *a, **k):
@@ -134,6 +126,36 @@ def test_a_dynamic_batch_divides_by_literal_divisors(literal, monkeypatch):
             sources.append(p.source)
         return p
     monkeypatch.setattr(kc, "plan", spied)
+    return sources
+
+
+def _stream_loads(compiled, eager, inputs, dim) -> list:
+    """Per call of a stream (its first input marked dynamic at ``dim``), the modules it
+    loaded; every result checked against ``eager``'s."""
+    import kiln
+    costs = []
+    with kiln.config.patch(perf_fallback=False, kernel_target="triton",
+                           background_size_plans=False), torch.no_grad():
+        for i, x in enumerate(inputs):
+            if i == 0:
+                kiln.mark_dynamic(x, dim)
+            before = loads()
+            got = compiled(x)
+            costs.append(loads() - before)
+            torch.testing.assert_close(got, eager(x), rtol=1e-5, atol=1e-5)
+    return costs
+
+
+@pytest.mark.parametrize("literal", [True, False], ids=["literal_divisors", "argument_divisors"])
+def test_a_dynamic_batch_divides_by_literal_divisors(literal, monkeypatch):
+    """Under a dynamic batch, a conv net's pointwise and pool kernels divide only by
+    sizes no symbolic size of the graph has (channels, widths): with
+    ``config.triton_literal_divisors`` those are literals, and batches that equal none of
+    them share one module as before; without it, they are size arguments divided by
+    magic numbers."""
+    import kiln
+    monkeypatch.setattr(kiln.config, "triton_literal_divisors", literal)
+    sources = _symbolic_plans(monkeypatch)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.ReLU(),
                               torch.nn.MaxPool2d(3, 2, 1), torch.nn.Flatten(),
@@ -141,53 +163,24 @@ def test_a_dynamic_batch_divides_by_literal_divisors(literal, monkeypatch):
 
     def forward(x):       # a code object of its own (Sequential's has many entries by now)
         return net(x)
-    compiled = kiln.compile(forward)
-    costs = []
-    with kiln.config.patch(perf_fallback=False, kernel_target="triton",
-                           background_size_plans=False), torch.no_grad():
-        for b in (7, 9, 11, 13):
-            x = torch.randn(b, 3, 10, 10)
-            if b == 7:
-                kiln.mark_dynamic(x, 0)     # the batch only (dynamic=True: every dim)
-            before = loads()
-            got = compiled(x)
-            costs.append(loads() - before)
-            torch.testing.assert_close(got, net(x), rtol=1e-5, atol=1e-5)
+    costs = _stream_loads(kiln.compile(forward), net,
+                          [torch.randn(b, 3, 10, 10) for b in (7, 9, 11, 13)], 0)
     assert costs[0] <= 1 and costs[1:] == [0, 0, 0], costs
     assert sources and all("kiln_ks" in s for s in sources), sources
     assert any("kiln_udivm(xindex" in s for s in sources) != literal, sources
 
 
-def test_a_symbolic_divisor_stays_an_argument():
+def test_a_symbolic_divisor_stays_an_argument(monkeypatch):
     """A kernel dividing by a dynamic length (a transpose of [2, S, 8] made contiguous:
     the flat index split by S) keeps that divisor a size argument, so the lengths of a
     stream share one module, while its other divisor (8) is a literal."""
     import kiln
-    from kiln.kernels import compile as kc
-    sources, plan = [], kc.plan
-
-    def spied(gm, *a, **k):
-        p = plan(gm, *a, **k)
-        if gm.meta.get(kc.SYMBOL_VALUES):
-            sources.append(p.source)
-        return p
+    monkeypatch.setattr(kiln.config, "triton_literal_divisors", True)
+    sources = _symbolic_plans(monkeypatch)
 
     def f(x):
         return x.transpose(1, 2).contiguous() * 2
-    compiled = kiln.compile(f)
-    costs = []
-    with pytest.MonkeyPatch.context() as mp, kiln.config.patch(
-            perf_fallback=False, kernel_target="triton", background_size_plans=False,
-            triton_literal_divisors=True):
-        mp.setattr(kc, "plan", spied)
-        for s in (21, 23, 29, 31):
-            x = torch.randn(2, s, 8)
-            if s == 21:
-                kiln.mark_dynamic(x, 1)
-            before = loads()
-            got = compiled(x)
-            costs.append(loads() - before)
-            torch.testing.assert_close(got, f(x))
+    costs = _stream_loads(kiln.compile(f), f, [torch.randn(2, s, 8) for s in (21, 23, 29, 31)], 1)
     assert costs[0] <= 1 and costs[1:] == [0, 0, 0], costs
     body = sources[0].split("def kernel", 1)[1]
     assert "kiln_udivm(xindex" in body and "% 8" in body, body
