@@ -42,6 +42,16 @@ from .reindex import Reshaped
 from .base import LAZY_LISTS, LOWERINGS, Lazy, STORAGE_OPS, Unsupported, View, is_box, is_dense, returns_a_view
 
 aten = torch.ops.aten
+#: views the meta recorder takes as reshapes where the input's layout refuses them
+#: (``GraphLowering._run_recorder``)
+_VIEWS_AS_RESHAPES = frozenset({aten.view.default, aten._unsafe_view.default})
+
+
+def _functional(gm: fx.GraphModule) -> bool:
+    """No op of ``gm`` writes into an argument (a functionalized graph, as autograd's
+    are): a view's memory is then unobservable, and a reshape gives the same values."""
+    return not any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                   and n.target._schema.is_mutable for n in gm.graph.nodes)
 _fallback_log = log_for("fallbacks")
 
 #: ops that read only their argument's shape, dtype and device: not a reason to store
@@ -201,6 +211,18 @@ class GraphLowering:
         meta = self.meta
 
         class Recorder(fx.Interpreter):
+            def call_function(self, target, args, kwargs):
+                try:
+                    return super().call_function(target, args, kwargs)
+                except RuntimeError:
+                    if target not in _VIEWS_AS_RESHAPES or not _functional(self.module):
+                        raise
+                    # a view the traced layout allowed and an input's layout here does
+                    # not (a saved activation kiln stored in a layout of its own: the
+                    # backward's ``view``s were traced on eager's): the same values as a
+                    # reshape, which the lowering of ``view`` makes too (``shapes._view``)
+                    return aten.reshape.default(*args, **kwargs)
+
             def run_node(self, n):
                 r = super().run_node(n)
                 meta[n] = fast_tree.tree_map(_to_meta, r)
