@@ -52,6 +52,8 @@ def _functional(gm: fx.GraphModule) -> bool:
     are): a view's memory is then unobservable, and a reshape gives the same values."""
     return not any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
                    and n.target._schema.is_mutable for n in gm.graph.nodes)
+
+
 _fallback_log = log_for("fallbacks")
 
 #: ops that read only their argument's shape, dtype and device: not a reason to store
