@@ -419,10 +419,13 @@ class AotFunction:
     def _entry(self, args):
         """(entry, trace) of the path these arguments take: a ``_Training`` or
         ``_Inference`` with its trace, or an ``_Eager`` (trace None)."""
-        pattern = tuple([isinstance(a, torch.Tensor) and a.requires_grad for a in args])
         grad = torch.is_grad_enabled()
+        # without grad mode (nor a graph turning it on) the path is inference whatever
+        # requires grad: the pattern, a read per input, is not needed
+        pattern = tuple([isinstance(a, torch.Tensor) and a.requires_grad for a in args]) \
+            if grad or self._enables_grad else ()
         key = (pattern, grad)   # the grad mode the graph starts in
-        if (grad or self._enables_grad) and any(pattern) and key not in self._gradless:
+        if any(pattern) and key not in self._gradless:
             entry = self._training.get(key) or self._eager.get(("train", key))
             if entry is None:
                 tr = self._trace(True, pattern, grad_at_entry=grad)

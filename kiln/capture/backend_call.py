@@ -19,6 +19,13 @@ from kiln.debug.breaks import tag
 from kiln.shapes.variants import stream_size
 
 
+#: ``gm.meta`` key: True when the entry's guards pin the dtype, device, sizes and
+#: strides of every input of the graph to its example's (no symbolic size; every input
+#: a tensor). Every call then has the first call's signature, and a backend may skip
+#: checking it per call (the kernel compiler does: ``CompiledGraph(pinned=True)``).
+PINNED_INPUTS = "kiln_pinned_inputs"
+
+
 def backend_name(backend) -> str:
     return getattr(backend, "__qualname__", None) or getattr(backend, "__name__", None) \
         or type(backend).__qualname__

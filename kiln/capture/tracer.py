@@ -23,7 +23,7 @@ from kiln.capture.autocast_state import graph_without_autocast
 from kiln.capture.codegen import EntryCodegen, build_entry, call_at, call_source, restoring_grad_mode
 from kiln.capture.errors import RestartWithBreak, SkipFrame, Unsupported, UserException
 from kiln.capture.frame_access import reads_own_frame
-from kiln.capture.backend_call import FirstRun, compile_graph
+from kiln.capture.backend_call import PINNED_INPUTS, FirstRun, compile_graph
 from kiln.capture import sym_guards
 from kiln.backends_dynamic import PerSizeCompiled, wants_concrete_sizes
 from kiln.capture.cells import real_cell
@@ -187,6 +187,9 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where:
     gm.meta = {"input_sources": [src.pretty() for src, _, _ in out.inputs]}
     example_inputs = [real for _, _, real in out.inputs]
     dynamic = sym_guards.symbolic_inputs(out)
+    # the entry's guards pin every input's signature: the backend need not check it again
+    gm.meta[PINNED_INPUTS] = out.pinned_inputs and not dynamic and all(
+        isinstance(real, torch.Tensor) for real in example_inputs)
     if dynamic:
         sym_guards.annotate(out, gm)
     if out.op_count() == 0:

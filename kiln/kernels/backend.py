@@ -15,6 +15,7 @@ import functools
 import torch
 
 from .. import config
+from ..capture.backend_call import PINNED_INPUTS
 from .compile import compile_aten_graph
 from .runtime import perf_fallback
 from .runtime.replay_lru import Recordings
@@ -47,12 +48,17 @@ def kiln_backend(gm, example_inputs):
         triton_setup.start()              # overlaps the autograd stage and lowering
     # the forward, backward and inference graphs the autograd stage compiles for each
     # input size of this graph: each kind's CUDA-graph recordings bounded together
-    compiler = functools.partial(compile_aten_graph, recordings=Recordings())
+    # The forward and inference graphs take the captured graph's inputs as they are:
+    # where capture's guards pin their signature, so do they (the backward's inputs are
+    # the forward's results: never pinned)
+    pinned = bool(gm.meta.get(PINNED_INPUTS))
+    compiler = functools.partial(compile_aten_graph, recordings=Recordings(), pinned=pinned)
     bw = functools.partial(compile_aten_graph, recordings=Recordings())
-    inference = functools.partial(compile_aten_graph, recordings=Recordings())
+    inference = functools.partial(compile_aten_graph, recordings=Recordings(), pinned=pinned)
     wrap = perf_fallback.times_inference(gm)
     if wrap:                              # the inference path is timed as a whole
-        inference = functools.partial(_untimed, recordings=inference.keywords["recordings"])
+        inference = functools.partial(_untimed, recordings=inference.keywords["recordings"],
+                                      pinned=pinned)
     if config.repro_after:                # the minifier checks the aten graphs
         from kiln.debug.minifier import stage_compiler
         compiler = stage_compiler("autograd", compiler)
@@ -66,10 +72,11 @@ def kiln_backend(gm, example_inputs):
     return perf_fallback.InferenceChoice(aot, gm, example_inputs, trace_dir.current())
 
 
-def _untimed(gm, example_inputs, recordings=None):
+def _untimed(gm, example_inputs, recordings=None, pinned=False):
     """The inference graph's compiler when ``perf_fallback.InferenceChoice`` times the
     inference path against the torch-level graph: no second trial inside it."""
-    return compile_aten_graph(gm, example_inputs, perf_fallback=False, recordings=recordings)
+    return compile_aten_graph(gm, example_inputs, perf_fallback=False, recordings=recordings,
+                              pinned=pinned)
 
 
 kiln_backend.prepare = prepare

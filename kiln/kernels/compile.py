@@ -306,8 +306,13 @@ class CompiledGraph:
     why); without it the error is raised. The graph is functional, so a first call that
     failed leaves its inputs as they were and is simply run again eagerly."""
 
-    def __init__(self, gm, example_inputs, target=None, perf_fallback=True, recordings=None):
+    def __init__(self, gm, example_inputs, target=None, perf_fallback=True, recordings=None,
+                 pinned=False):
         self.gm = gm
+        #: every caller's guards pin the inputs' signature (``capture.backend_call.
+        #: PINNED_INPUTS``): after the first call, calls skip the signature check (for a
+        #: large model, hundreds of parameters' sizes and strides read again per call)
+        self.pinned = pinned
         #: the CUDA-graph recordings of this graph's size variants, bounded together
         #: (``runtime/replay_lru``); a caller compiling one graph per size passes one
         self.recordings = recordings if recordings is not None else Recordings()
@@ -421,7 +426,8 @@ class CompiledGraph:
         return self.artefacts["target"] if self.artefacts else None
 
     def __call__(self, *args):
-        rt = self._variant(args)
+        last = self._last
+        rt = last[1] if self.pinned and last is not None else self._variant(args)
         if type(rt) is size_prebuild.Pending and rt.done.is_set():
             rt = self._prebuilt(rt, args)
         if self._untried and id(rt) in self._untried:
@@ -431,7 +437,8 @@ class CompiledGraph:
     def call_boxed(self, args: list):
         """Call with the inputs in a list the call takes over and empties, so each is
         freed after its last reader (``Runtime.call_boxed``)."""
-        rt = self._variant(args)
+        last = self._last
+        rt = last[1] if self.pinned and last is not None else self._variant(args)
         if type(rt) is size_prebuild.Pending and rt.done.is_set():
             rt = self._prebuilt(rt, args)
         if self._untried and id(rt) in self._untried:
@@ -483,13 +490,15 @@ class CompiledGraph:
 
 
 def compile_aten_graph(aten_gm: fx.GraphModule, example_inputs, target: str | None = None,
-                       perf_fallback: bool = True, recordings=None):
+                       perf_fallback: bool = True, recordings=None, pinned: bool = False):
     """Compile a functional aten graph; the result takes its inputs positionally and
     returns what the graph returns. ``target``: "cpp", "triton" or None (by device).
     ``perf_fallback``: time it against the aten graph run eagerly (when
     ``config.perf_fallback`` is on; False where a caller times it itself).
     ``recordings``: a ``runtime.replay_lru.Recordings`` shared by the graphs compiled for
-    each size of one graph, bounding their CUDA-graph recordings together."""
+    each size of one graph, bounding their CUDA-graph recordings together.
+    ``pinned``: every call has the first call's input signature (its caller's guards
+    say so), which is then not checked again."""
     if config.repro_after:                    # the minifier checks this stage
         from ..debug import minifier
         if minifier.active("kernels"):
@@ -497,4 +506,5 @@ def compile_aten_graph(aten_gm: fx.GraphModule, example_inputs, target: str | No
                                     lambda: CompiledGraph(aten_gm, list(example_inputs), target),
                                     example_inputs, target=target)
     with timed("kernels"):
-        return CompiledGraph(aten_gm, list(example_inputs), target, perf_fallback, recordings)
+        return CompiledGraph(aten_gm, list(example_inputs), target, perf_fallback, recordings,
+                             pinned)

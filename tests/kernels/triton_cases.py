@@ -224,6 +224,9 @@ def test_bf16_convolutions_run_channels_last():
     for c in convs:
         src = rt.lo.by_name[c.args[0].buf]
         assert c.args[0].strides[1] == 1, src
+        # the 3x3 weights too: given NCHW, ATen would copy them channels-last per call
+        w = c.args[1]
+        assert isinstance(rt.lo.by_name[w.buf], ir.Pointwise) and w.strides[1] == 1, w
     assert not any(copies)          # the library agreed with the layouts we planned
     pooled = [b for b in rt.lo.buffers if isinstance(b, ir.Pointwise)
               and b.origin.startswith("max_pool2d") and b.dtype == dt]

@@ -28,6 +28,14 @@ def _convolution(lo, node, x, w, b, stride, padding, dilation, transposed, outpu
     if not (isinstance(x, View) and is_channels_last(x.sizes, x.strides)):
         lazy = x if isinstance(x, Lazy) else Lazy(x.sizes, x.dtype, x.load)
         x = lo.realize(Lazy(lazy.sizes, lazy.dtype, lazy.fn, cl), strides=cl, origin=node.name)
+    if is_box(w) and len(w.sizes) == 4 and not (isinstance(w, View) and
+                                                 _dense_channels_last(w.sizes, w.strides)):
+        # cuDNN takes the weight in the input's layout: given a contiguous (NCHW) one,
+        # ATen copies it channels-last on every call, in a copy kernel per convolution
+        # (17 of resnet18's 20). Our kernel makes that copy instead, vectorised.
+        wl = w if isinstance(w, Lazy) else Lazy(w.sizes, w.dtype, w.load)
+        wcl = channels_last_strides(w.sizes)
+        w = lo.realize(Lazy(wl.sizes, wl.dtype, wl.fn, wcl), strides=wcl, origin=node.name)
     # the bias is added by kiln, in the kernel that reads the result: ATen adds it in a
     # kernel of its own after cuDNN's (one launch per convolution with a bias: a
     # squeeze-excitation block's two). Its rounding is ATen's: the product rounded to
@@ -47,3 +55,11 @@ def _convolution(lo, node, x, w, b, stride, padding, dilation, transposed, outpu
     return Lazy(product.sizes, dt,
                 lambda idx: cast(op("add", cast(product.load(idx), dt),
                                     cast(b.load([idx[1]]), dt)), dt), ext.strides)
+
+
+def _dense_channels_last(sizes, strides) -> bool:
+    """Does ATen see this 4-d layout as channels-last contiguous (dims of size 1 have
+    any stride)? Then it passes the tensor to cuDNN as it is. A 1x1 or depthwise
+    weight, contiguous, is also channels-last."""
+    want = channels_last_strides(sizes)
+    return all(int(s) == 1 or int(a) == int(b) for s, a, b in zip(sizes, strides, want))
