@@ -8,7 +8,9 @@ plus what the GPU waits for: the host's work before the first launch, and idle t
 between kernels inside the replay. Per backend, after the warm-up and kiln's perf
 trial, this prints:
 
-* ``wall``: event-timed call, as the suite (median);
+* back to back: event-timed calls without synchronising between them, as the suite
+  times them, and the host's time per call meanwhile;
+* ``wall``: an event-timed call after synchronising (median);
 * ``host``: the call's own host time, from entry to return, with the GPU idle at entry;
 * ``span``/``busy``/``idle``: from the profiler, first kernel start to last kernel end
   in one call, the kernels' summed time, and the difference; plus the largest gaps with
@@ -55,6 +57,24 @@ def _wall_and_host(step, calls):
         walls.append(s.elapsed_time(e))
         del out
     return statistics.median(walls), statistics.median(hosts)
+
+
+def _back_to_back(step, calls):
+    """As the suite times: events around each call, no synchronising between calls.
+    (median event ms, median host ms per call): a host time near the event time says
+    the call waited for the GPU (a synchronising operation in it)."""
+    pairs, hosts = [], []
+    torch.cuda.synchronize()
+    for i in range(calls):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        s.record()
+        step(i)
+        e.record()
+        hosts.append((time.perf_counter() - t0) * 1e3)
+        pairs.append((s, e))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs), statistics.median(hosts)
 
 
 def _timeline(step, calls, top):
@@ -115,6 +135,9 @@ def main(argv=None):
                 for i in range(10):
                     step(i)
             wall, host = _wall_and_host(step, a.calls)
+            b2b, b2b_host = _back_to_back(step, a.calls)
+            print(f"  {name}: back to back (the suite's timing) {b2b:.3f} ms per call, "
+                  f"host {b2b_host:.3f} ms per call", flush=True)
             s, gaps = _timeline(step, 12, a.top)
             print(f"  {name}: wall {wall:.3f} ms, host {host:.3f} ms, span {s['span_ms']:.3f} ms, "
                   f"busy {s['busy_ms']:.3f} ms, idle in span {s['span_ms'] - s['busy_ms']:.3f} ms, "

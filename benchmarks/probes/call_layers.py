@@ -55,6 +55,9 @@ def main(argv=None):
     p.add_argument("--only", required=True)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--python", type=int, default=0, metavar="N",
+                   help="also print cProfile's top N functions by own time (it inflates "
+                        "C-level calls; for which Python functions, not how long)")
     a = p.parse_args(argv)
     import importlib
     for w in select(a.device, "all", False, a.only.split(",")):
@@ -93,6 +96,19 @@ def main(argv=None):
             if name in totals:
                 t, own = totals[name]
                 print(f"  {name:20s} {t / a.calls * 1e6:9.1f} {own / a.calls * 1e6:9.1f}")
+        if a.python:
+            import cProfile
+            import io
+            import pstats
+            prof = cProfile.Profile()
+            with torch.no_grad():
+                prof.enable()
+                for i in range(a.calls):
+                    compiled(*inst.inputs[i % len(inst.inputs)])
+                prof.disable()
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(a.python)
+            print(buf.getvalue())
         backend.reset()
 
 

@@ -246,3 +246,17 @@ def test_loops_apart_two_pass_statistics_split(layout):
     plans = _plans(rt)
     assert len(plans) == 2 and all(p.split > 1 for p in plans), plans
     assert all(p.column == (layout == "column") for p in plans)
+
+
+def test_short_column_reductions_over_few_outputs_narrow_their_block():
+    """A squeeze-excitation block's mean over 14x14 channels-last values of 16x96
+    channels: at 64 outputs a program, 24 programs for the whole GPU; the block narrows
+    until there are enough programs (or 8 outputs a program), and the reduction, short,
+    stays whole in registers. Values as eager's."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 96, 14, 14).bfloat16().contiguous(memory_format=torch.channels_last)
+    rt, _ = _check(lambda t: (aten.mean.dim(t, [2, 3], True),), [x], (1.6e-2, 2e-2))
+    (p,) = _plans(rt)
+    assert p.column and p.split == 1 and p.persistent, p
+    assert p.xb == heuristics.COLUMN_MIN_XBLOCK
+    assert -(-16 * 96 // p.xb) >= heuristics.COLUMN_MIN_PROGRAMS

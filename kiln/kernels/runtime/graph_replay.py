@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 import weakref
 
 import torch
@@ -203,6 +204,12 @@ class GraphReplay:
         self.pool = _pool(rt.device)
         self.position = {name: pos for pos, name in rt.inputs}
         self.positions = tuple(pos for pos, _ in rt.inputs)
+        #: the inputs of a call, picked from its arguments by one C-level call (a model's
+        #: parameters are hundreds of inputs, read every call)
+        self.pick = _picker(self.positions)
+        #: the addresses of the inputs read in place, from all inputs' (set at recording)
+        self.pick_stable = None
+        self.stable_ptrs = None
         #: the recordings of this graph's size variants (``replay_lru``); set by the
         #: compiled graph that owns this Runtime, else this variant's own
         self.family = Recordings()
@@ -257,7 +264,7 @@ class GraphReplay:
                 self._disable(f"host prologue failed: {type(e).__name__}: {e}")
                 return rt.run(args)
         ptrs = self.host.pointers(rt, args) if host is not None else \
-            [args[pos].data_ptr() for pos, _ in rt.inputs]
+            list(map(_DATA_PTR, self.pick(args)))
         if self.graph is None and self.from_family and host is None:
             return self._family_recording(rt, args, ptrs)
         if self.graph is None:
@@ -265,7 +272,8 @@ class GraphReplay:
             # backward's saved activations move once, when the forward starts replaying
             self.moved_once |= {i for i, (p, q) in enumerate(zip(ptrs, self.ptrs)) if p != q}
             return self._record(rt, args, ptrs, host)
-        moved = [i for i in self.stable if ptrs[i] != self.ptrs[i]]
+        moved = [] if self.pick_stable(ptrs) == self.stable_ptrs else \
+            [i for i in self.stable if ptrs[i] != self.ptrs[i]]
         if moved:
             # record again, reading it at its new address; if it moves again it is
             # copied in from then on, unless it is another graph's output (that moves
@@ -401,6 +409,8 @@ class GraphReplay:
                           "outputs are kept across calls)")
             return rt.run(args)
         self.stable = [i for i in range(len(ptrs)) if i not in self.moving]
+        self.pick_stable = _picker(self.stable)
+        self.stable_ptrs = self.pick_stable(ptrs)
         self.ptrs = ptrs
         self.seen_held = {}
         self._learn_ptrs(rt, ptrs)
@@ -450,6 +460,20 @@ class GraphReplay:
                 flat = self.host.strip(self.host.device_rt.run_flat(
                     self.host.device_tensors(rt, static, host)))
         return graph, flat
+
+
+_DATA_PTR = torch.Tensor.data_ptr
+
+
+def _picker(positions):
+    """A function from a sequence to the tuple of its items at ``positions``
+    (``operator.itemgetter``, which gives an item rather than a tuple of one)."""
+    if len(positions) == 1:
+        (i,) = positions
+        return lambda seq: (seq[i],)
+    if not positions:
+        return lambda seq: ()
+    return operator.itemgetter(*positions)
 
 
 def _output_specs(flat, rt):

@@ -37,6 +37,13 @@ COLUMN_RBLOCK = 32
 COLUMN_SPLIT_MIN_RNUM = 1024
 #: Reduced rows each program of a split column reduction walks, at least, in steps.
 COLUMN_SPLIT_MIN_STEPS = 2
+#: A column reduction too short to split, over too few outputs to give this many
+#: programs at COLUMN_XBLOCK outputs each, narrows its block instead (a squeeze-
+#: excitation block's mean over 14x14 of 16x96 channels-last values: 24 programs of 64
+#: outputs left 108 of 132 multiprocessors idle, 11 us; at 8 outputs, 192 programs)...
+COLUMN_MIN_PROGRAMS = 128
+#: ...down to this many outputs a program (8 bf16 values: one 16-byte vector a row).
+COLUMN_MIN_XBLOCK = 8
 #: Kernels over at least this many elements try a few num_warps on first use (GPU only).
 AUTOTUNE_MIN_NUMEL = 1 << 24
 
@@ -103,6 +110,9 @@ def _blocks(g):
     r2 = pow2(max(rnum, 1))
     if _column(g):
         xb = min(pow2(onum), COLUMN_XBLOCK)
+        if rnum < COLUMN_SPLIT_MIN_RNUM:
+            while xb > COLUMN_MIN_XBLOCK and -(-onum // xb) < COLUMN_MIN_PROGRAMS:
+                xb //= 2
         rb = max(1, min(r2, COLUMN_RBLOCK * COLUMN_XBLOCK // xb))
         return Plan(xb, rb, rb >= rnum, True), onum, rnum
     persistent = r2 <= PERSISTENT_MAX
