@@ -90,6 +90,9 @@ def _wrap_constant(tx, obj, source, g, module_member):
 
 def _wrap_sequence(tx, obj, source, g, module_member):
     t = type(obj)
+    if g and t is tuple and constant_tuple(obj):
+        g.constant_tuple(source, obj)     # one guard for the whole tuple, not per item
+        return _constant_tuple_value(obj, source)
     if g:
         g.type_is(source, t)
         g.length(source, len(obj))
@@ -97,6 +100,32 @@ def _wrap_sequence(tx, obj, source, g, module_member):
     if t is tuple:
         return V.TupleValue(items, source)
     return tx.output.remember(obj, V.ListValue(items, source))
+
+
+#: the item types of a tuple guarded whole (``GuardSet.constant_tuple``): immutable,
+#: compared exactly by ``same_value``; never symbolic (only int arguments are:
+#: ``shapes.policy.int_dynamic``)
+_TUPLE_ITEM_TYPES = (int, float, bool, str, bytes, type(None))
+
+
+def constant_tuple(obj) -> bool:
+    """A plain tuple of constants (and of such tuples), at most 64 items deep in all."""
+    todo, n = [obj], 0
+    while todo:
+        for x in todo.pop():
+            n += 1
+            if type(x) is tuple:
+                todo.append(x)
+            elif type(x) not in _TUPLE_ITEM_TYPES or n > 64:
+                return False
+    return True
+
+
+def _constant_tuple_value(obj, source):
+    """The TupleValue of a tuple guarded whole: its items need no guard of their own."""
+    return V.TupleValue([_constant_tuple_value(x, ItemSource(source, i)) if type(x) is tuple
+                         else V.ConstantValue(x, ItemSource(source, i))
+                         for i, x in enumerate(obj)], source)
 
 
 def _wrap_namedtuple(tx, obj, source, g, module_member):

@@ -75,6 +75,17 @@ class GuardSet:
         self.add(f"{e} {op} {self.const(obj, 'O')}",
                  f"{src.pretty()} is the same object as when compiled ({_short(obj)})", e)
 
+    def constant_tuple(self, src: Source, value: tuple):
+        """A tuple of constants (``builder.constant_tuple``: a convolution's stride, a
+        shape argument): the tuple read at trace time itself, or one equal to it item by
+        item in types and values (``same_value``). One guard, usually an identity test
+        (a module keeps its attribute's tuple), where item by item it was 2 + 2n: type,
+        length, then each item's type and value."""
+        e = src.expr()
+        self.add(f"{e} is {self.const(value, 'v')} or "
+                 f"{self.const(same_value, 'same')}({e}, {self.const(value, 'v')})",
+                 f"{src.pretty()} == {value!r}", e)
+
     def constant(self, src: Source, value):
         e = src.expr()
         if value is None or value is True or value is False or value is Ellipsis:
