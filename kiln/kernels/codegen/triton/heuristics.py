@@ -110,10 +110,14 @@ def _blocks(g):
     r2 = pow2(max(rnum, 1))
     if _column(g):
         xb = min(pow2(onum), COLUMN_XBLOCK)
-        if rnum < COLUMN_SPLIT_MIN_RNUM:
+        rb = max(1, min(r2, COLUMN_RBLOCK * COLUMN_XBLOCK // xb))
+        if rnum < COLUMN_SPLIT_MIN_RNUM and -(-onum // xb) < COLUMN_MIN_PROGRAMS:
             while xb > COLUMN_MIN_XBLOCK and -(-onum // xb) < COLUMN_MIN_PROGRAMS:
                 xb //= 2
-        rb = max(1, min(r2, COLUMN_RBLOCK * COLUMN_XBLOCK // xb))
+            # the block keeps its number of elements whatever the reduced extent, so
+            # short column reductions of one size class share a text (rows past the
+            # extent are masked)
+            rb = COLUMN_RBLOCK * COLUMN_XBLOCK // xb
         return Plan(xb, rb, rb >= rnum, True), onum, rnum
     persistent = r2 <= PERSISTENT_MAX
     rb = r2 if persistent else LOOP_RBLOCK
