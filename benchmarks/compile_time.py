@@ -5,7 +5,8 @@ For each workload and backend, two new Python processes share a fresh, empty cac
 folder (kiln's, Triton's and Inductor's caches all pointed into it): the first compiles
 cold, the second finds everything cached. Each times the first call (capture, autograd,
 kernels, and the call itself, synchronised) after its imports and one eager call (library
-set-up is not compile time); kiln's processes also print ``kiln.compile_times()``.
+set-up is not compile time; that call, eager's own first call in a fresh process, is
+printed beside them); kiln's processes also print ``kiln.compile_times()``.
 The timer starts before the ``compile`` call, so the imports each compiler makes for
 itself count (torch.compile imports its stack there, kiln at its first call).
 
@@ -51,9 +52,13 @@ def call(fn):
         return fn(*args)
 
 
+if device == "cuda":
+    torch.cuda.synchronize()
+te = time.perf_counter()
 ref = call(inst.fn)                 # eager once: library set-up is not compile time
 if device == "cuda":
     torch.cuda.synchronize()
+print(f"eager first call {time.perf_counter() - te:.3f} s")
 t0 = time.perf_counter()
 f = kiln.compile(inst.fn) if backend == "kiln" else torch.compile(inst.fn)
 t1 = time.perf_counter()
@@ -74,6 +79,11 @@ DEFAULT = "sin_cos,softmax,layernorm,gelu_mlp,resnet18/infer"
 def _keys(patterns: str, device: str) -> list:
     from benchmarks.workloads import select
     return [w.key for w in select(device, "all", False, only=patterns.split(","))]
+
+
+def eager_first_call(text: str) -> float | None:
+    m = re.search(r"eager first call ([0-9.]+) s", text)
+    return float(m.group(1)) if m else None
 
 
 def first_call(text: str) -> float | None:
@@ -115,13 +125,17 @@ def main(argv=None):
                     print(f"== {key}: {backend}, {phase} cache ==")
                     print(r.stdout.strip() or r.stderr[-2000:], flush=True)
                     table[key, backend, phase] = first_call(r.stdout)
+                    if phase == "cold":
+                        table.setdefault((key, "eager", "first"), eager_first_call(r.stdout))
     backends = args.backends.split(",")
-    print("\n| workload | " + " | ".join(f"{b} cold | {b} warm" for b in backends)
+    print("\n| workload | eager's first call | " + " | ".join(f"{b} cold | {b} warm" for b in backends)
           + (" | cold ratio |" if len(backends) == 2 else " |"))
-    print("|---" * (1 + 2 * len(backends) + (len(backends) == 2)) + "|")
-    for key in dict.fromkeys(k for k, _, _ in table):
+    print("|---" * (2 + 2 * len(backends) + (len(backends) == 2)) + "|")
+    for key in dict.fromkeys(k for k, b, _ in table if b != "eager"):
         cells = [table.get((key, b, ph)) for b in backends for ph in ("cold", "warm")]
-        row = [f"{c:.2f} s" if c is not None else "failed" for c in cells]
+        eager = table.get((key, "eager", "first"))
+        row = [f"{eager:.3f} s" if eager is not None else "-"]
+        row += [f"{c:.2f} s" if c is not None else "failed" for c in cells]
         if len(backends) == 2:
             a, b = cells[0], cells[2]
             row.append(f"{a / b:.2f}×" if a and b else "-")
