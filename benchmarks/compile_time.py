@@ -87,7 +87,7 @@ def eager_first_call(text: str) -> float | None:
 
 
 def first_call(text: str) -> float | None:
-    m = re.search(r"first call ([0-9.]+) s", text)
+    m = re.search(r"^first call ([0-9.]+) s", text, re.MULTILINE)
     return float(m.group(1)) if m else None
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
+from kiln import gc_pause
+
 Backend = Callable  # (gm: torch.fx.GraphModule, example_inputs: list) -> callable
 
 _registry: dict[str, Backend | str] = {}
@@ -52,7 +54,11 @@ def lookup_backend(backend) -> Backend:
         ) from None
     if isinstance(entry, str):
         mod, _, attr = entry.rpartition(".")
-        entry = getattr(importlib.import_module(mod), attr)
+        # the backend's modules are imported at the first compile: an import of many
+        # modules can set off a full collection, which walks the user's whole heap (a
+        # resnet18 program's: 0.15 s of a 0.38 s warm first call); paused, as compiles are
+        with gc_pause.paused():
+            entry = getattr(importlib.import_module(mod), attr)
         _registry[backend] = entry
     return entry
 

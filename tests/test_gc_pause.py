@@ -79,3 +79,19 @@ def test_paused_while_kernels_build_at_the_first_call(monkeypatch):
     f(xr).sum().backward()
     torch.testing.assert_close(out, f(xr))
     torch.testing.assert_close(x.grad, xr.grad)
+
+
+def test_paused_while_a_named_backend_is_imported(monkeypatch):
+    # kiln.compile imports a named backend's modules on first use: a full collection set
+    # off by that import would walk the user's whole heap before the first call
+    from kiln import backends
+    seen = []
+
+    def import_module(name):
+        seen.append(gc.isenabled())
+        return __import__(name, fromlist=["*"])
+
+    monkeypatch.setattr(backends.importlib, "import_module", import_module)
+    monkeypatch.setitem(backends._registry, "kiln-test-lazy", "kiln.backends.eager")
+    assert backends.lookup_backend("kiln-test-lazy") is backends.eager
+    assert seen == [False] and gc.isenabled()
