@@ -109,7 +109,7 @@ _TUPLE_ITEM_TYPES = (int, float, bool, str, bytes, type(None))
 
 
 def constant_tuple(obj) -> bool:
-    """A plain tuple of constants (and of such tuples), at most 64 items deep in all."""
+    """A plain tuple of constants (and of such tuples), of at most 64 items in all."""
     todo, n = [obj], 0
     while todo:
         for x in todo.pop():
