@@ -81,9 +81,8 @@ class GuardSet:
         item in types and values (``same_value``). One guard, usually an identity test
         (a module keeps its attribute's tuple), where item by item it was 2 + 2n: type,
         length, then each item's type and value."""
-        e = src.expr()
-        self.add(f"{e} is {self.const(value, 'v')} or "
-                 f"{self.const(same_value, 'same')}({e}, {self.const(value, 'v')})",
+        e, c = src.expr(), self.const(value, 'v')
+        self.add(f"{e} is {c} or {self.const(same_value, 'same')}({e}, {c})",
                  f"{src.pretty()} == {value!r}", e)
 
     def constant(self, src: Source, value):

@@ -64,9 +64,6 @@ class OutputGraph:
         #: a size of an input is static only because it is 0 or 1 where the policy
         #: would make it symbolic: this trace is one size of a stream
         self.small_size_of_stream = False
-        #: every graph input's dtype, device, sizes and strides are guarded equal to its
-        #: example's (no symbolic input): every call of the graph has one signature
-        self.pinned_inputs = True
         self._names: set = set()
         self._keepalive: list = []
 
@@ -85,8 +82,6 @@ class OutputGraph:
         if self.policy is not None and self.policy.specialises_small(source, real):
             self.small_size_of_stream = True
         fake = symbolic_fake(self, real, source, dims) if dims else None
-        if fake is not None:
-            self.pinned_inputs = False
         self.guards.tensor(source, real, dynamic=frozenset(dims) if fake is not None else (),
                            layout=None if fake is None or real.is_contiguous() else
                            layout_guards(source, real, dense_order(real), dims))

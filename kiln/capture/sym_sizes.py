@@ -102,7 +102,6 @@ def symbolic_fake(out, real: torch.Tensor, source, dims: dict):
 def int_input(out, value: int, source) -> V.SymIntValue:
     """A Python int argument traced symbolic: a graph input of its own."""
     sym = out.shapes.new_symbol(source.expr(), source.pretty(), value, lo=None, is_int=True)
-    out.pinned_inputs = False
     out.guards.add(f"type({source.expr()}) is int", f"type({source.pretty()}) is int",
                    f"type({source.expr()})")
     node = out.graph.placeholder(out._fresh(source.pretty()))

@@ -187,9 +187,7 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where:
     gm.meta = {"input_sources": [src.pretty() for src, _, _ in out.inputs]}
     example_inputs = [real for _, _, real in out.inputs]
     dynamic = sym_guards.symbolic_inputs(out)
-    # the entry's guards pin every input's signature: the backend need not check it again
-    gm.meta[PINNED_INPUTS] = out.pinned_inputs and not dynamic and all(
-        isinstance(real, torch.Tensor) for real in example_inputs)
+    gm.meta[PINNED_INPUTS] = not dynamic and _pinned(out)
     if dynamic:
         sym_guards.annotate(out, gm)
     if out.op_count() == 0:
@@ -228,6 +226,15 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where:
                                stream="later" if out.small_size_of_stream and not dynamic else None)
     args = ", ".join(src.expr() for src, _, _ in out.inputs)
     return out.autocast.graph_call_lines(cg, f"__o = {name}({args})"), gm
+
+
+def _pinned(out) -> bool:
+    """Do the entry's guards pin every input's signature (the backend need not check it
+    again)? Every input a tensor whose sizes and strides were guarded as they are
+    (``GuardSet.tensor`` without dynamic dims: its example value has int sizes only)."""
+    return all(isinstance(real, torch.Tensor) and not any(
+        isinstance(d, torch.SymInt) for d in node.meta["example_value"].shape)
+        for _, node, real in out.inputs)
 
 
 def _is_method(f, obj, name) -> bool:

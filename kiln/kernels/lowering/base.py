@@ -195,13 +195,19 @@ def channels_last_strides(sizes) -> tuple:
     return (h * w * c, 1, w * c, c)
 
 
+def is_dense_channels_last(sizes, strides) -> bool:
+    """Does ATen see this 4-d layout as channels-last contiguous (dims of size 1 have any
+    stride)? A contiguous 1x1 or depthwise convolution weight is too."""
+    want = channels_last_strides(sizes)
+    return all(int(s) == 1 or int(a) == int(b) for s, a, b in zip(sizes, strides, want))
+
+
 def is_channels_last(sizes, strides) -> bool:
     """A dense 4-d layout with channels innermost (and not also contiguous)."""
     if len(sizes) != 4 or int(sizes[1]) == 1:
         return False
-    want = channels_last_strides(sizes)
-    return all(int(s) == 1 or int(a) == int(b) for s, a, b in zip(sizes, strides, want)) \
-        and tuple(strides) != ir.contiguous_strides(sizes)
+    return is_dense_channels_last(sizes, strides) and \
+        tuple(strides) != ir.contiguous_strides(sizes)
 
 
 def layout_hint(inputs, sizes):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..ops import cast, op
-from .base import Lazy, Unsupported, View, channels_last_strides, is_box, is_channels_last, register
+from .base import (Lazy, Unsupported, View, channels_last_strides, is_box, is_channels_last,
+                   is_dense_channels_last, register)
 
 aten = torch.ops.aten
 
@@ -29,7 +30,7 @@ def _convolution(lo, node, x, w, b, stride, padding, dilation, transposed, outpu
         lazy = x if isinstance(x, Lazy) else Lazy(x.sizes, x.dtype, x.load)
         x = lo.realize(Lazy(lazy.sizes, lazy.dtype, lazy.fn, cl), strides=cl, origin=node.name)
     if is_box(w) and len(w.sizes) == 4 and not (isinstance(w, View) and
-                                                 _dense_channels_last(w.sizes, w.strides)):
+                                                 is_dense_channels_last(w.sizes, w.strides)):
         # cuDNN takes the weight in the input's layout: given a contiguous (NCHW) one,
         # ATen copies it channels-last on every call, in a copy kernel per convolution
         # (17 of resnet18's 20). Our kernel makes that copy instead, vectorised.
@@ -55,11 +56,3 @@ def _convolution(lo, node, x, w, b, stride, padding, dilation, transposed, outpu
     return Lazy(product.sizes, dt,
                 lambda idx: cast(op("add", cast(product.load(idx), dt),
                                     cast(b.load([idx[1]]), dt)), dt), ext.strides)
-
-
-def _dense_channels_last(sizes, strides) -> bool:
-    """Does ATen see this 4-d layout as channels-last contiguous (dims of size 1 have
-    any stride)? Then it passes the tensor to cuDNN as it is. A 1x1 or depthwise
-    weight, contiguous, is also channels-last."""
-    want = channels_last_strides(sizes)
-    return all(int(s) == 1 or int(a) == int(b) for s, a, b in zip(sizes, strides, want))

@@ -240,7 +240,7 @@ class GraphReplay:
         self.calls += 1
         if self.calls == 1:                      # warm-up: compiles, library plans
             if not host_prologue.wanted(rt, args):
-                ptrs = [args[pos].data_ptr() for pos, _ in rt.inputs]
+                ptrs = self._addresses(args)
                 self.from_family = self.family.last_ptrs is not None
                 if self.from_family and self.size_seen and not rt.in_place_inputs:
                     rt.run(args)                 # the warm-up, whose outputs are dropped
@@ -264,7 +264,7 @@ class GraphReplay:
                 self._disable(f"host prologue failed: {type(e).__name__}: {e}")
                 return rt.run(args)
         ptrs = self.host.pointers(rt, args) if host is not None else \
-            list(map(_DATA_PTR, self.pick(args)))
+            self._addresses(args)
         if self.graph is None and self.from_family and host is None:
             return self._family_recording(rt, args, ptrs)
         if self.graph is None:
@@ -309,6 +309,10 @@ class GraphReplay:
         self._write_back(args)
         self.replays += 1
         return self._outputs(rt, args, host)
+
+    def _addresses(self, args) -> list:
+        """The data addresses of this call's inputs, in ``rt.inputs`` order."""
+        return list(map(_DATA_PTR, self.pick(args)))
 
     def _family_recording(self, rt, args, ptrs):
         """The second call of a size variant of a graph whose other variants were
