@@ -299,6 +299,11 @@ class Functionalize:
         if i is not None:
             self.meta_mutations.append((i, func, tuple(args[1:]), dict(kwargs),
                                         self.grad_set))
+            # inputs that are views of the same tensor at run time share its version
+            # counter: eager's op bumps theirs too
+            partners = self.version_partners.get(i)
+            if partners:
+                torch.autograd.graph.increment_version(partners)
         return t
 
     def _check_writes(self, func, targets, read):

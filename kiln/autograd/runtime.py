@@ -22,6 +22,12 @@ does (checked per call, for graphs that write inputs only), the call takes a pat
 traced with the sharing made explicit (``_alias_key``: the other inputs become views
 of a base input inside the graph), or, where that cannot be modelled, runs the
 torch-level graph eagerly (``AotFunction.eager_calls``, logged under "fallbacks").
+In-place geometry changes (``t_``, ``unsqueeze_``…) are replayed on their inputs after
+the forward, bumping the version counter every view of the tensor shares, where eager
+bumps it at the op: a training call where another input shares that counter takes a
+path traced with the bump reaching that input too (``_version_partners``), so that a
+tensor eager saved of it before the change fails the traced backward (the call then runs
+eagerly) and what the backward saves of it is a copy.
 """
 from __future__ import annotations
 
@@ -94,7 +100,8 @@ class _Training:
     def __init__(self, tr: TraceResult, fw_compiler, bw_compiler):
         with timed("aot_partition"):
             part = partition(tr.graph, tr.num_fw_outputs,
-                             {i for i, _ in tr.mutations} | {m[0] for m in tr.meta_mutations},
+                             {i for i, _ in tr.mutations} | {m[0] for m in tr.meta_mutations}
+                             | set(tr.version_partners),
                              copied=tr.copied)
         self.trace = tr
         self.num_saved = len(part.saved)
@@ -375,6 +382,9 @@ class AotFunction:
         self.eager_reasons: list[str] = []
         #: paths traced for inputs sharing storage: alias key -> {pattern: entry}
         self._aliased: dict[tuple, dict] = {}
+        #: training paths traced for inputs sharing a version counter with one whose
+        #: geometry the graph changes: (partners, pattern, grad) -> (entry, trace)
+        self._partnered: dict[tuple, tuple] = {}
         self.fw_compiler = fw_compiler or _default_compiler
         self.bw_compiler = bw_compiler or _default_compiler
         self.inference_compiler = inference_compiler or self.fw_compiler
@@ -397,22 +407,24 @@ class AotFunction:
         if self.shape_env is not None:
             self._entry = symbolic_entry(self._entry)
             self._aliased_entry = refuse_aliased
+            self._partnered_entry = refuse_aliased     # traced per size, as those
         # Compile the path the example inputs ask for now, so errors surface early.
         self._entry(example_inputs)
 
-    def _trace(self, train, pattern=None, aliases=None, grad_at_entry=None):
+    def _trace(self, train, pattern=None, aliases=None, grad_at_entry=None, partners=None):
         """The joint graph of one path, or ``_Eager`` where the tracer cannot express it."""
         if self.shape_env is not None:
             return traced_symbolically(lambda: trace_joint(
                 self.gm, self.examples, train=train, requires_grad=pattern,
                 devices=self.devices, ops=self.ops, aliases=aliases,
-                grad_at_entry=grad_at_entry, shape_env=self.shape_env), self.shape_env)
+                grad_at_entry=grad_at_entry, shape_env=self.shape_env,
+                partners=partners), self.shape_env)
         try:
             with timed("aot_trace"):
                 return trace_joint(self.gm, self.examples, train=train,
                                    requires_grad=pattern, devices=self.devices,
                                    ops=self.ops, aliases=aliases,
-                                   grad_at_entry=grad_at_entry)
+                                   grad_at_entry=grad_at_entry, partners=partners)
         except AotUnsupported as e:
             return _Eager(str(e).split("\n")[0], e.break_id)
 
@@ -473,6 +485,25 @@ class AotFunction:
                     _Inference(tr, self.inference_compiler), tr)
         return paths[path]
 
+    def _partnered_entry(self, args, partners):
+        """The training path for inputs sharing a version counter with one whose geometry
+        the graph changes in place (``_version_partners``), traced on first use."""
+        key = (partners, tuple([isinstance(a, torch.Tensor) and a.requires_grad
+                                for a in args]), torch.is_grad_enabled())
+        path = self._partnered.get(key)
+        if path is None:
+            tr = self._trace(True, key[1], grad_at_entry=key[2],
+                             partners={i: js for i, js in partners})
+            if isinstance(tr, _Eager):
+                path = tr, None
+            elif tr.grad_inputs:
+                path = _Training(tr, self.fw_compiler, self.bw_compiler), tr
+            else:   # not met: the trace without partners had grad inputs (same pattern)
+                path = _Eager("inputs share a version counter with one whose geometry "
+                              "the graph changes in place", "K0112"), None
+            self._partnered[key] = path
+        return path
+
     def __call__(self, *args):
         entry, tr = self._entry(args)
         if tr is not None and tr.mutations and _shares_storage_with_mutated(args,
@@ -482,6 +513,14 @@ class AotFunction:
                 return self._run_eagerly(args, "K0112", "inputs share storage with an input the "
                                                "graph mutates in place")
             entry, tr = self._aliased_entry(args, key)
+        if isinstance(entry, _Training) and tr.meta_mutations:
+            partners = _version_partners(args, tr.meta_mutations)
+            if partners is not None:
+                if tr.mutations and _shares_storage_with_mutated(args, tr.mutations):
+                    return self._run_eagerly(args, "K0112", "inputs share storage with an "
+                                             "input the graph mutates in place and with "
+                                             "one whose geometry it changes in place")
+                entry, tr = self._partnered_entry(args, partners)
         if isinstance(entry, _Eager):
             return self._run_eagerly(args, entry.break_id, entry.reason)
         if tr.storage_inputs and any(args[i].storage_offset() for i in tr.storage_inputs):
@@ -596,6 +635,29 @@ def _shares_storage_with_mutated(args, mutations) -> bool:
         if st.nbytes() and owners.get(st.data_ptr(), 0) > 1:
             return True
     return False
+
+
+def _version_partners(args, meta_mutations):
+    """Which tensor arguments share their version counter (their storage: views of one
+    tensor) with an input whose geometry the graph changes in place, as a hashable
+    ``((i, (j, ...)), ...)``, or None when none does (the common case).
+
+    The runtime replays such a change after the forward, bumping the version of every
+    view of the tensor, which eager bumps at the op: a view of a partner saved for the
+    backward would then be refused by autograd, though eager saved it after the bump."""
+    changed = {m[0] for m in meta_mutations}
+    groups: dict[int, list[int]] = {}
+    for j, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            groups.setdefault(a.untyped_storage()._cdata, []).append(j)
+    if len(groups) == sum(len(g) for g in groups.values()):
+        return None
+    key = []
+    for i in sorted(changed):
+        members = groups.get(args[i].untyped_storage()._cdata, [])
+        if len(members) > 1:
+            key.append((i, tuple(j for j in members if j != i)))
+    return tuple(key) if key else None
 
 
 def _alias_key(args, mutations):

@@ -116,6 +116,10 @@ class TraceResult:
     #: output view chains or geometry changes carry symbolic sizes, made concrete per
     #: call from the inputs' sizes (``symbolic.concrete_steps``)
     symbolic_steps: bool = False
+    #: inputs sharing their version counter with an input whose geometry the runtime
+    #: changes after the forward (``trace_joint(partners=...)``): the replay bumps
+    #: their versions too, so the backward keeps copies of what it saves of them
+    version_partners: tuple = ()
 
     @functools.cached_property
     def plain_outputs(self) -> int | None:
@@ -166,6 +170,9 @@ class _TraceMode(Functionalize, KilnDispatchMode):
         #: in-place geometry changes of inputs, to replay on the real ones:
         #: (input index, op, args after self, kwargs, grad mode set)
         self.meta_mutations: list = []
+        #: input index -> the meta inputs sharing its version counter at run time
+        #: (``trace_joint(partners=...)``), bumped with it by a geometry change
+        self.version_partners: dict[int, list] = {}
         #: inputs addressed by storage offset (as_strided), assumed to start their storage
         self.storage_inputs: set[int] = set()
         #: the grad mode the graph's own ``_set_grad_enabled`` nodes set last (None: the
@@ -480,7 +487,7 @@ class _StandIn(torch.autograd.Function):
 
 def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=None,
                 devices=None, ops=None, aliases=None, grad_at_entry=None,
-                shape_env=None) -> TraceResult:
+                shape_env=None, partners=None) -> TraceResult:
     """Trace ``gm`` on meta copies of ``example_inputs``; with ``train``, also the
     backward for every output that requires grad. See the module docstring.
     ``requires_grad`` and ``devices`` (per input) override the examples' own, so that
@@ -494,7 +501,12 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
     mode the graph starts in (default: ``train``); a training trace may start with grad
     off when the graph turns it on itself (``torch._C._set_grad_enabled`` nodes).
     ``shape_env``: the ``ShapeEnv`` of the examples' symbolic sizes (``symbolic.py``),
-    whose sizes the graph then computes from its inputs (``sym_nodes``)."""
+    whose sizes the graph then computes from its inputs (``sym_nodes``).
+    ``partners``: ``{i: (j, ...)}``, inputs ``j`` sharing input ``i``'s version counter
+    (views of one tensor; ``runtime._version_partners``): an in-place geometry change of
+    ``i`` bumps their versions as eager's does, so that a tensor eager saved of them
+    before it fails the traced backward as it fails eager's (the graph then runs
+    eagerly, ``K0111``)."""
     ops = opinfo.op_set(ops)
     if _names_meta_device(gm):
         raise AotUnsupported("K0110", "the graph moves tensors to the meta device, the device "
@@ -555,6 +567,11 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
             else:
                 metas[i] = aten.as_strided.default(metas[base], *geometry)
         mode.input_of[id(metas[i])] = i
+
+    for i, js in (partners or {}).items():
+        if isinstance(metas[i], torch.Tensor):
+            mode.version_partners[i] = [metas[j] for j in js
+                                        if isinstance(metas[j], torch.Tensor)]
 
     entry_mode = train if grad_at_entry is None else grad_at_entry
     with torch.set_grad_enabled(entry_mode), mode, _attention_mode(mode):
@@ -700,7 +717,8 @@ def trace_joint(gm: fx.GraphModule, example_inputs, train: bool, requires_grad=N
                        mutations, differentiable, grad_inputs, grad_deps,
                        mode.meta_mutations, sorted(mode.storage_inputs), copied,
                        witnesses, mode.sym is not None and _symbolic_steps(
-                           specs, mode.meta_mutations))
+                           specs, mode.meta_mutations),
+                       tuple(sorted({j for js in (partners or {}).values() for j in js})))
 
 
 def _symbolic_steps(specs, meta_mutations) -> bool:

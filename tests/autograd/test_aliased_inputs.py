@@ -11,6 +11,7 @@ an aliased input requiring grad…), runs the torch-level graph eagerly
 """
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.fx as fx
 
@@ -185,3 +186,76 @@ def test_unmodelled_aliasing_runs_eagerly():
     ref, = f(*b)
     assert_close(out, ref)
     assert fn.eager_calls == 1
+
+
+# --- in-place geometry changes of an input another input views (fuzz seed 1354) ----
+# ``unsqueeze_`` bumps the version counter every view of the tensor shares. Eager bumps
+# it at the op; the runtime replays the change after the forward, so a view of the
+# changed input saved for the backward (``max`` saves ``v``) was refused by autograd
+# ("modified by an inplace operation") where eager's backward runs. Such calls take a
+# path traced with the partners' versions bumped too (``AotFunction._partnered``).
+
+def _change_then_save(e, v):
+    e.unsqueeze_(-1)
+    e.transpose_(0, -1)
+    return (torch.max(v) * v.sin().sum(), e + 1)
+
+
+def _save_then_change(e, v):
+    m = torch.max(v)
+    e.unsqueeze_(-1)
+    return (m,)
+
+
+def _views_of_one(expand):
+    b = torch.tensor([1., 2.], requires_grad=True)
+    x = b * 1
+    if expand:
+        x = x.expand(3, 2)
+    return b, (x, x[None])
+
+
+def _training_outcome(f, fn, expand):
+    b, args = _views_of_one(expand)
+    outs = fn(*args)
+    facts = [(a.shape, a.stride(), a._version) for a in args]
+    sum(o.sum() for o in outs).backward()
+    return outs, facts, b.grad
+
+
+def test_geometry_change_of_a_viewed_input_in_training():
+    for expand in (False, True):
+        gm = fx.symbolic_trace(_change_then_save)
+        fn = aot_eager(gm, list(_views_of_one(expand)[1]))
+        for _ in range(2):                  # the partnered path, then its reuse
+            out, facts, grad = _training_outcome(_change_then_save, fn, expand)
+            ref, ref_facts, ref_grad = _training_outcome(_change_then_save,
+                                                         _change_then_save, expand)
+            for x, y in zip(out, ref):
+                assert_close(x, y)
+            assert facts == ref_facts
+            assert_close(grad, ref_grad)
+        assert fn.eager_calls == 0 and len(fn._partnered) == 1
+
+
+def test_view_saved_before_the_geometry_change_fails_as_in_eager():
+    gm = fx.symbolic_trace(_save_then_change)
+    fn = aot_eager(gm, list(_views_of_one(False)[1]))
+    for f in (_save_then_change, fn):
+        _, args = _views_of_one(False)
+        out = f(*args)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out[0].backward()
+    assert fn.eager_calls == 1      # the traced backward fails too: eager runs it
+
+
+def test_user_write_after_the_call_fails_the_backward_as_in_eager():
+    gm = fx.symbolic_trace(_change_then_save)
+    fn = aot_eager(gm, list(_views_of_one(False)[1]))
+    for f in (_change_then_save, fn):
+        b, args = _views_of_one(False)
+        out = f(*args)
+        with torch.no_grad():
+            args[0].add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out[0].backward()

@@ -3,9 +3,10 @@
 Views and indexing: view/reshape/permute/transpose/expand/unsqueeze/flatten/chunk/
 split/unbind, basic and advanced indexing, setitem, in-place ops through views.
 """
+import pytest
 import torch
 
-from .harness import T, check, shapes
+from .harness import T, check, flip, shapes
 
 
 def test_view_reshape():
@@ -177,3 +178,53 @@ def test_getitem_tuple_variable():
         idx = (slice(None), 1)
         return x[idx], x[(0,)]
     check(f, shapes((3, 3)), graphs=1, breaks=0)
+
+
+# --- in-place geometry changes of a view another input aliases (fuzz seed 1354) -------
+# After the break, ``e`` and ``v`` (a view of it) are separate inputs of the resumed
+# graph sharing one version counter. ``unsqueeze_``/``transpose_`` bump it in eager
+# before ``max`` saves ``v``; kiln replays them on ``e`` after its graph, and saved ``v``
+# at the version before: the backward was refused ("modified by an inplace operation").
+
+def _geometry_after_break(b):
+    e = (b * 1).expand(1, 5, 2)
+    v = e[None]
+    if e.sum().item() > 0:
+        w = v * 2
+    else:
+        w = v * 3
+    e.unsqueeze_(-1)
+    e.transpose_(3, 1)
+    m = torch.max(v)
+    return e + m, w, e.shape, e.stride()
+
+
+def _saved_before_geometry(b):
+    e = (b * 1).expand(1, 5, 2)
+    v = e[None]
+    if e.sum().item() > 0:
+        pass
+    m = torch.max(v)            # saves v before e's geometry changes: eager's backward fails
+    e.unsqueeze_(-1)
+    return m
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_geometry_change_of_an_input_another_views(backend):
+    check(_geometry_after_break, lambda i: (flip(i, T(2)).requires_grad_(),), backend=backend,
+          backward=True)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_geometry_change_after_a_view_of_it_was_saved(backend):
+    import kiln
+    kiln.reset()
+    try:
+        cfn = kiln.compile(_saved_before_geometry, backend=backend)
+        for fn in (_saved_before_geometry, cfn):
+            b = T(2).requires_grad_()
+            out = fn(b)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                out.backward()
+    finally:
+        kiln.reset()
