@@ -86,6 +86,14 @@ regional: bool = _env_bool("KILN_REGIONAL", True)
 #: Pause Python's cyclic garbage collector while a frame compiles: its full collections
 #: walk the whole heap, the user's model included (capture/gc_pause.py) (KILN_PAUSE_GC).
 pause_gc: bool = _env_bool("KILN_PAUSE_GC", True)
+#: Check entries' tensor guards (dtype, device, sizes, strides, requires_grad) in a small
+#: C++ library built once per installation, instead of six Python checks a tensor
+#: (capture/native_guards.py) (KILN_NATIVE_GUARDS).
+native_guards: bool = _env_bool("KILN_NATIVE_GUARDS", True)
+#: Where that library is kept: kiln's own code, so not under cache_dir (KILN_NATIVE_DIR).
+native_dir: str = _env_str(
+    "KILN_NATIVE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "kiln-native")
+)
 
 # --- autograd ------------------------------------------------------------------
 #: Recompute cheap pointwise ops in the backward rather than saving them

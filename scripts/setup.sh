@@ -13,6 +13,9 @@ if ! $PY -c "import torch, torchvision" >/dev/null 2>&1; then
 fi
 $PY -m pip install -q bytecode networkx sympy numpy scipy pytest pytest-xdist transformers timm matplotlib tabulate
 $PY -c "import torch, bytecode, transformers; print('kiln setup: torch', torch.__version__, '| bytecode', bytecode.__version__, '| transformers', transformers.__version__)"
+# kiln's C++ tensor guards, built once per installation (kiln/capture/native_guards.py);
+# without a compiler kiln keeps its Python guards, so this never fails the set-up
+$PY -c "from kiln.capture.native_guards import main; main()" || true
 # Headless Chromium renders the KILN_TRACE report in tests/debug/test_html_report.py
 # (skipped without it). Best effort: only as root with apt-get, never failing the setup;
 # KILN_SETUP_NO_CHROMIUM=1 skips it.

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kiln.capture import global_state
+from kiln.capture import global_state, native_guards
 from kiln.capture.fake import autograd_standing
 from kiln.capture.sources import Source
 
@@ -37,6 +37,8 @@ class GuardSet:
     _seen: set = field(default_factory=set)
     _const_ids: dict = field(default_factory=dict)
     _reserved: set = field(default_factory=set)
+    #: source expression -> (native_guards spec, the guard codes it stands for)
+    tensor_specs: dict = field(default_factory=dict)
 
     def const(self, obj, hint="c") -> str:
         key = id(obj)
@@ -62,11 +64,22 @@ class GuardSet:
         self._seen.add(code)
         self.guards.append(Guard(code, description, lhs))
 
+    def drop_since(self, first: int) -> None:
+        """Forget the guards added from index ``first`` on (a value whose guards another
+        one implies: an ndarray's tensor view, a random draw's result), with the
+        tensor specs that stood for them."""
+        dropped = {g.code for g in self.guards[first:]}
+        self._seen -= dropped
+        del self.guards[first:]
+        for e in [e for e, (_, codes) in self.tensor_specs.items() if dropped.intersection(codes)]:
+            del self.tensor_specs[e]
+
     # --- one builder per kind of guard --------------------------------------------
-    def type_is(self, src: Source, cls):
+    def type_is(self, src: Source, cls) -> str:
         e = src.expr()
-        self.add(f"type({e}) is {self.const(cls, 'T')}",
-                 f"type({src.pretty()}) is {cls.__qualname__}", f"type({e})")
+        code = f"type({e}) is {self.const(cls, 'T')}"
+        self.add(code, f"type({src.pretty()}) is {cls.__qualname__}", f"type({e})")
+        return code
 
     def identity(self, src: Source, obj):
         e = src.expr()
@@ -123,12 +136,16 @@ class GuardSet:
         self.add(same, f"keys of {src.pretty()} == {list(keys)}", f"tuple({e})")
 
     def tensor(self, src: Source, t: torch.Tensor, dynamic=(), layout=None):
-        """Type, dtype, device, shape, strides and requires_grad: what a trace assumed."""
+        """Type, dtype, device, shape, strides and requires_grad: what a trace assumed.
+        A static tensor that ``native_guards`` covers also gets a spec in
+        ``tensor_specs``, naming the guards here that its check stands for."""
         e = src.expr()
         p = src.pretty()
-        self.type_is(src, type(t))
-        self.add(f"{e}.dtype is {self.const(t.dtype, 'dt')}", f"{p}.dtype is {t.dtype}", f"{e}.dtype")
-        self.add(f"{e}.device == {self.const(t.device, 'dev')}", f"{p}.device == {t.device}", f"{e}.device")
+        plain = [self.type_is(src, type(t))]    # the guards a native spec stands for
+        plain.append(f"{e}.dtype is {self.const(t.dtype, 'dt')}")
+        self.add(plain[-1], f"{p}.dtype is {t.dtype}", f"{e}.dtype")
+        plain.append(f"{e}.device == {self.const(t.device, 'dev')}")
+        self.add(plain[-1], f"{p}.device == {t.device}", f"{e}.device")
         shape = tuple(t.shape)
         if dynamic:   # its sizes: the size guards (kiln/shapes); its layout: contiguous
             self.add(f"{e}.dim() == {t.dim()}", f"{p}.dim() == {t.dim()}", f"{e}.dim()")
@@ -140,13 +157,17 @@ class GuardSet:
                 if d not in dynamic:
                     self.add(f"{e}.size({d}) == {n}", f"{p}.size({d}) == {n}", f"{e}.size({d})")
         else:
-            self.add(f"{e}.shape == {shape!r}", f"{p}.shape == {shape}", f"tuple({e}.shape)")
             stride = tuple(t.stride())
-            self.add(f"{e}.stride() == {stride!r}", f"{p}.stride() == {stride}", f"{e}.stride()")
+            plain.append(f"{e}.shape == {shape!r}")
+            self.add(plain[-1], f"{p}.shape == {shape}", f"tuple({e}.shape)")
+            plain.append(f"{e}.stride() == {stride!r}")
+            self.add(plain[-1], f"{p}.stride() == {stride}", f"{e}.stride()")
         rg = bool(t.requires_grad)
-        if not rg or isinstance(t, torch.nn.Parameter):
+        plain_rg = not rg or isinstance(t, torch.nn.Parameter)
+        if plain_rg:
             # a parameter (its type guarded above) is a leaf
-            self.add(f"{e}.requires_grad is {rg}", f"{p}.requires_grad is {rg}", f"{e}.requires_grad")
+            plain.append(f"{e}.requires_grad is {rg}")
+            self.add(plain[-1], f"{p}.requires_grad is {rg}", f"{e}.requires_grad")
         elif t.is_leaf:     # in-place ops on it are refused: a trace assumed one or the other
             self.add(f"{e}.requires_grad is True and {e}.is_leaf",
                      f"{p}.requires_grad is True, a leaf", f"({e}.requires_grad, {e}.is_leaf)")
@@ -155,6 +176,8 @@ class GuardSet:
             what = "a view of a leaf" if standing == 1 else "not a leaf"
             self.add(f"{e}.requires_grad is True and {self.const(autograd_standing, 'f')}({e}) == {standing}",
                      f"{p}.requires_grad is True, {what}", f"({e}.requires_grad, {e}.is_leaf)")
+        if not dynamic and native_guards.covers(t):
+            self.tensor_specs[e] = (native_guards.spec_of(t, rg if plain_rg else None), tuple(plain))
 
     def grad_mode(self, enabled: bool):
         self.add(f"__torch.is_grad_enabled() is {enabled}",

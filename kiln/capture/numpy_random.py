@@ -77,9 +77,7 @@ def _random_call(fn, tx, *args, **kwargs):
     first = len(g.guards)
     tv = tx.output.input_tensor(_EMPTY.clone() if sample is None else as_tensor(sample.copy()),
                                 RandomCallSource(call, label))
-    for gd in g.guards[first:]:  # its metadata is the call's own: nothing to check
-        g._seen.discard(gd.code)
-    del g.guards[first:]
+    g.drop_since(first)  # its metadata is the call's own: nothing to check
     if sample is None:
         tx.output.op("call_method", "clone", [tv], {})  # so that a graph (and its call) exists
         return V.ConstantValue(None)

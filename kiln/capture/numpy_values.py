@@ -303,9 +303,7 @@ def _wrap_array(tx, arr, source):
     tsrc = NumpyTensorSource(source, g.const(as_tensor, "np_tensor"))
     first = len(g.guards)
     tv = tx.output.input_tensor(as_tensor(arr), tsrc)
-    for gd in g.guards[first:]:  # the tensor's own guards: implied by the array's one
-        g._seen.discard(gd.code)
-    del g.guards[first:]
+    g.drop_since(first)  # the tensor's own guards: implied by the array's one
     dev = numpy_device()
     if dev.type != "cpu":
         tv = tx.output.op("call_method", "to", [tv, V.ConstantValue(dev)], {})

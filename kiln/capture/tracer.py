@@ -24,7 +24,7 @@ from kiln.capture.codegen import EntryCodegen, build_entry, call_at, call_source
 from kiln.capture.errors import RestartWithBreak, SkipFrame, Unsupported, UserException
 from kiln.capture.frame_access import reads_own_frame
 from kiln.capture.backend_call import PINNED_INPUTS, FirstRun, compile_graph
-from kiln.capture import sym_guards
+from kiln.capture import native_guards, sym_guards
 from kiln.backends_dynamic import PerSizeCompiled, wants_concrete_sizes
 from kiln.capture.cells import real_cell
 from kiln.capture.interpreter import Frame, ReturnSignal
@@ -268,7 +268,9 @@ def _finish(fn, code, out, cg, ctx, tail_lines, where, break_info=None, graph=Tr
     ns = cg.ns
     ns.update(out.guards.consts)
     fname = code.co_name if code.co_name.isidentifier() else "__kiln_entry"
-    entry_fn, text = build_entry(code, [gd.code for gd in guards], entry_lines, ns, fname)
+    guard_codes, waiting = native_guards.guard_codes(out.guards, ns)
+    entry_fn, text = build_entry(code, guard_codes, entry_lines, ns, fname)
+    native_guards.watch(entry_fn, waiting)
     entry_fn.__defaults__ = fn.__defaults__
     entry_fn.__kwdefaults__ = fn.__kwdefaults__
     entry = Entry(entry_fn, guards, ns, text, [gm] if gm is not None else [],
