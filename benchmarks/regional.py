@@ -15,6 +15,7 @@ wall time: on a shared machine it varies less.
 
     python -m benchmarks.regional [--layers 2,6,12,24] [--modes infer,train]
                                   [--backends kiln,kiln:noregional,torch.compile] [--repeat 1]
+                                  [--device cpu|cuda]
 
 ``kiln:noregional`` is kiln with ``KILN_REGIONAL=0``. With ``--repeat`` > 1, each cell is
 the minimum (``--stat median``: the median) over that many processes, figure by figure
@@ -41,7 +42,7 @@ CHILD = r"""
 import json, os, resource, statistics, sys, time, warnings
 warnings.filterwarnings("ignore")
 import torch
-backend, layers, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+backend, layers, mode, device = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 hf_logging.set_verbosity_error()
@@ -59,17 +60,21 @@ class LM(torch.nn.Module):
         return self.model(input_ids=input_ids).logits
 
 
-m = LM()
-x = torch.randint(0, 1000, (2, 64))
+m = LM().to(device)
+x = torch.randint(0, 1000, (2, 64), device=device)
 
 
 def call(f):
     if mode == "train":
         y = f(x)
         y.sum().backward()
-        return y.detach()
-    with torch.no_grad():
-        return f(x)
+        y = y.detach()
+    else:
+        with torch.no_grad():
+            y = f(x)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return y
 
 
 t0 = time.perf_counter()
@@ -121,16 +126,17 @@ print("RESULT " + json.dumps(rec))
 STAGES = ("capture", "autograd", "lowering", "codegen", "cxx", "load")
 
 
-def measure(backend: str, layers: int, mode: str) -> dict:
+def measure(backend: str, layers: int, mode: str, device: str = "cpu") -> dict:
     """One process, one fresh cache folder: the child's record (or an error)."""
     with tempfile.TemporaryDirectory(prefix="kiln-regional-") as d:
         env = dict(os.environ, KILN_CACHE_DIR=os.path.join(d, "kiln"),
                    TORCHINDUCTOR_CACHE_DIR=os.path.join(d, "inductor"),
+                   TRITON_CACHE_DIR=os.path.join(d, "triton"),
                    KILN_PERF_FALLBACK="0", TRANSFORMERS_VERBOSITY="error",
                    KILN_REGIONAL="0" if backend == "kiln:noregional" else "1")
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
-        r = subprocess.run([sys.executable, "-c", CHILD, backend, str(layers), mode],
+        r = subprocess.run([sys.executable, "-c", CHILD, backend, str(layers), mode, device],
                            capture_output=True, text=True, env=env)
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -244,6 +250,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stat", choices=("min", "median"), default="min",
                     help="of the --repeat processes, each figure's minimum or median")
     ap.add_argument("--steps", action="store_true", help="time compiled calls, regional on/off")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the model runs (cold compile: the first call of each process)")
     a = ap.parse_args(argv)
     if a.steps:
         layers = [4] if a.layers == ap.get_default("layers") else [int(v) for v in a.layers.split(",")]
@@ -256,7 +264,7 @@ def main(argv=None) -> int:
     recs: dict = {c: [] for c in cells}
     for _ in range(a.repeat):
         for mode, backend, n in cells:
-            rec = measure(backend, n, mode)
+            rec = measure(backend, n, mode, a.device)
             print(json.dumps(rec), file=sys.stderr, flush=True)
             recs[mode, backend, n].append(rec)
     stat = statistics.median if a.stat == "median" else min
