@@ -59,3 +59,24 @@ def sum_inputs(seed=0):
 
 def sum_graph():
     return make_fx(column_sums)(*sum_inputs())
+
+
+def residual_norms(x, a, m, w, bias):
+    """Two residual blocks of a transformer (a residual add then LayerNorm, with a
+    matrix product between them): each block's kernel keeps its mean and variance
+    inside, named after buffers that differ between the blocks (``acc_buf4`` in one,
+    ``acc_buf9`` in the other)."""
+    h = x + a
+    y = torch.nn.functional.layer_norm(h, (h.shape[-1],), w, bias)
+    h2 = h + y @ m
+    return torch.nn.functional.layer_norm(h2, (h2.shape[-1],), w, bias), h2
+
+
+def norm_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(4, 8, 96, generator=g) for _ in range(2)] + \
+        [torch.randn(96, 96, generator=g), torch.randn(96, generator=g), torch.randn(96, generator=g)]
+
+
+def norm_graph():
+    return make_fx(residual_norms)(*norm_inputs())

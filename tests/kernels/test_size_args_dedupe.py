@@ -13,7 +13,7 @@ import pytest
 from kiln.kernels import compile as kc
 from kiln.kernels.codegen.triton.source import layout
 
-from .size_dedupe_cases import FIVE, graph, inputs, sum_graph, sum_inputs
+from .size_dedupe_cases import FIVE, graph, inputs, norm_graph, norm_inputs, sum_graph, sum_inputs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -60,6 +60,21 @@ def test_reductions_named_after_their_buffers_dedupe():
     p = kc.plan(sum_graph(), sum_inputs(), "triton")
     assert len(p.kinfo) == 2, [k[0] for k in p.kinfo]
     assert re.search(r"acc_buf\d+ = ", p.source)
+
+
+def test_repeated_blocks_with_inner_reductions_share_one_kernel():
+    """Two residual + LayerNorm blocks: one kernel text, launched twice, though each
+    copy's mean and variance (kept inside, never stored) are named after its own
+    buffers. Regional compilation on the GPU rests on this: a 24-layer GPT-2 compiled
+    two such kernels more per layer before the dedupe key renamed inner names."""
+    p = kc.plan(norm_graph(), norm_inputs(), "triton")
+    launched = re.findall(r"launch\(rt, (kernel\d+), ", p.source)
+    texts = [_text(p.source, k[0]) for k in p.kinfo]
+    norms = [t for t in texts if "tl.sum" in t]
+    assert len(norms) == 1, [k[0] for k in p.kinfo]
+    assert re.search(r"acc_buf\d+ = ", norms[0])
+    name = re.search(r"def (kernel\d+)\(", norms[0]).group(1)
+    assert launched.count(name) == 2, launched
 
 
 def test_layout_aligns_every_slot():

@@ -44,11 +44,18 @@ def _names_pattern(names: tuple):
 
 
 def _canonical(src: str, name: str, params: list) -> str:
-    """A kernel's text with its name and parameter names made positional and comments
-    dropped: kernels equal under this (the same block of a network repeated) are
-    compiled once. A name is replaced inside the identifiers made from it too (a
-    reduction's accumulator ``acc_buf7``): ``_`` separates, letters and digits do not."""
+    """A kernel's text with its name and parameter names made positional, the graph's
+    buffer names it holds only inside (a reduction it does not store: ``acc_buf54``)
+    numbered in order of first use, and comments dropped: kernels equal under this
+    (the same block of a network repeated) are compiled once. Renaming is one-to-one,
+    so equal texts are the same kernel up to names. A name is replaced inside the
+    identifiers made from it too (``acc_buf7``): ``_`` separates, letters and digits
+    do not."""
     return _canonical_of(src, name, tuple(params))
+
+
+#: the graph's buffer and input names (``buf7``, ``in3``), wherever a kernel uses them
+_BUFFER_NAME = re.compile(r"(?<![A-Za-z0-9])((?:buf|in)\d+)(?![A-Za-z0-9])")
 
 
 @functools.lru_cache(maxsize=512)
@@ -57,8 +64,11 @@ def _canonical_of(src: str, name: str, params: tuple) -> str:
     from ``kiln_ks`` is the same at every size of its class, and the substitution was a
     quarter of the code generator's time for each new size."""
     names = {name: "KERNEL", **{p: f"P{i}" for i, p in enumerate(params)}}
-    pat = _names_pattern(tuple(names))
     body = "\n".join(l for l in src.splitlines() if not l.lstrip().startswith("#"))
+    for m in _BUFFER_NAME.finditer(body):
+        if m.group(1) not in names:
+            names[m.group(1)] = f"LOCAL{len(names)}"
+    pat = _names_pattern(tuple(names))
     return pat.sub(lambda m: names[m.group(1)], body)
 
 
