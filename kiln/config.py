@@ -90,6 +90,9 @@ pause_gc: bool = _env_bool("KILN_PAUSE_GC", True)
 #: C++ library built once per installation, instead of six Python checks a tensor
 #: (capture/native_guards.py) (KILN_NATIVE_GUARDS).
 native_guards: bool = _env_bool("KILN_NATIVE_GUARDS", True)
+#: Tests: evaluate each run of guards the library checks in Python too, on every call,
+#: and raise where the two differ (capture/guard_program.py) (KILN_NATIVE_GUARDS_VERIFY).
+native_guards_verify: bool = _env_bool("KILN_NATIVE_GUARDS_VERIFY", False)
 #: Where that library is kept: kiln's own code, so not under cache_dir (KILN_NATIVE_DIR).
 native_dir: str = _env_str(
     "KILN_NATIVE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "kiln-native")

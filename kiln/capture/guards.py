@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 import torch
 
 from kiln.capture import global_state, native_guards
+from kiln.capture import guard_program as P
 from kiln.capture.fake import autograd_standing
-from kiln.capture.sources import Source
+from kiln.capture.sources import AttrSource, Source
 
 
 @dataclass
@@ -39,6 +40,8 @@ class GuardSet:
     _reserved: set = field(default_factory=set)
     #: source expression -> (native_guards spec, the guard codes it stands for)
     tensor_specs: dict = field(default_factory=dict)
+    #: guard code -> the same guard as checks on access paths (guard_program.py)
+    programs: dict = field(default_factory=dict)
 
     def const(self, obj, hint="c") -> str:
         key = id(obj)
@@ -58,27 +61,36 @@ class GuardSet:
         join the same namespace, never take it."""
         self._reserved.add(name)
 
-    def add(self, code: str, description: str, lhs: str | None = None):
+    def add(self, code: str, description: str, lhs: str | None = None, checks=None):
+        """``checks``: the guard as ((source or path, op, a, b), ...), for
+        ``guard_program``; left out where a source is not a plain access path."""
         if code in self._seen:
             return
         self._seen.add(code)
         self.guards.append(Guard(code, description, lhs))
+        if checks:
+            paths = [c[0] if type(c[0]) is tuple else P.path_of(c[0]) for c in checks]
+            if None not in paths:
+                self.programs[code] = tuple((p, *c[1:]) for p, c in zip(paths, checks))
 
     def drop_since(self, first: int) -> None:
         """Forget the guards added from index ``first`` on (a value whose guards another
         one implies: an ndarray's tensor view, a random draw's result), with the
-        tensor specs that stood for them."""
+        tensor specs and programs that stood for them."""
         dropped = {g.code for g in self.guards[first:]}
         self._seen -= dropped
         del self.guards[first:]
         for e in [e for e, (_, codes) in self.tensor_specs.items() if dropped.intersection(codes)]:
             del self.tensor_specs[e]
+        for code in dropped:
+            self.programs.pop(code, None)
 
     # --- one builder per kind of guard --------------------------------------------
     def type_is(self, src: Source, cls) -> str:
         e = src.expr()
         code = f"type({e}) is {self.const(cls, 'T')}"
-        self.add(code, f"type({src.pretty()}) is {cls.__qualname__}", f"type({e})")
+        self.add(code, f"type({src.pretty()}) is {cls.__qualname__}", f"type({e})",
+                 [(src, P.TYPE_IS, cls, None)])
         return code
 
     def identity(self, src: Source, obj):
@@ -86,7 +98,8 @@ class GuardSet:
         # bound builtin methods are new objects on every read: compare them with ==
         op = "==" if type(obj).__name__ in ("builtin_function_or_method", "method-wrapper") and getattr(obj, "__self__", None) is not None and not isinstance(obj.__self__, type(torch)) else "is"
         self.add(f"{e} {op} {self.const(obj, 'O')}",
-                 f"{src.pretty()} is the same object as when compiled ({_short(obj)})", e)
+                 f"{src.pretty()} is the same object as when compiled ({_short(obj)})", e,
+                 [(src, P.EQ if op == "==" else P.IS, obj, None)])
 
     def constant_tuple(self, src: Source, value: tuple):
         """A tuple of constants (``builder.constant_tuple``: a convolution's stride, a
@@ -96,21 +109,23 @@ class GuardSet:
         length, then each item's type and value."""
         e, c = src.expr(), self.const(value, 'v')
         self.add(f"{e} is {c} or {self.const(same_value, 'same')}({e}, {c})",
-                 f"{src.pretty()} == {value!r}", e)
+                 f"{src.pretty()} == {value!r}", e, [(src, P.IS_OR_CALL, value, same_value)])
 
     def constant(self, src: Source, value):
         e = src.expr()
         if value is None or value is True or value is False or value is Ellipsis:
-            self.add(f"{e} is {value!r}", f"{src.pretty()} is {value!r}", e)
+            self.add(f"{e} is {value!r}", f"{src.pretty()} is {value!r}", e,
+                     [(src, P.IS, value, None)])
             return
         t = type(value)
         if t in (int, str, bytes) or t is float and _plain_float(value):
             self.add(f"type({e}) is {t.__name__} and {e} == {value!r}",
-                     f"{src.pretty()} == {value!r}", e)
+                     f"{src.pretty()} == {value!r}", e, [(src, P.TYPED_EQ, t, value)])
             return
         if t in (float, complex):  # NaN, a signed zero, an infinity
             self.add(f"type({e}) is {t.__name__} and {self.const(same_value, 'same')}({e}, {self.const(value, 'v')})",
-                     f"{src.pretty()} is {_float_words(value)}", e)
+                     f"{src.pretty()} is {_float_words(value)}", e,
+                     [(src, P.TYPED_CALL, t, (same_value, value))])
             return
         # dtype, device, Size, other hashable constants: equality against a stored copy
         self.equal(src, value)
@@ -121,19 +136,34 @@ class GuardSet:
         e = src.expr()
         if _holds_float(value):
             code = f"{self.const(same_value, 'same')}({e}, {self.const(value, 'v')})"
+            check = (src, P.CALL, value, same_value)
         else:
             code = f"{e} == {self.const(value, 'v')}"
-        self.add(code, description or f"{src.pretty()} == {value!r}", e)
+            check = (src, P.EQ, value, None)
+        self.add(code, description or f"{src.pretty()} == {value!r}", e, [check])
 
     def length(self, src: Source, n: int):
         e = src.expr()
-        self.add(f"len({e}) == {n}", f"len({src.pretty()}) == {n}", f"len({e})")
+        self.add(f"len({e}) == {n}", f"len({src.pretty()}) == {n}", f"len({e})",
+                 [(src, P.LEN, n, None)])
 
     def dict_keys(self, src: Source, keys: tuple):
         e = src.expr()
-        same = f"{self.const(same_value, 'same')}(tuple({e}), {self.const(keys, 'k')})" \
-            if _holds_float(keys) else f"tuple({e}) == {self.const(keys, 'k')}"
-        self.add(same, f"keys of {src.pretty()} == {list(keys)}", f"tuple({e})")
+        if _holds_float(keys):
+            same = f"{self.const(same_value, 'same')}(tuple({e}), {self.const(keys, 'k')})"
+            check = (src, P.KEYS_CALL, keys, same_value)
+        else:
+            same = f"tuple({e}) == {self.const(keys, 'k')}"
+            check = (src, P.KEYS, keys, None)
+        self.add(same, f"keys of {src.pretty()} == {list(keys)}", f"tuple({e})", [check])
+
+    def no_forward_hooks(self, src: Source):
+        """An ``nn.Module`` the trace called has no forward (pre-)hooks of its own."""
+        e = src.expr()
+        self.add(f"not {e}._forward_hooks and not {e}._forward_pre_hooks",
+                 f"{src.pretty()} has no forward hooks", None,
+                 [(AttrSource(src, "_forward_hooks"), P.FALSY, None, None),
+                  (AttrSource(src, "_forward_pre_hooks"), P.FALSY, None, None)])
 
     def tensor(self, src: Source, t: torch.Tensor, dynamic=(), layout=None):
         """Type, dtype, device, shape, strides and requires_grad: what a trace assumed.
@@ -181,7 +211,8 @@ class GuardSet:
 
     def grad_mode(self, enabled: bool):
         self.add(f"__torch.is_grad_enabled() is {enabled}",
-                 f"torch.is_grad_enabled() is {enabled}", "__torch.is_grad_enabled()")
+                 f"torch.is_grad_enabled() is {enabled}", "__torch.is_grad_enabled()",
+                 [((("ns", "__torch"), ("attr", "is_grad_enabled"), ("call",)), P.IS, enabled, None)])
 
     def class_attr(self, cls, name: str):
         """``cls.name`` is still what the trace found there (a method it inlined, a
@@ -195,20 +226,24 @@ class GuardSet:
         t = self.const(cls, "T")
         read = f"{t}.{name}" if name.isidentifier() and not keyword.iskeyword(name) \
             else f"getattr({t}, {name!r})"
+        path = (("ns", t), ("attr", name))
         if first is second:
             code = f"{read} is {self.const(first, 'O')}"
+            check = (path, P.IS, first, None)
         elif isinstance(first, types.MethodType) and first.__func__ is second.__func__:
             read += ".__func__"      # a classmethod: bound anew on every read
             code = f"{read} is {self.const(first.__func__, 'O')}"
+            check = (path + (("attr", "__func__"),), P.IS, first.__func__, None)
         else:
             return
         self.add(code, f"{cls.__qualname__}.{name} is the same object as when compiled ({_short(first)})",
-                 read)
+                 read, [check])
 
     def global_state(self, state: tuple):
-        self.add(f"{self.const(global_state.snapshot, 'state')}() == {self.const(state, 'S')}",
-                 f"global torch state is ({global_state.describe(state)})",
-                 f"{self.const(global_state.snapshot, 'state')}()")
+        fn = self.const(global_state.snapshot, 'state')
+        self.add(f"{fn}() == {self.const(state, 'S')}",
+                 f"global torch state is ({global_state.describe(state)})", f"{fn}()",
+                 [((("ns", fn), ("call",)), P.EQ, state, None)])
 
     def expression(self, code: str, description: str, lhs: str | None = None):
         self.add(code, description, lhs)

@@ -103,10 +103,7 @@ def module_getattr(tx, mv, name):
 def _hooks_guard(tx, mv):
     if mv.source is None:
         return
-    e = mv.source.expr()
-    tx.output.guards.expression(
-        f"not {e}._forward_hooks and not {e}._forward_pre_hooks",
-        f"{mv.source.pretty()} has no forward hooks")
+    tx.output.guards.no_forward_hooks(mv.source)
 
 
 @V.rule

@@ -85,12 +85,24 @@ def python_check(specs, tensors) -> bool:
 
 
 # --- entries ----------------------------------------------------------------------------
-def guard_codes(guards, ns: dict) -> tuple[list[str], list | None]:
+def guard_codes(guards, ns: dict, argnames=()) -> tuple[list[str], list | None]:
     """(the entry's guard expressions, specs to watch or None). With the library loaded
     or being built, the covered tensors' metadata guards become one check at the end;
-    otherwise every guard stays as it is."""
+    with it loaded, runs of the other guards become programs (``guard_program``;
+    ``argnames``: the entry's parameters); otherwise every guard stays as it is."""
     codes = [g.code for g in guards.guards]
-    if not guards.tensor_specs or not _usable():
+    if not _usable():
+        return codes, None
+    codes, waiting = _tensor_check(guards, codes, ns)
+    module = _state["module"]
+    if module is not None and guards.programs:
+        from kiln.capture import guard_program
+        codes = guard_program.build(codes, guards.programs, ns, module, set(argnames))
+    return codes, waiting
+
+
+def _tensor_check(guards, codes: list[str], ns: dict) -> tuple[list[str], list | None]:
+    if not guards.tensor_specs:
         return codes, None
     present = set(codes)
     covered, exprs, specs = set(), [], []

@@ -268,7 +268,9 @@ def _finish(fn, code, out, cg, ctx, tail_lines, where, break_info=None, graph=Tr
     ns = cg.ns
     ns.update(out.guards.consts)
     fname = code.co_name if code.co_name.isidentifier() else "__kiln_entry"
-    guard_codes, waiting = native_guards.guard_codes(out.guards, ns)
+    nparams = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) \
+        + bool(code.co_flags & 0x08)
+    guard_codes, waiting = native_guards.guard_codes(out.guards, ns, code.co_varnames[:nparams])
     entry_fn, text = build_entry(code, guard_codes, entry_lines, ns, fname)
     native_guards.watch(entry_fn, waiting)
     entry_fn.__defaults__ = fn.__defaults__
