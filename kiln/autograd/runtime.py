@@ -22,6 +22,9 @@ does (checked per call, for graphs that write inputs only), the call takes a pat
 traced with the sharing made explicit (``_alias_key``: the other inputs become views
 of a base input inside the graph), or, where that cannot be modelled, runs the
 torch-level graph eagerly (``AotFunction.eager_calls``, logged under "fallbacks").
+In a training call, inputs of no elements sharing a storage (a version counter) with a
+written one count too: the copy of the new value bumps the counter after the forward
+saved what the backward needs, where eager bumps it at the op.
 In-place geometry changes (``t_``, ``unsqueeze_``…) are replayed on their inputs after
 the forward, bumping the version counter every view of the tensor shares, where eager
 bumps it at the op: a training call where another input shares that counter takes a
@@ -506,9 +509,9 @@ class AotFunction:
 
     def __call__(self, *args):
         entry, tr = self._entry(args)
-        if tr is not None and tr.mutations and _shares_storage_with_mutated(args,
-                                                                           tr.mutations):
-            key = _alias_key(args, tr.mutations)
+        if tr is not None and tr.mutations and _shares_storage_with_mutated(
+                args, tr.mutations, empty := isinstance(entry, _Training)):
+            key = _alias_key(args, tr.mutations, empty)
             if key is None:
                 return self._run_eagerly(args, "K0112", "inputs share storage with an input the "
                                                "graph mutates in place")
@@ -516,7 +519,7 @@ class AotFunction:
         if isinstance(entry, _Training) and tr.meta_mutations:
             partners = _version_partners(args, tr.meta_mutations)
             if partners is not None:
-                if tr.mutations and _shares_storage_with_mutated(args, tr.mutations):
+                if tr.mutations and _shares_storage_with_mutated(args, tr.mutations, True):
                     return self._run_eagerly(args, "K0112", "inputs share storage with an "
                                              "input the graph mutates in place and with "
                                              "one whose geometry it changes in place")
@@ -613,26 +616,39 @@ def _copy_mutations(args, outs, mutations):
                 args[i].copy_(outs[k])
 
 
-def _shares_storage_with_mutated(args, mutations) -> bool:
+def _storage_key(a: torch.Tensor, empty: bool):
+    """Which storage ``a`` is a view of, for grouping arguments: its address, or with
+    ``empty`` for a storage of no bytes (whose address says nothing) the storage itself,
+    which its views share with their version counter; None where left out."""
+    st = a.untyped_storage()
+    if st.nbytes():
+        return st.data_ptr()
+    return ("empty", st._cdata) if empty else None
+
+
+def _shares_storage_with_mutated(args, mutations, empty=False) -> bool:
     """Does a tensor argument the graph mutates share its storage with another one?
 
     First the common answer, cheaply (an optimizer step passes hundreds of tensors
     every call): the storages' addresses, computed from each tensor's own, all differ.
-    Tensors of no elements are left out there (they read and write nothing)."""
+    Tensors of no elements read and write nothing; they are counted with ``empty``
+    only (a training call): the write-back of a mutation still bumps the version
+    counter every view of the written tensor shares, after the forward saved what the
+    backward needs, where eager bumps it at the op: a saved view of a written one of
+    no elements would fail the backward (fuzz seed 2011)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
     starts = [a.data_ptr() - a.storage_offset() * a.element_size()
-              for a in args if isinstance(a, torch.Tensor) and a.numel()]
-    if len(set(starts)) == len(starts):
+              for a in tensors if a.numel()]
+    if len(set(starts)) == len(starts) and (not empty or len(starts) == len(tensors)):
         return False
-    owners: dict[int, int] = {}
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            st = a.untyped_storage()
-            if st.nbytes():
-                key = st.data_ptr()
-                owners[key] = owners.get(key, 0) + 1
+    owners: dict = {}
+    for a in tensors:
+        key = _storage_key(a, empty)
+        if key is not None:
+            owners[key] = owners.get(key, 0) + 1
     for i, _ in mutations:
-        st = args[i].untyped_storage()
-        if st.nbytes() and owners.get(st.data_ptr(), 0) > 1:
+        key = _storage_key(args[i], empty)
+        if key is not None and owners.get(key, 0) > 1:
             return True
     return False
 
@@ -660,7 +676,7 @@ def _version_partners(args, meta_mutations):
     return tuple(key) if key else None
 
 
-def _alias_key(args, mutations):
+def _alias_key(args, mutations, empty=False):
     """How tensor arguments share storage with the inputs the graph writes, as a
     hashable key ``((base, member, geometry), ...)`` for ``trace_joint(aliases=...)``,
     or None when the tracer cannot model it (the call then runs eagerly).
@@ -669,18 +685,19 @@ def _alias_key(args, mutations):
     *base* (contiguous, storage offset 0) holds every other member's elements (same
     dtype, within its numel), and no member requires grad (a member traced as a view
     of the base would route its gradient into the base's). A member with the base's
-    very geometry is the same tensor (geometry None)."""
-    groups: dict[int, list[int]] = {}
+    very geometry is the same tensor (geometry None). ``empty``: storages of no bytes
+    are grouped too (``_shares_storage_with_mutated``)."""
+    groups: dict = {}
     for j, a in enumerate(args):
         if isinstance(a, torch.Tensor):
-            st = a.untyped_storage()
-            if st.nbytes():
-                groups.setdefault(st.data_ptr(), []).append(j)
+            ptr = _storage_key(a, empty)
+            if ptr is not None:
+                groups.setdefault(ptr, []).append(j)
     key = []
     done = set()
     for i, _ in mutations:
-        ptr = args[i].untyped_storage().data_ptr()
-        members = groups.get(ptr, [])
+        ptr = _storage_key(args[i], empty)
+        members = groups.get(ptr, []) if ptr is not None else []
         if len(members) < 2 or ptr in done:
             continue
         done.add(ptr)

@@ -259,3 +259,64 @@ def test_user_write_after_the_call_fails_the_backward_as_in_eager():
             args[0].add_(1)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             out[0].backward()
+
+
+# --- a written input of no elements that another input views (fuzz seed 2011) -------
+# Writing a tensor of no elements changes no value but still bumps the version counter
+# it shares with every view of its storage. Eager bumps it at the op, before ``mul``
+# saves ``v``; the runtime copies the new value in after the forward had saved ``v`` at
+# the version before, so the backward was refused ("modified by an inplace operation",
+# of a CopySlices output where the storage requires grad). Storage sharing was judged
+# by addresses, leaving out tensors of no elements; a training call now counts them
+# (grouped by their storage): the call takes the aliased path, or runs eagerly where the
+# tracer cannot model it (a view of no elements, an aliased input requiring grad).
+
+def _write_then_save(x, v, w):
+    x.relu_()
+    return (torch.mul(v, w),)
+
+
+def _empty_views(kind, rg):
+    torch.manual_seed(0)
+    base = torch.randn(4 if kind == "slice" else 0, dtype=torch.float64,
+                       requires_grad=rg)
+    v = base * 1 if rg else base
+    x = {"empty": v.unsqueeze(0), "same": v.view(-1), "slice": v[:0]}[kind]
+    w = torch.randn(v.shape, dtype=torch.float64, requires_grad=True)
+    return (base, w), (x, v, w)
+
+
+@pytest.mark.parametrize("kind", ["empty", "same", "slice"])
+@pytest.mark.parametrize("rg", [False, True])
+def test_write_of_no_elements_to_a_viewed_input_in_training(kind, rg):
+    _, args = _empty_views(kind, rg)
+    fn = aot_eager(fx.symbolic_trace(_write_then_save), list(args))
+    results = []
+    for f in (_write_then_save, fn):
+        leaves, args = _empty_views(kind, rg)
+        out, = f(*args)
+        versions = [a._version for a in args]
+        out.backward(torch.ones_like(out))
+        results.append((out, versions, [t.grad for t in leaves]))
+    (out, versions, grads), (ref, ref_versions, ref_grads) = results[1], results[0]
+    assert_close(out, ref)
+    assert versions == ref_versions
+    for g, r in zip(grads, ref_grads):
+        assert (g is None) == (r is None)
+        if r is not None:
+            assert_close(g, r)
+    if kind == "same" and not rg:       # the same tensor twice: the aliased path models it
+        assert fn.eager_calls == 0 and len(fn._aliased) == 1
+    else:
+        assert fn.eager_calls == 1
+
+
+def test_unshared_input_of_no_elements_written_in_training_is_compiled():
+    def f(x, w):
+        x.relu_()
+        return (x * w,)
+    w = torch.randn(0, requires_grad=True)
+    fn = aot_eager(fx.symbolic_trace(f), [torch.randn(0), w])
+    out, = fn(torch.randn(0), w)
+    out.sum().backward()
+    assert w.grad.shape == (0,) and fn.eager_calls == 0

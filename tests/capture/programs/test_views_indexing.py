@@ -228,3 +228,30 @@ def test_geometry_change_after_a_view_of_it_was_saved(backend):
                 out.backward()
     finally:
         kiln.reset()
+
+
+# --- an in-place write of no elements to a view another input aliases (fuzz seed 2011) --
+# After the break, ``x`` and ``u`` (a view of it) are separate inputs of the resumed
+# graph. ``relu_`` of ``u`` writes nothing but bumps the version counter they share, in
+# eager before ``mul`` saves ``x``; kiln copied the write into ``u`` after its graph had
+# saved ``x`` at the version before: the backward was refused ("modified by an inplace
+# operation", of CopySlices). Such a call now runs that graph eagerly.
+
+def _empty_write_after_break(b, w):
+    x = b * 1
+    u = x.unsqueeze(0) if b.numel() == 0 else x[:0]
+    if x.sum().item() > 0:
+        y = x * 2
+    else:
+        y = x * 3
+    u.relu_()
+    return torch.mul(x, w), y
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+@pytest.mark.parametrize("n", [0, 4])
+def test_empty_write_to_an_input_another_views(backend, n):
+    check(_empty_write_after_break,
+          lambda i: (T(n, dtype=torch.float64).requires_grad_(),
+                     T(n, dtype=torch.float64).requires_grad_()),
+          backend=backend, backward=True)
