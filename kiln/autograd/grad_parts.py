@@ -184,4 +184,7 @@ def _present(g: fx.Graph, env: dict, absent: set, a):
         z = g.call_function(aten.zeros.default, (list(v.shape),),
                             {"dtype": v.dtype, "device": a.meta.get("device", v.device)})
     z.meta.update(a.meta)
+    # zeros' own layout (contiguous), not the absent value's: that of an ``expand`` (a
+    # sum's tangent) has stride 0, a buffer no result can be copied into (fuzz seed 2054)
+    z.meta["val"] = v.new_empty(v.shape)
     return z

@@ -464,3 +464,25 @@ def test_a_second_backward_through_a_node_that_saved_only_sizes(backend, monkeyp
     allows, its saved tensors freed (fuzz seed 590 under KILN_DYNAMIC_SHAPES=true)."""
     monkeypatch.setattr(kiln.config, "dynamic_shapes", "true")
     compare(_memo_of_first_call, _with_leaves(lambda: [_leaf(1, 4)]), backend, calls=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_absent_tangent_of_a_sum_is_a_dense_zero(dtype, backend):
+    """The loss reaches only ``2 * x0``: the backward for that tangent alone returns a
+    structural zero for ``x1`` in place of the sum's ``expand`` of its absent tangent.
+    That ``zeros`` kept the expand's layout (stride 0) as its own: the kernels' runtime
+    copied the library's dense zeros into that overlapping layout, which raises (fuzz
+    seed 2054: the backward raised where eager's ran)."""
+    def make():
+        def prog(x0, x1):
+            return x0 + x0, x1.sum()
+        return prog
+
+    def make_inputs():
+        leaves = [torch.randn((), dtype=torch.float32).requires_grad_(),
+                  torch.randn(5, dtype=dtype).requires_grad_()]
+        return list(leaves), leaves
+    with kiln.config.patch(suppress_errors=False):
+        compare(make, make_inputs, backend, pick=lambda outs: outs[:1])
+    kiln.reset()
