@@ -86,9 +86,10 @@ regional: bool = _env_bool("KILN_REGIONAL", True)
 #: Pause Python's cyclic garbage collector while a frame compiles: its full collections
 #: walk the whole heap, the user's model included (capture/gc_pause.py) (KILN_PAUSE_GC).
 pause_gc: bool = _env_bool("KILN_PAUSE_GC", True)
-#: Check entries' tensor guards (dtype, device, sizes, strides, requires_grad) in a small
-#: C++ library built once per installation, instead of six Python checks a tensor
-#: (capture/native_guards.py) (KILN_NATIVE_GUARDS).
+#: Check entries' guards in a small C++ library built once per installation: tensors'
+#: dtype, device, sizes, strides and requires_grad (capture/native_guards.py), and runs
+#: of guards on module types, hooks and attributes (capture/guard_program.py)
+#: (KILN_NATIVE_GUARDS).
 native_guards: bool = _env_bool("KILN_NATIVE_GUARDS", True)
 #: Tests: evaluate each run of guards the library checks in Python too, on every call,
 #: and raise where the two differ (capture/guard_program.py) (KILN_NATIVE_GUARDS_VERIFY).

@@ -388,6 +388,14 @@ def restoring_grad_mode(compiled, mode: bool):
     return call
 
 
+def param_names(code) -> tuple[str, ...]:
+    """Every parameter name of ``code`` (positional, keyword-only, ``*args``, ``**kw``):
+    the names the entry function, which takes ``code``'s signature, binds."""
+    n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) \
+        + bool(code.co_flags & 0x08)
+    return code.co_varnames[:n]
+
+
 def signature_source(code) -> str:
     """The parameter list of ``code`` as source: ``a, b, /, *args, c, **kw``."""
     names = code.co_varnames

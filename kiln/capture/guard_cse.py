@@ -75,6 +75,19 @@ def _matches(code, _memo={}):
     return found
 
 
+def path_prefixes(code) -> set[str]:
+    """The access paths ``code`` reads through, with its paths' roots: ``x.grad is
+    None`` reads through ``x`` (and ``x.grad``, which the set also holds)."""
+    out = set()
+    for _, _, text, prefixes in _matches(code):
+        out.add(_ROOT.match(text).group(0))
+        out.update(prefixes)
+    return out
+
+
+_ROOT = re.compile(r"[A-Za-z_]\w*")
+
+
 def _paths(code):
     found = []
     for _, _, _, prefixes in _matches(code):

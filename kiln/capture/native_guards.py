@@ -9,9 +9,10 @@ TensorImpl: ~2.6 us for all 244.
 
 How an entry uses it (``guard_codes``): the metadata guards of the tensors it covers
 leave the entry's ``and`` chain, and one last guard ``__native_tensors((t0, t1, ...))``
-takes their place, after every other guard; it checks their exact types too. Guards
-are pure, so only their order of evaluation changes (a guard that raises is a miss
-wherever it stands). ``entry.guards`` keeps every Python guard: a miss is still
+takes their place, after every other guard; it checks their exact types too (a
+tensor's type guard stays in the chain where another guard reads through the tensor,
+``x.grad``). Guards are pure, so only their order of evaluation changes (a guard that
+raises is a miss wherever it stands). ``entry.guards`` keeps every Python guard: a miss is still
 explained guard by guard (``first_failure``).
 
 The library is built once per installation (torch, Python, compiler and source are its
@@ -114,6 +115,17 @@ def _tensor_check(guards, codes: list[str], ns: dict) -> tuple[list[str], list |
         covered.update(spec_codes)
     if not specs:
         return codes, None
+    # a guard left in the chain that reads through a covered tensor (``x.grad``) keeps
+    # that tensor's type guard before it, as the chain had it: it never reads an
+    # attribute of an object of another type
+    from kiln.capture.guard_cse import path_prefixes
+    read_through = set()
+    for c in codes:
+        if c not in covered:
+            read_through.update(path_prefixes(c))
+    for expr, (_, spec_codes) in guards.tensor_specs.items():
+        if expr in read_through:
+            covered.discard(spec_codes[0])
     codes = [c for c in codes if c not in covered]
     codes.append(f"{CHECK_NAME}(({', '.join(exprs)},))")
     module = _state["module"]

@@ -20,7 +20,8 @@ import torch.fx as fx
 from kiln.capture import assumptions
 from kiln.capture import values as V
 from kiln.capture.autocast_state import graph_without_autocast
-from kiln.capture.codegen import EntryCodegen, build_entry, call_at, call_source, restoring_grad_mode
+from kiln.capture.codegen import (EntryCodegen, build_entry, call_at, call_source, param_names,
+                                  restoring_grad_mode)
 from kiln.capture.errors import RestartWithBreak, SkipFrame, Unsupported, UserException
 from kiln.capture.frame_access import reads_own_frame
 from kiln.capture.backend_call import PINNED_INPUTS, FirstRun, compile_graph
@@ -268,9 +269,7 @@ def _finish(fn, code, out, cg, ctx, tail_lines, where, break_info=None, graph=Tr
     ns = cg.ns
     ns.update(out.guards.consts)
     fname = code.co_name if code.co_name.isidentifier() else "__kiln_entry"
-    nparams = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) \
-        + bool(code.co_flags & 0x08)
-    guard_codes, waiting = native_guards.guard_codes(out.guards, ns, code.co_varnames[:nparams])
+    guard_codes, waiting = native_guards.guard_codes(out.guards, ns, param_names(code))
     entry_fn, text = build_entry(code, guard_codes, entry_lines, ns, fname)
     native_guards.watch(entry_fn, waiting)
     entry_fn.__defaults__ = fn.__defaults__

@@ -189,3 +189,25 @@ def test_a_corrupt_library_file_is_rejected_never_loaded(library, monkeypatch, t
     shutil.copyfile(good, path)          # the checked copy loads
     assert native_guards._load_built() is True
     assert native_guards._state["status"] == "ready"
+
+
+def test_a_guard_reading_through_a_tensor_keeps_its_type_guard_first(library, monkeypatch):
+    """``x.grad``'s guard reads an attribute of ``x``: ``x``'s type is still checked
+    before it, as the Python chain had it, though the library checks it too (guard
+    programs off, so that the chain is all text)."""
+    from kiln.capture import guard_program
+    monkeypatch.setattr(guard_program, "MIN_RUN", 10 ** 9)
+
+    def f(x):
+        return x * 2 if x.grad is None else x * 3
+
+    compiled = kiln.compile(f, backend="eager")
+    x = torch.randn(3, requires_grad=True)
+    torch.testing.assert_close(compiled(x), f(x))
+    (entry,) = compiled.entries
+    src = entry.source
+    assert native_guards.CHECK_NAME in src
+    type_guard = next(g.code for g in entry.guards if g.code.startswith("type(x) is"))
+    grad_guard = next(g.code for g in entry.guards if "x.grad" in g.code)
+    assert src.index(type_guard) < src.index("x.grad"), src
+    assert grad_guard
