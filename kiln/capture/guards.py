@@ -134,13 +134,16 @@ class GuardSet:
         """``src`` equals ``value`` as the trace saw it: ``==``, unless the value holds
         floats, where NaN must equal NaN and 0.0 must differ from -0.0 (``same_value``)."""
         e = src.expr()
+        code, check = self._equality(e, value, "v", P.EQ, P.CALL)
+        self.add(code, description or f"{src.pretty()} == {value!r}", e, [(src, *check)])
+
+    def _equality(self, read: str, value, hint: str, eq_op: int, same_op: int):
+        """(``read == value`` as code, its program check): ``same_value`` where the value
+        holds floats (NaN equal to NaN, 0.0 different from -0.0)."""
         if _holds_float(value):
-            code = f"{self.const(same_value, 'same')}({e}, {self.const(value, 'v')})"
-            check = (src, P.CALL, value, same_value)
-        else:
-            code = f"{e} == {self.const(value, 'v')}"
-            check = (src, P.EQ, value, None)
-        self.add(code, description or f"{src.pretty()} == {value!r}", e, [check])
+            return (f"{self.const(same_value, 'same')}({read}, {self.const(value, hint)})",
+                    (same_op, value, same_value))
+        return f"{read} == {self.const(value, hint)}", (eq_op, value, None)
 
     def length(self, src: Source, n: int):
         e = src.expr()
@@ -149,13 +152,8 @@ class GuardSet:
 
     def dict_keys(self, src: Source, keys: tuple):
         e = src.expr()
-        if _holds_float(keys):
-            same = f"{self.const(same_value, 'same')}(tuple({e}), {self.const(keys, 'k')})"
-            check = (src, P.KEYS_CALL, keys, same_value)
-        else:
-            same = f"tuple({e}) == {self.const(keys, 'k')}"
-            check = (src, P.KEYS, keys, None)
-        self.add(same, f"keys of {src.pretty()} == {list(keys)}", f"tuple({e})", [check])
+        code, check = self._equality(f"tuple({e})", keys, "k", P.KEYS, P.KEYS_CALL)
+        self.add(code, f"keys of {src.pretty()} == {list(keys)}", f"tuple({e})", [(src, *check)])
 
     def no_forward_hooks(self, src: Source):
         """An ``nn.Module`` the trace called has no forward (pre-)hooks of its own."""
