@@ -183,32 +183,24 @@ FEW_OUTER = os.cpu_count() or 1
 LONG_REDUCTION = 16384
 
 
-#: fp32 sums over more than SHORT_SUM elements are accumulated in blocks of SUM_BLOCK: each
-#: block's partial sum (its loop nest as before, vectorised) is added into the total with a
-#: compensated (Neumaier) add, once per block. One fp32 accumulator over a long reduction
-#: (a BatchNorm mean over N*H*W) loses digits as the total grows; eager PyTorch sums in
-#: cascades for the same reason (and its CPU BatchNorm kernels sum in double). Shorter
-#: sums are one block, accumulated in double (``_acc_ctype``).
-SHORT_SUM = 256
-#: 64, not 256: a float partial over 256 elements still showed where the sum cancels. A
-#: BatchNorm whose input channels all go on to BatchNorms that renormalise them
-#: (densenet121's stem before the dense blocks) has a weight gradient that is zero by
-#: symmetry, all rounding: with 256-element partials kiln's came out 1.7x eager's over ten
-#: draws (``benchmarks.numerics_spread``), 0.89x with 64. The extra flushes cost ~5-10%
-#: of a large BatchNorm training step's CPU time.
-SUM_BLOCK = 64
+#: fp32 sums over more than this many elements (rows, for column reductions) are
+#: accumulated in blocks: each block's partial sum (its loop nest as before, vectorised)
+#: is added into the total with a compensated (Neumaier) add, once per block. One fp32
+#: accumulator over a long reduction (a BatchNorm mean over N*H*W) loses digits as the
+#: total grows; eager PyTorch sums in cascades for the same reason.
+SUM_BLOCK = 256
 #: The same for column reductions, in rows: each column's partial is one scalar chain.
 COLUMN_SUM_ROWS = 64
 
 
-def _sum_blocks(red, block=SUM_BLOCK, short=SHORT_SUM):
+def _sum_blocks(red, block=SUM_BLOCK):
     """Where a long fp32 sum over the loops ``red`` restarts its partial sum: (level,
     chunk). The partial covers loops level..end (the largest such suffix of at most
     ``block`` elements); chunk: the innermost loop alone is longer and is strip-mined
     into chunks of ``block``, one partial per chunk (level is then len(red) - 1). None:
-    the reduction has at most ``short`` elements and is one block, summed as before."""
+    the whole reduction is one block, summed as before."""
     red = [int(s_) for s_ in red]
-    if not red or numel_of(red) <= short:
+    if not red or numel_of(red) <= block:
         return None
     for j in range(1, len(red)):
         if numel_of(red[j:]) <= block:
@@ -433,7 +425,7 @@ class CppKernel:
         out.append(f"{ind}const int64_t xn = std::min<int64_t>({B}, {size(last)} - xb);")
         # long fp32 sums: each column's partial over a block of rows (acc_X_p), added
         # compensated into acc_X / acc_X_c once per block
-        cut = _sum_blocks(red, COLUMN_SUM_ROWS, COLUMN_SUM_ROWS)
+        cut = _sum_blocks(red, COLUMN_SUM_ROWS)
         casc = [n for n in nodes if _compensated(n)] if cut else []
         level, chunk = cut if casc else (None, None)
         casc_names = {n.name for n in casc}
