@@ -130,7 +130,7 @@ def _tensor_check(guards, codes: list[str], ns: dict) -> tuple[list[str], list |
     codes.append(f"{CHECK_NAME}(({', '.join(exprs)},))")
     module = _state["module"]
     if module is not None:
-        ns[CHECK_NAME] = functools.partial(module.check, module.make_specs(specs))
+        ns[CHECK_NAME] = _native_check(module, specs)
         return codes, None
     ns[CHECK_NAME] = functools.partial(python_check, specs)
     return codes, specs
@@ -148,10 +148,13 @@ def watch(entry_fn, specs) -> None:
     _switch(entry_fn, specs)
 
 
+def _native_check(module, specs):
+    return functools.partial(module.check, module.make_specs(specs))
+
+
 def _switch(entry_fn, specs) -> None:
-    module = _state["module"]
     # one dict store: an entry running on another thread sees the old check or the new
-    entry_fn.__globals__[CHECK_NAME] = functools.partial(module.check, module.make_specs(specs))
+    entry_fn.__globals__[CHECK_NAME] = _native_check(_state["module"], specs)
 
 
 def _usable() -> bool:
@@ -167,7 +170,7 @@ def _usable() -> bool:
                 if _state["status"] == "failed":     # on disk, but it does not load
                     return False
                 _state["status"] = "building"
-                threading.Thread(target=_build_in_background, name="kiln-native-guards",
+                threading.Thread(target=_build_and_load, name="kiln-native-guards",
                                  daemon=True).start()
         status = _state["status"]
     return status in ("ready", "building")
@@ -293,10 +296,6 @@ def _switch_waiting() -> None:
         fn = ref()
         if fn is not None:
             _switch(fn, specs)
-
-
-def _build_in_background() -> None:
-    _build_and_load()
 
 
 def ensure_built() -> str | None:
