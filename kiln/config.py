@@ -111,6 +111,10 @@ partition_recompute: bool = _env_bool("KILN_PARTITION_RECOMPUTE", True)
 cache_dir: str = _env_str(
     "KILN_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "kiln")
 )
+#: Remember each traced entry (its guards, entry code and torch-level graph) on disk,
+#: under cache_dir, so that a later process rebuilds it instead of tracing again
+#: (KILN_CAPTURE_CACHE; kiln/capture/capture_cache.py).
+capture_cache: bool = _env_bool("KILN_CAPTURE_CACHE", True)
 #: Remember each graph's lowering, schedule and generated source on disk, under
 #: cache_dir, so that a second process compiling the same graph skips all of it
 #: (KILN_GRAPH_CACHE).

@@ -24,6 +24,7 @@ right; a later process only compiles again.
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import json
 import os
@@ -56,6 +57,22 @@ def key_of(*parts: str) -> str:
         h.update(p.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
+
+
+@functools.lru_cache(None)
+def sources_hash() -> str:
+    """Hash of all of kiln's sources (``.py`` and the C++ headers): an entry made by other
+    kiln code (a plan, a captured entry) is never reused."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for d, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for f in sorted(files):
+            if f.endswith((".py", ".h")):    # prelude.h is in every C++ source
+                path = os.path.join(d, f)
+                with open(path, "rb") as fh:
+                    h.update(os.path.relpath(path, os.path.dirname(root)).encode() + b"\0" + fh.read())
+    return h.hexdigest()
 
 
 def _rel(kind: str, key: str, suffix: str) -> str:

@@ -7,4 +7,7 @@ os.environ.setdefault("KILN_SUPPRESS_ERRORS", "0")
 # tested on its own (tests/kernels/test_perf_fallback.py turns it on); run the suite
 # with KILN_PERF_FALLBACK=1 to exercise it everywhere.
 os.environ.setdefault("KILN_PERF_FALLBACK", "0")
+# A process of the suite must trace what its test compiles (tests count traces, read
+# capture's logs): the capture cache has its own tests (tests/capture/test_capture_cache.py)
+os.environ.setdefault("KILN_CAPTURE_CACHE", "0")
 os.environ.setdefault("KILN_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest-kiln-cache"))

@@ -19,7 +19,7 @@ from kiln import config
 from kiln.capture.codegen import MISS
 from kiln.capture.errors import BackendCompilerFailed, InternalError, SkipFrame, Unsupported
 from kiln import gc_pause
-from kiln.capture import autocast_state, global_state, guard_failures, marks
+from kiln.capture import autocast_state, capture_cache, global_state, guard_failures, marks
 from kiln.capture.guards import Guard, first_failure
 from kiln.capture.tracer import Entry, TraceContext, trace_frame
 from kiln.shapes.env import SpecializedMarkedDim
@@ -72,6 +72,8 @@ class CompiledFunction:
         self.policy = DynamicPolicy()   # which argument sizes trace symbolic (kiln/shapes)
         self._defaults = fn.__defaults__
         self._kwdefaults = fn.__kwdefaults__
+        #: entries of the capture cache not yet met (None: not read yet)
+        self._stored = None
         functools.update_wrapper(self, fn)
         _all_compiled.add(self)
 
@@ -114,6 +116,9 @@ class CompiledFunction:
         why = global_state.eager_reason(state)
         if why is not None:
             return self._run_eagerly_under(state, why, args, kwargs)
+        r = self._from_capture_cache(args, kwargs, bound)
+        if r is not MISS:
+            return r
         _state.depth = getattr(_state, "depth", 0) + 1
         t0 = time.perf_counter()
         traced = trace_dir.begin(self)      # None unless KILN_TRACE is on
@@ -153,6 +158,8 @@ class CompiledFunction:
         self.entries.append(entry)
         self.policy.record(entry, bound)
         r = entry.fn(*args, **kwargs)
+        if r is not MISS and capture_cache.enabled(self):
+            capture_cache.store(self, entry, CompiledFunction)
         if r is MISS:  # a guard that cannot hold right after tracing: a kiln bug
             self.entries.remove(entry)
             reason = first_failure(entry.guards, entry.namespace, bound)
@@ -162,6 +169,26 @@ class CompiledFunction:
                 return self._run_eagerly_after(ex, args, kwargs)
             raise ex
         return r
+
+    def _from_capture_cache(self, args, kwargs, bound):
+        """A stored entry (``capture_cache``) whose guards pass on this call: it joins the
+        entries and runs, as a traced one would; MISS when none does."""
+        if self._stored is None:
+            self._stored = []
+            if capture_cache.enabled(self):
+                with timed("capture cache"), gc_pause.paused():
+                    self._stored = capture_cache.load(self, Entry)
+        for entry in self._stored:
+            r = entry.fn(*args, **kwargs)
+            if r is not MISS:
+                self._stored.remove(entry)
+                self.entries.append(entry)
+                self.policy.record(entry, bound)
+                capture_cache.stats["hits"] += 1
+                log_for("cache").info("capture cache: %s (%s:%d) rebuilt from disk", self.code.co_name,
+                                      self.code.co_filename, self.code.co_firstlineno)
+                return r
+        return MISS
 
     def _run_eagerly_after(self, ex, args, kwargs):
         """kiln failed (its own error, not the program's): this function runs eagerly
@@ -199,6 +226,7 @@ class CompiledFunction:
             self.skip = None
             self.policy = DynamicPolicy()
             self._callees.clear()
+            self._stored = None
         self._defaults, self._kwdefaults = fn.__defaults__, fn.__kwdefaults__
         for e in self.entries:
             e.fn.__defaults__, e.fn.__kwdefaults__ = self._defaults, self._kwdefaults
@@ -329,6 +357,7 @@ def _eager_entry(fn, state, why):
 def reset_all():
     for c in list(_all_compiled):
         c.entries.clear()
+        c._stored = None
         c.skip = None
         c.policy = DynamicPolicy()
         c._callees.clear()

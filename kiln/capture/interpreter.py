@@ -38,6 +38,7 @@ class Frame:
                  closure=None, globals_source=None, fn_value=None, is_generator=False):
         self.output = output
         self.code = code
+        output.traced_codes.add(code)
         self.insts = _decoded(code)
         self.exc_table = _exc_table(code)
         self.f_globals = f_globals

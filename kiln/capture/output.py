@@ -66,6 +66,10 @@ class OutputGraph:
         self.small_size_of_stream = False
         self._names: set = set()
         self._keepalive: list = []
+        #: every code object the trace ran (the capture cache checks their files)
+        self.traced_codes: set = set()
+        #: the graph as handed to the backend (capture_cache.GraphInfo), once compiled
+        self.compiled_graph = None
 
     # --- inputs ------------------------------------------------------------------
     def input_tensor(self, real: torch.Tensor, source) -> V.TensorValue:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from kiln.capture import assumptions
+from kiln.capture import assumptions, capture_cache
 from kiln.capture import values as V
 from kiln.capture.autocast_state import graph_without_autocast
 from kiln.capture.codegen import (EntryCodegen, build_entry, call_at, call_source, param_names,
@@ -65,6 +65,8 @@ class Entry:
     breaks: list = field(default_factory=list)
     #: (source, shape) of each tensor the trace read (automatic dynamic compares them)
     tensor_inputs: list = field(default_factory=list)
+    #: what the capture cache stores of a traced entry (capture_cache.Rebuild)
+    rebuild: object = None
 
 
 class TraceContext:
@@ -213,15 +215,20 @@ def _compile_graph(out: OutputGraph, cg: EntryCodegen, ctx: TraceContext, where:
     eager = gm.forward
     checked = not _is_method(compiled, gm, "forward")  # the eager backend's graph: no check
     on_error = out.grad_mode_on_error()
+    wrappers = []
     if on_error is not None:
         compiled = restoring_grad_mode(compiled, on_error)
         eager = restoring_grad_mode(eager, on_error)
+        wrappers.append(("grad", on_error))
     if out.autocast.used:   # autocast's casts are in the graph: it runs with autocast off
         compiled, eager = graph_without_autocast(compiled), graph_without_autocast(eager)
+        wrappers.append(("amp", None))
     if ctx.recorder is not None:
         ctx.recorder.graphs.append(gm)
         ctx.recorder.compile_time += time.perf_counter() - t0
     name = cg.ref(compiled, "graph")
+    out.compiled_graph = None if dynamic or out.small_size_of_stream else \
+        capture_cache.GraphInfo(name, gm, where, tuple(wrappers))
     if checked:
         cg.ns[name] = FirstRun(compiled, eager, ctx.backend, where, cg.ns, name,
                                stream="later" if out.small_size_of_stream and not dynamic else None)
@@ -268,6 +275,7 @@ def _finish(fn, code, out, cg, ctx, tail_lines, where, break_info=None, graph=Tr
     guards = list(out.guards.guards)
     ns = cg.ns
     ns.update(out.guards.consts)
+    names = frozenset(ns)
     fname = code.co_name if code.co_name.isidentifier() else "__kiln_entry"
     guard_codes, waiting = native_guards.guard_codes(out.guards, ns, param_names(code))
     entry_fn, text = build_entry(code, guard_codes, entry_lines, ns, fname)
@@ -278,6 +286,9 @@ def _finish(fn, code, out, cg, ctx, tail_lines, where, break_info=None, graph=Tr
                   [break_info] if break_info else [])
     entry.tensor_inputs = [(src, tuple(real.shape)) for src, _, real in out.inputs
                            if isinstance(real, torch.Tensor)]
+    entry.rebuild = capture_cache.Rebuild(
+        entry_lines, fname, out.guards, names, out.compiled_graph if gm is not None else None,
+        out.traced_codes, cacheable=gm is None or out.compiled_graph is not None)
     glog = log_for("guards")
     if glog.isEnabledFor(logging.INFO):
         glog.info("guards for %s (%s:%d):\n%s", code.co_name, code.co_filename, code.co_firstlineno,

@@ -30,11 +30,12 @@ def test_graph_cache_key_covers_all_of_kilns_sources(tmp_path, monkeypatch):
     """A plan depends on kiln's meta kernels outside the kernel compiler too."""
     import shutil
 
+    from kiln import disk_cache
     from kiln.kernels.toolchain import graph_cache
     root = tmp_path / "kiln"
     shutil.copytree(graph_cache.__file__.rsplit("/kernels/", 1)[0], root,
                     ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(graph_cache, "__file__", str(root / "kernels" / "graph_cache.py"))
+    monkeypatch.setattr(disk_cache, "__file__", str(root / "disk_cache.py"))
     before = graph_cache._sources_hash.__wrapped__()
     with open(root / "autograd" / "sdpa.py", "a") as f:
         f.write("\n# edited\n")

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils import _pytree as pytree
 
-from ... import config
+from ... import config, disk_cache
 from ...debug.logs import log_for
 from .. import ir
 from . import cxx_build
@@ -76,23 +76,9 @@ class Plan:
 
 
 # --- the key --------------------------------------------------------------------------
-@functools.lru_cache(None)
-def _sources_hash() -> str:
-    """Hash of all of kiln's sources: a plan depends on more than the kernel compiler
-    (the meta kernels of kiln's own ops, fast_meta's layouts, the decompositions), and
-    a plan made by other code planned other dtypes or strides."""
-    # kiln/, not only kiln/kernels/: a plan also depends on how the autograd stage
-    # specialises a graph (autograd/specialize.py) and on kiln/fast_meta.py
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    h = hashlib.sha256()
-    for d, dirs, files in sorted(os.walk(root)):
-        dirs.sort()
-        for f in sorted(files):
-            if f.endswith((".py", ".h")):    # prelude.h is in every C++ source
-                path = os.path.join(d, f)
-                with open(path, "rb") as fh:
-                    h.update(os.path.relpath(path, root).encode() + b"\0" + fh.read())
-    return h.hexdigest()
+#: all of kiln's sources, not only the kernel compiler's: a plan also depends on the meta
+#: kernels of kiln's own ops, fast_meta's layouts, the decompositions
+_sources_hash = disk_cache.sources_hash
 
 
 def _tuned_modules() -> tuple:
