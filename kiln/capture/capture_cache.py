@@ -258,6 +258,7 @@ class _Saver(pickle.Pickler):
         self._name_of = {id(v): k for k, v in ns.items()}
         self.lhs_of = lhs_of
         self.ns = ns
+        self._restricted = None
 
     def _ref(self, obj, spec):
         i = self._ref_ids.get(id(obj))
@@ -336,7 +337,9 @@ class _Saver(pickle.Pickler):
             what = getattr(obj, "__qualname__", None) or type(obj).__qualname__
             raise Uncacheable(f"{name or 'an object'} ({what}) has no name to find it by")
         try:
-            found = eval(expr, {"__builtins__": {}}, _Restricted(self.ns))   # noqa: S307
+            if self._restricted is None:
+                self._restricted = _Restricted(self.ns)
+            found = eval(expr, {"__builtins__": {}}, self._restricted)   # noqa: S307
         except Exception as e:  # noqa: BLE001
             raise Uncacheable(f"{expr} does not read from module dicts only ({type(e).__name__})") from None
         if found is not obj:
@@ -542,7 +545,9 @@ def _resolve_refs(cf, refs, ns_index) -> list:
         except Exception as e:  # noqa: BLE001 -- a name gone: the record does not apply
             raise _Stale(f"{spec[:3]}: {type(e).__name__}: {e}") from None
         done[i] = True
-    env = _Restricted({name: out[i] for name, i in ns_index.items() if done[i]})
+    # references found by name only (never an "lhs" one): module dicts, modules,
+    # classes and functions, as _Restricted admits when storing
+    env = {name: out[i] for name, i in ns_index.items() if done[i]}
     for i in pending:
         expr, fp = refs[i][1], refs[i][2]
         try:
@@ -567,15 +572,16 @@ def _check_fp(obj, fp):
         raise _Stale(f"{obj.__qualname__} changed")
 
 
-def _files_unchanged(files) -> bool:
+def _changed_file(files) -> str | None:
+    """The first source file the trace ran that is not as it was then, or None."""
     for path, mtime, size in files:
         try:
             st = os.stat(path)
         except OSError:
-            return False
+            return path
         if st.st_mtime_ns != mtime or st.st_size != size:
-            return False
-    return True
+            return path
+    return None
 
 
 def _graph_from(record) -> object:
@@ -610,8 +616,9 @@ class LoadedGraph:
     inputs (capture hands it the traced call's), then checked as capture's are
     (``FirstRun``), and put in the entry's namespace in its place."""
 
-    def __init__(self, backend, gm, where, wrappers, namespace, name):
-        self.backend, self.gm, self.where, self.wrappers = backend, gm, where, wrappers
+    def __init__(self, backend, graph_record, where, wrappers, namespace, name):
+        self.backend, self.where, self.wrappers = backend, where, wrappers
+        self.graph_record = graph_record        # rebuilt at the first call (_graph_from)
         self.namespace, self.name = namespace, name
 
     def __call__(self, *args):
@@ -626,11 +633,12 @@ class LoadedGraph:
         state.depth = getattr(state, "depth", 0) + 1      # compiling, as under capture
         try:
             with timed("capture cache: backend"), gc_pause.paused():
-                compiled = compile_graph(self.backend, self.gm, list(args), self.where)
+                gm = _graph_from(self.graph_record)
+                compiled = compile_graph(self.backend, gm, list(args), self.where)
         finally:
             state.depth -= 1
-        eager = self.gm.forward
-        checked = not (getattr(compiled, "__self__", None) is self.gm
+        eager = gm.forward
+        checked = not (getattr(compiled, "__self__", None) is gm
                        and getattr(compiled, "__name__", None) == "forward")
         for kind, arg in self.wrappers:
             if kind == "grad":
@@ -650,24 +658,25 @@ def _entry_from(cf, rec: dict, entry_type):
     from kiln.capture.codegen import build_entry, param_names
     from kiln.capture.guards import GuardSet
 
-    if not _files_unchanged(rec["files"]):
-        raise _Stale("a source file the trace ran changed")
+    changed = _changed_file(rec["files"])
+    if changed is not None:
+        raise _Stale(f"{changed}, whose code the trace ran, changed")
     objs = _resolve_refs(cf, rec["refs"], rec["ns_index"])
     body = _Loader(io.BytesIO(rec["body"]), objs).load()
     ns = dict(body["ns"])
     guards = GuardSet()
     guards.guards, guards.tensor_specs, guards.programs = body["guards"]
     guards._seen = {g.code for g in guards.guards}
-    gm = None
     info = body["graph"]
     if info is not None:
-        gm = _graph_from(_Loader(io.BytesIO(rec["graph"]), objs).load())
-        ns[info["name"]] = LoadedGraph(cf.backend, gm, info["where"], info["wrappers"], ns, info["name"])
+        graph = _Loader(io.BytesIO(rec["graph"]), objs).load()
+        ns[info["name"]] = LoadedGraph(cf.backend, graph, info["where"], info["wrappers"], ns,
+                                       info["name"])
     codes, waiting = native_guards.guard_codes(guards, ns, param_names(cf.code))
     entry_fn, text = build_entry(cf.code, codes, body["lines"], ns, body["fname"])
     native_guards.watch(entry_fn, waiting)
     entry_fn.__defaults__, entry_fn.__kwdefaults__ = cf.fn.__defaults__, cf.fn.__kwdefaults__
-    entry = entry_type(entry_fn, list(guards.guards), ns, text, [gm] if gm is not None else [], [])
+    entry = entry_type(entry_fn, list(guards.guards), ns, text, [], [])
     entry.tensor_inputs = body["tensor_inputs"]
     return entry
 

@@ -11,7 +11,10 @@ module state.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import linecache
+import os
+import sys
 
 import torch
 
@@ -49,12 +52,36 @@ class Program:
         return f"<fuzz-{self.seed}>"
 
     def load(self, graph_break=_no_break) -> dict:
-        """A fresh module namespace holding the program."""
+        """A fresh module namespace holding the program (``FUZZ_PROGRAM_FILES``: as a
+        module imported from a file there, which kiln's capture cache can store)."""
+        files = os.environ.get("FUZZ_PROGRAM_FILES")
+        if files:
+            return self._load_from_file(files, graph_break)
         lines = self.source.splitlines(True)
         linecache.cache[self.filename] = (len(self.source), None, lines, self.filename)
         ns = {"__name__": f"fuzzprog_{self.seed}", "graph_break": graph_break}
         exec(compile(self.source, self.filename, "exec"), ns)
         return ns
+
+    def _load_from_file(self, folder: str, graph_break) -> dict:
+        name = f"fuzzprog_{self.seed}"
+        path = os.path.join(folder, name + ".py")
+        os.makedirs(folder, exist_ok=True)
+        try:
+            with open(path) as f:
+                same = f.read() == self.source
+        except OSError:
+            same = False
+        if not same:          # rewritten only when it differs: its mtime stays the cache's
+            with open(path + ".tmp", "w") as f:
+                f.write(self.source)
+            os.replace(path + ".tmp", path)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        module.graph_break = graph_break
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module.__dict__
 
     def inputs(self, ns: dict, call: int, train: bool):
         """(args, bases, leaves) for call ``call`` (0-based), fresh tensors."""
