@@ -8,6 +8,7 @@ step through a ``torch.amp.GradScaler``: ``scaler.scale(loss).backward()``,
         [--batch B] [--seq S] [--vocab V] [--image PX] [--autocast none|bf16|fp16]
         [--optimizer adamw|adam|sgd] [--foreach auto|on|off] [--device cpu|cuda]
         [--backends eager,torch.compile,torch.compile-ro,kiln] [--runs N] [--json FILE]
+        [--seed N]
 
 The issue's GPU rows: GPT-2 small (12 layers, hidden 768, batch 8 x 512, bf16
 autocast, AdamW), and torchvision resnet18 (random weights, batch 32 of 224 px images,
@@ -20,7 +21,9 @@ autocast, AdamW), and torchvision resnet18 (random weights, batch 32 of 224 px i
     python -m benchmarks.train_step --device cuda --model resnet18 --batch 32 \\
         --autocast fp16 --optimizer sgd --json rn18_fp16.json
 
-Each backend gets a fresh, identically seeded model and optimizer. Reported per backend:
+Each backend gets a fresh, identically seeded model and optimizer (``--seed N``: the
+model's weights from ``torch.manual_seed(N)``, the inputs from a generator seeded N + 1;
+the default 0 is the row as it always was). Reported per backend:
 ``first_s`` (wall time of the first step: tracing, compiling, one step), ``second_s``
 (the second step: an optimizer graph specialised to its now-existing state compiles
 there), ``median_ms`` over ``--runs`` timed steps after warm-up (CUDA events on a GPU),
@@ -80,6 +83,8 @@ def parse(argv=None):
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", default="", help="also write the results here")
+    p.add_argument("--seed", type=int, default=0,
+                   help="weights from torch.manual_seed(SEED), inputs from a generator seeded SEED + 1")
     p.add_argument("--perf-fallback", choices=["default", "on", "off"], default="default",
                    help="kiln's perf fallback (off: the checked steps run kiln's kernels only)")
     p.add_argument("--no-ref64", dest="ref64", action="store_false",
@@ -141,7 +146,7 @@ def _inputs(a, g):
 
 def build(a):
     """A fresh, seeded model on the device, its optimizer, and a few input sets."""
-    torch.manual_seed(0)
+    torch.manual_seed(a.seed)
     model = _MODELS[a.model](a).to(a.device)
     foreach = {"auto": None, "on": True, "off": False}[a.foreach]
     params = model.parameters()
@@ -150,7 +155,7 @@ def build(a):
     else:
         cls = torch.optim.AdamW if a.optimizer == "adamw" else torch.optim.Adam
         opt = cls(params, lr=1e-4, foreach=foreach)
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(a.seed + 1)
     inputs = [tuple(t.to(a.device) for t in _inputs(a, g)) for _ in range(3)]
     return model, opt, inputs
 
