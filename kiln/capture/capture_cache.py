@@ -35,9 +35,6 @@ own frames, symbolic sizes, a backend that is not a registered name, compiles un
 """
 from __future__ import annotations
 
-import enum
-import functools
-import hashlib
 import io
 import os
 import pickle
@@ -48,6 +45,8 @@ from dataclasses import dataclass, field
 import torch
 
 from kiln import config, disk_cache
+from kiln import ref_pickle as R
+from kiln.ref_pickle import Uncacheable
 from kiln.debug.logs import log_for
 
 _log = log_for("cache")
@@ -58,16 +57,7 @@ FORMAT = 1
 MAX_RECORDS = 8
 stats = {"hits": 0, "misses": 0, "stored": 0, "uncacheable": 0}
 
-_PLAIN = (int, float, complex, str, bytes, bool, type(None), type(Ellipsis), slice, range,
-          torch.dtype, torch.device, torch.memory_format, torch.layout, torch.Size)
-_CONTAINERS = (tuple, list, dict, set, frozenset)
-#: kiln's own record types, pickled by value
-_BY_VALUE_MODULES = ("kiln.capture.sources", "kiln.capture.guards", __name__)
 _KILN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class Uncacheable(Exception):
-    """Why an entry cannot be stored."""
 
 
 @dataclass
@@ -89,17 +79,6 @@ class Rebuild:
     graph: GraphInfo | None
     codes: set = field(default_factory=set)   # code objects the trace ran
     cacheable: bool = True          # False: a symbolic graph, a stream size, ...
-
-
-class _NodeRef:
-    """A graph node named in another node's arguments."""
-    __slots__ = ("name",)
-
-    def __init__(self, name):
-        self.name = name
-
-    def __reduce__(self):
-        return (_NodeRef, (self.name,))
 
 
 # --- switches and key --------------------------------------------------------------------
@@ -132,28 +111,6 @@ def _settings() -> str:
     return ";".join(parts)
 
 
-def _code_digest(code) -> str:
-    h = hashlib.sha256()
-    _hash_code(code, h)
-    return h.hexdigest()
-
-
-def _hash_code(code, h) -> None:
-    """What a code object does (``marshal.dumps`` is not stable across processes: it
-    marks objects by their reference counts)."""
-    for part in (code.co_code, code.co_exceptiontable):
-        h.update(len(part).to_bytes(4, "little") + part)
-    h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
-                   code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
-                   code.co_flags, code.co_name, getattr(code, "co_qualname", ""))).encode())
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            h.update(b"code:")
-            _hash_code(c, h)
-        else:
-            h.update(f"{type(c).__qualname__}:{c!r};".encode())
-
-
 def key_of(cf) -> str | None:
     name = backend_name(cf.backend)
     if name is None:
@@ -161,173 +118,38 @@ def key_of(cf) -> str | None:
     code = cf.code
     return disk_cache.key_of(str(FORMAT), disk_cache.sources_hash(), torch.__version__,
                              sys.version, name, code.co_filename,
-                             getattr(code, "co_qualname", code.co_name), _code_digest(code),
+                             getattr(code, "co_qualname", code.co_name), R.code_digest(code),
                              _settings())
 
 
 # --- fingerprints ------------------------------------------------------------------------
-def _plain_repr(v, seen, depth=0) -> str:
-    if depth > 16:
-        raise Uncacheable("a default or closure cell nested too deeply")
-    if type(v) in (tuple, list):
-        return f"{type(v).__name__}(" + ",".join(_plain_repr(x, seen, depth + 1) for x in v) + ")"
-    if type(v) is dict:
-        return "{" + ",".join(f"{_plain_repr(k, seen, depth + 1)}:{_plain_repr(x, seen, depth + 1)}"
-                              for k, x in v.items()) + "}"
-    if isinstance(v, _PLAIN) or isinstance(v, enum.Enum):
-        return f"{type(v).__qualname__}:{v!r}"
-    if isinstance(v, types.FunctionType):
-        return "fn:" + _fingerprint(v, seen, depth + 1)
-    if isinstance(v, (type, types.BuiltinFunctionType, types.ModuleType)):
-        return f"ref:{getattr(v, '__module__', '')}.{getattr(v, '__qualname__', v.__name__)}"
-    raise Uncacheable(f"a function's default or cell holds a {type(v).__qualname__}")
-
-
-def function_fingerprint(fn) -> str:
-    """The function's bytecode, constants, defaults and closure cells (functions there
-    fingerprinted in turn): equal fingerprints, the same behaviour for the same globals."""
-    return _fingerprint(fn, {}, 0)
-
-
-def _fingerprint(fn, seen: dict, depth: int) -> str:
-    if id(fn) in seen:                       # a closure that reaches itself
-        return f"cycle:{seen[id(fn)]}"
-    seen[id(fn)] = len(seen)
-    h = hashlib.sha256()
-    _hash_code(fn.__code__, h)
-    h.update(_plain_repr(fn.__defaults__, seen, depth).encode())
-    h.update(_plain_repr(fn.__kwdefaults__, seen, depth).encode())
-    for cell in fn.__closure__ or ():
-        try:
-            h.update(_plain_repr(cell.cell_contents, seen, depth).encode())
-        except ValueError:
-            h.update(b"<empty cell>")
-    h.update(f"{fn.__module__}.{fn.__qualname__}".encode())
-    return h.hexdigest()
-
-
-def _by_name(obj):
-    """(module, qualified name) that find ``obj`` again, or None: its own qualname, or
-    its name in its module (``F.max_pool2d``, a ``<locals>`` function made at import)."""
-    mod = getattr(obj, "__module__", None)
-    if not isinstance(mod, str):
-        return None
-    for qual in (getattr(obj, "__qualname__", None), getattr(obj, "__name__", None)):
-        if not isinstance(qual, str) or "<" in qual:
-            continue
-        try:
-            if _resolve(mod, qual) is obj:
-                return mod, qual
-        except Exception:  # noqa: BLE001 -- not found: no name for it
-            continue
-    return None
-
-
-def _resolve(mod, qual):
-    m = sys.modules[mod]
-    for part in qual.split("."):
-        m = getattr(m, part)
-    return m
-
-
-def _module_dict_name(d) -> str | None:
-    """The ``sys.modules`` key of the module whose globals ``d`` is, or None."""
-    name = d.get("__name__") if isinstance(d.get("__name__", None), str) else None
-    if name is None:
-        return None
-    if getattr(sys.modules.get(name), "__dict__", None) is d:
-        return name
-    # a module that renames itself (_collections_abc is "collections.abc")
-    for key, m in list(sys.modules.items()):
-        if getattr(m, "__dict__", None) is d:
-            return key
-    return None
-
-
 # --- storing -----------------------------------------------------------------------------
-class _Saver(pickle.Pickler):
-    """Pickles an entry, objects that need finding again as references into ``refs``."""
+class _EntrySaver(R.Saver):
+    """References of an entry: the root function, its globals and closure, and objects
+    its guards compare by identity that only a guard expression names."""
 
-    def __init__(self, f, cf, ns, lhs_of):
-        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+    def __init__(self, f, cf=None, ns=None, lhs_of=None, **kw):
+        super().__init__(f, **kw)
         self.cf = cf
-        self.refs: list = []
-        self._ref_ids: dict = {}
-        self._keep: list = []
-        self.allow_tensors = False
-        self._name_of = {id(v): k for k, v in ns.items()}
-        self.lhs_of = lhs_of
-        self.ns = ns
+        self.ns = ns or {}
+        self.lhs_of = lhs_of or {}
+        self._name_of = {id(v): k for k, v in self.ns.items()}
         self._restricted = None
 
-    def _ref(self, obj, spec):
-        i = self._ref_ids.get(id(obj))
-        if i is None:
-            i = self._ref_ids[id(obj)] = len(self.refs)
-            self.refs.append(spec)
-            self._keep.append(obj)
-        return ("ref", i)
-
-    def persistent_id(self, obj):
-        t = type(obj)
-        if t in _PLAIN or t is _NodeRef:
-            return None
+    def special(self, obj):
         fn = self.cf.fn
         if obj is fn:
-            return self._ref(obj, ("root_fn",))
-        if t is dict:
-            if obj is fn.__globals__:
-                return self._ref(obj, ("root_globals",))
-            name = _module_dict_name(obj)
-            if name is not None:
-                return self._ref(obj, ("moddict", name))
-        if t in _CONTAINERS:
-            if t is tuple and obj is fn.__closure__ and obj:
-                return self._ref(obj, ("root_closure",))
-            if t is not tuple and id(obj) in self._name_of:   # the guards compare it by identity
-                return self._by_lhs(obj)
-            return None
-        if t is types.ModuleType:
-            if sys.modules.get(obj.__name__) is not obj:
-                raise Uncacheable(f"module {obj.__name__} is not the one sys.modules names")
-            return self._ref(obj, ("module", obj.__name__))
-        if t is types.CellType:
-            raise Uncacheable("a closure cell")
-        if isinstance(obj, torch.Tensor):
-            if self.allow_tensors:      # a graph's constant: its value is what it means
-                return None
-            return self._by_lhs(obj)
-        if isinstance(obj, torch._ops.OpOverload):
-            return self._ref(obj, ("op", obj._schema.name, obj._overloadname))
-        if isinstance(obj, torch._ops.OpOverloadPacket):
-            return self._ref(obj, ("op", obj._qualified_op_name, None))
-        if t is types.FunctionType:
-            fp = function_fingerprint(obj)
-            named = _by_name(obj)
-            if named is not None:
-                return self._ref(obj, ("global", *named, fp))
-            return self._by_lhs(obj, fp)
-        if isinstance(obj, type) or t in (types.BuiltinFunctionType, types.BuiltinMethodType) \
-                or t.__name__ in ("wrapper_descriptor", "method_descriptor", "getset_descriptor"):
-            named = _by_name(obj)
-            if named is not None:
-                return self._ref(obj, ("global", *named, None))
-            self_ = getattr(obj, "__self__", None)
-            for mod in (getattr(self_, "__name__", None) if isinstance(self_, types.ModuleType) else None,
-                        getattr(obj, "__module__", None)):
-                # torch.relu: its qualname is _VariableFunctionsClass.relu, found as torch.relu
-                if isinstance(mod, str) and mod in sys.modules and \
-                        getattr(sys.modules[mod], obj.__name__, None) is obj:
-                    return self._ref(obj, ("global", mod, obj.__name__, None))
-            return self._by_lhs(obj)
-        if t is functools.partial or isinstance(obj, enum.Enum) \
-                or t.__module__ == "torch.fx.immutable_collections":   # a node's arguments
-            return None
-        if t.__module__ in _BY_VALUE_MODULES:
-            return None
-        return self._by_lhs(obj)
+            return self.ref(obj, ("root_fn",))
+        if obj is fn.__globals__:
+            return self.ref(obj, ("root_globals",))
+        if type(obj) is tuple and obj and obj is fn.__closure__:
+            return self.ref(obj, ("root_closure",))
+        return None
 
-    def _by_lhs(self, obj, fp=None):
+    def identity_matters(self, obj) -> bool:
+        return id(obj) in self._name_of       # a namespace value the guards compare by identity
+
+    def fallback(self, obj, fp=None):
         """An object the guards read from module dicts: found again by that expression."""
         name = self._name_of.get(id(obj))
         expr = self.lhs_of.get(name) if name is not None else None
@@ -344,14 +166,13 @@ class _Saver(pickle.Pickler):
             raise Uncacheable(f"{expr} does not read from module dicts only ({type(e).__name__})") from None
         if found is not obj:
             raise Uncacheable(f"{expr} reads another object now")
-        return self._ref(obj, ("lhs", expr, fp))
-
+        return self.ref(obj, ("lhs", expr, fp))
 
     def _module_global(self, obj):
         """``__gN['NAME']``: ``obj`` is a global of a module whose dict the entry holds
         (a registry the guards check by size)."""
         for k, d in self.ns.items():
-            if type(d) is dict and _module_dict_name(d) is not None:
+            if type(d) is dict and R.module_dict_name(d) is not None:
                 for gname, v in d.items():
                     if v is obj and isinstance(gname, str):
                         return f"{k}[{gname!r}]"
@@ -365,8 +186,8 @@ class _Restricted(dict):
     def __init__(self, ns):
         super().__init__()
         for k, v in ns.items():
-            if (type(v) is dict and _module_dict_name(v) is not None) or type(v) is types.ModuleType \
-                    or (isinstance(v, (type, types.FunctionType)) and _by_name(v) is not None):
+            if (type(v) is dict and R.module_dict_name(v) is not None) or type(v) is types.ModuleType \
+                    or (isinstance(v, (type, types.FunctionType)) and R.by_name(v) is not None):
                 self[k] = v
 
 
@@ -383,22 +204,6 @@ def _lhs_of(guards) -> dict:
                 if name.isidentifier():
                     out.setdefault(name, g.lhs)
     return out
-
-
-def _graph_record(gm) -> dict:
-    import torch.fx as fx
-    nodes, attrs = [], {}
-    for n in gm.graph.nodes:
-        ref = lambda a: _NodeRef(a.name)   # noqa: E731
-        meta = {k: n.meta[k] for k in ("kiln_user_line", "stack_trace") if k in n.meta}
-        nodes.append((n.op, n.name, n.target, fx.node.map_arg(n.args, ref),
-                      fx.node.map_arg(n.kwargs, ref), meta))
-        if n.op == "get_attr":
-            v = gm
-            for a in n.target.split("."):
-                v = getattr(v, a)
-            attrs[n.target] = v
-    return {"nodes": nodes, "attrs": attrs, "meta": dict(gm.meta)}
 
 
 def _file_stamps(codes) -> list:
@@ -437,22 +242,22 @@ def record_of(cf, entry, frame_type) -> bytes:
             "graph": None if rb.graph is None else
             {"name": rb.graph.name, "where": rb.graph.where, "wrappers": rb.graph.wrappers}}
     f = io.BytesIO()
-    saver = _Saver(f, cf, ns, _lhs_of(g))
+    saver = _EntrySaver(f, cf, ns, _lhs_of(g))
     try:
         saver.dump(body)
         graph_bytes = b""
         if rb.graph is not None:
+            gm = rb.graph.gm
             gf = io.BytesIO()
-            gsaver = _Saver(gf, cf, {}, {})
-            gsaver.refs, gsaver._ref_ids, gsaver._keep = saver.refs, saver._ref_ids, saver._keep
-            gsaver.allow_tensors = True
-            gsaver.dump(_graph_record(rb.graph.gm))
+            _EntrySaver(gf, cf, allow_tensors=True).share(saver).dump(
+                {**R.graph_record(gm.graph, gm, meta_keys=("kiln_user_line", "stack_trace")),
+                 "meta": dict(gm.meta)})
             graph_bytes = gf.getvalue()
     except Uncacheable:
         raise
     except Exception as e:  # noqa: BLE001 -- anything pickle refuses
         raise Uncacheable(f"{type(e).__name__}: {e}") from None
-    ns_index = {k: saver._ref_ids[id(v)] for k, v in ns.items() if id(v) in saver._ref_ids}
+    ns_index = {k: saver.ref_ids[id(v)] for k, v in ns.items() if id(v) in saver.ref_ids}
     return pickle.dumps({"refs": saver.refs, "ns_index": ns_index, "body": f.getvalue(),
                          "graph": graph_bytes, "files": _file_stamps(rb.codes)},
                         protocol=pickle.HIGHEST_PROTOCOL)
@@ -497,79 +302,32 @@ def _read(key) -> list:
 
 
 # --- loading -----------------------------------------------------------------------------
-class _Stale(Exception):
-    """A record that does not apply to this process (a file edited, a name gone)."""
-
-
-class _Loader(pickle.Unpickler):
-    def __init__(self, f, objs):
-        super().__init__(f)
-        self.objs = objs
-
-    def persistent_load(self, pid):
-        return self.objs[pid[1]]
-
-
 def _resolve_refs(cf, refs, ns_index) -> list:
+    """``ref_pickle.resolve_refs`` with the entry's own kinds: the root function's parts,
+    then the guard expressions, read over what was found by name."""
     fn = cf.fn
-    out = [None] * len(refs)
-    done = [False] * len(refs)
+    roots = {"root_fn": fn, "root_globals": fn.__globals__, "root_closure": fn.__closure__}
     pending = []
-    for i, spec in enumerate(refs):
-        kind = spec[0]
-        try:
-            if kind == "root_fn":
-                out[i] = fn
-            elif kind == "root_globals":
-                out[i] = fn.__globals__
-            elif kind == "root_closure":
-                out[i] = fn.__closure__
-            elif kind == "moddict":
-                out[i] = sys.modules[spec[1]].__dict__
-            elif kind == "module":
-                out[i] = sys.modules[spec[1]]
-            elif kind == "op":
-                packet = _resolve("torch", "ops." + spec[1].replace("::", "."))
-                out[i] = packet if spec[2] is None else getattr(packet, spec[2] or "default")
-            elif kind == "global":
-                obj = _resolve(spec[1], spec[2])
-                _check_fp(obj, spec[3])
-                out[i] = obj
-            elif kind == "lhs":
-                pending.append(i)
-                continue
-            else:
-                raise _Stale(f"unknown reference {kind}")
-        except _Stale:
-            raise
-        except Exception as e:  # noqa: BLE001 -- a name gone: the record does not apply
-            raise _Stale(f"{spec[:3]}: {type(e).__name__}: {e}") from None
-        done[i] = True
-    # references found by name only (never an "lhs" one): module dicts, modules,
-    # classes and functions, as _Restricted admits when storing
-    env = {name: out[i] for name, i in ns_index.items() if done[i]}
+
+    def special(i, spec):
+        if spec[0] in roots:
+            return roots[spec[0]]
+        if spec[0] == "lhs":
+            pending.append(i)
+            return None
+        return NotImplemented
+
+    out = R.resolve_refs(refs, special)
+    env = {name: out[i] for name, i in ns_index.items() if i not in pending}
     for i in pending:
         expr, fp = refs[i][1], refs[i][2]
         try:
             obj = eval(expr, {"__builtins__": {}}, env)   # noqa: S307
         except Exception as e:  # noqa: BLE001
-            raise _Stale(f"{expr}: {type(e).__name__}") from None
-        _check_fp(obj, fp)
+            raise R.Stale(f"{expr}: {type(e).__name__}") from None
+        R.check_fingerprint(obj, fp)
         out[i] = obj
     return out
-
-
-def _check_fp(obj, fp):
-    if fp is None:
-        return
-    if type(obj) is not types.FunctionType:
-        raise _Stale("a function is now something else")
-    try:
-        now = function_fingerprint(obj)
-    except Uncacheable as e:
-        raise _Stale(str(e)) from None
-    if now != fp:
-        raise _Stale(f"{obj.__qualname__} changed")
 
 
 def _changed_file(files) -> str | None:
@@ -584,33 +342,6 @@ def _changed_file(files) -> str | None:
     return None
 
 
-def _graph_from(record) -> object:
-    import torch.fx as fx
-    graph = fx.Graph()
-    env = {}
-
-    def node_of(a):
-        return env[a.name] if type(a) is _NodeRef else a
-
-    for op, name, target, args, kwargs, meta in record["nodes"]:
-        n = graph.create_node(op, target, fx.node.map_aggregate(args, node_of),
-                              fx.node.map_aggregate(kwargs, node_of), name=name)
-        n.meta.update(meta)
-        env[name] = n
-    root = torch.nn.Module()
-    for target, value in record["attrs"].items():
-        *path, last = target.split(".")
-        owner = root
-        for p in path:
-            if not hasattr(owner, p):
-                owner.add_module(p, torch.nn.Module())
-            owner = getattr(owner, p)
-        setattr(owner, last, value)
-    gm = fx.GraphModule(root, graph)
-    gm.meta = dict(record["meta"])
-    return gm
-
-
 class LoadedGraph:
     """A cached entry's graph: handed to the backend at its first call with that call's
     inputs (capture hands it the traced call's), then checked as capture's are
@@ -622,6 +353,8 @@ class LoadedGraph:
         self.namespace, self.name = namespace, name
 
     def __call__(self, *args):
+        import torch.fx as fx
+
         from kiln import gc_pause
         from kiln.capture import marks
         from kiln.capture.autocast_state import graph_without_autocast
@@ -633,7 +366,9 @@ class LoadedGraph:
         state.depth = getattr(state, "depth", 0) + 1      # compiling, as under capture
         try:
             with timed("capture cache: backend"), gc_pause.paused():
-                gm = _graph_from(self.graph_record)
+                rec = self.graph_record
+                gm = fx.GraphModule(R.module_with(rec["attrs"]), R.graph_from(rec))
+                gm.meta = dict(rec["meta"])
                 compiled = compile_graph(self.backend, gm, list(args), self.where)
         finally:
             state.depth -= 1
@@ -660,16 +395,16 @@ def _entry_from(cf, rec: dict, entry_type):
 
     changed = _changed_file(rec["files"])
     if changed is not None:
-        raise _Stale(f"{changed}, whose code the trace ran, changed")
+        raise R.Stale(f"{changed}, whose code the trace ran, changed")
     objs = _resolve_refs(cf, rec["refs"], rec["ns_index"])
-    body = _Loader(io.BytesIO(rec["body"]), objs).load()
+    body = R.load(rec["body"], objs)
     ns = dict(body["ns"])
     guards = GuardSet()
     guards.guards, guards.tensor_specs, guards.programs = body["guards"]
     guards._seen = {g.code for g in guards.guards}
     info = body["graph"]
     if info is not None:
-        graph = _Loader(io.BytesIO(rec["graph"]), objs).load()
+        graph = R.load(rec["graph"], objs)
         ns[info["name"]] = LoadedGraph(cf.backend, graph, info["where"], info["wrappers"], ns,
                                        info["name"])
     codes, waiting = native_guards.guard_codes(guards, ns, param_names(cf.code))
@@ -692,7 +427,7 @@ def load(cf, entry_type) -> list:
         try:
             rec = pickle.loads(raw)
             entries.append(_entry_from(cf, rec, entry_type))
-        except _Stale as e:
+        except R.Stale as e:
             _log.info("capture cache: a record of %s does not apply: %s", cf.code.co_name, e)
         except Exception as e:  # noqa: BLE001 -- a record that does not load is a miss
             _log.info("capture cache: a record of %s does not load: %s: %s", cf.code.co_name,
