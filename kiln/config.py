@@ -115,6 +115,9 @@ cache_dir: str = _env_str(
 #: under cache_dir, so that a later process rebuilds it instead of tracing again
 #: (KILN_CAPTURE_CACHE; kiln/capture/capture_cache.py).
 capture_cache: bool = _env_bool("KILN_CAPTURE_CACHE", True)
+#: Remember each graph's autograd trace (its aten graph and what the runtime needs to
+#: call it) on disk, under cache_dir (KILN_TRACE_CACHE; kiln/autograd/trace_cache.py).
+trace_cache: bool = _env_bool("KILN_TRACE_CACHE", True)
 #: Remember each graph's lowering, schedule and generated source on disk, under
 #: cache_dir, so that a second process compiling the same graph skips all of it
 #: (KILN_GRAPH_CACHE).

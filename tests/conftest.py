@@ -8,6 +8,8 @@ os.environ.setdefault("KILN_SUPPRESS_ERRORS", "0")
 # with KILN_PERF_FALLBACK=1 to exercise it everywhere.
 os.environ.setdefault("KILN_PERF_FALLBACK", "0")
 # A process of the suite must trace what its test compiles (tests count traces, read
-# capture's logs): the capture cache has its own tests (tests/capture/test_capture_cache.py)
+# capture's logs, patch kiln's tracing): those caches have their own tests
+# (tests/capture/test_capture_cache.py, tests/autograd/test_trace_cache.py)
 os.environ.setdefault("KILN_CAPTURE_CACHE", "0")
+os.environ.setdefault("KILN_TRACE_CACHE", "0")
 os.environ.setdefault("KILN_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest-kiln-cache"))

@@ -43,6 +43,7 @@ from kiln.autograd.grad_parts import free_symbols, restrict_backward, split
 from kiln.autograd.partition import partition
 from kiln.autograd.eager_saved import Witnesses
 from kiln.autograd.functionalize import AotUnsupported, replay_in_modes
+from kiln.autograd import trace_cache
 from kiln.autograd.trace import TraceResult, _meta_copy, trace_joint
 from kiln.autograd.specialize import per_size
 from kiln.autograd.symbolic import (aot_compile_dynamic, capture_env, concrete_steps,
@@ -424,10 +425,14 @@ class AotFunction:
                 partners=partners), self.shape_env)
         try:
             with timed("aot_trace"):
-                return trace_joint(self.gm, self.examples, train=train,
-                                   requires_grad=pattern, devices=self.devices,
-                                   ops=self.ops, aliases=aliases,
-                                   grad_at_entry=grad_at_entry, partners=partners)
+                return trace_cache.traced(
+                    lambda: trace_joint(self.gm, self.examples, train=train,
+                                        requires_grad=pattern, devices=self.devices,
+                                        ops=self.ops, aliases=aliases,
+                                        grad_at_entry=grad_at_entry, partners=partners),
+                    self.gm, self.examples, self.devices, self.ops, train=train,
+                    pattern=pattern, aliases=aliases, grad_at_entry=grad_at_entry,
+                    partners=partners)
         except AotUnsupported as e:
             return _Eager(str(e).split("\n")[0], e.break_id)
 
