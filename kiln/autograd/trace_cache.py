@@ -168,9 +168,9 @@ def traced(run, gm, examples, devices, ops, **params):
         return run()
     try:
         key = key_of(gm, examples, devices, ops, params)
-    except R.Uncacheable as e:
+    except Exception as e:  # noqa: BLE001 -- Uncacheable, or a target pickle refuses
         stats["uncacheable"] += 1
-        _log.info("aot trace cache: not cached: %s", e)
+        _log.info("aot trace cache: not cached: %s: %s", type(e).__name__, e)
         return run()
     got = disk_cache.read_entry(KIND, key, ".pkl")
     if got is not None:
@@ -192,6 +192,6 @@ def traced(run, gm, examples, devices, ops, **params):
         except R.Uncacheable as e:
             stats["uncacheable"] += 1
             _log.info("aot trace cache: not storing: %s", e)
-        except OSError as e:
+        except (OSError, pickle.PicklingError, TypeError, AttributeError) as e:
             _log.info("aot trace cache: cannot store: %s", e)
     return tr

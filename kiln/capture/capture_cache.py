@@ -235,6 +235,8 @@ def record_of(cf, entry, frame_type) -> bytes:
     for k, v in ns.items():
         if isinstance(v, frame_type):
             raise Uncacheable("a callee compiled as its own frame")
+    if rb.graph is not None and not rb.lines[0].startswith(f"__o = {rb.graph.name}("):
+        raise Uncacheable("the graph call is not the entry's first step")
     g = rb.guards
     body = {"lines": rb.lines, "fname": rb.fname, "ns": ns,
             "guards": (g.guards, g.tensor_specs, g.programs),
@@ -266,15 +268,19 @@ def record_of(cf, entry, frame_type) -> bytes:
 def store(cf, entry, frame_type) -> None:
     """Add ``entry`` of the compiled function ``cf`` to the records of its key (a failure
     to store is only logged); ``frame_type``: eval_frame's CompiledFunction."""
-    key = key_of(cf)
-    if key is None:
-        return
     where = f"{cf.code.co_name} ({cf.code.co_filename}:{cf.code.co_firstlineno})"
     try:
+        key = key_of(cf)
+        if key is None:
+            return
         rec = record_of(cf, entry, frame_type)
     except Uncacheable as e:
         stats["uncacheable"] += 1
         _log.info("capture cache: not storing %s: %s", where, e)
+        return
+    except Exception as e:  # noqa: BLE001 -- storing never fails the user's call
+        stats["uncacheable"] += 1
+        _log.warning("kiln: capture cache: cannot store %s: %s: %s", where, type(e).__name__, e)
         return
     records = [r for r in _read(key) if r != rec][-(MAX_RECORDS - 1):] + [rec]
     try:
@@ -342,6 +348,11 @@ def _changed_file(files) -> str | None:
     return None
 
 
+class LoadFailed(Exception):
+    """A stored entry's graph did not compile: nothing of the entry ran (its graph call
+    is its first step), so the call is traced instead."""
+
+
 class LoadedGraph:
     """A cached entry's graph: handed to the backend at its first call with that call's
     inputs (capture hands it the traced call's), then checked as capture's are
@@ -370,6 +381,8 @@ class LoadedGraph:
                 gm = fx.GraphModule(R.module_with(rec["attrs"]), R.graph_from(rec))
                 gm.meta = dict(rec["meta"])
                 compiled = compile_graph(self.backend, gm, list(args), self.where)
+        except Exception as e:  # noqa: BLE001 -- the caller traces instead
+            raise LoadFailed(f"{type(e).__name__}: {e}") from e
         finally:
             state.depth -= 1
         eager = gm.forward
@@ -419,7 +432,11 @@ def _entry_from(cf, rec: dict, entry_type):
 def load(cf, entry_type) -> list:
     """The stored entries of ``cf`` that apply in this process, rebuilt as ``entry_type``
     (``tracer.Entry``), not yet run."""
-    key = key_of(cf)
+    try:
+        key = key_of(cf)
+    except Exception as e:  # noqa: BLE001 -- a key that cannot be made: nothing stored
+        _log.info("capture cache: no key for %s: %s: %s", cf.code.co_name, type(e).__name__, e)
+        return []
     if key is None:
         return []
     entries = []

@@ -178,8 +178,14 @@ class CompiledFunction:
             if capture_cache.enabled(self):
                 with timed("capture cache"), gc_pause.paused():
                     self._stored = capture_cache.load(self, Entry)
-        for entry in self._stored:
-            r = entry.fn(*args, **kwargs)
+        for entry in list(self._stored):
+            try:
+                r = entry.fn(*args, **kwargs)
+            except capture_cache.LoadFailed as e:
+                self._stored.remove(entry)
+                log_for("cache").info("capture cache: %s: a stored entry's graph does not compile "
+                                      "(%s); tracing", self.code.co_name, e)
+                continue
             if r is not MISS:
                 self._stored.remove(entry)
                 self.entries.append(entry)

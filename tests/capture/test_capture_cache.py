@@ -215,3 +215,15 @@ inst = w.build("cpu")
     assert _miss(_run(tmp_path, **kw))
     r = _run(tmp_path, **kw)
     assert _hit(r), r["log"]
+
+
+def test_a_stored_graph_that_does_not_compile_is_traced_instead(mod):
+    assert _miss(_run(mod))
+    broken = '''
+from kiln import ref_pickle
+def fail(record):
+    raise RuntimeError("no graph today")
+ref_pickle.graph_from = fail
+'''
+    r = _run(mod, setup=broken)
+    assert r["traced"] and "does not compile" in r["log"], r["log"]
