@@ -222,6 +222,9 @@ class Saver(pickle.Pickler):
         t = type(obj)
         if t in _PLAIN or t is NodeRef or t is MetaTensor:
             return None
+        i = self.ref_ids.get(id(obj))     # met before (alive: ``_keep`` holds it)
+        if i is not None:
+            return ("ref", i)
         own = self.special(obj)
         if own is not None:
             return own

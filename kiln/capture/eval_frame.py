@@ -159,7 +159,8 @@ class CompiledFunction:
         self.policy.record(entry, bound)
         r = entry.fn(*args, **kwargs)
         if r is not MISS and capture_cache.enabled(self):
-            capture_cache.store(self, entry, CompiledFunction)
+            with gc_pause.paused():
+                capture_cache.store(self, entry, CompiledFunction)
         if r is MISS:  # a guard that cannot hold right after tracing: a kiln bug
             self.entries.remove(entry)
             reason = first_failure(entry.guards, entry.namespace, bound)
