@@ -69,8 +69,9 @@ def _run(tmp_path, target="mymod.f", args="(torch.randn(4, 5), torch.randn(4, 5)
          backend="aot_eager", env=None):
     src = PROGRAM.format(dir=str(tmp_path), setup=textwrap.dedent(setup), target=target,
                          args=args, backend=backend)
-    e = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"), KILN_CAPTURE_CACHE="1", KILN_TRACE_CACHE="1",
-             PYTHONPATH=ROOT, KILN_LOGS="cache")
+    path = os.pathsep.join([ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    e = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"), KILN_CAPTURE_CACHE="1",
+             KILN_TRACE_CACHE="1", PYTHONPATH=path, KILN_LOGS="cache")
     e.update(env or {})
     p = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, env=e,
                        cwd=str(tmp_path), timeout=300)
