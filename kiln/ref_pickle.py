@@ -18,7 +18,8 @@ Plain values (numbers, strings, dtypes, devices, containers of them, enum member
 pickled by value; anything else is ``Uncacheable`` unless the caller's ``fallback``
 finds a way. Graphs (``graph_record`` / ``graph_from``) are node lists whose targets
 go through the same references; meta tensors in node metadata are kept as their
-sizes, strides, offset, dtype and requires_grad.
+storage (its size, shared by the tensors that shared it), sizes, strides, offset, dtype
+and requires_grad.
 """
 from __future__ import annotations
 
@@ -57,23 +58,43 @@ class NodeRef:
         return (NodeRef, (self.name,))
 
 
-class MetaTensor:
-    """A meta tensor of node metadata, by its geometry."""
-    __slots__ = ("size", "stride", "offset", "dtype", "requires_grad")
+class MetaStorage:
+    """A meta tensor's storage by its size: one object per storage in a record, so
+    that tensors sharing a storage share it again when read back (the kernel compiler
+    asks whether an output is its whole storage, and whether a view shares its root's)."""
+    __slots__ = ("nbytes",)
 
-    def __init__(self, t):
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+
+    def __reduce__(self):
+        return (_meta_storage, (self.nbytes,))
+
+
+def _meta_storage(nbytes):
+    return torch.UntypedStorage(nbytes, device="meta")
+
+
+class MetaTensor:
+    """A meta tensor of node metadata: its storage (``MetaStorage``), sizes, strides,
+    offset, dtype and requires_grad."""
+    __slots__ = ("storage", "size", "stride", "offset", "dtype", "requires_grad")
+
+    def __init__(self, t, storages: dict):
+        st = t.untyped_storage()
+        self.storage = storages.get(st._cdata)
+        if self.storage is None:
+            self.storage = storages[st._cdata] = MetaStorage(st.nbytes())
         self.size, self.stride = tuple(t.shape), tuple(t.stride())
         self.offset, self.dtype, self.requires_grad = t.storage_offset(), t.dtype, t.requires_grad
 
     def __reduce__(self):
-        return (_meta_tensor, (self.size, self.stride, self.offset, self.dtype, self.requires_grad))
+        return (_meta_tensor, (self.storage, self.size, self.stride, self.offset, self.dtype,
+                               self.requires_grad))
 
 
-def _meta_tensor(size, stride, offset, dtype, requires_grad):
-    t = torch.empty_strided(size, stride, dtype=dtype, device="meta")
-    if offset:
-        n = 1 + offset + sum((s - 1) * st for s, st in zip(size, stride) if s > 0)
-        t = torch.empty(n, dtype=dtype, device="meta").as_strided(size, stride, offset)
+def _meta_tensor(storage, size, stride, offset, dtype, requires_grad):
+    t = torch.empty(0, dtype=dtype, device="meta").set_(storage, offset, size, stride)
     return t.requires_grad_(requires_grad) if requires_grad else t
 
 
@@ -220,7 +241,7 @@ class Saver(pickle.Pickler):
 
     def persistent_id(self, obj):
         t = type(obj)
-        if t in _PLAIN or t is NodeRef or t is MetaTensor:
+        if t in _PLAIN or t is NodeRef or t is MetaTensor or t is MetaStorage:
             return None
         i = self.ref_ids.get(id(obj))     # met before (alive: ``_keep`` holds it)
         if i is not None:
@@ -350,23 +371,29 @@ def check_fingerprint(obj, fp):
 def graph_record(graph, attrs_of=None, meta_keys=None) -> dict:
     """An fx.Graph's nodes as (op, name, target, args, kwargs, meta); ``attrs_of``: the
     module its get_attr nodes read (their values kept by value); ``meta_keys``: the
-    node metadata kept (None: all; meta tensors by geometry)."""
+    node metadata kept (None: all; meta tensors, alone or in tuples, by geometry and
+    storage)."""
     import torch.fx as fx
-    nodes, attrs = [], {}
+    nodes, attrs, storages = [], {}, {}
 
     def ref(a):
         return NodeRef(a.name)
+
+    def by_geometry(v, k):
+        if isinstance(v, torch.Tensor):
+            if v.device.type != "meta" or type(v) is not torch.Tensor:
+                raise Uncacheable(f"node metadata {k} holds a {type(v).__qualname__} on {v.device}")
+            return MetaTensor(v, storages)
+        if type(v) in (tuple, list):
+            return type(v)(by_geometry(x, k) for x in v)
+        return v
 
     for n in graph.nodes:
         meta = {}
         for k, v in n.meta.items():
             if meta_keys is not None and k not in meta_keys:
                 continue
-            if isinstance(v, torch.Tensor):
-                if v.device.type != "meta" or type(v) is not torch.Tensor:
-                    raise Uncacheable(f"node metadata {k} holds a {type(v).__qualname__} on {v.device}")
-                v = MetaTensor(v)
-            meta[k] = v
+            meta[k] = by_geometry(v, k)
         nodes.append((n.op, n.name, n.target, fx.node.map_arg(n.args, ref),
                       fx.node.map_arg(n.kwargs, ref), meta))
         if n.op == "get_attr" and attrs_of is not None:

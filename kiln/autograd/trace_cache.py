@@ -126,21 +126,8 @@ def _from_refs(v, env):
     return v
 
 
-def _meta_vals(v):
-    """Node metadata's meta tensors (alone or in tuples) kept by geometry."""
-    if isinstance(v, torch.Tensor):
-        if v.device.type != "meta" or type(v) is not torch.Tensor:
-            raise R.Uncacheable(f"a node's value is a {type(v).__qualname__} on {v.device}")
-        return R.MetaTensor(v)
-    if type(v) in (tuple, list):
-        return type(v)(_meta_vals(x) for x in v)
-    return v
-
-
 def record_of(tr) -> bytes:
     nodes = R.graph_record(tr.graph)
-    nodes["nodes"] = [(op, name, target, args, kwargs, {k: _meta_vals(x) for k, x in meta.items()})
-                      for op, name, target, args, kwargs, meta in nodes["nodes"]]
     f = io.BytesIO()
     saver = R.Saver(f, allow_tensors=True)
     try:

@@ -95,6 +95,7 @@ def test_the_trace_read_back_is_the_one_traced(cache):
     back = trace_cache._trace_from(trace_cache.record_of(tr))
     assert [(n.op, n.name, n.target, str(n.args), str(n.kwargs)) for n in tr.graph.nodes] == \
         [(n.op, n.name, n.target, str(n.args), str(n.kwargs)) for n in back.graph.nodes]
+    storages_a, storages_b = {}, {}
     for a, b in zip(tr.graph.nodes, back.graph.nodes):
         assert set(a.meta) == set(b.meta), a.name
         for k in a.meta:
@@ -102,8 +103,15 @@ def test_the_trace_read_back_is_the_one_traced(cache):
             if isinstance(va, torch.Tensor):
                 assert (va.shape, va.stride(), va.storage_offset(), va.dtype, va.device) == \
                     (vb.shape, vb.stride(), vb.storage_offset(), vb.dtype, vb.device)
+                # the kernel compiler asks whether a value is its whole storage and
+                # whether a view shares its root's: storages come back as they were
+                assert va.untyped_storage().nbytes() == vb.untyped_storage().nbytes(), a.name
+                storages_a.setdefault(va.untyped_storage()._cdata, set()).add(a.name)
+                storages_b.setdefault(vb.untyped_storage()._cdata, set()).add(b.name)
             elif not isinstance(va, (tuple, list)) or not any(isinstance(x, torch.Tensor) for x in va):
                 assert va == vb, (a.name, k)
+    assert sorted(map(sorted, storages_a.values())) == sorted(map(sorted, storages_b.values()))
+    assert any(len(v) > 1 for v in storages_a.values())      # the program has views
     for f in ("num_inputs", "num_fw_outputs", "output_specs", "mutations", "differentiable",
               "grad_inputs", "grad_deps", "meta_mutations", "storage_inputs", "witnesses"):
         assert getattr(tr, f) == getattr(back, f), f
