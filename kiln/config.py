@@ -258,6 +258,15 @@ logs: str = _env_str("KILN_LOGS", "")
 trace_dir: str = _env_str("KILN_TRACE", "")
 
 
+def settings_key() -> str:
+    """Every setting's value, as part of a cache key (where files go and what is logged
+    left out: they change no result)."""
+    skip = {"logs", "trace_dir", "cache_dir", "native_dir"}
+    return ";".join(f"{k}={v!r}" for k, v in sorted(globals().items())
+                    if not k.startswith("_") and k not in skip
+                    and isinstance(v, (bool, int, float, str, tuple, type(None))))
+
+
 @contextlib.contextmanager
 def patch(**settings):
     """Temporarily set config values: ``with kiln.config.patch(recompile_limit=2): ...``."""

@@ -84,14 +84,7 @@ def key_of(gm, examples, devices, ops, params: dict) -> str:
         repr(saver.refs), disk_cache.key_of(data.hex()),
         ";".join(_example_key(a, d) for a, d in zip(examples, devices)),
         repr(sorted(params.items(), key=lambda kv: kv[0])), _switches(examples),
-        _settings())
-
-
-def _settings() -> str:
-    skip = {"logs", "trace_dir", "cache_dir", "native_dir"}
-    return ";".join(f"{k}={v!r}" for k, v in sorted(vars(config).items())
-                    if not k.startswith("_") and k not in skip
-                    and isinstance(v, (bool, int, float, str, tuple, type(None))))
+        config.settings_key())
 
 
 # --- entries -------------------------------------------------------------------------------

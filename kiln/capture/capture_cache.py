@@ -100,17 +100,6 @@ def backend_name(backend) -> str | None:
     return None
 
 
-def _settings() -> str:
-    skip = {"logs", "trace_dir", "cache_dir", "native_dir"}
-    parts = []
-    for k, v in sorted(vars(config).items()):
-        if k.startswith("_") or k in skip or isinstance(v, (types.ModuleType, types.FunctionType, type)):
-            continue
-        if isinstance(v, (bool, int, float, str, tuple, type(None))):
-            parts.append(f"{k}={v!r}")
-    return ";".join(parts)
-
-
 def key_of(cf) -> str | None:
     name = backend_name(cf.backend)
     if name is None:
@@ -119,7 +108,7 @@ def key_of(cf) -> str | None:
     return disk_cache.key_of(str(FORMAT), disk_cache.sources_hash(), torch.__version__,
                              sys.version, name, code.co_filename,
                              getattr(code, "co_qualname", code.co_name), R.code_digest(code),
-                             _settings())
+                             config.settings_key())
 
 
 # --- fingerprints ------------------------------------------------------------------------
