@@ -763,6 +763,10 @@ _BACKWARD_ONLY_ERRORS = (
      "the backward reads a tensor the forward modified in place"),
     ("is not implemented",     # floor_divide's NotImplemented node, igamma's formula
      "the backward reaches an op whose derivative PyTorch does not implement"),
+    # a tensor's geometry changed in place with grad off (``squeeze_`` under no_grad):
+    # its grad_fn still expects the old shape, and the engine refuses the gradient
+    ("invalid gradient at index",
+     "the backward reaches a tensor whose shape changed in place with grad off"),
 )
 
 

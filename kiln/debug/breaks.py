@@ -240,8 +240,9 @@ BREAKS: dict[str, Break] = {
     "K0110": _b("graph moves tensors to meta",
                 "The graph moves tensors to the meta device, which tracing itself runs on.", kind=_GRAPH),
     "K0111": _b("backward only eager can run",
-                "The backward reads a tensor the forward changed in place, or a backward "
-                "formula is missing; eager reports it when (and if) the backward runs.", kind=_GRAPH),
+                "The backward reads a tensor the forward changed in place, reaches a tensor "
+                "whose shape changed in place with grad off, or a backward formula is "
+                "missing; eager reports it when (and if) the backward runs.", kind=_GRAPH),
     "K0112": _b("inputs share storage with a mutated input",
                 "Inputs share storage with an input the graph mutates in place, in a way the compiled graph does not model.",
                 "pass separate tensors (clone) where an input is written in place", kind=_GRAPH),

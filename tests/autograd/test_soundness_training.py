@@ -438,6 +438,38 @@ def test_geometry_change_of_an_input_in_the_graphs_grad_mode(prog, leaf_input, b
     compare(lambda: prog, make_inputs, backend)
 
 
+def _squeeze_intermediate_in_no_grad_live_across_a_break(x):
+    v = x * 2
+    with torch.no_grad():
+        v.squeeze_()          # v's grad_fn still expects the unsqueezed shape
+    kiln.graph_break()
+    return x.sin()
+
+
+def _squeeze_intermediate_in_no_grad_returned(x):
+    v = x * 2
+    with torch.no_grad():
+        v.squeeze_()
+    kiln.graph_break()
+    return x.sin(), v
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 1, 3), (2, 1, 3)], ids=["empty", "nonempty"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("prog", [_squeeze_intermediate_in_no_grad_live_across_a_break,
+                                  _squeeze_intermediate_in_no_grad_returned],
+                         ids=["live_across_a_break", "returned"])
+def test_geometry_change_of_an_intermediate_under_no_grad(prog, backend, shape):
+    """``squeeze_`` under no_grad on an intermediate that requires grad: its grad_fn
+    keeps the old shape, and eager's backward refuses its gradient ("invalid gradient
+    at index 0") when, and only when, it reaches it. The graph's trace differentiates
+    every output, this one too: it must not fail the compile (fuzz seed 3753)."""
+    def make_inputs():
+        x = _leaf(*shape)
+        return [x], [x]
+    compare(lambda: prog, make_inputs, backend)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_expanded_input_transposed_in_place_and_saved(dtype, backend):
