@@ -55,7 +55,7 @@ KIND = "capture"
 FORMAT = 1
 #: Entries kept per key (guards for other shapes, dtypes, modes...), newest last.
 MAX_RECORDS = 8
-stats = {"hits": 0, "misses": 0, "stored": 0, "uncacheable": 0}
+stats = {"hits": 0, "stored": 0, "uncacheable": 0}
 
 _KILN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -111,7 +111,6 @@ def key_of(cf) -> str | None:
                              config.settings_key())
 
 
-# --- fingerprints ------------------------------------------------------------------------
 # --- storing -----------------------------------------------------------------------------
 class _EntrySaver(R.Saver):
     """References of an entry: the root function, its globals and closure, and objects

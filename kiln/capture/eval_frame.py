@@ -161,6 +161,7 @@ class CompiledFunction:
         if r is not MISS and capture_cache.enabled(self):
             with gc_pause.paused():
                 capture_cache.store(self, entry, CompiledFunction)
+        entry.rebuild = None    # only storing reads it: the GuardSet and code objects go
         if r is MISS:  # a guard that cannot hold right after tracing: a kiln bug
             self.entries.remove(entry)
             reason = first_failure(entry.guards, entry.namespace, bound)
